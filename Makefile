@@ -1,0 +1,35 @@
+# make demo : create .venv, install (CPU torch pinned), and run autotune on a bundled tiny model
+# make test : run the test suite (what CI runs)
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU wheel of torch 2.13.0 lies on this machine's disk; an unpinned torch pulls a CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test test-fast lint clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[dev,deepspeed]" "$(TORCH_SPEC)"
+	touch $@
+
+demo: setup
+	$(VENV)/bin/autotune run --model tiny-llama --device cpu --gpu-budget 3GB --seq-len 256 \
+		--effective-batch 16 --space cpu --max-trials 12 --out results
+
+test: setup
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check autotune tests benchmarks
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

@@ -1,0 +1,3 @@
+from autotune.cli.app import main
+
+main()

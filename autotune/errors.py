@@ -1,0 +1,56 @@
+"""One error hierarchy. Messages state the rule and the values that broke it."""
+
+from __future__ import annotations
+
+__all__ = [
+    "AutotuneError",
+    "SpecError",
+    "ModelNotFoundError",
+    "DatasetError",
+    "ProbeError",
+    "NothingFitsError",
+    "MissingDependencyError",
+]
+
+
+class AutotuneError(Exception):
+    """Base class of every error autotune raises on purpose.
+
+    ``exit_code`` is what the CLI exits with: 2 for a bad request, 3 when nothing fits.
+    """
+
+    exit_code: int = 2
+
+
+class SpecError(AutotuneError, ValueError):
+    """The request itself is wrong (bad flag value, bad YAML, contradiction)."""
+
+    def __init__(self, message: str | list[str]) -> None:
+        if isinstance(message, list):
+            self.problems = list(message)
+            message = "; ".join(self.problems) if len(self.problems) > 1 else self.problems[0]
+        else:
+            self.problems = [message]
+        super().__init__(message)
+
+
+class ModelNotFoundError(SpecError):
+    """A model reference that is neither a preset, a local directory nor in the HF cache."""
+
+
+class DatasetError(SpecError):
+    """A dataset that cannot be read, is empty, or needs a tokenizer that is not there."""
+
+
+class MissingDependencyError(AutotuneError, ImportError):
+    """An optional dependency is needed; the message carries the install hint."""
+
+
+class ProbeError(AutotuneError):
+    """A probe could not be run at all (not: a probe that ran and failed; that is a result)."""
+
+
+class NothingFitsError(AutotuneError):
+    """The search finished and no configuration fits the budget."""
+
+    exit_code = 3

@@ -1,0 +1,116 @@
+"""Memory budgets: ``"24GB"``, ``"24GiB"``, ``"24g"``, ``"80%"``.  [pure]
+
+Units follow the convention of ``accelerate`` and the SI: ``KB/MB/GB/TB`` are powers of 10,
+``KiB/MiB/GiB/TiB`` powers of 2. A single letter (``k``, ``m``, ``g``, ``t``, as docker and
+``ulimit`` write it) means the binary unit. A bare number is bytes. A percentage is a share of
+the device's memory and is resolved once the device is known.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from autotune.errors import SpecError
+
+__all__ = ["Budget", "parse_budget", "format_bytes", "parse_size"]
+
+_UNITS: dict[str, int] = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    "k": 2**10,
+    "m": 2**20,
+    "g": 2**30,
+    "t": 2**40,
+}
+
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
+_PCT_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*%\s*$")
+
+ACCEPTED = "e.g. 24GB, 24GiB, 24g, 24000MB or 80% (of the device's memory)"
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A memory budget: an absolute number of bytes, or a share of the device's memory."""
+
+    text: str
+    bytes: int | None = None
+    fraction: float | None = None
+
+    def resolve(self, device_total_bytes: int | None) -> int:
+        """Bytes this budget allows on a device with ``device_total_bytes`` of memory."""
+        if self.bytes is not None:
+            return self.bytes
+        assert self.fraction is not None  # construction guarantees one of the two
+        if not device_total_bytes:
+            raise SpecError(
+                f"gpu budget {self.text!r} is a share of the device's memory, but the device's "
+                f"memory is unknown; give an absolute size ({ACCEPTED})"
+            )
+        return int(device_total_bytes * self.fraction)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def parse_size(text: str, *, what: str = "size") -> int:
+    """Parse an absolute size (``"24GB"``) to bytes; raise SpecError naming ``what``."""
+    if not isinstance(text, str):
+        raise SpecError(f"{what} must be a string like 24GB, got {text!r}")
+    m = _SIZE_RE.match(text)
+    if not m:
+        raise SpecError(f"{what} {text!r} is not a size; use {ACCEPTED}")
+    number, unit = m.groups()
+    factor = _UNITS.get(unit.lower())
+    if factor is None:
+        raise SpecError(f"{what} {text!r} has an unknown unit {unit!r}; use {ACCEPTED}")
+    value = float(number) * factor
+    if not math.isfinite(value) or value < 1:
+        raise SpecError(f"{what} must be positive, got {text!r}")
+    return int(value)
+
+
+def parse_budget(text: str | int | Budget) -> Budget:
+    """Parse a GPU memory budget. Raises SpecError with the accepted forms."""
+    if isinstance(text, Budget):
+        return text
+    if isinstance(text, bool):
+        raise SpecError(f"gpu budget must be a size like 24GB, got {text!r}")
+    if isinstance(text, int):
+        if text <= 0:
+            raise SpecError(f"gpu budget must be positive, got {text!r}")
+        return Budget(text=str(text), bytes=text)
+    if not isinstance(text, str) or not text.strip():
+        raise SpecError(f"gpu budget must be a size, {ACCEPTED}; got {text!r}")
+    stripped = text.strip()
+    if stripped.startswith("-"):
+        raise SpecError(f"gpu budget must be positive, got {text!r}")
+    pct = _PCT_RE.match(stripped)
+    if pct:
+        share = float(pct.group(1)) / 100.0
+        if not 0.0 < share <= 1.0:
+            raise SpecError(f"gpu budget percentage must be in (0%, 100%], got {text!r}")
+        return Budget(text=stripped, fraction=share)
+    return Budget(text=stripped, bytes=parse_size(stripped, what="gpu budget"))
+
+
+def format_bytes(n: float | int | None) -> str:
+    """Human form with binary units, as nvidia-smi and torch report memory: ``1.50 GiB``."""
+    if n is None:
+        return "n/a"
+    sign = "-" if n < 0 else ""
+    n = abs(float(n))
+    for unit, factor in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= factor:
+            return f"{sign}{n / factor:.2f} {unit}"
+    return f"{sign}{int(n)} B"

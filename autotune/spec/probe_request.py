@@ -1,0 +1,197 @@
+"""What one probe measures: the workload, the candidate configuration and the probe settings.  [pure]
+
+These are plain frozen dataclasses that round-trip through JSON (``to_dict``/``from_dict``), because
+they cross process boundaries (parent -> probe worker, Ray task, results store). ``validate()``
+collects every problem into one SpecError.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.errors import SpecError
+
+__all__ = [
+    "ATTN_CHOICES",
+    "PRECISION_CHOICES",
+    "MODE_CHOICES",
+    "OPTIM_CHOICES",
+    "OFFLOAD_CHOICES",
+    "SHARDING_CHOICES",
+    "DEVICE_CHOICES",
+    "STATUSES",
+    "Candidate",
+    "Workload",
+    "ProbeSettings",
+    "ProbeRequest",
+]
+
+ATTN_CHOICES = ("eager", "sdpa", "flash_attention_2", "flex_attention")
+PRECISION_CHOICES = ("fp32", "bf16", "fp16", "tf32")
+MODE_CHOICES = ("full", "lora", "qlora")
+OPTIM_CHOICES = ("adamw_torch", "adamw_torch_fused", "adamw_8bit", "adafactor", "sgd")
+OFFLOAD_CHOICES = ("none", "optimizer", "params")
+SHARDING_CHOICES = ("deepspeed", "fsdp")
+DEVICE_CHOICES = ("auto", "cuda", "cpu")
+# ok: measured and fits; the others are information, not errors.
+STATUSES = ("ok", "oom", "over_budget", "unsupported", "timeout", "crash")
+
+
+def _check_choice(problems: list[str], name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        problems.append(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+
+
+def _check_int(problems: list[str], name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        problems.append(f"{name} must be an integer >= {minimum}; got {value!r}")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """The knobs a search chooses. Everything here ends up in the emitted configs."""
+
+    micro_batch: int = 1
+    grad_accum: int = 1
+    grad_ckpt: bool = False
+    attn: str = "sdpa"
+    workers: int = 0
+    pin_memory: bool = True
+    precision: str = "bf16"
+    packing: bool = False
+    optim: str = "adamw_torch"
+    torch_compile: bool = False
+    liger: bool = False
+    world_size: int = 1
+    zero_stage: int = 0
+    offload: str = "none"
+    sharding: str = "deepspeed"
+
+    def problems(self) -> list[str]:
+        p: list[str] = []
+        _check_int(p, "micro_batch", self.micro_batch, 1)
+        _check_int(p, "grad_accum", self.grad_accum, 1)
+        _check_int(p, "workers", self.workers, 0)
+        _check_int(p, "world_size", self.world_size, 1)
+        _check_choice(p, "attn", self.attn, ATTN_CHOICES)
+        _check_choice(p, "precision", self.precision, PRECISION_CHOICES)
+        _check_choice(p, "optim", self.optim, OPTIM_CHOICES)
+        _check_choice(p, "offload", self.offload, OFFLOAD_CHOICES)
+        _check_choice(p, "sharding", self.sharding, SHARDING_CHOICES)
+        if self.zero_stage not in (0, 1, 2, 3):
+            p.append(f"zero_stage must be 0, 1, 2 or 3; got {self.zero_stage!r}")
+        if self.offload == "params" and self.zero_stage != 3:
+            p.append("offload=params needs zero_stage 3 (parameters are only sharded by ZeRO-3)")
+        if self.offload == "optimizer" and self.zero_stage == 0:
+            p.append("offload=optimizer needs zero_stage >= 1")
+        return p
+
+    def key(self) -> tuple[Any, ...]:
+        """Identity of the candidate (used to avoid probing a configuration twice)."""
+        return dataclasses.astuple(self)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What is being trained: the model, the sequences and the fine-tuning mode."""
+
+    model: str
+    model_path: str = ""  # directory holding config.json, filled in by model resolution
+    seq_len: int = 512
+    mode: str = "full"
+    lengths: str = "fixed"  # "fixed", or a length histogram (see autotune.probe.data)
+    dataset: str | None = None
+    tokenizer: str | None = None
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    trust_remote_code: bool = False
+    seed: int = 42
+
+    def problems(self) -> list[str]:
+        p: list[str] = []
+        if not self.model:
+            p.append("model must be given")
+        _check_int(p, "seq_len", self.seq_len, 8)
+        _check_choice(p, "mode", self.mode, MODE_CHOICES)
+        _check_int(p, "lora_r", self.lora_r, 1)
+        return p
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """How a probe measures: device, memory ceiling, window and timeout."""
+
+    device: str = "auto"
+    budget_bytes: int | None = None
+    budget_text: str | None = None
+    headroom: float = 0.05
+    warmup_steps: int = 2
+    steps: int = 5
+    timeout_s: float = 300.0
+    cpu_threads: int | None = None
+
+    def problems(self) -> list[str]:
+        p: list[str] = []
+        _check_choice(p, "device", self.device, DEVICE_CHOICES)
+        _check_int(p, "warmup_steps", self.warmup_steps, 0)
+        _check_int(p, "steps", self.steps, 1)
+        if not isinstance(self.timeout_s, (int, float)) or self.timeout_s <= 0:
+            p.append(f"timeout must be positive seconds; got {self.timeout_s!r}")
+        if not isinstance(self.headroom, (int, float)) or not 0 <= self.headroom < 1:
+            p.append(f"headroom must be in [0, 1); got {self.headroom!r}")
+        if self.budget_bytes is not None and self.budget_bytes <= 0:
+            p.append(f"gpu budget must be positive; got {self.budget_bytes!r} bytes")
+        return p
+
+    def usable_bytes(self) -> int | None:
+        """The budget less the headroom: a probe's peak must stay at or under this."""
+        if self.budget_bytes is None:
+            return None
+        return int(self.budget_bytes * (1.0 - self.headroom))
+
+
+@dataclass(frozen=True)
+class ProbeRequest:
+    workload: Workload
+    candidate: Candidate = field(default_factory=Candidate)
+    settings: ProbeSettings = field(default_factory=ProbeSettings)
+
+    def validate(self) -> ProbeRequest:
+        problems = self.workload.problems() + self.candidate.problems() + self.settings.problems()
+        if problems:
+            raise SpecError(problems)
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "workload": dataclasses.asdict(self.workload),
+            "candidate": dataclasses.asdict(self.candidate),
+            "settings": dataclasses.asdict(self.settings),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ProbeRequest:
+        wl = dict(data["workload"])
+        if "lora_targets" in wl:
+            wl["lora_targets"] = tuple(wl["lora_targets"])
+        return cls(
+            workload=_build(Workload, wl, "workload"),
+            candidate=_build(Candidate, data.get("candidate", {}), "candidate"),
+            settings=_build(ProbeSettings, data.get("settings", {}), "settings"),
+        )
+
+    def tokens_per_optimizer_step(self) -> int:
+        """Upper bound of tokens per optimizer step (sequence slots, padding included)."""
+        c = self.candidate
+        return c.micro_batch * c.grad_accum * c.world_size * self.workload.seq_len
+
+
+def _build(cls: type, data: dict[str, Any], where: str) -> Any:
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise SpecError(f"unknown {where} field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return cls(**data)

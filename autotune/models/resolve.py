@@ -1,0 +1,329 @@
+"""Model references → a ``config.json`` on disk. Never touches the network.
+
+A reference is resolved in this order; the first match wins:
+
+1. **local**: an existing directory holding ``config.json`` (or the path of a ``config.json``
+   file itself, meaning its directory). ``~`` is expanded.
+2. **hf-cache**: a hub id (``org/name``, or a bare legacy name such as ``gpt2``) already present in
+   the local Hugging Face cache: ``models--{org}--{name}/snapshots/<rev>/config.json``, preferring
+   the snapshot that ``refs/main`` points to. The cache directory is ``hf_cache`` when given, else
+   ``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub`` (as huggingface_hub
+   decides it). A model the user really has wins over our copy of its config, so the cache comes
+   before the presets.
+3. **preset** / **tiny**: a built-in config, named by its short name (``llama-3.1-8b``), one of
+   its hub ids (``meta-llama/Llama-3.1-8B``, ``meta-llama/Meta-Llama-3.1-8B``) or its bare repo
+   name (``Mistral-7B-v0.3``), in any case.
+
+Anything else raises :class:`~autotune.errors.ModelNotFoundError`. Only the config is needed:
+probes build models from it with random weights.
+
+Importing this module imports neither torch nor transformers; transformers is imported lazily,
+and only to ask whether it knows an uncommon ``model_type``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from autotune.errors import ModelNotFoundError, SpecError
+from autotune.models._registry import PRESETS, TINY, PresetInfo, lookup
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+__all__ = [
+    "ModelSource",
+    "ResolvedModel",
+    "check_seq_len",
+    "default_hf_cache_dir",
+    "list_presets",
+    "resolve_model",
+]
+
+ModelSource = Literal["local", "hf-cache", "preset", "tiny"]
+
+CONFIG_NAME = "config.json"
+
+# Config keys that carry the longest sequence a model takes, in order of preference.
+_MAX_POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
+
+# model_types every supported transformers version (>= 5.17) ships; for these the (slow, torch-
+# importing) look-up in transformers' CONFIG_MAPPING is skipped.
+_NATIVE_MODEL_TYPES = frozenset(
+    {
+        "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
+        "gemma3_text", "phi", "phi3", "gpt2", "gpt_neox", "gptj", "opt", "falcon", "starcoder2",
+        "olmo", "olmo2", "granite", "cohere", "stablelm", "bloom",
+    }
+)  # fmt: skip
+
+# A hub id: "org/name" or a bare legacy name ("gpt2"). Hub names use letters, digits, "-", "_", ".".
+_HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """A model reference resolved to a directory holding its ``config.json``.
+
+    ``config`` is the parsed ``config.json``; treat it as read-only. ``max_positions`` is the
+    longest sequence the model takes (``max_position_embeddings`` or its GPT-2 style equivalent),
+    None when the config does not say.
+    """
+
+    ref: str
+    name: str
+    path: str
+    source: ModelSource
+    config: dict[str, Any] = field(compare=False, hash=False, repr=False)
+    model_type: str
+    max_positions: int | None
+    trust_remote_code: bool = False
+
+    @property
+    def config_path(self) -> str:
+        """The ``config.json`` file itself."""
+        return os.path.join(self.path, CONFIG_NAME)
+
+    def auto_config(self) -> PretrainedConfig:
+        """A fresh ``transformers`` config for this model (imports transformers).
+
+        Fresh on every call: ``from_config(cfg, dtype=...)`` mutates the config it is given, so
+        build each model from its own copy.
+        """
+        from transformers import AutoConfig
+
+        config: PretrainedConfig = AutoConfig.from_pretrained(
+            self.path, trust_remote_code=self.trust_remote_code, local_files_only=True
+        )
+        return config
+
+
+def list_presets(*, include_tiny: bool = True) -> list[PresetInfo]:
+    """The built-in models: presets first (in table order), then the tiny test models."""
+    return [*PRESETS, *TINY] if include_tiny else list(PRESETS)
+
+
+def default_hf_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """The Hugging Face hub cache directory, decided as huggingface_hub decides it."""
+    env = os.environ if environ is None else environ
+    for key in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if env.get(key):
+            return Path(env[key]).expanduser()
+    if env.get("HF_HOME"):
+        return Path(env["HF_HOME"]).expanduser() / "hub"
+    xdg = env.get("XDG_CACHE_HOME") or "~/.cache"
+    return Path(xdg).expanduser() / "huggingface" / "hub"
+
+
+def resolve_model(
+    ref: str,
+    *,
+    trust_remote_code: bool = False,
+    hf_cache: str | os.PathLike[str] | None = None,
+) -> ResolvedModel:
+    """Resolve ``ref`` (local path, hub id or preset name) to its config; see the module doc.
+
+    Raises ModelNotFoundError when nothing matches, SpecError when the ``config.json`` found is
+    malformed or needs remote code that ``trust_remote_code`` does not allow.
+    """
+    if not isinstance(ref, str) or not ref.strip():
+        raise SpecError(f"model must be a non-empty string (preset, hub id or directory), got {ref!r}")
+    text = ref.strip()
+    path = Path(text).expanduser()
+
+    # 1. a local directory (or its config.json)
+    if path.is_file():
+        if path.name != CONFIG_NAME:
+            raise SpecError(
+                f"model path {text!r} is a file but not a {CONFIG_NAME}; give the directory that "
+                f"holds the model's {CONFIG_NAME} or that file itself"
+            )
+        path = path.parent
+    if path.is_dir() and (path / CONFIG_NAME).is_file():
+        directory = path.resolve()
+        return _build(ref, str(directory), str(directory), "local", trust_remote_code)
+    if _looks_like_path(text):
+        why = f"has no {CONFIG_NAME}" if path.is_dir() else "does not exist"
+        raise ModelNotFoundError(
+            f"model directory {text!r} {why}; point at a local directory containing {CONFIG_NAME}, "
+            f"or use a preset ({_preset_names()})"
+        )
+
+    # 2. the local Hugging Face cache
+    cache_dir = Path(hf_cache).expanduser() if hf_cache is not None else default_hf_cache_dir()
+    if _HUB_ID_RE.match(text):
+        found = _find_in_hf_cache(cache_dir, text)
+        if found is not None:
+            hub_id, snapshot = found
+            return _build(ref, hub_id, str(snapshot), "hf-cache", trust_remote_code)
+
+    # 3. the built-in presets and tiny test models
+    info = lookup(text)
+    if info is not None:
+        return _build(ref, info.display_name, info.path, info.kind, trust_remote_code)
+
+    hint = ""
+    if "/" in text and _HUB_ID_RE.match(text):
+        hint = (
+            f" (autotune never downloads; `hf download {text} {CONFIG_NAME}` puts its config "
+            f"in the cache, which is {cache_dir})"
+        )
+    raise ModelNotFoundError(
+        f"unknown model {text!r}: not a local directory, not in the Hugging Face cache and not a "
+        f"preset{hint}; use a preset ({_preset_names()}), a test model "
+        f"({', '.join(t.name for t in TINY)}) or a local directory containing {CONFIG_NAME}"
+    )
+
+
+def check_seq_len(resolved: ResolvedModel, seq_len: int) -> None:
+    """Raise SpecError when ``seq_len`` is not positive or exceeds the model's maximum."""
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+        raise SpecError(f"seq_len must be a positive integer, got {seq_len!r}")
+    limit = resolved.max_positions
+    if limit is not None and seq_len > limit:
+        raise SpecError(
+            f"seq_len must be at most the model's max_position_embeddings: {resolved.name} takes at "
+            f"most {limit} tokens, got seq_len={seq_len}"
+        )
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def _preset_names() -> str:
+    return ", ".join(p.name for p in PRESETS)
+
+
+def _looks_like_path(text: str) -> bool:
+    """True for references that can only mean a filesystem path, never a hub id or preset."""
+    return (
+        text.startswith(("/", "./", "../", "~", "."))
+        or "\\" in text
+        or text.count("/") > 1
+        or text.endswith("/")
+    )
+
+
+def _find_in_hf_cache(cache_dir: Path, hub_id: str) -> tuple[str, Path] | None:
+    """(hub id as cached, snapshot directory) for ``hub_id`` in ``cache_dir``, or None.
+
+    Matches the repo folder case-insensitively (the hub treats ids so). Prefers the snapshot
+    ``refs/main`` names; otherwise the most recently modified snapshot that has a config.json.
+    """
+    if not cache_dir.is_dir():
+        return None
+    wanted = "models--" + hub_id.replace("/", "--")
+    repo_dir = cache_dir / wanted
+    if not repo_dir.is_dir():
+        try:
+            matches = [d for d in cache_dir.iterdir() if d.name.lower() == wanted.lower() and d.is_dir()]
+        except OSError:
+            return None
+        if not matches:
+            return None
+        repo_dir = sorted(matches)[0]
+    snapshots = repo_dir / "snapshots"
+    main_ref = repo_dir / "refs" / "main"
+    if main_ref.is_file():
+        try:
+            revision = main_ref.read_text(encoding="utf-8").strip()
+        except OSError:
+            revision = ""
+        if revision and (snapshots / revision / CONFIG_NAME).is_file():
+            return _cached_hub_id(repo_dir), snapshots / revision
+    try:
+        candidates = [s for s in snapshots.iterdir() if (s / CONFIG_NAME).is_file()]
+    except OSError:
+        return None
+    if not candidates:
+        return None
+    newest = max(candidates, key=lambda s: (s / CONFIG_NAME).stat().st_mtime)
+    return _cached_hub_id(repo_dir), newest
+
+
+def _cached_hub_id(repo_dir: Path) -> str:
+    return repo_dir.name.removeprefix("models--").replace("--", "/")
+
+
+def _build(
+    ref: str, name: str, directory: str, source: ModelSource, trust_remote_code: bool
+) -> ResolvedModel:
+    config_file = os.path.join(directory, CONFIG_NAME)
+    config = _read_config(config_file)
+    model_type = config["model_type"]
+    if source in ("local", "hf-cache"):
+        _check_model_type(config, config_file, trust_remote_code)
+    return ResolvedModel(
+        ref=ref,
+        name=name,
+        path=directory,
+        source=source,
+        config=config,
+        model_type=model_type,
+        max_positions=_max_positions(config),
+        trust_remote_code=trust_remote_code,
+    )
+
+
+def _read_config(config_file: str) -> dict[str, Any]:
+    try:
+        with open(config_file, encoding="utf-8") as fh:
+            config = json.load(fh)
+    except json.JSONDecodeError as e:
+        raise SpecError(
+            f"{config_file} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}"
+        ) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(f"{config_file} cannot be read: {e}") from None
+    if not isinstance(config, dict):
+        raise SpecError(f"{config_file} must hold a JSON object, got a {type(config).__name__}")
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        got = "it has none" if model_type is None else f"got {model_type!r}"
+        raise SpecError(f'{config_file} must name its architecture in "model_type"; {got}')
+    return config
+
+
+def _check_model_type(config: Mapping[str, Any], config_file: str, trust_remote_code: bool) -> None:
+    model_type = config["model_type"]
+    if model_type in _NATIVE_MODEL_TYPES:
+        return
+    known, version = _transformers_knows(model_type)
+    if known:
+        return
+    if isinstance(config.get("auto_map"), dict):
+        if trust_remote_code:
+            return
+        raise SpecError(
+            f"{config_file}: model_type {model_type!r} is not built into transformers {version} and "
+            f"needs the model's own code (auto_map); pass --trust-remote-code to run that code"
+        )
+    raise SpecError(
+        f"{config_file}: model_type {model_type!r} is not known to transformers {version} and the "
+        f"config has no auto_map for remote code; upgrade transformers or use another model"
+    )
+
+
+def _transformers_knows(model_type: str) -> tuple[bool, str]:
+    """(whether transformers' CONFIG_MAPPING has ``model_type``, transformers' version)."""
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    return model_type in CONFIG_MAPPING, transformers.__version__
+
+
+def _max_positions(config: Mapping[str, Any]) -> int | None:
+    for source in (config, config.get("text_config")):
+        if not isinstance(source, Mapping):
+            continue
+        for key in _MAX_POSITION_KEYS:
+            value = source.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return None

@@ -19,6 +19,16 @@ __all__ = [
     "model_kwargs",
     "deepspeed_config",
     "checkpointing_field",
+    "LEARNING_RATES",
+    "RUN_DEFAULTS",
+    "hf_default_candidate",
+    "emitted_training_args",
+    "emitted_model_kwargs",
+    "emitted_deepspeed_config",
+    "quantization_config",
+    "lora_config",
+    "accelerate_config",
+    "mixed_precision",
 ]
 
 
@@ -92,7 +102,10 @@ def performance_kwargs(
         # non-reentrant checkpointing works with frozen bases (LoRA) and is torch's recommendation
         kw[f"{ckpt}_kwargs"] = {"use_reentrant": False}
     if device == "cuda":
-        kw["tf32"] = c.precision in ("tf32", "bf16", "fp16")
+        # bf16 and TF32 both imply an Ampere-or-newer GPU, where tf32=True is valid. TrainingArguments
+        # raises on tf32=True elsewhere (T4, V100), so fp16/fp32 say False (always accepted; and
+        # without it transformers 5 turns TF32 on by itself for fp32, which would blur fp32 vs tf32).
+        kw["tf32"] = c.precision in ("tf32", "bf16")
     if device == "cpu":
         kw["use_cpu"] = True
     if c.torch_compile:
@@ -131,3 +144,214 @@ def probe_kwargs(request: ProbeRequest, *, fields: set[str], device: str) -> dic
         }
     )
     return kw
+
+
+def lora_target_modules(leaf_names: set[str], requested: tuple[str, ...] | list[str]) -> list[str] | str:
+    """The requested LoRA targets present in the model, or ``"all-linear"`` when none are.
+
+    GPT-2 names its projections ``c_attn``/``c_proj``, so the Llama-style default
+    ``q_proj,k_proj,v_proj,o_proj`` matches nothing there; peft's ``all-linear`` is the fallback.
+    """
+    present = [t for t in requested if t in leaf_names]
+    return present if present else "all-linear"
+
+
+# ---------------------------------------------------------------------------------------------
+# Emitted configuration: the tuned knobs above plus sound defaults for a real run.
+# ---------------------------------------------------------------------------------------------
+
+# LoRA trains small adapters and tolerates (needs) a higher rate; full fine-tuning moves every weight.
+LEARNING_RATES: dict[str, float] = {"full": 2e-5, "lora": 2e-4, "qlora": 2e-4}
+
+# Defaults from the domain notes for everything a search does not tune: durable checkpoints with a
+# bounded number kept, regular logging, a cosine schedule with a short warm-up.
+RUN_DEFAULTS: dict[str, Any] = {
+    "num_train_epochs": 3,
+    "lr_scheduler_type": "cosine",
+    "logging_strategy": "steps",
+    "logging_steps": 10,
+    "logging_first_step": True,
+    "save_strategy": "steps",
+    "save_steps": 500,
+    "save_total_limit": 3,
+}
+WARMUP_RATIO = 0.03
+LORA_DROPOUT = 0.05
+
+# The configuration a user would type without tuning ("HF default"), defined here and only here:
+# TrainingArguments' defaults (per-device batch 8, no checkpointing, no workers, fused AdamW), the
+# model's default attention (sdpa in transformers 5), no packing, fp32 unless the user chose a
+# precision, and accumulation chosen to keep the effective batch the search held fixed.
+HF_DEFAULT_MICRO_BATCH = 8
+
+
+def hf_default_candidate(effective_batch: int, *, world_size: int = 1, precision: str = "fp32") -> Candidate:
+    """The "HF default" configuration for the same effective batch (the report's baseline).
+
+    Micro-batch 8 when it divides the per-rank batch; otherwise the largest divisor below 8, so the
+    effective batch is never changed silently.
+    """
+    if effective_batch < 1 or world_size < 1:
+        raise ValueError(f"effective batch and world size must be >= 1, got {effective_batch}, {world_size}")
+    per_rank = max(1, effective_batch // world_size)
+    micro = next(m for m in range(min(HF_DEFAULT_MICRO_BATCH, per_rank), 0, -1) if per_rank % m == 0)
+    return Candidate(
+        micro_batch=micro,
+        grad_accum=per_rank // micro,
+        grad_ckpt=False,
+        attn="sdpa",
+        workers=0,
+        pin_memory=True,
+        precision=precision,
+        packing=False,
+        optim="adamw_torch_fused",
+        world_size=world_size,
+    )
+
+
+def emitted_training_args(
+    request: ProbeRequest,
+    *,
+    fields: set[str],
+    device: str,
+    report_to: str | list[str] = "none",
+) -> dict[str, Any]:
+    """``training_args.json``: loads unmodified as ``TrainingArguments(output_dir=..., **it)``.
+
+    The tuned knobs come from :func:`performance_kwargs` (the probe's own source), so what is
+    handed out is what was measured. Defaults the installed transformers does not know are dropped
+    (they are conveniences); ``warmup_ratio`` (removed in 5.2) is written as a fractional
+    ``warmup_steps`` where that is the installed spelling.
+
+    ``report_to`` defaults to ``"none"``: ``TrainingArguments`` accepts any integration name, but the
+    ``Trainer`` raises at construction when that integration is not installed, so only a caller that
+    has checked (the effectful side, e.g. tensorboard importable) should name one.
+    """
+    kw = performance_kwargs(request.candidate, request.workload, fields=fields, device=device)
+    extra: dict[str, Any] = dict(RUN_DEFAULTS)
+    extra["learning_rate"] = LEARNING_RATES[request.workload.mode]
+    if "warmup_ratio" in fields:
+        extra["warmup_ratio"] = WARMUP_RATIO
+    else:
+        extra["warmup_steps"] = WARMUP_RATIO  # transformers >= 5: a float < 1 is a ratio
+    extra["report_to"] = report_to
+    for key, value in extra.items():
+        if key in fields and key not in kw:
+            kw[key] = value
+    return kw
+
+
+def quantization_config(candidate: Candidate, workload: Workload) -> dict[str, Any] | None:
+    """BitsAndBytesConfig fields for QLoRA (4-bit NF4, double quantisation); None otherwise.
+
+    ``quant_method`` is included so the dict also works where transformers accepts a plain dict.
+    """
+    if workload.mode != "qlora":
+        return None
+    compute = {"bf16": "bfloat16", "fp16": "float16"}.get(candidate.precision, "float32")
+    return {
+        "quant_method": "bitsandbytes",
+        "load_in_4bit": True,
+        "bnb_4bit_quant_type": "nf4",
+        "bnb_4bit_compute_dtype": compute,
+        "bnb_4bit_use_double_quant": True,
+    }
+
+
+def emitted_model_kwargs(candidate: Candidate, workload: Workload) -> dict[str, Any]:
+    """``model_kwargs.json``: keyword arguments for ``AutoModelForCausalLM.from_pretrained``."""
+    kw = model_kwargs(candidate, workload)
+    qc = quantization_config(candidate, workload)
+    if qc is not None:
+        kw["quantization_config"] = qc
+    return kw
+
+
+def lora_config(workload: Workload, *, target_modules: list[str] | str | None = None) -> dict[str, Any] | None:
+    """``lora_config.json``: keyword arguments for ``peft.LoraConfig`` (None for full fine-tuning)."""
+    if workload.mode == "full":
+        return None
+    targets: list[str] | str = list(workload.lora_targets) if target_modules is None else target_modules
+    return {
+        "r": workload.lora_r,
+        "lora_alpha": workload.lora_alpha,
+        "lora_dropout": LORA_DROPOUT,
+        "target_modules": targets,
+        "bias": "none",
+        "task_type": "CAUSAL_LM",
+    }
+
+
+def emitted_deepspeed_config(candidate: Candidate, *, max_grad_norm: float = 1.0) -> dict[str, Any] | None:
+    """``deepspeed.json``: :func:`deepspeed_config` with the ``auto`` values resolved.
+
+    DeepSpeed's own config class cannot read ``auto``; concrete values that equal the
+    TrainingArguments are also accepted by the HF integration. ``train_batch_size`` is left out:
+    DeepSpeed derives it as micro-batch x accumulation x world size.
+    """
+    cfg = deepspeed_config(candidate)
+    if cfg is None:
+        return None
+    cfg = dict(cfg)
+    cfg.pop("train_batch_size", None)
+    cfg["train_micro_batch_size_per_gpu"] = candidate.micro_batch
+    cfg["gradient_accumulation_steps"] = candidate.grad_accum
+    cfg["gradient_clipping"] = max_grad_norm
+    cfg["bf16"] = {"enabled": candidate.precision == "bf16"}
+    cfg["fp16"] = {"enabled": candidate.precision == "fp16"}
+    return cfg
+
+
+def mixed_precision(candidate: Candidate) -> str:
+    """accelerate's ``mixed_precision`` for the candidate's precision."""
+    return {"bf16": "bf16", "fp16": "fp16"}.get(candidate.precision, "no")
+
+
+def accelerate_config(candidate: Candidate, *, device: str, deepspeed_file: str = "deepspeed.json") -> dict[str, Any]:
+    """``accelerate_config.yaml`` content for ``accelerate launch --config_file``.
+
+    With a DeepSpeed config file, accelerate refuses ``mixed_precision`` (and the other ZeRO keys) in
+    its own config, so precision lives in the DeepSpeed file then. FSDP is written for FSDP2.
+    """
+    c = candidate
+    cfg: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE",
+        "debug": False,
+        "machine_rank": 0,
+        "num_machines": 1,
+        "num_processes": c.world_size,
+        "main_training_function": "main",
+        "rdzv_backend": "static",
+        "same_network": True,
+        "use_cpu": device == "cpu",
+        "enable_cpu_affinity": False,
+    }
+    if device != "cpu":
+        cfg["gpu_ids"] = "all"
+    if c.zero_stage > 0 and c.sharding == "deepspeed":
+        cfg["distributed_type"] = "DEEPSPEED"
+        ds: dict[str, Any] = {"deepspeed_config_file": deepspeed_file}
+        if c.zero_stage == 3:
+            ds["zero3_init_flag"] = True
+        cfg["deepspeed_config"] = ds
+    elif c.zero_stage > 0 and c.sharding == "fsdp":
+        cfg["distributed_type"] = "FSDP"
+        cfg["mixed_precision"] = mixed_precision(c)
+        cfg["fsdp_config"] = {
+            "fsdp_version": 2,
+            # ZeRO-3 ~ full shard (re-shard parameters after forward); ZeRO-1/2 ~ keep them gathered
+            "fsdp_reshard_after_forward": c.zero_stage == 3,
+            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_offload_params": c.offload != "none",
+            "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+            "fsdp_cpu_ram_efficient_loading": True,
+            # checkpointing is the Trainer's (TrainingArguments), not FSDP's: one switch, not two
+            "fsdp_activation_checkpointing": False,
+        }
+    elif c.world_size > 1:
+        cfg["distributed_type"] = "MULTI_CPU" if device == "cpu" else "MULTI_GPU"
+        cfg["mixed_precision"] = mixed_precision(c)
+    else:
+        cfg["distributed_type"] = "NO"
+        cfg["mixed_precision"] = mixed_precision(c)
+    return dict(sorted(cfg.items()))

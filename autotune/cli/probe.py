@@ -1,0 +1,166 @@
+"""``autotune probe``: measure one configuration, through the HF Trainer, in a fresh process."""
+
+from __future__ import annotations
+
+import json
+import sys
+import typer
+
+from autotune.cli.render import console, render_probe_result
+from autotune.errors import SpecError
+from autotune.probe.result import ProbeResult
+from autotune.spec.budget import parse_budget
+from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
+
+__all__ = ["command", "build_probe_request", "PROBE_EXIT_CODES"]
+
+# 0: measured and fits; 3: does not fit (oom / over budget); 1: could not be measured
+PROBE_EXIT_CODES = {"ok": 0, "oom": 3, "over_budget": 3, "unsupported": 1, "timeout": 1, "crash": 1}
+
+
+def build_probe_request(
+    *,
+    model: str,
+    seq_len: int = 512,
+    micro_batch: int = 4,
+    grad_accum: int = 1,
+    grad_ckpt: bool = False,
+    attn: str = "sdpa",
+    workers: int = 0,
+    pin_memory: bool = True,
+    precision: str = "bf16",
+    mode: str = "full",
+    packing: bool = False,
+    optim: str = "adamw_torch",
+    torch_compile: bool = False,
+    liger: bool = False,
+    lengths: str = "fixed",
+    dataset: str | None = None,
+    tokenizer: str | None = None,
+    lora_r: int = 16,
+    gpu_budget: str | None = None,
+    headroom: float = 0.05,
+    device: str = "auto",
+    warmup_steps: int = 2,
+    steps: int = 5,
+    timeout: float = 300.0,
+    seed: int = 42,
+    trust_remote_code: bool = False,
+    cpu_threads: int | None = None,
+) -> ProbeRequest:
+    """Resolve the model and validate everything; raise SpecError on bad input."""
+    from autotune.models import check_seq_len, resolve_model
+    from autotune.spec.lengths import parse_lengths
+
+    resolved = resolve_model(model, trust_remote_code=trust_remote_code)
+    check_seq_len(resolved, seq_len)
+    parse_lengths(lengths)  # validated here, sampled in the worker
+    budget = parse_budget(gpu_budget) if gpu_budget is not None else None
+    budget_bytes = None
+    if budget is not None:
+        total = _device_total_bytes(device) if budget.fraction is not None else None
+        budget_bytes = budget.resolve(total)
+    req = ProbeRequest(
+        workload=Workload(
+            model=resolved.name,
+            model_path=resolved.path,
+            seq_len=seq_len,
+            mode=mode,
+            lengths=lengths,
+            dataset=dataset,
+            tokenizer=tokenizer,
+            lora_r=lora_r,
+            lora_alpha=2 * lora_r,
+            trust_remote_code=trust_remote_code,
+            seed=seed,
+        ),
+        candidate=Candidate(
+            micro_batch=micro_batch,
+            grad_accum=grad_accum,
+            grad_ckpt=grad_ckpt,
+            attn=attn,
+            workers=workers,
+            pin_memory=pin_memory,
+            precision=precision,
+            packing=packing,
+            optim=optim,
+            torch_compile=torch_compile,
+            liger=liger,
+        ),
+        settings=ProbeSettings(
+            device=device,
+            budget_bytes=budget_bytes,
+            budget_text=str(budget) if budget is not None else None,
+            headroom=headroom,
+            warmup_steps=warmup_steps,
+            steps=steps,
+            timeout_s=timeout,
+            cpu_threads=cpu_threads,
+        ),
+    )
+    req.validate()
+    return req
+
+
+def _device_total_bytes(device: str) -> int | None:
+    """Memory of the device a percentage budget refers to (GPU 0 via NVML, else system RAM)."""
+    if device in ("auto", "cuda"):
+        from autotune.env import nvml_device_info
+
+        gpus = nvml_device_info()
+        if gpus:
+            return int(gpus[0]["memory_total_bytes"])
+        if device == "cuda":
+            raise SpecError("device cuda requested but no NVIDIA GPU is visible (NVML found none)")
+    import psutil
+
+    return int(psutil.virtual_memory().total)
+
+
+def command(
+    model: str = typer.Option(..., "--model", "-m", help="Preset (llama-3.1-8b), hub id in the local cache, or a local dir with config.json."),
+    seq_len: int = typer.Option(512, "--seq-len", help="Sequence length (tokens)."),
+    micro_batch: int = typer.Option(4, "--micro-batch", help="per_device_train_batch_size."),
+    grad_accum: int = typer.Option(1, "--grad-accum", help="gradient_accumulation_steps."),
+    grad_ckpt: bool = typer.Option(False, "--grad-ckpt/--no-grad-ckpt", help="Gradient (activation) checkpointing."),
+    attn: str = typer.Option("sdpa", "--attn", help="eager | sdpa | flash_attention_2 | flex_attention."),
+    workers: int = typer.Option(0, "--workers", help="dataloader_num_workers."),
+    pin_memory: bool = typer.Option(True, "--pin-memory/--no-pin-memory", help="dataloader_pin_memory."),
+    precision: str = typer.Option("bf16", "--precision", help="fp32 | tf32 | bf16 | fp16 (mixed precision)."),
+    mode: str = typer.Option("full", "--mode", help="full | lora | qlora."),
+    packing: bool = typer.Option(False, "--packing/--no-packing", help="Pack sequences (padding-free) instead of padding."),
+    optim: str = typer.Option("adamw_torch", "--optim", help="adamw_torch | adamw_torch_fused | adamw_8bit | adafactor | sgd."),
+    torch_compile: bool = typer.Option(False, "--compile/--no-compile", help="TrainingArguments.torch_compile."),
+    liger: bool = typer.Option(False, "--liger/--no-liger", help="Liger kernels (GPU, liger-kernel installed)."),
+    lengths: str = typer.Option("fixed", "--lengths", help="Synthetic length distribution: fixed | lognormal:MU,SIGMA | uniform:LO-HI | histogram:FILE.json."),
+    dataset: str | None = typer.Option(None, "--dataset", help="jsonl/parquet with a text or input_ids column."),
+    tokenizer: str | None = typer.Option(None, "--tokenizer", help="Local tokenizer dir (for a text dataset)."),
+    lora_r: int = typer.Option(16, "--lora-r", help="LoRA rank (alpha = 2r)."),
+    gpu_budget: str | None = typer.Option(None, "--gpu-budget", help="Memory budget: 24GB, 24GiB, 24g or 80%. On CPU it caps RSS growth."),
+    headroom: float = typer.Option(0.05, "--headroom", help="Share of the budget kept free (default 5%)."),
+    device: str = typer.Option("auto", "--device", help="auto | cuda | cpu."),
+    warmup_steps: int = typer.Option(2, "--warmup-steps", help="Optimizer steps before the timed window."),
+    steps: int = typer.Option(5, "--steps", help="Timed optimizer steps."),
+    timeout: float = typer.Option(300.0, "--timeout", help="Hard timeout of the probe process (s)."),
+    seed: int = typer.Option(42, "--seed", help="Seed for weights and synthetic data."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow model code from the model dir (off by default)."),
+    as_json: bool = typer.Option(False, "--json", help="Print only the result as JSON."),
+) -> None:
+    """Measure one training configuration (tokens/s of real tokens, peak memory, status)."""
+    from autotune.executors.local import run_probe_process
+
+    req = build_probe_request(
+        model=model, seq_len=seq_len, micro_batch=micro_batch, grad_accum=grad_accum, grad_ckpt=grad_ckpt,
+        attn=attn, workers=workers, pin_memory=pin_memory, precision=precision, mode=mode, packing=packing,
+        optim=optim, torch_compile=torch_compile, liger=liger, lengths=lengths, dataset=dataset,
+        tokenizer=tokenizer, lora_r=lora_r, gpu_budget=gpu_budget, headroom=headroom, device=device,
+        warmup_steps=warmup_steps, steps=steps, timeout=timeout, seed=seed, trust_remote_code=trust_remote_code,
+    )  # fmt: skip
+    if not as_json:
+        console(stderr=True).print(f"[dim]probing {req.workload.model} ({req.workload.model_path}) ...[/dim]")
+    result: ProbeResult = run_probe_process(req)
+    if as_json:
+        sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
+    else:
+        render_probe_result(result, console())
+    raise typer.Exit(PROBE_EXIT_CODES[result.status])

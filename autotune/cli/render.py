@@ -1,0 +1,95 @@
+"""Shared rendering helpers for the CLI (rich; plain text when not on a terminal)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from autotune.probe.result import ProbeResult
+from autotune.spec.budget import format_bytes
+
+__all__ = ["console", "render_probe_result", "probe_table_rows", "STATUS_STYLE"]
+
+STATUS_STYLE = {
+    "ok": "green",
+    "over_budget": "yellow",
+    "oom": "red",
+    "unsupported": "magenta",
+    "timeout": "red",
+    "crash": "red",
+}
+
+
+def console(*, stderr: bool = False) -> Console:
+    """A console that writes no colour codes when the stream is not a terminal (pipelines)."""
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(
+        file=stream,
+        no_color=bool(os.environ.get("NO_COLOR")) or not stream.isatty(),
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+def _fmt(v: Any, spec: str = ".1f") -> str:
+    if v is None:
+        return "-"
+    return format(v, spec)
+
+
+def probe_table_rows(result: ProbeResult) -> list[tuple[str, str]]:
+    """(label, value) pairs describing a probe: the same data for the table and plain text."""
+    m = result.metrics
+    req = result.probe_request()
+    c, w, s = req.candidate, req.workload, req.settings
+    rows: list[tuple[str, str]] = [
+        ("status", result.status + (f" ({result.reason})" if result.reason else "")),
+        ("model", f"{w.model}  [{w.mode}]"),
+        (
+            "config",
+            f"micro-batch {c.micro_batch} × accum {c.grad_accum} × world {c.world_size}, seq {w.seq_len}, "
+            f"{c.precision}, attn {c.attn}, ckpt {'on' if c.grad_ckpt else 'off'}, "
+            f"packing {'on' if c.packing else 'off'}, workers {c.workers}, optim {c.optim}",
+        ),
+        ("device", str(result.env.get("device", result.env.get("device_type", "?")))),
+    ]
+    if m.get("tokens_per_s") is not None:
+        rows += [
+            ("tokens/s (real tokens)", f"{m['tokens_per_s']:,.1f}"),
+            ("samples/s", _fmt(m.get("samples_per_s"), ",.2f")),
+            (
+                "step time",
+                f"median {m['step_time_median_s'] * 1000:.1f} ms "
+                f"(p10 {m['step_time_p10_s'] * 1000:.1f} – p90 {m['step_time_p90_s'] * 1000:.1f} ms, "
+                f"spread {m['step_time_spread']:.1%}) over {m['timed_steps']} steps",
+            ),
+            ("padding", f"{m.get('padding_fraction', 0.0):.1%} of token slots"),
+        ]
+        if m.get("data_wait_fraction") is not None:
+            rows.append(("waiting for data", f"{m['data_wait_fraction']:.1%} of step time"))
+    if m.get("loss_first") is not None:
+        rows.append(("loss", f"{m['loss_first']:.4f} → {m['loss_last']:.4f}"))
+    if m.get("peak_mem_bytes") is not None:
+        mem = format_bytes(m["peak_mem_bytes"])
+        if s.budget_bytes:
+            mem += f" of {format_bytes(s.budget_bytes)} budget (usable {format_bytes(s.usable_bytes())})"
+        rows.append(("peak memory", mem + f"  [{m.get('memory_source', '')}]"))
+    if m.get("overhead_s") is not None:
+        rows.append(("fixed overhead", f"{m['overhead_s']:.1f} s (launch → first timed step) of {m.get('wall_s', 0):.1f} s"))
+    if m.get("num_params"):
+        rows.append(("parameters", f"{m['num_params']:,} ({m.get('trainable_params', 0):,} trainable)"))
+    return rows
+
+
+def render_probe_result(result: ProbeResult, con: Console) -> None:
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    for label, value in probe_table_rows(result):
+        style = STATUS_STYLE.get(result.status, "") if label == "status" else ""
+        table.add_row(label, f"[{style}]{value}[/{style}]" if style else value)
+    con.print(table)

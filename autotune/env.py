@@ -1,0 +1,98 @@
+"""Environment fingerprint: versions and device, recorded with every probe and used in cache keys.
+
+Imports torch lazily; nothing touches CUDA at import time.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from importlib import metadata
+from typing import Any
+
+__all__ = ["fingerprint", "package_versions", "nvml_device_info"]
+
+_PACKAGES = ("torch", "transformers", "peft", "accelerate", "deepspeed", "optuna", "ray", "flash-attn", "bitsandbytes")
+
+
+def package_versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for name in _PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def nvml_device_info() -> list[dict[str, Any]]:
+    """GPUs as NVML sees them; empty without a GPU or without the NVML library."""
+    try:
+        import pynvml
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # NVMLError_LibraryNotFound on machines without a driver
+        return []
+    try:
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        devices = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            devices.append(
+                {
+                    "index": i,
+                    "name": pynvml.nvmlDeviceGetName(h),
+                    "memory_total_bytes": int(mem.total),
+                    "driver": driver,
+                }
+            )
+        return devices
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def fingerprint(device: str | None = None) -> dict[str, Any]:
+    """Versions, device name, driver and CPU. ``device`` is ``cpu``/``cuda`` if already decided."""
+    fp: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": f"{platform.system()}-{platform.machine()}",
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "packages": package_versions(),
+    }
+    if "torch" in sys.modules or device is not None:
+        import torch
+
+        fp["torch_cuda"] = torch.version.cuda
+        fp["cuda_available"] = bool(torch.cuda.is_available())
+        if device == "cuda" and torch.cuda.is_available():
+            idx = torch.cuda.current_device()
+            props = torch.cuda.get_device_properties(idx)
+            fp["device"] = torch.cuda.get_device_name(idx)
+            fp["device_memory_bytes"] = int(props.total_memory)
+            fp["compute_capability"] = f"{props.major}.{props.minor}"
+            infos = nvml_device_info()
+            if infos:
+                fp["driver"] = infos[0]["driver"]
+        elif device == "cpu":
+            fp["device"] = f"cpu: {fp['cpu']}"
+            fp["torch_threads"] = torch.get_num_threads()
+    return fp

@@ -1,0 +1,231 @@
+"""Run probes as fresh local subprocesses with a hard timeout.
+
+Every probe is a new ``python -m autotune.probe.worker`` process (a fresh CUDA context; nothing a
+failed configuration did can leak into the next). The parent never imports torch for this.
+``LocalExecutor`` runs up to ``slots`` of them at once on threads; the Ray pool runs the same
+``run_probe_process`` inside its tasks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from autotune.probe.result import ProbeResult
+from autotune.spec.probe_request import ProbeRequest
+
+__all__ = ["run_probe_process", "LocalExecutor", "worker_env"]
+
+_STDERR_TAIL_LINES = 15
+# seconds a worker gets after SIGTERM before SIGKILL
+_KILL_GRACE_S = 3.0
+
+
+def worker_env(request: ProbeRequest, launch_time: float) -> dict[str, str]:
+    """The probe's environment: offline hub, no telemetry, threads for CPU probes."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "AUTOTUNE_LAUNCH_TIME": repr(launch_time),
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONUNBUFFERED": "1",
+            "WANDB_DISABLED": "true",
+            "TRANSFORMERS_VERBOSITY": "error",
+        }
+    )
+    threads = request.settings.cpu_threads
+    if request.settings.device == "cpu" or threads:
+        n = str(threads or os.cpu_count() or 1)
+        env.setdefault("OMP_NUM_THREADS", n)
+    return env
+
+
+def _tail(path: Path, lines: int = _STDERR_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    kept = [ln for ln in text.splitlines() if ln.strip()]
+    return "\n".join(kept[-lines:])
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """Stop the worker and anything it started (data-loader workers): TERM, then KILL."""
+    try:
+        pgid = os.getpgid(proc.pid)
+    except ProcessLookupError:
+        return
+    for sig, wait in ((signal.SIGTERM, _KILL_GRACE_S), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def run_probe_process(request: ProbeRequest, *, python: str | None = None) -> ProbeResult:
+    """Measure one configuration in a fresh process. Never raises for a failed probe."""
+    request.validate()
+    req_dict = request.to_dict()
+    workdir = Path(tempfile.mkdtemp(prefix="autotune-probe-"))
+    req_path, res_path = workdir / "request.json", workdir / "result.json"
+    out_path, err_path = workdir / "stdout.log", workdir / "stderr.log"
+    req_path.write_text(json.dumps(req_dict), encoding="utf-8")
+    launch = time.time()
+    timeout = float(request.settings.timeout_s)
+    try:
+        with open(out_path, "wb") as out, open(err_path, "wb") as err:
+            proc = subprocess.Popen(
+                [python or sys.executable, "-m", "autotune.probe.worker", str(req_path), str(res_path)],
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                env=worker_env(request, launch),
+                start_new_session=True,  # its own process group: a timeout kills data-loader workers too
+            )
+            try:
+                code = proc.wait(timeout=timeout)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                code = proc.returncode
+                timed_out = True
+        wall = time.time() - launch
+        if timed_out:
+            return ProbeResult(
+                status="timeout",
+                request=req_dict,
+                reason=f"no result after {timeout:g} s; the probe process was killed",
+                metrics={"wall_s": wall},
+                env={"stderr_tail": _tail(err_path)},
+            )
+        if res_path.exists():
+            try:
+                result = ProbeResult.from_dict(json.loads(res_path.read_text(encoding="utf-8")))
+            except (ValueError, KeyError) as exc:
+                return ProbeResult(
+                    status="crash",
+                    request=req_dict,
+                    reason=f"unreadable probe result ({exc})",
+                    metrics={"wall_s": wall},
+                    env={"stderr_tail": _tail(err_path)},
+                )
+            result.metrics.setdefault("wall_s", wall)
+            result.metrics["process_wall_s"] = wall
+            if result.status == "crash":
+                result.env["stderr_tail"] = _tail(err_path)
+            return result
+        how = f"killed by {_signal_name(code)}" if code is not None and code < 0 else f"exit code {code}"
+        tail = _tail(err_path)
+        status = "crash"
+        reason = f"probe process {how} without a result"
+        if code == -signal.SIGKILL and ("Killed" in tail or not tail):
+            reason += " (SIGKILL: possibly the kernel's out-of-memory killer)"
+        if tail:
+            reason += f"; last stderr: {tail.splitlines()[-1][:300]}"
+        return ProbeResult(
+            status=status,
+            request=req_dict,
+            reason=reason,
+            metrics={"wall_s": wall, "exit_code": code},
+            env={"stderr_tail": tail},
+        )
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+class LocalExecutor:
+    """Up to ``slots`` probes at once as local subprocesses (default one: a CPU probe uses all cores)."""
+
+    def __init__(self, slots: int = 1, *, python: str | None = None) -> None:
+        if slots < 1:
+            raise ValueError(f"slots must be >= 1, got {slots}")
+        self._slots = slots
+        self._python = python
+        self._ids = itertools.count()
+        self._todo: queue.Queue[tuple[str, ProbeRequest] | None] = queue.Queue()
+        self._done: queue.Queue[tuple[str, ProbeResult]] = queue.Queue()
+        self._pending = 0
+        self._lock = threading.Lock()
+        self._threads = [
+            threading.Thread(target=self._work, name=f"autotune-probe-{i}", daemon=True) for i in range(slots)
+        ]
+        for t in self._threads:
+            t.start()
+
+    @property
+    def slots(self) -> int:
+        return self._slots
+
+    def _work(self) -> None:
+        while True:
+            item = self._todo.get()
+            if item is None:
+                return
+            ticket, request = item
+            try:
+                result = run_probe_process(request, python=self._python)
+            except Exception as exc:  # a bug in the executor itself must not stop the search
+                result = ProbeResult(status="crash", request=request.to_dict(), reason=f"executor: {exc!r}")
+            self._done.put((ticket, result))
+
+    def submit(self, request: ProbeRequest) -> str:
+        ticket = f"local-{next(self._ids)}"
+        with self._lock:
+            self._pending += 1
+        self._todo.put((ticket, request))
+        return ticket
+
+    def poll(self, timeout: float | None = None) -> list[tuple[str, ProbeResult]]:
+        out: list[tuple[str, ProbeResult]] = []
+        try:
+            out.append(self._done.get(timeout=timeout))
+        except queue.Empty:
+            return out
+        while True:
+            try:
+                out.append(self._done.get_nowait())
+            except queue.Empty:
+                break
+        with self._lock:
+            self._pending -= len(out)
+        return out
+
+    def pending(self) -> int:
+        with self._lock:
+            return self._pending
+
+    def close(self) -> None:
+        for _ in self._threads:
+            self._todo.put(None)
+
+    def __enter__(self) -> LocalExecutor:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,152 @@
+"""Peak-memory measurement inside the probe process.
+
+CPU: peak RSS growth of this process over a baseline taken before the model is built, sampled by a
+thread (and ``ru_maxrss`` at the end, which catches spikes between samples).
+GPU: ``torch.cuda.max_memory_reserved`` (what the caching allocator held) and NVML's per-process
+figure, which includes the CUDA context that torch does not count.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import threading
+import time
+from collections.abc import Callable
+
+import psutil
+
+__all__ = ["RssSampler", "NvmlSampler", "rusage_peak_bytes"]
+
+
+def rusage_peak_bytes() -> int:
+    """Peak RSS of this process so far (Linux reports KiB)."""
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+class RssSampler:
+    """Samples this process's RSS; calls ``on_exceed(growth)`` once if growth passes ``limit``."""
+
+    def __init__(
+        self,
+        interval_s: float = 0.005,
+        limit_bytes: int | None = None,
+        on_exceed: Callable[[int], None] | None = None,
+    ) -> None:
+        self._proc = psutil.Process(os.getpid())
+        self.interval_s = interval_s
+        self.limit_bytes = limit_bytes
+        self.on_exceed = on_exceed
+        self.baseline = self._proc.memory_info().rss
+        self.baseline_maxrss = rusage_peak_bytes()
+        self.peak = self.baseline
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="autotune-rss", daemon=True)
+        self._fired = False
+
+    def rebase(self) -> None:
+        """Take the baseline now (just before the model is built)."""
+        self.baseline = self._proc.memory_info().rss
+        self.baseline_maxrss = rusage_peak_bytes()
+        self.peak = max(self.peak, self.baseline)
+
+    def start(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            rss = self._proc.memory_info().rss
+            if rss > self.peak:
+                self.peak = rss
+            if (
+                self.limit_bytes is not None
+                and not self._fired
+                and rss - self.baseline > self.limit_bytes
+                and self.on_exceed is not None
+            ):
+                self._fired = True
+                self.on_exceed(rss - self.baseline)
+            self._stop.wait(self.interval_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=1.0)
+
+    def growth(self) -> int:
+        """Peak RSS growth over the baseline, including spikes between samples."""
+        peak = self.peak
+        maxrss = rusage_peak_bytes()
+        # ru_maxrss is a lifetime peak: only meaningful if it grew after the baseline was taken
+        if maxrss > self.baseline_maxrss:
+            peak = max(peak, maxrss)
+        return max(0, peak - self.baseline)
+
+
+class NvmlSampler:
+    """Samples NVML memory for this process (and device utilisation) at about 10 Hz.
+
+    Silently inactive without NVML (no driver, no library): figures are then ``None``.
+    """
+
+    def __init__(self, device_index: int = 0, interval_s: float = 0.1) -> None:
+        self.interval_s = interval_s
+        self.peak_process_bytes: int | None = None
+        self.peak_device_used_bytes: int | None = None
+        self.util_samples: list[int] = []
+        self._pid = os.getpid()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="autotune-nvml", daemon=True)
+        self._nvml = None
+        self._handle = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
+        except Exception:
+            self._nvml = None
+
+    @property
+    def active(self) -> bool:
+        return self._nvml is not None
+
+    def sample_once(self) -> None:
+        if self._nvml is None:
+            return
+        nv = self._nvml
+        try:
+            for p in nv.nvmlDeviceGetComputeRunningProcesses(self._handle):
+                if p.pid == self._pid and p.usedGpuMemory is not None:
+                    used = int(p.usedGpuMemory)
+                    if self.peak_process_bytes is None or used > self.peak_process_bytes:
+                        self.peak_process_bytes = used
+            mem = nv.nvmlDeviceGetMemoryInfo(self._handle)
+            if self.peak_device_used_bytes is None or mem.used > self.peak_device_used_bytes:
+                self.peak_device_used_bytes = int(mem.used)
+            self.util_samples.append(int(nv.nvmlDeviceGetUtilizationRates(self._handle).gpu))
+        except Exception:
+            pass
+
+    def start(self) -> NvmlSampler:
+        if self._nvml is not None:
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            t0 = time.perf_counter()
+            self.sample_once()
+            self._stop.wait(max(0.0, self.interval_s - (time.perf_counter() - t0)))
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=1.0)
+        if self._nvml is not None:
+            try:
+                self._nvml.nvmlShutdown()
+            except Exception:
+                pass

@@ -1,0 +1,566 @@
+"""The probe worker: one configuration, measured through ``transformers.Trainer`` in a fresh process.
+
+Run as ``python -m autotune.probe.worker REQUEST.json RESULT.json`` by an executor. It always tries
+to leave a RESULT.json (status ok | oom | over_budget | unsupported | timeout | crash); a process
+that dies without one is classified by the parent (crash, with exit code/signal and stderr tail).
+
+Measurement protocol (nanoGPT's, through the Trainer the user will run):
+warm-up steps, then a window of timed optimizer steps. Each step's time runs from the end of the
+previous step to the end of this one, with ``torch.cuda.synchronize()`` at both ends on GPU, so it
+includes fetching the batches (data-loader starvation shows) as well as forward, backward and the
+optimizer. Throughput counts only real tokens (the collator reports them), never padding.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from autotune.probe.failure import classify_exception
+from autotune.probe.result import ProbeResult
+from autotune.spec.budget import format_bytes
+from autotune.spec.probe_request import ProbeRequest
+from autotune.store.atomic import write_json_atomic
+
+__all__ = ["run_probe_in_process", "main"]
+
+REAL_TOKENS_KEY = "autotune_real_tokens"
+
+
+def _resolve_device(requested: str) -> str:
+    import torch
+
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise _Unsupported("device cuda requested but torch sees no CUDA GPU")
+    return requested
+
+
+class _Unsupported(Exception):
+    """A configuration this device or installation cannot run (status ``unsupported``)."""
+
+
+def _precheck(req: ProbeRequest, device: str) -> None:
+    """Refuse what cannot work here, with the reason, before spending time on it."""
+    import importlib.util
+
+    import torch
+
+    c, w = req.candidate, req.workload
+    if c.attn == "flash_attention_2":
+        if device != "cuda":
+            raise _Unsupported("flash_attention_2 needs a CUDA GPU (sm80+); this probe runs on cpu")
+        major, _ = torch.cuda.get_device_capability()
+        if major < 8:
+            raise _Unsupported(f"flash_attention_2 needs sm80+; this GPU is sm{major}x")
+        if importlib.util.find_spec("flash_attn") is None:
+            raise _Unsupported("flash_attention_2 needs the flash-attn package: pip install flash-attn")
+    if c.precision == "fp16" and device == "cpu":
+        raise _Unsupported("fp16 mixed precision needs a GPU (torch AMP fp16 is CUDA-only in the Trainer)")
+    if c.precision == "tf32" and device == "cpu":
+        raise _Unsupported("tf32 is a CUDA matmul mode; use fp32 on cpu")
+    if c.precision in ("bf16",) and device == "cuda" and not torch.cuda.is_bf16_supported():
+        raise _Unsupported("bf16 is not supported by this GPU (needs sm80+); use fp16")
+    if c.precision == "tf32" and device == "cuda" and torch.cuda.get_device_capability()[0] < 8:
+        raise _Unsupported("tf32 needs an Ampere or newer GPU (sm80+)")
+    if w.mode == "qlora" or c.optim == "adamw_8bit":
+        what = "qlora" if w.mode == "qlora" else "adamw_8bit"
+        if device != "cuda":
+            raise _Unsupported(f"{what} needs bitsandbytes on a CUDA GPU")
+        if importlib.util.find_spec("bitsandbytes") is None:
+            raise _Unsupported(f"{what} needs bitsandbytes: pip install 'autotune[gpu]'")
+    if c.liger and importlib.util.find_spec("liger_kernel") is None:
+        raise _Unsupported("liger kernels need the liger-kernel package: pip install 'autotune[gpu]'")
+    if c.liger and device != "cuda":
+        raise _Unsupported("liger kernels are Triton kernels and need a GPU")
+    if c.world_size > 1 or c.zero_stage > 0:
+        if c.sharding == "deepspeed" and c.zero_stage > 0 and importlib.util.find_spec("deepspeed") is None:
+            raise _Unsupported("ZeRO needs deepspeed: pip install 'autotune[deepspeed]'")
+        raise _Unsupported(
+            "distributed probes (world_size > 1 or ZeRO/FSDP sharding) are not implemented yet; "
+            "probe with world_size 1 and zero_stage 0"
+        )
+
+
+def _torch_dtype(name: str) -> Any:
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def _build_model(req: ProbeRequest, device: str) -> Any:
+    """Random-weight model from config.json, built directly on the target device and dtype."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from autotune.emit.training_args import model_kwargs
+
+    w, c = req.workload, req.candidate
+    mk = model_kwargs(c, w)
+    dtype = _torch_dtype(mk["dtype"])
+    # a fresh config object per model: from_config(dtype=...) mutates the config it is given
+    cfg = AutoConfig.from_pretrained(w.model_path, trust_remote_code=w.trust_remote_code, local_files_only=True)
+    if getattr(cfg, "use_cache", None) is not None:
+        cfg.use_cache = False  # training: no KV cache
+    if w.mode == "qlora":
+        return _build_qlora_base(cfg, mk, w)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(
+            cfg, dtype=dtype, attn_implementation=mk["attn_implementation"], trust_remote_code=w.trust_remote_code
+        )
+    return model
+
+
+def _build_qlora_base(cfg: Any, mk: dict[str, Any], w: Any) -> Any:
+    """4-bit NF4 base: bitsandbytes quantizes at load time, so save random weights, then load them."""
+    import torch
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    compute = _torch_dtype(mk["dtype"])
+    with tempfile.TemporaryDirectory(prefix="autotune-qlora-") as tmp:
+        with torch.device("cpu"):
+            m = AutoModelForCausalLM.from_config(cfg, dtype=compute, trust_remote_code=w.trust_remote_code)
+        m.save_pretrained(tmp, safe_serialization=True)
+        del m
+        return AutoModelForCausalLM.from_pretrained(
+            tmp,
+            quantization_config=BitsAndBytesConfig(
+                load_in_4bit=True,
+                bnb_4bit_quant_type="nf4",
+                bnb_4bit_compute_dtype=compute,
+                bnb_4bit_use_double_quant=True,
+            ),
+            dtype=compute,
+            attn_implementation=mk["attn_implementation"],
+            device_map={"": 0},
+            local_files_only=True,
+        )
+
+
+def _apply_peft(model: Any, req: ProbeRequest) -> Any:
+    w = req.workload
+    if w.mode == "full":
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    from autotune.emit.training_args import lora_target_modules
+
+    if w.mode == "qlora":
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=req.candidate.grad_ckpt)
+    leaf_names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    cfg = LoraConfig(
+        r=w.lora_r,
+        lora_alpha=w.lora_alpha,
+        lora_dropout=0.05,
+        target_modules=lora_target_modules(leaf_names, w.lora_targets),
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, cfg)
+
+
+def count_batch(batch: dict[str, Any]) -> tuple[int, int, int]:
+    """(real tokens, rows, token slots) of one collated batch; pops the collator's real-token count.
+
+    The collator reports real tokens under ``autotune_real_tokens`` (padding excluded). Without it,
+    a 2-D attention mask is counted, and failing that every input position.
+    """
+    real = batch.pop(REAL_TOKENS_KEY, None)
+    ids = batch.get("input_ids")
+    if real is not None:
+        tokens = int(real.sum().item()) if hasattr(real, "sum") else int(real)
+    elif ids is not None:
+        mask = batch.get("attention_mask")
+        tokens = int(mask.sum().item()) if mask is not None and mask.dim() == 2 else int(ids.numel())
+    else:
+        tokens = 0
+    rows = int(ids.shape[0]) if ids is not None else 0
+    slots = int(ids.numel()) if ids is not None else 0
+    return tokens, rows, slots
+
+
+def _make_trainer_class() -> Any:
+    from transformers import Trainer
+
+    class ProbeTrainer(Trainer):
+        """The stock Trainer, plus counters: real tokens per optimizer step and data-wait time.
+
+        ``get_batch_samples`` fetches the micro-batches of one optimizer step; timing it gives the
+        time spent waiting for data. The collator's real-token count is popped here so the model
+        never sees it.
+        """
+
+        probe_meter: _Meter
+
+        def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> Any:
+            meter = self.probe_meter
+            meter.fetch_started()
+            batches, n_items = super().get_batch_samples(epoch_iterator, num_batches, device)
+            tokens = rows = slots = 0
+            for b in batches:
+                real, n_rows, n_slots = count_batch(b)
+                tokens, rows, slots = tokens + real, rows + n_rows, slots + n_slots
+            meter.fetch_done(tokens, rows, slots)
+            return batches, n_items
+
+        def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:
+            loss = super().training_step(model, inputs, num_items_in_batch)
+            self.probe_meter.add_loss(loss)
+            return loss
+
+    return ProbeTrainer
+
+
+class _Meter:
+    """Per-optimizer-step records, filled by the trainer subclass and the step-end callback."""
+
+    def __init__(self, sync: Any) -> None:
+        self.sync = sync
+        self.first_fetch_t: float | None = None
+        self.step_end_t: list[float] = []
+        self.fetch_wait: list[float] = []
+        self.tokens: list[int] = []
+        self.rows: list[int] = []
+        self.slots: list[int] = []
+        self.losses: list[float] = []
+        self._t_fetch = 0.0
+        self._loss_acc: Any = None
+
+    def fetch_started(self) -> None:
+        now = time.perf_counter()
+        if self.first_fetch_t is None:
+            self.sync()
+            now = time.perf_counter()
+            self.first_fetch_t = now
+        self._t_fetch = now
+
+    def fetch_done(self, tokens: int, rows: int, slots: int) -> None:
+        self.fetch_wait.append(time.perf_counter() - self._t_fetch)
+        self.tokens.append(tokens)
+        self.rows.append(rows)
+        self.slots.append(slots)
+
+    def add_loss(self, loss: Any) -> None:
+        self._loss_acc = loss if self._loss_acc is None else self._loss_acc + loss
+
+    def step_end(self) -> None:
+        self.sync()
+        self.step_end_t.append(time.perf_counter())
+        if self._loss_acc is not None:
+            self.losses.append(float(self._loss_acc.float().item()))
+            self._loss_acc = None
+
+
+def _make_callback(meter: _Meter) -> Any:
+    from transformers import TrainerCallback
+
+    class _StepClock(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+            meter.step_end()
+            return control
+
+    return _StepClock()
+
+
+def run_probe_in_process(req: ProbeRequest, *, launch_time: float, result_path: str | None = None) -> ProbeResult:
+    """Measure ``req`` in this process. Never raises for a failed configuration."""
+    t_start = time.perf_counter()
+    wall0 = time.time()
+    metrics: dict[str, Any] = {}
+    env: dict[str, Any] = {}
+    reqd = req.to_dict()
+
+    def result(status: str, reason: str = "") -> ProbeResult:
+        metrics["wall_s"] = time.time() - launch_time
+        return ProbeResult(status=status, request=reqd, reason=reason, metrics=metrics, env=env)
+
+    import torch
+    import transformers  # noqa: F401  (import time belongs to the fixed overhead)
+
+    from autotune.env import fingerprint
+
+    metrics["import_s"] = time.perf_counter() - t_start
+    try:
+        device = _resolve_device(req.settings.device)
+    except _Unsupported as exc:
+        env.update(fingerprint())
+        return result("unsupported", str(exc))
+    env.update(fingerprint(device))
+    env["device_type"] = device
+    try:
+        _precheck(req, device)
+    except _Unsupported as exc:
+        return result("unsupported", str(exc))
+
+    settings = req.settings
+    budget = settings.budget_bytes
+    usable = settings.usable_bytes()
+    metrics["budget_bytes"] = budget
+    metrics["usable_bytes"] = usable
+
+    from autotune.probe.memory import NvmlSampler, RssSampler
+
+    if device == "cpu":
+        threads = settings.cpu_threads or os.cpu_count() or 1
+        torch.set_num_threads(threads)
+
+        def sync() -> None:
+            return None
+
+        def over_limit(growth: int) -> None:
+            # the CPU stand-in for a capped GPU: past the budget itself, stop at once
+            metrics["mem_rss_growth_bytes"] = growth
+            metrics["peak_mem_bytes"] = growth
+            res = result(
+                "over_budget",
+                f"memory grew by {format_bytes(growth)}, past the budget {format_bytes(budget)}; stopped mid-run",
+            )
+            if result_path:
+                write_json_atomic(result_path, res.to_dict())
+            os._exit(0)
+
+        sampler = RssSampler(limit_bytes=budget, on_exceed=over_limit if budget else None)
+        nvml = None
+    else:
+        nvml = NvmlSampler(device_index=torch.cuda.current_device())
+        nvml.sample_once()
+        device_used_before = nvml.peak_device_used_bytes
+        nvml.peak_device_used_bytes = None
+        torch.cuda.init()
+        torch.zeros(1, device="cuda")
+        torch.cuda.synchronize()
+        nvml.sample_once()
+        context = None
+        if nvml.peak_process_bytes is not None:
+            context = nvml.peak_process_bytes - torch.cuda.memory_reserved()
+        elif nvml.peak_device_used_bytes is not None and device_used_before is not None:
+            context = nvml.peak_device_used_bytes - device_used_before - torch.cuda.memory_reserved()
+        metrics["cuda_context_bytes"] = context
+        total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        metrics["device_memory_bytes"] = int(total)
+        if budget is not None and budget < total:
+            cap = budget - (context or 0)
+            torch.cuda.set_per_process_memory_fraction(max(0.01, min(1.0, cap / total)))
+            metrics["allocator_cap_bytes"] = int(cap)
+        torch.backends.cuda.matmul.allow_tf32 = req.candidate.precision in ("tf32", "bf16", "fp16")
+
+        def sync() -> None:
+            torch.cuda.synchronize()
+
+        sampler = None
+        nvml.start()
+
+    _preload_libraries(req)
+    out_dir = tempfile.mkdtemp(prefix="autotune-trainer-")
+    try:
+        if sampler is not None:
+            sampler.rebase()
+            metrics["rss_baseline_bytes"] = sampler.baseline
+            sampler.start()
+        t_build = time.perf_counter()
+        try:
+            model = _build_model(req, device)
+            model = _apply_peft(model, req)
+        except Exception as exc:  # build failures: OOM for huge models, unsupported attention, ...
+            status, reason = classify_exception(exc)
+            _record_memory(metrics, device, sampler, nvml, usable)
+            return result(status, f"building the model: {reason}")
+        metrics["build_s"] = time.perf_counter() - t_build
+        metrics["num_params"] = int(sum(p.numel() for p in model.parameters()))
+        metrics["trainable_params"] = int(sum(p.numel() for p in model.parameters() if p.requires_grad))
+
+        from transformers import TrainingArguments
+
+        from autotune.emit.training_args import model_dtype, probe_kwargs
+        from autotune.probe.data import build_train_data
+
+        cfg = model.config
+        pad_id = getattr(cfg, "pad_token_id", None)
+        if pad_id is None:
+            pad_id = getattr(cfg, "eos_token_id", None)
+        if isinstance(pad_id, list):
+            pad_id = pad_id[0]
+        compute_dtype = {
+            "bf16": torch.bfloat16,
+            "fp16": torch.float16,
+        }.get(req.candidate.precision, _torch_dtype(model_dtype(req.candidate, req.workload)))
+        n_steps = settings.warmup_steps + settings.steps
+        try:
+            data = build_train_data(
+                req.workload,
+                req.candidate,
+                num_optimizer_steps=n_steps,
+                vocab_size=int(cfg.vocab_size),
+                pad_token_id=int(pad_id or 0),
+                mask_dtype=compute_dtype,
+            )
+        except Exception as exc:
+            from autotune.errors import DatasetError, SpecError
+
+            if isinstance(exc, (DatasetError, SpecError)):
+                return result("crash", f"data: {exc}")
+            raise
+        metrics["token_slots_per_step"] = getattr(data, "token_slots_per_step", None)
+
+        fields = set(TrainingArguments.__dataclass_fields__)
+        args = TrainingArguments(output_dir=out_dir, **probe_kwargs(req, fields=fields, device=device))
+        meter = _Meter(sync)
+        trainer_cls = _make_trainer_class()
+        trainer = trainer_cls(
+            model=model,
+            args=args,
+            train_dataset=data.dataset,
+            data_collator=data.collator,
+            callbacks=[_make_callback(meter)],
+        )
+        trainer.probe_meter = meter
+        t_train = time.perf_counter()
+        try:
+            trainer.train()
+        except Exception as exc:
+            status, reason = classify_exception(exc)
+            _record_memory(metrics, device, sampler, nvml, usable)
+            _record_window(metrics, meter, req, launch_time, wall0, t_start)
+            return result(status, f"training: {reason}")
+        metrics["train_s"] = time.perf_counter() - t_train
+        _record_window(metrics, meter, req, launch_time, wall0, t_start)
+        _record_memory(metrics, device, sampler, nvml, usable)
+        if metrics.get("tokens_per_s") is None:
+            return result("crash", f"no timed step completed ({len(meter.step_end_t)} steps ran)")
+        peak = metrics.get("peak_mem_bytes")
+        if usable is not None and peak is not None and peak > usable:
+            return result(
+                "over_budget",
+                f"peak memory {format_bytes(peak)} > usable budget {format_bytes(usable)} "
+                f"({format_bytes(budget)} less {settings.headroom:.0%} headroom)",
+            )
+        return result("ok")
+    finally:
+        if sampler is not None:
+            sampler.stop()
+        if nvml is not None:
+            nvml.stop()
+        import shutil
+
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def _preload_libraries(req: ProbeRequest) -> None:
+    """Import what building and training will import, before the memory baseline is taken.
+
+    Otherwise the RSS growth of a CPU probe would include a few hundred MB of library code that
+    transformers, accelerate and peft import lazily, which no configuration choice changes.
+    """
+    import importlib
+
+    from transformers import AutoConfig, Trainer, TrainingArguments  # noqa: F401
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    import autotune.probe.data  # noqa: F401
+
+    w = req.workload
+    try:
+        cfg = AutoConfig.from_pretrained(w.model_path, trust_remote_code=w.trust_remote_code, local_files_only=True)
+        MODEL_FOR_CAUSAL_LM_MAPPING[type(cfg)]  # imports the modeling module
+    except Exception:
+        pass  # the build reports what is wrong with the config
+    for name in ("accelerate", "torch.utils.data", "torch.optim"):
+        importlib.import_module(name)
+    if w.mode != "full":
+        importlib.import_module("peft")
+
+
+def _record_window(
+    metrics: dict[str, Any], meter: _Meter, req: ProbeRequest, launch_time: float, wall0: float, t0: float
+) -> None:
+    from autotune.probe.stats import summarize_window
+
+    s = req.settings
+    if meter.first_fetch_t is None:
+        return
+    ends = [meter.first_fetch_t, *meter.step_end_t]
+    durations = [b - a for a, b in zip(ends, ends[1:])]
+    metrics["steps_completed"] = len(durations)
+    if meter.losses:
+        metrics["losses"] = meter.losses
+        metrics["loss_first"] = meter.losses[0]
+        metrics["loss_last"] = meter.losses[-1]
+    w = s.warmup_steps
+    window = durations[w : w + s.steps]
+    if len(window) < s.steps:
+        return
+    # launch -> start of the first timed step: imports, build, data, Trainer setup, warm-up
+    first_timed_start = ends[w]
+    metrics["overhead_s"] = (wall0 - launch_time) + (first_timed_start - t0)
+    metrics.update(
+        summarize_window(
+            window,
+            meter.tokens[w : w + s.steps],
+            meter.rows[w : w + s.steps],
+            meter.fetch_wait[w : w + s.steps],
+        )
+    )
+    slots = sum(meter.slots[w : w + s.steps])
+    metrics["token_slots"] = slots
+    if slots:
+        metrics["padding_fraction"] = max(0.0, 1.0 - metrics["real_tokens"] / slots)
+
+
+def _record_memory(metrics: dict[str, Any], device: str, sampler: Any, nvml: Any, usable: int | None) -> None:
+    if device == "cpu":
+        if sampler is None:
+            return
+        growth = sampler.growth()
+        metrics["mem_rss_growth_bytes"] = growth
+        metrics["peak_mem_bytes"] = growth
+        metrics["memory_source"] = "peak RSS growth of the probe process over its pre-build baseline"
+        return
+    import torch
+
+    reserved = int(torch.cuda.max_memory_reserved())
+    metrics["mem_torch_reserved_bytes"] = reserved
+    metrics["mem_torch_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
+    if nvml is not None:
+        nvml.sample_once()
+        metrics["mem_nvml_process_bytes"] = nvml.peak_process_bytes
+        if nvml.util_samples:
+            metrics["gpu_util_samples"] = nvml.util_samples[-600:]
+            metrics["gpu_util_mean"] = sum(nvml.util_samples) / len(nvml.util_samples)
+    context = metrics.get("cuda_context_bytes") or 0
+    candidates = [reserved + context]
+    if metrics.get("mem_nvml_process_bytes"):
+        candidates.append(int(metrics["mem_nvml_process_bytes"]))
+    metrics["peak_mem_bytes"] = max(candidates)
+    metrics["memory_source"] = "max(torch max_memory_reserved + CUDA context, NVML per-process peak)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) != 2:
+        print("usage: python -m autotune.probe.worker REQUEST.json RESULT.json", file=sys.stderr)
+        return 2
+    request_path, result_path = argv
+    launch_time = float(os.environ.get("AUTOTUNE_LAUNCH_TIME", time.time()))
+    data = json.loads(Path(request_path).read_text(encoding="utf-8"))
+    req = ProbeRequest.from_dict(data)
+    try:
+        res = run_probe_in_process(req, launch_time=launch_time, result_path=result_path)
+    except Exception as exc:  # a bug or an unexpected library failure: still a result
+        status, reason = classify_exception(exc)
+        tb = traceback.format_exc(limit=6)
+        print(tb, file=sys.stderr)
+        res = ProbeResult(status=status, request=req.to_dict(), reason=reason, metrics={}, env={})
+    write_json_atomic(result_path, res.to_dict())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""Emitters: the best probe result -> ready-to-use config files.  [pure, apart from emit_all's write]
+
+``build_files`` computes every file's text (pure, tested); ``emit_all`` writes them atomically.
+
+Files (in ``best/``):
+- ``training_args.json``: ``TrainingArguments(output_dir=..., **json)`` on the installed transformers
+- ``model_kwargs.json``: ``AutoModelForCausalLM.from_pretrained(model, **json)`` (for QLoRA the
+  ``quantization_config`` dict holds BitsAndBytesConfig fields)
+- ``lora_config.json`` (lora/qlora): ``peft.LoraConfig(**json)``
+- ``accelerate_config.yaml``: ``accelerate launch --config_file accelerate_config.yaml train.py ...``
+- ``deepspeed.json`` (ZeRO through DeepSpeed): DeepSpeed's own config format, concrete values
+- ``train.py``: a minimal script that uses them
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autotune.emit._train_script import render_train_script
+from autotune.emit.training_args import (
+    accelerate_config,
+    emitted_deepspeed_config,
+    emitted_model_kwargs,
+    emitted_training_args,
+    lora_config,
+)
+from autotune.errors import AutotuneError
+from autotune.probe.result import ProbeResult
+from autotune.store.atomic import write_text_atomic
+
+__all__ = ["EMITTED_FILES", "build_files", "emit_all", "target_device"]
+
+EMITTED_FILES = (
+    "training_args.json",
+    "model_kwargs.json",
+    "lora_config.json",
+    "accelerate_config.yaml",
+    "deepspeed.json",
+    "train.py",
+)
+
+_ACCELERATE_HEADER = (
+    "# Written by autotune. Launch with:\n"
+    "#   accelerate launch --config_file accelerate_config.yaml train.py --model MODEL --dataset DATA.jsonl\n"
+    "# deepspeed_config_file (if any) is relative to the directory you launch from.\n"
+)
+
+
+def target_device(best: ProbeResult) -> str:
+    """``cpu`` or ``cuda``: where the configuration was measured (a CPU probe gives a CPU config)."""
+    dev = str(best.request.get("settings", {}).get("device", "auto"))
+    if dev in ("cpu", "cuda"):
+        return dev
+    env_dev = str(best.env.get("device", ""))
+    if env_dev.startswith("cpu"):
+        return "cpu"
+    return "cuda"
+
+
+def _json(obj: Any) -> str:
+    return json.dumps(obj, indent=2) + "\n"
+
+
+def build_files(
+    best: ProbeResult,
+    *,
+    fields: set[str],
+    device: str | None = None,
+    report_to: str | list[str] = "none",
+) -> dict[str, str]:
+    """File name -> text for the best result. ``fields``: the installed TrainingArguments' field names."""
+    if not best.fits:
+        raise AutotuneError(
+            f"can only emit a configuration that fits; this probe's status is {best.status!r}"
+        )
+    req = best.probe_request()
+    cand, wl = req.candidate, req.workload
+    dev = device or target_device(best)
+    try:
+        targs = emitted_training_args(req, fields=fields, device=dev, report_to=report_to)
+    except ValueError as exc:
+        raise AutotuneError(str(exc)) from exc
+    files: dict[str, str] = {
+        "training_args.json": _json(targs),
+        "model_kwargs.json": _json(emitted_model_kwargs(cand, wl)),
+    }
+    targets = best.metrics.get("lora_target_modules")  # what the probe actually adapted, if recorded
+    lc = lora_config(wl, target_modules=targets)
+    if lc is not None:
+        files["lora_config.json"] = _json(lc)
+    acc = accelerate_config(cand, device=dev)
+    files["accelerate_config.yaml"] = _ACCELERATE_HEADER + yaml.safe_dump(acc, sort_keys=True)
+    ds = emitted_deepspeed_config(cand, max_grad_norm=float(targs.get("max_grad_norm", 1.0)))
+    if ds is not None:
+        files["deepspeed.json"] = _json(ds)
+    files["train.py"] = render_train_script(seq_len=wl.seq_len, packing=cand.packing)
+    return files
+
+
+def emit_all(
+    best: ProbeResult,
+    out_dir: Path,
+    *,
+    fields: set[str],
+    device: str | None = None,
+    report_to: str | list[str] = "none",
+) -> list[Path]:
+    """Write every file for ``best`` into ``out_dir``; returns the written paths.
+
+    All texts are built first (a failure there leaves ``out_dir`` untouched), then each file is
+    written atomically (temporary file + ``os.replace``), so none is ever half-written. Emitted files
+    that this configuration does not have (e.g. a stale ``deepspeed.json`` from an earlier run) are
+    removed afterwards, so the directory describes one configuration.
+    """
+    files = build_files(best, fields=fields, device=device, report_to=report_to)
+    out_dir = Path(out_dir)
+    written = [write_text_atomic(out_dir / name, text) for name, text in files.items()]
+    os.chmod(out_dir / "train.py", 0o755)
+    for name in EMITTED_FILES:
+        if name not in files and (out_dir / name).exists():
+            (out_dir / name).unlink()
+    return written

@@ -267,7 +267,9 @@ def emitted_model_kwargs(candidate: Candidate, workload: Workload) -> dict[str, 
     return kw
 
 
-def lora_config(workload: Workload, *, target_modules: list[str] | str | None = None) -> dict[str, Any] | None:
+def lora_config(
+    workload: Workload, *, target_modules: list[str] | str | None = None
+) -> dict[str, Any] | None:
     """``lora_config.json``: keyword arguments for ``peft.LoraConfig`` (None for full fine-tuning)."""
     if workload.mode == "full":
         return None
@@ -307,7 +309,9 @@ def mixed_precision(candidate: Candidate) -> str:
     return {"bf16": "bf16", "fp16": "fp16"}.get(candidate.precision, "no")
 
 
-def accelerate_config(candidate: Candidate, *, device: str, deepspeed_file: str = "deepspeed.json") -> dict[str, Any]:
+def accelerate_config(
+    candidate: Candidate, *, device: str, deepspeed_file: str = "deepspeed.json"
+) -> dict[str, Any]:
     """``accelerate_config.yaml`` content for ``accelerate launch --config_file``.
 
     With a DeepSpeed config file, accelerate refuses ``mixed_precision`` (and the other ZeRO keys) in

@@ -1,0 +1,767 @@
+"""``autotune check``: the domain notes' checklist applied to a configuration.  [pure]
+
+Input is text already read from disk (the CLI reads it); ``parse_config`` classifies one file,
+``gather`` runs every rule over a :class:`ConfigBundle` and returns a :class:`CheckReport`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from autotune.check._report import CheckItem, CheckReport
+from autotune.errors import SpecError
+
+__all__ = [
+    "KINDS",
+    "REMOVED_IN_V5",
+    "ConfigBundle",
+    "GpuInfo",
+    "parse_config",
+    "bundle_from_texts",
+    "gather",
+]
+
+KINDS = ("training_args", "model_kwargs", "lora", "accelerate", "deepspeed", "train_script")
+
+# TrainingArguments names transformers 5 removed (TypeError) -> the fix.
+REMOVED_IN_V5: dict[str, str] = {
+    "evaluation_strategy": "rename to eval_strategy",
+    "no_cuda": "rename to use_cpu",
+    "per_gpu_train_batch_size": "rename to per_device_train_batch_size",
+    "per_gpu_eval_batch_size": "rename to per_device_eval_batch_size",
+    "overwrite_output_dir": "remove it (the Trainer no longer refuses a non-empty output_dir)",
+    "logging_dir": "remove it (logs go under output_dir; TensorBoard reads TENSORBOARD_LOGGING_DIR)",
+    "use_ipex": "remove it (IPEX support was dropped)",
+    "include_tokens_per_second": "remove it; use include_num_input_tokens_seen",
+    "warmup_ratio": "use warmup_steps with a float below 1 (e.g. warmup_steps: 0.03 is 3% of the steps)",
+    "torch_dtype": "pass dtype to from_pretrained instead",
+}
+# Deprecated aliases (still accepted, with a warning) -> the new name.
+DEPRECATED_IN_V5: dict[str, str] = {
+    "gradient_checkpointing": "activation_checkpointing",
+    "gradient_checkpointing_kwargs": "activation_checkpointing_kwargs",
+}
+
+_FILE_KIND = {
+    "training_args.json": "training_args",
+    "model_kwargs.json": "model_kwargs",
+    "lora_config.json": "lora",
+    "accelerate_config.yaml": "accelerate",
+    "deepspeed.json": "deepspeed",
+    "train.py": "train_script",
+}
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """What the checks need to know about the target GPU (from the catalog)."""
+
+    name: str
+    bf16: bool
+    flash_attention_2: bool
+    tf32: bool
+
+
+@dataclass
+class ConfigBundle:
+    """The parsed files of one target: a single config file or a run's ``best/`` directory."""
+
+    target: str
+    data: dict[str, Any] = field(default_factory=dict)  # kind -> parsed dict (train_script: str)
+    sources: dict[str, str] = field(default_factory=dict)  # kind -> file name
+
+    def get(self, kind: str) -> Any:
+        return self.data.get(kind)
+
+
+def _classify_json(d: dict[str, Any]) -> str:
+    if "zero_optimization" in d or "train_micro_batch_size_per_gpu" in d or "train_batch_size" in d:
+        return "deepspeed"
+    if "lora_alpha" in d or ("r" in d and "target_modules" in d):
+        return "lora"
+    if {"attn_implementation", "quantization_config"} & set(d) or (
+        set(d) and set(d) <= {"dtype", "torch_dtype"}
+    ):
+        return "model_kwargs"
+    return "training_args"
+
+
+def parse_config(name: str, text: str, *, kind: str | None = None) -> tuple[str, Any]:
+    """(kind, parsed) for one file's text. Raises SpecError for text that is not a usable config."""
+    lower = name.lower()
+    if kind == "train_script" or lower.endswith(".py"):
+        return "train_script", text
+    if lower.endswith((".yaml", ".yml")):
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise SpecError(f"{name} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        if not isinstance(data, dict) or not ({"distributed_type", "compute_environment"} & set(data)):
+            raise SpecError(f"{name} is not an accelerate config (no distributed_type / compute_environment)")
+        return "accelerate", data
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SpecError(
+            f"{name} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{name} must hold a JSON object, got {type(data).__name__}")
+    return (kind or _classify_json(data)), data
+
+
+def bundle_from_texts(target: str, texts: dict[str, str], *, directory: bool) -> ConfigBundle:
+    """Parse the files of one target. In a directory, known file names decide the kind."""
+    b = ConfigBundle(target=target)
+    for name in sorted(texts):
+        kind_hint = _FILE_KIND.get(name) if directory else None
+        kind, data = parse_config(name, texts[name], kind=kind_hint)
+        if kind in b.data:
+            raise SpecError(f"{target}: both {b.sources[kind]} and {name} look like a {kind} config")
+        b.data[kind] = data
+        b.sources[kind] = name
+    if not b.data:
+        raise SpecError(f"{target}: no config files found (expected one of {', '.join(_FILE_KIND)})")
+    return b
+
+
+# --------------------------------------------------------------------------------------------
+# rules
+# --------------------------------------------------------------------------------------------
+
+
+class _Ctx:
+    def __init__(self, b: ConfigBundle, gpu: GpuInfo | None, fields: set[str] | None, version: str | None):
+        self.b = b
+        self.gpu = gpu
+        self.fields = fields
+        self.version = version
+        self.ta: dict[str, Any] = b.get("training_args") or {}
+        self.acc: dict[str, Any] = b.get("accelerate") or {}
+        self.ds: dict[str, Any] = b.get("deepspeed") or self._inline_ds()
+        self.mk: dict[str, Any] | None = b.get("model_kwargs")
+        self.items: list[CheckItem] = []
+
+    def _inline_ds(self) -> dict[str, Any]:
+        v = (self.b.get("training_args") or {}).get("deepspeed")
+        return v if isinstance(v, dict) else {}
+
+    def src(self, kind: str) -> str:
+        return self.b.sources.get(kind, "")
+
+    def add(self, id: str, title: str, status: str, message: str, fix: str = "", source: str = "") -> None:
+        self.items.append(
+            CheckItem(id=id, title=title, status=status, message=message, fix=fix, source=source)
+        )
+
+    @property
+    def has_ta(self) -> bool:
+        return "training_args" in self.b.data
+
+    @property
+    def cpu(self) -> bool:
+        return bool(self.ta.get("use_cpu") or self.ta.get("no_cuda") or self.acc.get("use_cpu"))
+
+    def precision(self) -> tuple[str | None, str]:
+        """('bf16' | 'fp16' | 'fp32' | None if unknown, where it was read)."""
+        if self.has_ta:
+            if self.ta.get("bf16"):
+                return "bf16", self.src("training_args")
+            if self.ta.get("fp16"):
+                return "fp16", self.src("training_args")
+            return "fp32", self.src("training_args")
+        mp = self.acc.get("mixed_precision")
+        if mp in ("bf16", "fp16", "fp8"):
+            return ("bf16" if mp == "fp8" else mp), self.src("accelerate")
+        if self.ds:
+            for p in ("bf16", "fp16"):
+                en = (self.ds.get(p) or {}).get("enabled")
+                if en is True:
+                    return p, self.src("deepspeed")
+            if any((self.ds.get(p) or {}).get("enabled") == "auto" for p in ("bf16", "fp16")):
+                return None, self.src("deepspeed")
+            return "fp32", self.src("deepspeed")
+        if mp == "no":
+            return "fp32", self.src("accelerate")
+        return None, ""
+
+
+def _sixteen_bit_fix(gpu: GpuInfo | None) -> str:
+    if gpu is None:
+        return "set bf16: true (fp16: true on GPUs without bf16, e.g. T4/V100)"
+    return "set bf16: true" if gpu.bf16 else f"set fp16: true ({gpu.name} has no bf16)"
+
+
+def _rule_precision(c: _Ctx) -> None:
+    title = "mixed precision"
+    prec, src = c.precision()
+    if prec is None and not src:
+        return
+    if c.cpu:
+        c.add(
+            "precision",
+            title,
+            "info",
+            f"CPU run ({prec or 'auto'}): bf16 autocast is slow on CPUs without AMX",
+            source=src,
+        )
+        return
+    if prec is None:
+        c.add(
+            "precision",
+            title,
+            "info",
+            "DeepSpeed precision is 'auto' (taken from TrainingArguments)",
+            source=src,
+        )
+        return
+    if prec == "bf16":
+        if c.gpu is not None and not c.gpu.bf16:
+            c.add(
+                "precision",
+                title,
+                "fail",
+                f"bf16 requested but {c.gpu.name} has no bf16",
+                "set fp16: true, bf16: false",
+                src,
+            )
+        else:
+            c.add("precision", title, "pass", "bf16 mixed precision", source=src)
+    elif prec == "fp16":
+        if c.gpu is not None and c.gpu.bf16:
+            c.add(
+                "precision",
+                title,
+                "warn",
+                f"fp16 on {c.gpu.name}, which has bf16 (no loss scaling needed)",
+                "set bf16: true, fp16: false",
+                src,
+            )
+        else:
+            c.add("precision", title, "pass", "fp16 mixed precision", source=src)
+    else:
+        tf32 = c.ta.get("tf32") is True
+        if tf32:
+            c.add(
+                "precision",
+                title,
+                "warn",
+                "fp32 weights and activations with TF32 matmuls",
+                _sixteen_bit_fix(c.gpu) + " to halve activation memory",
+                src,
+            )
+        else:
+            c.add(
+                "precision",
+                title,
+                "fail",
+                "full fp32 without bf16/fp16 or TF32 leaves the tensor cores idle",
+                _sixteen_bit_fix(c.gpu),
+                src,
+            )
+
+
+def _rule_tf32(c: _Ctx) -> None:
+    if not c.has_ta or c.cpu:
+        return
+    title, src = "TF32", c.src("training_args")
+    tf32 = c.ta.get("tf32")
+    gpu_tf32 = None if c.gpu is None else c.gpu.tf32
+    if tf32 is True and gpu_tf32 is False:
+        c.add(
+            "tf32",
+            title,
+            "fail",
+            f"tf32: true but {c.gpu.name if c.gpu else 'the GPU'} has no TF32 (TrainingArguments raises)",
+            "remove tf32",
+            src,
+        )
+    elif tf32 is True:
+        c.add("tf32", title, "pass", "TF32 on for the remaining fp32 matmuls", source=src)
+    elif gpu_tf32 is False:
+        c.add("tf32", title, "info", f"{c.gpu.name if c.gpu else 'this GPU'} has no TF32", source=src)
+    elif tf32 is False:
+        c.add(
+            "tf32",
+            title,
+            "warn",
+            "tf32: false keeps fp32 matmuls off the tensor cores",
+            "set tf32: true (Ampere or newer)",
+            src,
+        )
+    elif c.ta.get("bf16") or not c.ta.get("fp16"):
+        c.add(
+            "tf32",
+            title,
+            "info",
+            "tf32 unset: transformers 5 turns TF32 on by itself where the GPU has it",
+            "state tf32: true to make it explicit",
+            src,
+        )
+    else:
+        c.add(
+            "tf32",
+            title,
+            "warn",
+            "tf32 unset with fp16: the remaining fp32 matmuls run without TF32",
+            "set tf32: true on Ampere or newer",
+            src,
+        )
+
+
+def _batch(c: _Ctx) -> tuple[int | None, int | None, str]:
+    if c.has_ta:
+        mb = c.ta.get("per_device_train_batch_size", 8)
+        acc = c.ta.get("gradient_accumulation_steps", 1)
+        return (
+            (mb if isinstance(mb, int) else None),
+            (acc if isinstance(acc, int) else None),
+            c.src("training_args"),
+        )
+    if c.ds:
+        mb = c.ds.get("train_micro_batch_size_per_gpu")
+        acc = c.ds.get("gradient_accumulation_steps", 1)
+        return (
+            (mb if isinstance(mb, int) else None),
+            (acc if isinstance(acc, int) else None),
+            c.src("deepspeed"),
+        )
+    return None, None, ""
+
+
+def _world(c: _Ctx) -> int | None:
+    """accelerate's num_processes is the total over all machines: the data-parallel world."""
+    n = c.acc.get("num_processes")
+    return n if isinstance(n, int) and n >= 1 else None
+
+
+def _rule_batch(c: _Ctx) -> None:
+    mb, acc, src = _batch(c)
+    title = "micro-batch / accumulation"
+    if mb is None:
+        return
+    if c.ta.get("auto_find_batch_size"):
+        c.add(
+            "batch",
+            title,
+            "warn",
+            "auto_find_batch_size retries after OOM in the same process and changes the "
+            "effective batch silently",
+            "set per_device_train_batch_size explicitly (autotune run measures it)",
+            src,
+        )
+    if mb == 1 and (acc or 1) >= 4:
+        c.add(
+            "batch",
+            title,
+            "warn",
+            f"micro-batch 1 with accumulation {acc}: batch too small to keep the GPU busy",
+            "raise per_device_train_batch_size as far as memory allows and lower gradient_accumulation_steps to "
+            "keep the effective batch",
+            src,
+        )
+    else:
+        c.add("batch", title, "pass", f"micro-batch {mb} x accumulation {acc}", source=src)
+
+
+def _rule_effective_batch(c: _Ctx) -> None:
+    mb, acc, src = _batch(c)
+    title = "effective batch"
+    if mb is None and not c.has_ta:
+        return
+    if c.has_ta and "per_device_train_batch_size" not in c.ta:
+        c.add(
+            "effective_batch",
+            title,
+            "warn",
+            "per_device_train_batch_size not stated (HF default 8 is used)",
+            "state per_device_train_batch_size and gradient_accumulation_steps",
+            src,
+        )
+        return
+    world = _world(c)
+    if mb is None or acc is None:
+        c.add(
+            "effective_batch",
+            title,
+            "info",
+            "set by DeepSpeed 'auto' values from TrainingArguments",
+            source=src,
+        )
+        return
+    if world is None:
+        c.add(
+            "effective_batch",
+            title,
+            "pass",
+            f"{mb} x {acc} = {mb * acc} per process (x the number of processes)",
+            source=src,
+        )
+    else:
+        c.add(
+            "effective_batch",
+            title,
+            "pass",
+            f"{mb} x {acc} x {world} = {mb * acc * world} sequences per step",
+            source=src,
+        )
+    tbs = c.ds.get("train_batch_size") if c.ds else None
+    if isinstance(tbs, int) and world is not None and tbs != mb * acc * world:
+        c.add(
+            "effective_batch",
+            title,
+            "fail",
+            f"DeepSpeed train_batch_size {tbs} != {mb} x {acc} x {world} = {mb * acc * world}",
+            "set train_batch_size to 'auto' (or remove it)",
+            c.src("deepspeed"),
+        )
+
+
+def _rule_memory_levers(c: _Ctx) -> None:
+    if not (c.has_ta or c.mk is not None or c.ds or c.acc):
+        return
+    parts = []
+    if c.has_ta:
+        ckpt = c.ta.get("activation_checkpointing", c.ta.get("gradient_checkpointing"))
+        parts.append(f"activation checkpointing {'on' if ckpt else 'off'}")
+    lora = c.b.get("lora")
+    if lora:
+        parts.append(f"LoRA r={lora.get('r')}")
+    if c.mk and (c.mk.get("quantization_config") or {}).get("load_in_4bit"):
+        parts.append("4-bit base (QLoRA)")
+    stage = (c.ds.get("zero_optimization") or {}).get("stage") if c.ds else None
+    if stage:
+        parts.append(f"DeepSpeed ZeRO-{stage}")
+    if c.acc.get("distributed_type") == "FSDP" or c.ta.get("fsdp"):
+        parts.append("FSDP")
+    if not lora and c.has_ta and c.mk is not None:
+        parts.append("full fine-tuning")
+    c.add(
+        "memory_levers",
+        "checkpointing / PEFT",
+        "info",
+        (", ".join(parts) or "no memory lever visible")
+        + "; when memory is tight: checkpointing (~20-30% more compute), LoRA/QLoRA, ZeRO/FSDP",
+    )
+
+
+def _rule_offload(c: _Ctx) -> None:
+    zero = (c.ds.get("zero_optimization") or {}) if c.ds else {}
+    what = [
+        k.replace("offload_", "")
+        for k in ("offload_optimizer", "offload_param")
+        if (zero.get(k) or {}).get("device") in ("cpu", "nvme")
+    ]
+    fsdp = c.acc.get("fsdp_config") or {}
+    if fsdp.get("fsdp_offload_params") or "offload" in str(c.ta.get("fsdp") or ""):
+        what.append("params (FSDP)")
+    if what:
+        c.add(
+            "offload",
+            "CPU offload",
+            "warn",
+            f"{' and '.join(what)} offloaded: every step crosses PCIe; a capacity limit, not a tuning problem",
+            "more GPU memory, more GPUs to shard over, or LoRA/QLoRA; autotune run measures the cost",
+            c.src("deepspeed") or c.src("accelerate") or c.src("training_args"),
+        )
+
+
+def _rule_loader(c: _Ctx) -> None:
+    if not c.has_ta:
+        return
+    src = c.src("training_args")
+    workers = c.ta.get("dataloader_num_workers", 0)
+    if c.cpu:
+        c.add("dataloader_workers", "data-loader workers", "info", f"{workers} workers (CPU run)", source=src)
+    elif not workers:
+        c.add(
+            "dataloader_workers",
+            "data-loader workers",
+            "warn",
+            "0 workers: the main process prepares every batch while the GPU waits",
+            "dataloader_num_workers: 4-8 (up to the CPU cores per GPU), dataloader_persistent_workers: true",
+            src,
+        )
+    else:
+        c.add("dataloader_workers", "data-loader workers", "pass", f"{workers} workers", source=src)
+    pin = c.ta.get("dataloader_pin_memory", True)
+    if c.cpu:
+        c.add("pin_memory", "pinned memory", "info", "not used on a CPU run", source=src)
+    elif pin is False:
+        c.add(
+            "pin_memory",
+            "pinned memory",
+            "warn",
+            "dataloader_pin_memory: false slows host-to-GPU copies",
+            "dataloader_pin_memory: true",
+            src,
+        )
+    else:
+        c.add("pin_memory", "pinned memory", "pass", "pinned host memory", source=src)
+
+
+def _rule_pretokenized(c: _Ctx) -> None:
+    script = c.b.get("train_script")
+    if isinstance(script, str) and "input_ids" in script:
+        c.add(
+            "pretokenized",
+            "pre-tokenized data",
+            "info",
+            "train.py accepts pre-tokenized rows ({'input_ids': [...]}); tokenize once and store them",
+            source=c.src("train_script"),
+        )
+    elif c.has_ta:
+        c.add(
+            "pretokenized",
+            "pre-tokenized data",
+            "info",
+            "not visible in a config: tokenize once and store Arrow/Parquet rather than per epoch",
+        )
+
+
+def _rule_checkpoints(c: _Ctx) -> None:
+    if not c.has_ta:
+        return
+    src, title = c.src("training_args"), "checkpoints"
+    strategy = c.ta.get("save_strategy", "steps")
+    limit = c.ta.get("save_total_limit")
+    if strategy == "no":
+        c.add(
+            "checkpoints",
+            title,
+            "warn",
+            "save_strategy 'no': a preempted or crashed job loses all progress",
+            "save_strategy: steps, save_steps: 500, save_total_limit: 3 (to durable storage)",
+            src,
+        )
+    elif limit is None:
+        every = f"every {c.ta.get('save_steps', 500)} steps" if strategy == "steps" else f"every {strategy}"
+        c.add(
+            "checkpoints",
+            title,
+            "warn",
+            f"saved {every} but all are kept (save_total_limit unset)",
+            "save_total_limit: 3",
+            src,
+        )
+    else:
+        every = f"every {c.ta.get('save_steps', 500)} steps" if strategy == "steps" else f"every {strategy}"
+        c.add("checkpoints", title, "pass", f"saved {every}, last {limit} kept", source=src)
+
+
+def _rule_seed(c: _Ctx) -> None:
+    if not c.has_ta:
+        return
+    src = c.src("training_args")
+    if "seed" in c.ta:
+        c.add("seed", "seed", "pass", f"seed {c.ta['seed']}", source=src)
+    else:
+        c.add(
+            "seed",
+            "seed",
+            "warn",
+            "seed not stated (HF falls back to 42): state and report it",
+            "seed: 42 (and data_seed)",
+            src,
+        )
+
+
+def _rule_tracking(c: _Ctx) -> None:
+    if not c.has_ta:
+        return
+    src = c.src("training_args")
+    rt = c.ta.get("report_to", "none")
+    names = [rt] if isinstance(rt, str) else list(rt or [])
+    names = [n for n in names if n and n != "none"]
+    if not names:
+        c.add(
+            "tracking",
+            "experiment tracking",
+            "warn",
+            "report_to 'none': loss and metrics are not tracked",
+            "report_to: tensorboard (or wandb, trackio, mlflow; the integration must be installed)",
+            src,
+        )
+    elif names == ["all"]:
+        c.add(
+            "tracking",
+            "experiment tracking",
+            "info",
+            "report_to 'all': every installed integration (none if none is)",
+            source=src,
+        )
+    else:
+        c.add("tracking", "experiment tracking", "pass", f"report_to {', '.join(names)}", source=src)
+
+
+def _rule_packing(c: _Ctx) -> None:
+    script = c.b.get("train_script")
+    if isinstance(script, str):
+        if "PACKING = True" in script or "packing=True" in script:
+            c.add(
+                "packing",
+                "packing",
+                "pass",
+                "train.py packs sequences (no padding)",
+                source=c.src("train_script"),
+            )
+        else:
+            c.add(
+                "packing",
+                "packing",
+                "info",
+                "train.py pads per batch; for variable-length data packing measured faster where it applies",
+                source=c.src("train_script"),
+            )
+        return
+    if c.has_ta:
+        msg = "not a TrainingArguments setting: for variable-length data pack sequences"
+        if c.ta.get("group_by_length"):
+            msg = "group_by_length reduces padding; packing removes it"
+        c.add(
+            "packing",
+            "packing",
+            "info",
+            msg + " (DataCollatorWithFlattening with flash_attention_2, TRL packing=True)",
+        )
+
+
+def _rule_attention(c: _Ctx) -> None:
+    title = "attention implementation"
+    if c.mk is None:
+        if c.has_ta:
+            c.add(
+                "attention",
+                title,
+                "info",
+                "model kwargs not given: load the model with attn_implementation="
+                "'sdpa' or 'flash_attention_2', never 'eager'",
+            )
+        return
+    src = c.src("model_kwargs")
+    attn = c.mk.get("attn_implementation")
+    if attn is None:
+        c.add(
+            "attention",
+            title,
+            "info",
+            "not set: transformers 5 picks sdpa where the model supports it",
+            source=src,
+        )
+    elif attn == "eager":
+        c.add(
+            "attention",
+            title,
+            "fail",
+            "eager attention: unfused kernels, the full attention matrix in memory",
+            "attn_implementation: sdpa (or flash_attention_2 where installed and supported)",
+            src,
+        )
+    elif attn == "flash_attention_2" and c.gpu is not None and not c.gpu.flash_attention_2:
+        c.add(
+            "attention",
+            title,
+            "fail",
+            f"{c.gpu.name} cannot run flash_attention_2",
+            "attn_implementation: sdpa",
+            src,
+        )
+    else:
+        c.add("attention", title, "pass", str(attn), source=src)
+
+
+def _rule_names(c: _Ctx) -> None:
+    ver = f"transformers {c.version}" if c.version else "transformers 5"
+    bad = 0
+    if c.has_ta:
+        src = c.src("training_args")
+        for key in c.ta:
+            if key in REMOVED_IN_V5 and (c.fields is None or key not in c.fields):
+                c.add(
+                    "names",
+                    "argument names",
+                    "fail",
+                    f"{key} was removed in transformers 5 (TypeError)",
+                    REMOVED_IN_V5[key],
+                    src,
+                )
+                bad += 1
+            elif key in DEPRECATED_IN_V5 and (c.fields is None or DEPRECATED_IN_V5[key] in c.fields):
+                c.add(
+                    "names",
+                    "argument names",
+                    "warn",
+                    f"{key} is a deprecated alias in transformers 5",
+                    f"rename to {DEPRECATED_IN_V5[key]}",
+                    src,
+                )
+                bad += 1
+            elif c.fields is not None and key not in c.fields and key != "output_dir":
+                c.add(
+                    "names",
+                    "argument names",
+                    "fail",
+                    f"{key} is not a TrainingArguments field in {ver}",
+                    "remove or rename it",
+                    src,
+                )
+                bad += 1
+    if c.mk is not None and "torch_dtype" in c.mk:
+        c.add(
+            "names",
+            "argument names",
+            "warn",
+            "torch_dtype is deprecated in transformers 5",
+            "rename to dtype",
+            c.src("model_kwargs"),
+        )
+        bad += 1
+    if c.has_ta and not bad:
+        known = f"known to {ver}" if c.fields is not None else "none removed in transformers 5"
+        c.add(
+            "names",
+            "argument names",
+            "pass",
+            f"{len(c.ta)} arguments, {known}",
+            source=c.src("training_args"),
+        )
+
+
+_RULES = (
+    _rule_names,
+    _rule_precision,
+    _rule_tf32,
+    _rule_batch,
+    _rule_effective_batch,
+    _rule_memory_levers,
+    _rule_offload,
+    _rule_loader,
+    _rule_pretokenized,
+    _rule_checkpoints,
+    _rule_seed,
+    _rule_tracking,
+    _rule_packing,
+    _rule_attention,
+)
+
+
+def gather(
+    bundle: ConfigBundle,
+    *,
+    gpu: GpuInfo | None = None,
+    fields: set[str] | None = None,
+    transformers_version: str | None = None,
+) -> CheckReport:
+    """Run the checklist over ``bundle``. ``fields``: installed TrainingArguments field names, if known."""
+    c = _Ctx(bundle, gpu, fields, transformers_version)
+    for rule in _RULES:
+        rule(c)
+    ctx: dict[str, Any] = {"transformers": transformers_version, "fields_known": fields is not None}
+    if gpu is not None:
+        ctx["gpu"] = gpu.name
+    files = [bundle.sources[k] for k in KINDS if k in bundle.sources]
+    return CheckReport(target=bundle.target, files=files, items=c.items, context=ctx)

@@ -1,0 +1,197 @@
+"""``report.md``: the top configurations side by side, the best vs the HF default, failures.  [pure]"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from autotune.emit.training_args import HF_DEFAULT_MICRO_BATCH
+from autotune.probe.result import ProbeResult
+from autotune.spec.budget import format_bytes
+from autotune.spec.probe_request import STATUSES, Candidate
+
+__all__ = ["HF_DEFAULT_DESCRIPTION", "render_report_md", "levers", "effective_batch_text"]
+
+HF_DEFAULT_DESCRIPTION = (
+    f"per_device_train_batch_size {HF_DEFAULT_MICRO_BATCH} with accumulation keeping the same effective batch, "
+    "no activation checkpointing, sdpa attention, fp32 unless a precision was asked for, "
+    "0 data-loader workers, no packing, fused AdamW (TrainingArguments' defaults; "
+    "see autotune.emit.training_args.hf_default_candidate)"
+)
+
+_STATUS_MEANING = {
+    "ok": "measured, fits",
+    "oom": "out of memory",
+    "over_budget": "ran, peak above the budget",
+    "unsupported": "not possible here",
+    "timeout": "probe timed out",
+    "crash": "probe crashed",
+}
+
+
+def _cand(r: ProbeResult) -> Candidate | None:
+    try:
+        return r.probe_request().candidate
+    except Exception:  # a malformed stored request should not break the whole report
+        return None
+
+
+def effective_batch_text(c: Candidate) -> str:
+    return (
+        f"{c.micro_batch} × {c.grad_accum} × {c.world_size} = {c.micro_batch * c.grad_accum * c.world_size}"
+    )
+
+
+def levers(c: Candidate) -> str:
+    """The choices besides the batch, in a short human form."""
+    parts = [c.precision, c.attn, "ckpt" if c.grad_ckpt else "no ckpt", f"workers {c.workers}"]
+    if not c.pin_memory:
+        parts.append("no pin")
+    if c.packing:
+        parts.append("packing")
+    parts.append(c.optim)
+    if c.zero_stage:
+        z = (
+            f"ZeRO-{c.zero_stage}"
+            if c.sharding == "deepspeed"
+            else f"FSDP({'full' if c.zero_stage == 3 else 'grad+opt'})"
+        )
+        if c.offload != "none":
+            z += f" offload {c.offload}"
+        parts.append(z)
+    if c.torch_compile:
+        parts.append("compile")
+    if c.liger:
+        parts.append("liger")
+    return ", ".join(parts)
+
+
+def _tok_s(r: ProbeResult) -> str:
+    v = r.tokens_per_s
+    if v is None:
+        return "n/a"
+    spread = r.metrics.get("step_time_spread")
+    if isinstance(spread, (int, float)):
+        return f"{v:,.0f} ± {spread * 50:.0f}%"
+    return f"{v:,.0f}"
+
+
+def _budget(r: ProbeResult, summary: dict[str, Any]) -> int | None:
+    b = r.metrics.get("budget_bytes") or summary.get("budget_bytes")
+    return int(b) if b else None
+
+
+def _mem(r: ProbeResult, summary: dict[str, Any]) -> str:
+    peak = r.peak_mem_bytes
+    budget = _budget(r, summary)
+    if peak is None:
+        return "n/a"
+    if budget:
+        return f"{format_bytes(peak)} / {format_bytes(budget)} ({100 * peak / budget:.0f}%)"
+    return format_bytes(peak)
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+
+def render_report_md(
+    summary: dict[str, Any],
+    results: list[ProbeResult],
+    *,
+    baseline: ProbeResult | None,
+    top: int = 5,
+) -> str:
+    """Markdown for one run. ``summary``: the run's summary.json (keys read when present)."""
+    out: list[str] = []
+    title = summary.get("run_id") or summary.get("model") or "run"
+    out.append(f"# autotune report: {title}")
+    facts = []
+    for key, label in (
+        ("model", "model"),
+        ("mode", "mode"),
+        ("seq_len", "sequence length"),
+        ("gpu_budget", "budget"),
+        ("device", "device"),
+    ):
+        if summary.get(key) not in (None, ""):
+            facts.append(f"{label} {summary[key]}")
+    if summary.get("wall_s") is not None:
+        facts.append(f"search wall time {float(summary['wall_s']):.0f} s")
+    if facts:
+        out.append("")
+        out.append(", ".join(facts) + ".")
+
+    ok = sorted(
+        (r for r in results if r.fits and r.tokens_per_s is not None), key=lambda r: -(r.tokens_per_s or 0)
+    )
+    best = ok[0] if ok else None
+
+    out += ["", "## Top configurations", ""]
+    if not ok:
+        out.append("No configuration fits the budget.")
+    else:
+        out.append("tok/s counts real tokens only; ± is half the p10–p90 spread of the step time.")
+        out.append("")
+        out.append(
+            _row(["#", "tok/s", "peak memory / budget", "effective batch (mb × accum × world)", "levers"])
+        )
+        out.append(_row(["---"] * 5))
+        for i, r in enumerate(ok[:top], 1):
+            c = _cand(r)
+            out.append(
+                _row(
+                    [
+                        str(i),
+                        _tok_s(r),
+                        _mem(r, summary),
+                        effective_batch_text(c) if c else "n/a",
+                        levers(c) if c else "n/a",
+                    ]
+                )
+            )
+
+    out += ["", "## Best vs the HF default", "", f"HF default: {HF_DEFAULT_DESCRIPTION}.", ""]
+    if baseline is None:
+        out.append("The HF default was not measured in this run.")
+    elif best is None:
+        out.append(
+            f"HF default: {baseline.status} ({baseline.reason or _STATUS_MEANING.get(baseline.status, '')})."
+        )
+    else:
+        bc, hc = _cand(best), _cand(baseline)
+        out.append(_row(["", "best", "HF default"]))
+        out.append(_row(["---"] * 3))
+        base_tok = (
+            _tok_s(baseline)
+            if baseline.fits
+            else f"{baseline.status}: {baseline.reason or _STATUS_MEANING[baseline.status]}"
+        )
+        out.append(_row(["tok/s", _tok_s(best), base_tok]))
+        out.append(_row(["peak memory / budget", _mem(best, summary), _mem(baseline, summary)]))
+        out.append(
+            _row(
+                [
+                    "effective batch",
+                    effective_batch_text(bc) if bc else "n/a",
+                    effective_batch_text(hc) if hc else "n/a",
+                ]
+            )
+        )
+        out.append(_row(["levers", levers(bc) if bc else "n/a", levers(hc) if hc else "n/a"]))
+        out.append("")
+        if baseline.fits and baseline.tokens_per_s and best.tokens_per_s:
+            out.append(f"**{best.tokens_per_s / baseline.tokens_per_s:.2f}×** the HF default's throughput.")
+        elif not baseline.fits:
+            out.append(
+                f"The HF default does not run within the budget ({baseline.status}); the best config does."
+            )
+
+    counts = Counter(r.status for r in results)
+    inferred = sum(1 for r in results if r.metrics.get("inferred"))
+    out += ["", "## Probes by status", "", _row(["status", "count", "meaning"]), _row(["---"] * 3)]
+    for s in STATUSES:
+        if counts.get(s):
+            out.append(_row([s, str(counts[s]), _STATUS_MEANING[s]]))
+    out.append(_row(["total", str(len(results)), f"{inferred} inferred without running" if inferred else ""]))
+    return "\n".join(out) + "\n"

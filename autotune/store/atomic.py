@@ -1,0 +1,41 @@
+"""Atomic file writes: write a temporary file in the same directory, fsync, then ``os.replace``.
+
+A reader sees either the old file or the new one, never a half-written one; if anything fails
+before the replace (serialisation included), the old file is left as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = ["write_text_atomic", "write_json_atomic"]
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` to ``path`` atomically (parent directories are created). Returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, indent: int = 2) -> Path:
+    """Serialise ``obj`` first (a failure leaves ``path`` untouched), then write it atomically."""
+    text = json.dumps(obj, indent=indent, sort_keys=False) + "\n"
+    return write_text_atomic(path, text)

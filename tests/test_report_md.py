@@ -1,0 +1,70 @@
+"""report.md rendering (pure)."""
+
+from __future__ import annotations
+
+from autotune.emit.training_args import hf_default_candidate
+from autotune.probe.result import ProbeResult
+from autotune.report.markdown import HF_DEFAULT_DESCRIPTION, render_report_md
+from autotune.spec.probe_request import Candidate, ProbeRequest, Workload
+
+GiB = 2**30
+SUMMARY = {
+    "run_id": "r1",
+    "model": "tiny-llama",
+    "mode": "lora",
+    "seq_len": 512,
+    "budget_bytes": 24 * GiB,
+    "gpu_budget": "24GiB",
+    "wall_s": 93.2,
+}
+
+
+def res(
+    cand: Candidate, status: str = "ok", tok: float | None = 1000.0, peak: int | None = 10 * GiB, **metrics
+):
+    req = ProbeRequest(workload=Workload(model="tiny-llama", mode="lora"), candidate=cand)
+    m = {"tokens_per_s": tok, "peak_mem_bytes": peak, "step_time_spread": 0.1, **metrics}
+    return ProbeResult(
+        status=status,
+        request=req.to_dict(),
+        reason="" if status == "ok" else "CUDA out of memory",
+        metrics={k: v for k, v in m.items() if v is not None},
+    )
+
+
+def test_top_configs_baseline_and_counts():
+    best = res(Candidate(micro_batch=4, grad_accum=8, grad_ckpt=True, precision="bf16"), tok=3000.0)
+    second = res(Candidate(micro_batch=2, grad_accum=16, precision="bf16", zero_stage=2), tok=2000.0)
+    oom = res(Candidate(micro_batch=16, grad_accum=2), status="oom", tok=None, peak=None)
+    inferred = res(Candidate(micro_batch=32, grad_accum=1), status="oom", tok=None, peak=None, inferred=True)
+    over = res(Candidate(micro_batch=8, grad_accum=4), status="over_budget", tok=None, peak=30 * GiB)
+    baseline = res(hf_default_candidate(32), tok=1000.0, peak=20 * GiB)
+    md = render_report_md(SUMMARY, [second, oom, best, over, inferred, baseline], baseline=baseline)
+
+    assert md.startswith("# autotune report: r1")
+    top = md.split("## Top configurations")[1].split("##")[0]
+    rows = [line for line in top.splitlines() if line.startswith("| 1") or line.startswith("| 2")]
+    assert "3,000 ± 5%" in rows[0] and "4 × 8 × 1 = 32" in rows[0] and "ckpt" in rows[0]
+    assert "10.00 GiB / 24.00 GiB (42%)" in rows[0]
+    assert "ZeRO-2" in rows[1]
+    vs = md.split("## Best vs the HF default")[1].split("## Probes")[0]
+    assert HF_DEFAULT_DESCRIPTION in vs
+    assert "**3.00×**" in vs and "8 × 4 × 1 = 32" in vs
+    counts = md.split("## Probes by status")[1]
+    assert "| oom | 2 |" in counts and "| over_budget | 1 |" in counts and "| ok | 3 |" in counts
+    assert "| total | 6 | 1 inferred without running |" in counts
+
+
+def test_baseline_that_does_not_fit_and_missing_baseline():
+    best = res(Candidate(micro_batch=2, grad_accum=16, grad_ckpt=True))
+    base = res(hf_default_candidate(32), status="oom", tok=None, peak=None)
+    md = render_report_md(SUMMARY, [best, base], baseline=base)
+    assert "does not run within the budget (oom)" in md
+    md = render_report_md({}, [best], baseline=None)
+    assert "was not measured" in md and md.startswith("# autotune report: run")
+
+
+def test_nothing_fits():
+    md = render_report_md(SUMMARY, [res(Candidate(), status="oom", tok=None, peak=None)], baseline=None)
+    assert "No configuration fits the budget." in md
+    assert "| oom | 1 |" in md

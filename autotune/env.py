@@ -13,7 +13,17 @@ from typing import Any
 
 __all__ = ["fingerprint", "package_versions", "nvml_device_info"]
 
-_PACKAGES = ("torch", "transformers", "peft", "accelerate", "deepspeed", "optuna", "ray", "flash-attn", "bitsandbytes")
+_PACKAGES = (
+    "torch",
+    "transformers",
+    "peft",
+    "accelerate",
+    "deepspeed",
+    "optuna",
+    "ray",
+    "flash-attn",
+    "bitsandbytes",
+)
 
 
 def package_versions() -> dict[str, str | None]:

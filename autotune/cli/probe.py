@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+
 import typer
 
 from autotune.cli.render import console, render_probe_result
@@ -99,6 +100,11 @@ def build_probe_request(
         ),
     )
     req.validate()
+    if dataset is not None:
+        # tokenized once here (bad files fail now, with exit 2); every probe then hits the cache
+        from autotune.probe.data import find_tokenizer, load_token_sequences
+
+        load_token_sequences(dataset, seq_len=seq_len, tokenizer=find_tokenizer(req.workload))
     return req
 
 

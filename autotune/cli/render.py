@@ -27,11 +27,12 @@ STATUS_STYLE = {
 def console(*, stderr: bool = False) -> Console:
     """A console that writes no colour codes when the stream is not a terminal (pipelines)."""
     stream = sys.stderr if stderr else sys.stdout
+    tty = stream.isatty()
     return Console(
         file=stream,
-        no_color=bool(os.environ.get("NO_COLOR")) or not stream.isatty(),
+        no_color=bool(os.environ.get("NO_COLOR")) or not tty,
         highlight=False,
-        soft_wrap=True,
+        width=None if tty else 200,  # logs and pipes: no wrapping at 80 columns
     )
 
 
@@ -79,7 +80,12 @@ def probe_table_rows(result: ProbeResult) -> list[tuple[str, str]]:
             mem += f" of {format_bytes(s.budget_bytes)} budget (usable {format_bytes(s.usable_bytes())})"
         rows.append(("peak memory", mem + f"  [{m.get('memory_source', '')}]"))
     if m.get("overhead_s") is not None:
-        rows.append(("fixed overhead", f"{m['overhead_s']:.1f} s (launch → first timed step) of {m.get('wall_s', 0):.1f} s"))
+        rows.append(
+            (
+                "fixed overhead",
+                f"{m['overhead_s']:.1f} s (launch → first timed step) of {m.get('wall_s', 0):.1f} s",
+            )
+        )
     if m.get("num_params"):
         rows.append(("parameters", f"{m['num_params']:,} ({m.get('trainable_params', 0):,} trainable)"))
     return rows

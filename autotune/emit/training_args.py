@@ -143,6 +143,9 @@ def probe_kwargs(request: ProbeRequest, *, fields: set[str], device: str) -> dic
             "disable_tqdm": True,
         }
     )
+    if "train_sampling_strategy" in fields:
+        # the probe's data puts its longest sequences first, so the measured peak is the worst case
+        kw["train_sampling_strategy"] = "sequential"
     return kw
 
 

@@ -43,6 +43,11 @@ class RssSampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="autotune-rss", daemon=True)
         self._fired = False
+        # (perf_counter time, share of the available cores in use) every ~100 ms
+        self.cpu_samples: list[tuple[float, float]] = []
+        self._ncpu = max(
+            1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        )
 
     def rebase(self) -> None:
         """Take the baseline now (just before the model is built)."""
@@ -55,7 +60,13 @@ class RssSampler:
         return self
 
     def _run(self) -> None:
+        self._proc.cpu_percent(None)
+        next_cpu = time.perf_counter() + 0.1
         while not self._stop.is_set():
+            now = time.perf_counter()
+            if now >= next_cpu:
+                self.cpu_samples.append((now, self._proc.cpu_percent(None) / 100.0 / self._ncpu))
+                next_cpu = now + 0.1
             rss = self._proc.memory_info().rss
             if rss > self.peak:
                 self.peak = rss

@@ -62,6 +62,8 @@ def _precheck(req: ProbeRequest, device: str) -> None:
             raise _Unsupported(f"flash_attention_2 needs sm80+; this GPU is sm{major}x")
         if importlib.util.find_spec("flash_attn") is None:
             raise _Unsupported("flash_attention_2 needs the flash-attn package: pip install flash-attn")
+    if c.attn == "flex_attention" and device == "cpu":
+        raise _Unsupported("flex_attention has no backward pass on cpu in torch; use sdpa or eager")
     if c.precision == "fp16" and device == "cpu":
         raise _Unsupported("fp16 mixed precision needs a GPU (torch AMP fp16 is CUDA-only in the Trainer)")
     if c.precision == "tf32" and device == "cpu":
@@ -106,14 +108,19 @@ def _build_model(req: ProbeRequest, device: str) -> Any:
     mk = model_kwargs(c, w)
     dtype = _torch_dtype(mk["dtype"])
     # a fresh config object per model: from_config(dtype=...) mutates the config it is given
-    cfg = AutoConfig.from_pretrained(w.model_path, trust_remote_code=w.trust_remote_code, local_files_only=True)
+    cfg = AutoConfig.from_pretrained(
+        w.model_path, trust_remote_code=w.trust_remote_code, local_files_only=True
+    )
     if getattr(cfg, "use_cache", None) is not None:
         cfg.use_cache = False  # training: no KV cache
     if w.mode == "qlora":
         return _build_qlora_base(cfg, mk, w)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(
-            cfg, dtype=dtype, attn_implementation=mk["attn_implementation"], trust_remote_code=w.trust_remote_code
+            cfg,
+            dtype=dtype,
+            attn_implementation=mk["attn_implementation"],
+            trust_remote_code=w.trust_remote_code,
         )
     return model
 
@@ -270,7 +277,9 @@ def _make_callback(meter: _Meter) -> Any:
     return _StepClock()
 
 
-def run_probe_in_process(req: ProbeRequest, *, launch_time: float, result_path: str | None = None) -> ProbeResult:
+def run_probe_in_process(
+    req: ProbeRequest, *, launch_time: float, result_path: str | None = None
+) -> ProbeResult:
     """Measure ``req`` in this process. Never raises for a failed configuration."""
     t_start = time.perf_counter()
     wall0 = time.time()
@@ -432,6 +441,8 @@ def run_probe_in_process(req: ProbeRequest, *, launch_time: float, result_path: 
             return result(status, f"training: {reason}")
         metrics["train_s"] = time.perf_counter() - t_train
         _record_window(metrics, meter, req, launch_time, wall0, t_start)
+        if sampler is not None:
+            _record_cpu_util(metrics, sampler, meter, req)
         _record_memory(metrics, device, sampler, nvml, usable)
         if metrics.get("tokens_per_s") is None:
             return result("crash", f"no timed step completed ({len(meter.step_end_t)} steps ran)")
@@ -468,7 +479,9 @@ def _preload_libraries(req: ProbeRequest) -> None:
 
     w = req.workload
     try:
-        cfg = AutoConfig.from_pretrained(w.model_path, trust_remote_code=w.trust_remote_code, local_files_only=True)
+        cfg = AutoConfig.from_pretrained(
+            w.model_path, trust_remote_code=w.trust_remote_code, local_files_only=True
+        )
         MODEL_FOR_CAUSAL_LM_MAPPING[type(cfg)]  # imports the modeling module
     except Exception:
         pass  # the build reports what is wrong with the config
@@ -487,7 +500,7 @@ def _record_window(
     if meter.first_fetch_t is None:
         return
     ends = [meter.first_fetch_t, *meter.step_end_t]
-    durations = [b - a for a, b in zip(ends, ends[1:])]
+    durations = [b - a for a, b in zip(ends, ends[1:], strict=False)]
     metrics["steps_completed"] = len(durations)
     if meter.losses:
         metrics["losses"] = meter.losses
@@ -512,6 +525,19 @@ def _record_window(
     metrics["token_slots"] = slots
     if slots:
         metrics["padding_fraction"] = max(0.0, 1.0 - metrics["real_tokens"] / slots)
+
+
+def _record_cpu_util(metrics: dict[str, Any], sampler: Any, meter: _Meter, req: ProbeRequest) -> None:
+    """Mean share of the cores this process kept busy during the timed window (CPU probes)."""
+    w = req.settings.warmup_steps
+    ends = [meter.first_fetch_t, *meter.step_end_t] if meter.first_fetch_t is not None else []
+    if len(ends) <= w + 1:
+        return
+    t0, t1 = ends[w], ends[-1]
+    window = [u for t, u in sampler.cpu_samples if t0 <= t <= t1]
+    if window:
+        metrics["cpu_util_mean"] = sum(window) / len(window)
+        metrics["cpu_util_samples"] = [round(u, 3) for u in window[-600:]]
 
 
 def _record_memory(metrics: dict[str, Any], device: str, sampler: Any, nvml: Any, usable: int | None) -> None:

@@ -1,0 +1,288 @@
+"""Run probes on a Ray pool: embedded (quiet, no dashboard) or on a cluster (``--ray-address``).
+
+Each probe is a Ray task with ``max_calls=1`` (a fresh worker process) that calls
+``autotune.executors.local.run_probe_process``: so a probe is still a fresh ``python -m
+autotune.probe.worker`` process with a hard timeout, and Ray only decides *where* it runs and
+reserves its GPUs (``num_gpus`` = GPUs per probe, or the candidate's world size if larger). Ray
+sets ``CUDA_VISIBLE_DEVICES`` for the task; the probe process inherits it.
+
+A lost worker (worker or node died, object lost) is retried once, then recorded as a ``crash``
+result; an exception inside the task is a ``crash`` with its message. Neither raises: a probe's
+failure is a result. ``ray`` is imported lazily (it is an optional part of the install on some
+machines); without it, use ``LocalExecutor``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from autotune.errors import MissingDependencyError, SpecError
+from autotune.probe.result import ProbeResult
+from autotune.spec.probe_request import ProbeRequest
+
+__all__ = ["RayExecutor", "import_ray"]
+
+_OBJECT_STORE_BYTES = 100 * 2**20  # probes pass small JSON dicts; 30 % of RAM (the default) is waste
+_LOST_WORKER_RETRIES = 1
+
+
+def import_ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise MissingDependencyError(
+            "the Ray pool needs ray: pip install 'ray>=2.50' (or run with a LocalExecutor)"
+        ) from exc
+    return ray
+
+
+def _probe_task(request_dict: dict[str, Any], probe_fn: Callable[[ProbeRequest], ProbeResult] | None) -> dict[str, Any]:
+    """Body of the Ray task (runs in the Ray worker process)."""
+    request = ProbeRequest.from_dict(request_dict)
+    if probe_fn is None:
+        from autotune.executors.local import run_probe_process
+
+        return run_probe_process(request).to_dict()
+    return probe_fn(request).to_dict()
+
+
+class RayExecutor:
+    """Executor over Ray tasks.
+
+    ``address``: None starts Ray embedded in this process (or reuses one already initialised);
+    otherwise ``ray://host:10001`` or ``host:6379`` of a running cluster, reached within
+    ``connect_timeout_s`` or a SpecError. ``device``: ``cpu`` or ``cuda``. ``gpus``: GPU indices
+    the embedded Ray may use (default: all it sees). ``cpus_per_probe``: CPUs reserved per probe
+    (default on CPU: all of them, so one probe at a time, since a probe uses every core).
+    ``probe_fn`` replaces ``run_probe_process`` (tests).
+    """
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        device: str = "cuda",
+        gpus_per_probe: int = 1,
+        cpus_per_probe: int | None = None,
+        gpus: list[int] | None = None,
+        num_cpus: int | None = None,
+        connect_timeout_s: float = 60.0,
+        object_store_bytes: int = _OBJECT_STORE_BYTES,
+        probe_fn: Callable[[ProbeRequest], ProbeResult] | None = None,
+    ) -> None:
+        if gpus_per_probe < 1:
+            raise SpecError(f"gpus per probe must be >= 1; got {gpus_per_probe}")
+        self._ray = ray = import_ray()
+        self.device = device
+        self.address = address
+        self.gpus_per_probe = gpus_per_probe
+        self._probe_fn = probe_fn
+        self._started = False
+        if address is not None and ray.is_initialized():
+            _check_reachable(address, connect_timeout_s)  # a wrong address is an error even then
+        if not ray.is_initialized():
+            self._init(address, gpus=gpus, num_cpus=num_cpus, timeout=connect_timeout_s,
+                       object_store_bytes=object_store_bytes)
+            self._started = True
+        resources = ray.cluster_resources()
+        self.total_cpus = int(resources.get("CPU", 1))
+        self.total_gpus = int(resources.get("GPU", 0)) if device == "cuda" else 0
+        if device == "cuda" and self.total_gpus < 1:
+            self.close()
+            where = f"the Ray cluster at {address}" if address else "this machine"
+            raise SpecError(f"device cuda was asked for, but {where} has no GPU visible to Ray")
+        self.cpus_per_probe = cpus_per_probe or (self.total_cpus if device == "cpu" else 1)
+        if device == "cuda":
+            self._slots = max(1, self.total_gpus // gpus_per_probe)
+        else:
+            self._slots = max(1, self.total_cpus // max(1, self.cpus_per_probe))
+        self._remote = ray.remote(max_calls=1, max_retries=0)(_probe_task)
+        self._ids = itertools.count()
+        self._refs: dict[Any, tuple[str, ProbeRequest, int]] = {}  # ObjectRef -> (ticket, request, tries)
+
+    # --------------------------------------------------------------- setup
+
+    def _init(
+        self, address: str | None, *, gpus: list[int] | None, num_cpus: int | None, timeout: float,
+        object_store_bytes: int,
+    ) -> None:
+        ray = self._ray
+        kwargs: dict[str, Any] = {
+            "log_to_driver": False,
+            "configure_logging": False,
+            "logging_level": logging.ERROR,
+        }
+        if address is None:
+            kwargs.update(
+                include_dashboard=False,
+                num_cpus=num_cpus or os.cpu_count() or 1,
+                object_store_memory=object_store_bytes,
+            )
+            if self.device == "cpu":
+                kwargs["num_gpus"] = 0
+            elif gpus is not None:
+                kwargs["num_gpus"] = len(gpus)
+        else:
+            kwargs["address"] = address
+        if address is not None:
+            _check_reachable(address, timeout)
+        saved_cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if address is None and self.device == "cuda" and gpus is not None:
+            # the embedded raylet reads the visible GPUs from its environment when it starts
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+        # ray.init must run on the main thread (signal handlers, and its GCS connection failed from
+        # a helper thread here); the bounded wait for a cluster is the TCP check above.
+        auth_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
+        saved_level = auth_log.level
+        auth_log.setLevel(logging.ERROR)  # "token authentication is enabled" on every embedded start
+        where = f"the Ray cluster at {address!r}" if address else "an embedded Ray runtime"
+        try:
+            ray.init(**kwargs)
+        except Exception as exc:
+            msg = " ".join(str(exc).split())[:300]
+            raise SpecError(f"could not start or reach {where}: {type(exc).__name__}: {msg}") from exc
+        finally:
+            auth_log.setLevel(saved_level)
+            if address is None and self.device == "cuda" and gpus is not None:
+                if saved_cvd is None:
+                    os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+                else:
+                    os.environ["CUDA_VISIBLE_DEVICES"] = saved_cvd
+
+    # --------------------------------------------------------------- protocol
+
+    @property
+    def slots(self) -> int:
+        return self._slots
+
+    def _launch(self, request: ProbeRequest) -> Any:
+        opts: dict[str, Any] = {"num_cpus": self.cpus_per_probe}
+        if self.device == "cuda":
+            opts["num_gpus"] = max(self.gpus_per_probe, request.candidate.world_size)
+        else:
+            opts["num_gpus"] = 0
+        return self._remote.options(**opts).remote(request.to_dict(), self._probe_fn)
+
+    def submit(self, request: ProbeRequest) -> str:
+        ticket = f"ray-{next(self._ids)}"
+        self._refs[self._launch(request)] = (ticket, request, 0)
+        return ticket
+
+    def _collect(self, ref: Any) -> tuple[str, ProbeResult] | None:
+        """The result for a finished ref, or None when it was resubmitted after a lost worker."""
+        ray = self._ray
+        ticket, request, tries = self._refs.pop(ref)
+        lost = (
+            ray.exceptions.WorkerCrashedError,
+            ray.exceptions.RayActorError,
+            ray.exceptions.NodeDiedError,
+            ray.exceptions.ObjectLostError,
+            ray.exceptions.OwnerDiedError,
+        )
+        try:
+            return ticket, ProbeResult.from_dict(ray.get(ref))
+        except lost as exc:
+            if tries < _LOST_WORKER_RETRIES:
+                self._refs[self._launch(request)] = (ticket, request, tries + 1)
+                return None
+            reason = f"Ray worker lost twice ({type(exc).__name__}: {_first_line(exc)})"
+        except ray.exceptions.TaskCancelledError:
+            reason = "probe cancelled"
+        except ray.exceptions.RayTaskError as exc:
+            reason = f"probe task raised: {_first_line(exc.cause if getattr(exc, 'cause', None) else exc)}"
+        except Exception as exc:  # anything else Ray may raise must not stop the search
+            reason = f"Ray error: {type(exc).__name__}: {_first_line(exc)}"
+        return ticket, ProbeResult(status="crash", request=request.to_dict(), reason=reason)
+
+    def poll(self, timeout: float | None = None) -> list[tuple[str, ProbeResult]]:
+        ray = self._ray
+        out: list[tuple[str, ProbeResult]] = []
+        if not self._refs:
+            return out
+        ready, _ = ray.wait(list(self._refs), num_returns=1, timeout=timeout)
+        if ready:
+            more, _ = ray.wait([r for r in self._refs if r not in ready], num_returns=len(self._refs) - len(ready),
+                               timeout=0)
+            for ref in list(ready) + list(more):
+                got = self._collect(ref)
+                if got is not None:
+                    out.append(got)
+        return out
+
+    def pending(self) -> int:
+        return len(self._refs)
+
+    def close(self) -> None:
+        ray = self._ray
+        for ref in list(getattr(self, "_refs", {})):
+            try:
+                ray.cancel(ref, force=True)
+            except Exception:
+                pass
+        if hasattr(self, "_refs"):
+            self._refs.clear()
+        if self._started and ray.is_initialized():
+            ray.shutdown()
+            self._started = False
+
+    def __enter__(self) -> RayExecutor:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return (lines[-1] if lines else type(exc).__name__)[:300]
+
+
+def _split_address(address: str) -> tuple[str, int] | None:
+    """(host, port) of ``ray://host:port`` or ``host:port``; None for ``auto`` and the like."""
+    text = address.strip()
+    if text.startswith("ray://"):
+        text = text[len("ray://") :]
+    if ":" not in text:
+        return None
+    host, _, port = text.rpartition(":")
+    try:
+        return host.strip("[]"), int(port)
+    except ValueError:
+        return None
+
+
+def _check_reachable(address: str, timeout: float) -> None:
+    """Bounded wait for the cluster's port to accept a connection, else a one-line SpecError.
+
+    Without it an unreachable address leaves ``ray.init`` retrying for a minute and then
+    terminating the whole process.
+    """
+    hp = _split_address(address)
+    if hp is None:
+        if address.strip() != "auto":
+            raise SpecError(f"--ray-address {address!r} is not ray://HOST:PORT, HOST:PORT or auto")
+        return
+    host, port = hp
+    deadline = time.monotonic() + timeout
+    last: OSError | None = None
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            with socket.create_connection((host, port), timeout=max(0.1, min(5.0, left))):
+                return
+        except OSError as exc:
+            last = exc
+        if time.monotonic() + 1.0 > deadline:
+            break
+        time.sleep(1.0)
+    raise SpecError(
+        f"could not reach the Ray cluster at {address!r} within {timeout:g} s ({last}); "
+        "check --ray-address and that the head node is up"
+    )

@@ -1,0 +1,199 @@
+"""The probe, for real on CPU: real Trainer runs on a tiny model, each status reached for real."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from autotune.executors.base import run_one
+from autotune.executors.local import LocalExecutor, run_probe_process
+from autotune.probe.failure import classify_exception
+from autotune.probe.result import ProbeResult
+from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
+
+
+def tiny_request(tmp_model: str | None = None, **overrides: object) -> ProbeRequest:
+    from autotune.models import resolve_model
+
+    resolved = resolve_model(tmp_model or "tiny-llama")
+    wl = {"model": resolved.name, "model_path": resolved.path, "seq_len": 128}
+    cand = {"micro_batch": 2, "precision": "fp32", "attn": "sdpa"}
+    sett = {"device": "cpu", "warmup_steps": 1, "steps": 3, "timeout_s": 240.0}
+    for key, value in overrides.items():
+        if key in Workload.__dataclass_fields__:
+            wl[key] = value
+        elif key in Candidate.__dataclass_fields__:
+            cand[key] = value
+        elif key in ProbeSettings.__dataclass_fields__:
+            sett[key] = value
+        else:
+            raise KeyError(key)
+    return ProbeRequest(Workload(**wl), Candidate(**cand), ProbeSettings(**sett))  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def ok_result() -> ProbeResult:
+    return run_probe_process(tiny_request())
+
+
+def test_ok_probe_measures_real_tokens_memory_and_overhead(ok_result: ProbeResult) -> None:
+    r = ok_result
+    assert r.status == "ok", r.reason
+    m = r.metrics
+    # fixed lengths: every slot is a real token; 3 timed steps × 2 rows × 128 tokens
+    assert m["real_tokens"] == 3 * 2 * 128
+    assert m["token_slots"] == 3 * 2 * 128
+    assert m["padding_fraction"] == 0.0
+    assert m["tokens_per_s"] == pytest.approx(m["real_tokens"] / m["window_s"])
+    assert m["samples_per_s"] == pytest.approx(6 / m["window_s"])
+    assert len(m["step_times_s"]) == 3
+    assert m["step_time_p10_s"] <= m["step_time_median_s"] <= m["step_time_p90_s"]
+    assert m["peak_mem_bytes"] > 10 * 2**20  # weights + grads + Adam states of a ~7M-param model
+    assert 0 < m["overhead_s"] < m["wall_s"]
+    assert m["num_params"] == m["trainable_params"] > 1_000_000
+    assert m["loss_first"] > 0 and len(m["losses"]) == 4
+    assert r.env["packages"]["torch"] and r.env["packages"]["transformers"]
+    assert r.env["device_type"] == "cpu"
+    json.dumps(r.to_dict())  # plain JSON-serialisable data
+
+
+def test_result_round_trips(ok_result: ProbeResult) -> None:
+    again = ProbeResult.from_dict(json.loads(json.dumps(ok_result.to_dict())))
+    assert again == ok_result
+    assert again.probe_request() == tiny_request()
+
+
+def test_variable_lengths_count_only_real_tokens() -> None:
+    r = run_probe_process(tiny_request(lengths="uniform:16-128", micro_batch=4))
+    assert r.status == "ok", r.reason
+    m = r.metrics
+    assert m["real_tokens"] < m["token_slots"]
+    assert m["padding_fraction"] > 0.05
+    assert m["tokens_per_s"] == pytest.approx(m["real_tokens"] / m["window_s"])
+
+
+def test_unsupported_attention_on_cpu_is_reported() -> None:
+    r = run_probe_process(tiny_request(attn="flash_attention_2"))
+    assert r.status == "unsupported"
+    assert "flash_attention_2" in r.reason and "GPU" in r.reason
+
+
+def test_fp16_on_cpu_is_unsupported() -> None:
+    r = run_probe_process(tiny_request(precision="fp16"))
+    assert r.status == "unsupported"
+    assert "fp16" in r.reason
+
+
+def test_over_budget_stops_the_probe_mid_run() -> None:
+    r = run_probe_process(tiny_request(budget_bytes=4 * 2**20))
+    assert r.status == "over_budget"
+    assert "past the budget" in r.reason
+    assert r.metrics["peak_mem_bytes"] > 4 * 2**20
+
+
+def test_over_budget_after_measurement_gives_both_numbers() -> None:
+    # the run completes (under the hard budget) but exceeds the usable share after headroom
+    r = run_probe_process(tiny_request(budget_bytes=8 * 2**30, headroom=0.999))
+    assert r.status == "over_budget"
+    assert "peak memory" in r.reason and "usable budget" in r.reason
+    assert r.metrics["tokens_per_s"] > 0
+    assert r.metrics["peak_mem_bytes"] > r.metrics["usable_bytes"]
+
+
+def test_timeout_kills_the_probe() -> None:
+    r = run_probe_process(tiny_request(timeout_s=2.0))
+    assert r.status == "timeout"
+    assert "2 s" in r.reason
+    assert r.metrics["wall_s"] < 15
+
+
+@pytest.mark.skipif(
+    Path("/proc/sys/vm/overcommit_memory").read_text().strip() != "0",
+    reason="needs the kernel's heuristic overcommit, which refuses an allocation larger than RAM",
+)
+def test_real_out_of_memory(tmp_path: Path) -> None:
+    # a 1M-token vocabulary makes the logits of 4 × 2048 tokens a single 32 GB allocation,
+    # which this machine refuses at once: a real allocator failure, nothing touched
+    cfg = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "vocab_size": 1_000_000,
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": True,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    r = run_probe_process(tiny_request(str(tmp_path), seq_len=2048, micro_batch=4, steps=1, warmup_steps=0))
+    assert r.status == "oom", r.reason
+    assert "memory" in r.reason
+
+
+def test_crashing_probe_leaves_the_caller_intact(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # a worker that dies by a signal without writing a result
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\nkill -{int(signal.SIGSEGV)} $$\n")
+    fake.chmod(0o755)
+    r = run_probe_process(tiny_request(), python=str(fake))
+    assert r.status == "crash"
+    assert "SIGSEGV" in r.reason
+    assert os.getpid() > 0  # still here
+
+
+def test_crash_with_exit_code_and_stderr(tmp_path: Path) -> None:
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho 'boom: something broke' >&2\nexit 7\n")
+    fake.chmod(0o755)
+    r = run_probe_process(tiny_request(), python=str(fake))
+    assert r.status == "crash"
+    assert "exit code 7" in r.reason and "boom: something broke" in r.reason
+
+
+def test_local_executor_runs_probes_through_the_protocol(tmp_path: Path) -> None:
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\nexit 3\n")
+    fake.chmod(0o755)
+    with LocalExecutor(slots=2, python=str(fake)) as ex:
+        tickets = {ex.submit(tiny_request()), ex.submit(tiny_request(micro_batch=4))}
+        assert ex.pending() == 2
+        got: dict[str, ProbeResult] = {}
+        while len(got) < 2:
+            got.update(dict(ex.poll(timeout=30)))
+        assert set(got) == tickets and ex.pending() == 0
+        assert all(r.status == "crash" for r in got.values())
+        assert run_one(ex, tiny_request()).status == "crash"
+
+
+class OutOfMemoryError(RuntimeError):
+    """Stands in for torch.OutOfMemoryError (matched by class name)."""
+
+
+@pytest.mark.parametrize(
+    ("exc", "status"),
+    [
+        (OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), "oom"),
+        (RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes"), "oom"),
+        (MemoryError(), "oom"),
+        (
+            ImportError("FlashAttention2 has been toggled on, but it cannot be used: flash_attn missing"),
+            "unsupported",
+        ),
+        (
+            ValueError("LlamaForCausalLM does not support an attention implementation through flex"),
+            "unsupported",
+        ),
+        (KeyError("x"), "crash"),
+        (RuntimeError("shape mismatch"), "crash"),
+    ],
+)
+def test_classify_exception(exc: BaseException, status: str) -> None:
+    got, reason = classify_exception(exc)
+    assert got == status
+    assert reason

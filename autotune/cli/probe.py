@@ -29,7 +29,7 @@ def build_probe_request(
     attn: str = "sdpa",
     workers: int = 0,
     pin_memory: bool = True,
-    precision: str = "bf16",
+    precision: str = "auto",
     mode: str = "full",
     packing: bool = False,
     optim: str = "adamw_torch",
@@ -54,6 +54,8 @@ def build_probe_request(
     from autotune.spec.lengths import parse_lengths
 
     resolved = resolve_model(model, trust_remote_code=trust_remote_code)
+    if precision == "auto":
+        precision = "fp32" if _probe_device(device) == "cpu" else "bf16"
     check_seq_len(resolved, seq_len)
     parse_lengths(lengths)  # validated here, sampled in the worker
     budget = parse_budget(gpu_budget) if gpu_budget is not None else None
@@ -108,6 +110,15 @@ def build_probe_request(
     return req
 
 
+def _probe_device(device: str) -> str:
+    """``cpu`` or ``cuda``: where a probe with ``--device device`` will run (NVML, no torch import)."""
+    if device != "auto":
+        return device
+    from autotune.env import nvml_device_info
+
+    return "cuda" if nvml_device_info() else "cpu"
+
+
 def _device_total_bytes(device: str) -> int | None:
     """Memory of the device a percentage budget refers to (GPU 0 via NVML, else system RAM)."""
     if device in ("auto", "cuda"):
@@ -132,7 +143,7 @@ def command(
     attn: str = typer.Option("sdpa", "--attn", help="eager | sdpa | flash_attention_2 | flex_attention."),
     workers: int = typer.Option(0, "--workers", help="dataloader_num_workers."),
     pin_memory: bool = typer.Option(True, "--pin-memory/--no-pin-memory", help="dataloader_pin_memory."),
-    precision: str = typer.Option("bf16", "--precision", help="fp32 | tf32 | bf16 | fp16 (mixed precision)."),
+    precision: str = typer.Option("auto", "--precision", help="auto | fp32 | tf32 | bf16 | fp16 (auto: bf16 on a GPU, fp32 on cpu)."),
     mode: str = typer.Option("full", "--mode", help="full | lora | qlora."),
     packing: bool = typer.Option(False, "--packing/--no-packing", help="Pack sequences (padding-free) instead of padding."),
     optim: str = typer.Option("adamw_torch", "--optim", help="adamw_torch | adamw_torch_fused | adamw_8bit | adafactor | sgd."),

@@ -1,0 +1,190 @@
+"""Rebuild ``report.md`` and ``report.html`` from a run directory.  [effect: reads the run dir and the
+model's config.json, writes the two reports atomically; the rendering itself is pure]
+
+    data = load_run(run_dir)            # summary.json + journal.jsonl (+ best_result.json)
+    paths = write_reports(run_dir)      # -> [report.md, report.html]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import SpecError
+from autotune.estimate import GPU
+from autotune.probe.result import ProbeResult
+
+__all__ = ["RunData", "load_run", "read_model_config", "render_reports", "write_reports"]
+
+
+@dataclass
+class RunData:
+    """A run directory read back: what the reports are rendered from."""
+
+    path: Path
+    summary: dict[str, Any]
+    results: list[ProbeResult]  # probes of the search phase (what report.md lists)
+    baseline: ProbeResult | None
+    best: ProbeResult | None
+    inferred: list[ProbeResult] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise SpecError(f"cannot read {str(path)!r}: {exc}") from None
+
+
+def _journal_lines(path: Path) -> list[dict[str, Any]]:
+    """Every complete JSON line (a line cut short by a kill is ignored, as the store does)."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(d, dict):
+            out.append(d)
+    return out
+
+
+def _result(d: Any) -> ProbeResult | None:
+    if not isinstance(d, dict):
+        return None
+    try:
+        return ProbeResult.from_dict(d)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def load_run(run_dir: str | os.PathLike[str]) -> RunData:
+    """Read ``summary.json``, ``journal.jsonl`` and ``best_result.json`` of a run directory.
+
+    Raises SpecError when the path is not a run directory (no summary.json and no journal).
+    """
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise SpecError(f"run directory {str(path)!r} does not exist or is not a directory")
+    summary = _read_json(path / "summary.json")
+    records = _journal_lines(path / "journal.jsonl")
+    if summary is None and not records:
+        raise SpecError(
+            f"{str(path)!r} is not an autotune run directory: it has neither summary.json nor journal.jsonl"
+        )
+    notes: list[str] = []
+    if summary is None:
+        summary = {"run_id": path.name, "status": "running"}
+        notes.append("summary.json is missing (the run did not finish): built from the journal alone")
+    if not isinstance(summary, dict):
+        raise SpecError(f"{str(path / 'summary.json')!r} must hold a JSON object")
+
+    results: list[ProbeResult] = []
+    inferred: list[ProbeResult] = []
+    baseline: ProbeResult | None = None
+    template_request: dict[str, Any] | None = None
+    pending_inferred: list[dict[str, Any]] = []
+    for rec in records:
+        phase = rec.get("phase", "search")
+        res = _result(rec.get("result"))
+        if res is not None and template_request is None:
+            template_request = res.request
+        if rec.get("inferred"):
+            pending_inferred.append(rec)
+        elif res is not None and phase == "search":
+            results.append(res)
+        elif res is not None and phase == "baseline":
+            baseline = res
+    # infeasibility concluded without running: status by candidate for the feasibility map
+    if template_request is not None:
+        for rec in pending_inferred:
+            if rec.get("status") not in ("oom", "over_budget") or not isinstance(rec.get("candidate"), dict):
+                continue
+            req = dict(template_request)
+            req["candidate"] = rec["candidate"]
+            inferred.append(ProbeResult(status=rec["status"], request=req, reason=str(rec.get("reason", "")),
+                                        metrics={"inferred": True}))  # fmt: skip
+
+    if baseline is None and summary.get("baseline"):
+        baseline = _find_default(summary, results)
+    best = _result(_read_json(path / "best_result.json"))
+    return RunData(path, summary, results, baseline, best, inferred, notes)
+
+
+def _find_default(summary: dict[str, Any], results: list[ProbeResult]) -> ProbeResult | None:
+    """The search probe that was the HF default (the search measured it, so no baseline record)."""
+    from dataclasses import asdict
+
+    from autotune.emit.training_args import hf_default_candidate
+
+    eb = summary.get("effective_batch")
+    world = ((summary.get("best") or {}).get("candidate") or {}).get("world_size", 1)
+    if eb is None:
+        return None
+    try:
+        want = asdict(hf_default_candidate(int(eb), world_size=int(world)))
+    except (TypeError, ValueError):
+        return None
+    for r in results:
+        if r.request.get("candidate") == want:
+            return r
+    return None
+
+
+def read_model_config(data: RunData) -> tuple[dict[str, Any] | None, str | None]:
+    """The model's config.json (from the probes' ``workload.model_path``), or (None, why not)."""
+    for r in ([data.best] if data.best else []) + data.results:
+        mp = (r.request.get("workload") or {}).get("model_path")
+        if not mp:
+            continue
+        cfg_path = Path(mp) / "config.json"
+        try:
+            cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            return None, f"model config {str(cfg_path)!r} unreadable ({exc.__class__.__name__}): no MFU"
+        return (cfg if isinstance(cfg, dict) else None), None
+    return None, "no probe records its model_path: no MFU"
+
+
+def render_reports(
+    data: RunData,
+    *,
+    config: dict[str, Any] | None = None,
+    gpu: GPU | None = None,
+    notes: list[str] | None = None,
+) -> tuple[str, str]:
+    """(report.md text, report.html text). Pure given ``data`` and ``config``."""
+    from autotune.report._model import build_model
+    from autotune.report.diagnosis import render_diagnosis_md
+    from autotune.report.html import render_html
+    from autotune.report.markdown import render_report_md
+
+    model = build_model(data.summary, data.results, baseline=data.baseline, best=data.best, config=config,
+                        gpu=gpu, inferred=data.inferred, notes=list(data.notes) + list(notes or []))  # fmt: skip
+    md = render_report_md(data.summary, data.results, baseline=data.baseline) + render_diagnosis_md(model)
+    return md, render_html(model)
+
+
+def write_reports(run_dir: str | os.PathLike[str], *, gpu: GPU | None = None) -> list[Path]:
+    """Rebuild ``report.md`` and ``report.html`` in ``run_dir`` (each written atomically)."""
+    from autotune.store.atomic import write_text_atomic
+
+    data = load_run(run_dir)
+    config, why = read_model_config(data)
+    # on a CPU run there is no MFU anyway: a missing config is not worth a note there
+    notes = [why] if why and data.summary.get("device") != "cpu" else []
+    md, page = render_reports(data, config=config, gpu=gpu, notes=notes)
+    return [
+        write_text_atomic(data.path / "report.md", md),
+        write_text_atomic(data.path / "report.html", page),
+    ]

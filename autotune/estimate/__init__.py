@@ -1,0 +1,63 @@
+"""Memory and throughput model, GPU catalog and capacity planning.  [pure: no torch, no disk
+beyond the package's own gpus.yaml and catalog files passed in explicitly]
+
+    arch_from_config(config.json dict) -> Arch
+    estimate_memory(arch, workload, candidate, device=..., gpu=...) -> MemoryBreakdown
+    predict_speed(...) / mfu(...) / calibrate(...)
+    find_gpu(name) / load_catalog(extra=...)
+    plan(config, gpus=..., ...) -> PlanResult;  predict_peak_bytes / should_prune (PRUNE_FACTOR)
+"""
+
+from __future__ import annotations
+
+from autotune.estimate.arch import Arch, arch_from_config, lora_param_count
+from autotune.estimate.catalog import GPU, find_gpu, find_gpus, load_catalog
+from autotune.estimate.memory import MemoryBreakdown, estimate_memory
+from autotune.estimate.plan import (
+    HEADROOM,
+    PRUNE_FACTOR,
+    GPUPlan,
+    PlanOption,
+    PlanResult,
+    fits,
+    plan,
+    predict_peak_bytes,
+    should_prune,
+)
+from autotune.estimate.speed import (
+    SpeedEstimate,
+    calibrate,
+    calibration_pairs,
+    hardware_flops_per_token,
+    mfu,
+    model_flops_per_token,
+    predict_speed,
+)
+
+__all__ = [
+    "GPU",
+    "HEADROOM",
+    "PRUNE_FACTOR",
+    "Arch",
+    "GPUPlan",
+    "MemoryBreakdown",
+    "PlanOption",
+    "PlanResult",
+    "SpeedEstimate",
+    "arch_from_config",
+    "calibrate",
+    "calibration_pairs",
+    "estimate_memory",
+    "find_gpu",
+    "find_gpus",
+    "fits",
+    "hardware_flops_per_token",
+    "load_catalog",
+    "lora_param_count",
+    "mfu",
+    "model_flops_per_token",
+    "plan",
+    "predict_peak_bytes",
+    "predict_speed",
+    "should_prune",
+]

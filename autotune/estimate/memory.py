@@ -1,0 +1,404 @@
+"""Peak training memory of one device, term by term.  [pure]
+
+``estimate_memory(arch, workload, candidate, device=..., gpu=...)`` returns a MemoryBreakdown whose
+``terms`` add up to ``total`` (the predicted peak). The peak is the larger of two phases of a
+training step (from the second step on, once optimizer states exist):
+
+* ``backward_start``: the loss has been computed and backward begins. Weights, optimizer states,
+  every saved activation and the logits/loss working set are live; gradients are live only when
+  they persist across micro-batches (``grad_accum > 1``, DDP buckets, ZeRO partitions), because the
+  HF Trainer frees them (``zero_grad(set_to_none=True)``) after each optimizer step.
+* ``optimizer_step``: weights, all gradients, optimizer states and the optimizer's temporaries
+  (torch's foreach AdamW on CUDA allocates one fp32 copy of the parameters for ``sqrt(v)``; the
+  single-tensor CPU path only per tensor; fused AdamW none).
+
+Conventions (autotune's, see ``autotune/emit/training_args.py::model_dtype``):
+
+* Full fine-tuning builds the model in fp32 and trains with AMP autocast (``bf16=True``): fp32
+  weights (4 B) + fp32 grads (4 B) + two fp32 AdamW states (8 B) = 16 B/param, plus the 16-bit copies
+  autocast makes of every matmul weight (2 B/param, saved for backward; only the ``lm_head`` one
+  with checkpointing). HF's own docs count 18 B/param for AMP AdamW.
+* DeepSpeed ZeRO casts the module to 16-bit and keeps fp32 master weights in the optimizer; model
+  states follow the ZeRO paper (arXiv:1910.02054 §3): stage 1 ``4Ψ + 12Ψ/N``, stage 2
+  ``2Ψ + 14Ψ/N``, stage 3 ``16Ψ/N`` plus gathered-layer buffers, plus communication buckets (HF
+  docs: with ``overlap_comm`` buckets take 4.5x their size; DeepSpeed's default bucket is 5e8
+  elements for stages 1/2; HF's ``auto`` for stage 3 is ``hidden²``). FSDP keeps fp32 shards.
+* LoRA/QLoRA hold the frozen base in the 16-bit type (2 B/param) or NF4 (QLoRA ≈ 0.516 B/param for
+  the blocks' linears, embeddings and ``lm_head`` stay 16-bit); adapters are fp32 with fp32 grads and
+  states (16 B per adapter param).
+* Activations are counted tensor by tensor for HF's Llama-style blocks (RMSNorm computed in fp32,
+  autocast casts per consuming linear, fused attention keeping q, k, v, output and the fp32
+  log-sum-exp; eager attention adds the s² scores: fp32 softmax plus its 16-bit cast). This refines
+  Korthikanti et al. (arXiv:2205.05198), whose ``s·b·h·(34 + 5·a·s/h)`` assumes 16-bit everything.
+  Checkpointing keeps each layer's input (``s·b·h`` in the residual dtype) plus one layer's full
+  activations during its recompute.
+* Logits/loss: transformers upcasts the logits to fp32 and runs log_softmax + nll; at the start of
+  backward the saved log-probabilities, the nll gradient and the log_softmax gradient are live:
+  ``LOGITS_BYTES_PER_ELEMENT`` (12) x s·b·V. A fused linear+cross-entropy (Liger) keeps O(s·b·h).
+* GPU only: ``CUDA_CONTEXT_BYTES`` for the context and ``ALLOCATOR_RESERVE`` of the allocated peak
+  for the caching allocator's reserve (fragmentation). ``device="cpu"`` leaves both out: the CPU
+  figure is what a CPU probe measures as peak RSS growth (model built after the baseline, fp32).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.errors import SpecError
+from autotune.estimate.arch import Arch, lora_modules, lora_param_count
+from autotune.estimate.catalog import GPU
+from autotune.spec.probe_request import Candidate, Workload
+
+__all__ = [
+    "ALLOCATOR_RESERVE",
+    "CPU_RUNTIME_OVERHEAD_BYTES",
+    "CUDA_CONTEXT_BYTES",
+    "DEEPSPEED_BUCKET_ELEMENTS",
+    "LOGITS_BYTES_PER_ELEMENT",
+    "OVERLAP_COMM_FACTOR",
+    "QLORA_BYTES_PER_PARAM",
+    "MemoryBreakdown",
+    "estimate_memory",
+    "optimizer_state_bytes_per_param",
+]
+
+# CUDA context + cuBLAS/cuDNN workspaces, outside torch's allocator: transformers'
+# model_memory_anatomy measured 1,343 MB after one tiny op; 300 MiB–2 GiB reported elsewhere.
+CUDA_CONTEXT_BYTES = 1 << 30
+# Caching-allocator reserve above the allocated peak (max_memory_reserved / max_memory_allocated - 1).
+# No published figure: calibrate against GPU probes.
+ALLOCATOR_RESERVE = 0.08
+# Process growth on CPU beyond the tensors counted here (calibrate against CPU probes).
+CPU_RUNTIME_OVERHEAD_BYTES = 0
+# NF4 4 bits + double-quantized block constants (~0.127 bit) per quantized weight (arXiv:2305.14314).
+QLORA_BYTES_PER_PARAM = 0.5 + 0.127 / 8
+# fp32 log-probs saved by log_softmax + nll grad + log_softmax grad at the start of backward.
+LOGITS_BYTES_PER_ELEMENT = 12
+# DeepSpeed's default reduce/allgather bucket (elements) and the overlap_comm multiplier (HF docs).
+DEEPSPEED_BUCKET_ELEMENTS = 500_000_000
+OVERLAP_COMM_FACTOR = 4.5
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Predicted peak memory of one device.
+
+    ``terms`` are the bytes live at the peak ``phase`` and add up to ``total``; ``phases`` gives the
+    total of each phase considered. ``offloaded_bytes`` is what ZeRO-Offload keeps in host memory
+    (not part of ``total``).
+    """
+
+    total: int
+    terms: dict[str, int]
+    phase: str
+    phases: dict[str, int]
+    device: str
+    trainable_params: int
+    offloaded_bytes: int = 0
+    notes: tuple[str, ...] = field(default=())
+    phase_terms: dict[str, dict[str, int]] = field(default_factory=dict)  # allocated terms of each phase
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "total": self.total,
+            "terms": dict(self.terms),
+            "phase": self.phase,
+            "phases": dict(self.phases),
+            "device": self.device,
+            "trainable_params": self.trainable_params,
+            "offloaded_bytes": self.offloaded_bytes,
+            "notes": list(self.notes),
+            "phase_terms": {k: dict(v) for k, v in self.phase_terms.items()},
+        }
+
+
+def optimizer_state_bytes_per_param(optim: str) -> float:
+    """Optimizer state bytes per trainable parameter (AdamW: m and v in fp32)."""
+    return {"adamw_torch": 8.0, "adamw_torch_fused": 8.0, "adamw_8bit": 2.0, "adafactor": 0.0, "sgd": 0.0}[
+        optim
+    ]
+
+
+def _adafactor_bytes(arch: Arch) -> int:
+    """Adafactor's factored second moment: rows + cols fp32 per matrix, full size for vectors."""
+    per_layer = sum(4 * (i + o) for _, i, o in arch.linears)
+    vectors = arch.params_per_layer - arch.params_layer_linear
+    emb = 4 * (arch.vocab + arch.hidden) * (1 if arch.tied else 2)
+    return arch.layers * (per_layer + 4 * vectors) + emb
+
+
+def _sites(arch: Arch) -> tuple[tuple[str, int, tuple[str, ...]], ...]:
+    """(site, width, consuming linears) for the four places a block feeds linears."""
+    names = [n for n, _, _ in arch.linears]
+    if arch.model_type == "gpt2":
+        return (("attn_in", arch.hidden, ("c_attn",)), ("o_in", arch.q_width, ("attn.c_proj",)),
+                ("mlp_in", arch.hidden, ("c_fc",)), ("down_in", arch.intermediate, ("mlp.c_proj",)))  # fmt: skip
+    attn = tuple(n for n in names if n in ("q_proj", "k_proj", "v_proj", "qkv_proj"))
+    mlp = tuple(n for n in names if n in ("gate_proj", "up_proj", "gate_up_proj")) or ("gate_proj", "up_proj")
+    return (("attn_in", arch.hidden, attn), ("o_in", arch.q_width, ("o_proj",)),
+            ("mlp_in", arch.hidden, mlp), ("down_in", arch.intermediate, ("down_proj",)))  # fmt: skip
+
+
+def layer_activation_bytes_per_token(
+    arch: Arch,
+    seq_len: int,
+    *,
+    trainable_base: bool,
+    adapted: frozenset[str],
+    wb: int,
+    cb: int,
+    attn: str,
+    device: str,
+) -> float:
+    """Bytes one transformer block saves for backward, per token (multiply by s·b).
+
+    ``wb``: bytes of the weights' dtype (= the residual stream's); ``cb``: bytes of the compute
+    dtype (2 under autocast or a 16-bit model, 4 in fp32). ``adapted``: LoRA-adapted linears.
+    """
+    h, f, a, s = arch.hidden, arch.intermediate, arch.heads, seq_len
+    qw, kvw = arch.q_width, arch.kv_width
+    autocast = cb < wb or bool(adapted) and cb < 4
+    total = 0.0
+    # norms: fp32 input (or its fp32 upcast) saved; a trainable weight also saves the normalized x
+    per_norm = 4 * h + (wb * h if trainable_base and arch.model_type != "gpt2" else 0)
+    total += arch.norms_per_layer * per_norm
+    # linear inputs: each consuming linear that needs its input for a weight gradient saves it
+    for site, width, consumers in _sites(arch):
+        saving_base = len(consumers) if trainable_base else 0
+        saving_lora = sum(1 for c in consumers if c in adapted)
+        if site == "o_in":
+            # the attention output is already saved by the attention op; only casts add copies
+            if saving_lora and autocast:
+                total += cb * width * saving_lora
+            continue
+        if site == "down_in":
+            mult = arch.experts_per_token
+            if saving_base:
+                total += cb * width * mult
+            if saving_lora:
+                total += cb * width * (saving_lora if autocast else (0 if saving_base else 1))
+            continue
+        in_dtype_is_compute = wb == cb
+        if saving_base:
+            total += cb * width * (1 if in_dtype_is_compute else saving_base)
+        if saving_lora:
+            total += cb * width * (saving_lora if autocast else (0 if saving_base else 1))
+    # attention core
+    fused = attn in ("sdpa", "flash_attention_2", "flex_attention")
+    if fused and not (device == "cpu" and arch.attn_dropout > 0):
+        total += cb * (qw + 2 * kvw) + cb * qw + 4 * a
+    else:
+        # eager (or the math fallback): repeat_kv copies, s² scores, fp32 softmax and its cast
+        total += cb * 3 * qw + cb * qw
+        total += a * s * (4 + (cb if cb < 4 else 0))
+        if arch.attn_dropout > 0:
+            total += a * s * (1 + 4)  # mask + dropped probabilities
+    # MLP
+    k = arch.experts_per_token
+    if arch.gated_mlp:
+        total += (arch.act_saved + 2) * cb * f * k  # act input, up, act output
+    else:
+        total += arch.act_saved * cb * f
+    if arch.resid_dropout > 0:
+        total += 2 * h  # two bool masks
+    return total
+
+
+def _logits_bytes(arch: Arch, tokens: int, liger: bool) -> int:
+    if liger:
+        return int(8 * tokens * arch.hidden)
+    per = LOGITS_BYTES_PER_ELEMENT + (8 if arch.logit_softcap else 0)
+    return int(per * tokens * arch.vocab)
+
+
+def estimate_memory(
+    arch: Arch,
+    workload: Workload,
+    candidate: Candidate,
+    *,
+    device: str = "cuda",
+    gpu: GPU | None = None,
+) -> MemoryBreakdown:
+    """Predicted peak bytes on one device for this workload and candidate (see module docstring).
+
+    ``device="cpu"``: fp32 CPU training as the CPU probe runs it, no CUDA context or reserve.
+    ``gpu`` is only used to check bf16 support; its capacity is the caller's business.
+    """
+    if device not in ("cuda", "cpu"):
+        raise SpecError(f"device must be 'cuda' or 'cpu', got {device!r}")
+    c, w = candidate, workload
+    problems = c.problems() + w.problems()
+    if problems:
+        raise SpecError(problems)
+    if gpu is not None and c.precision == "bf16" and not gpu.bf16:
+        raise SpecError(f"{gpu.name} has no bf16; use precision fp16")
+    if w.mode == "qlora" and device == "cpu":
+        raise SpecError("QLoRA (bitsandbytes 4-bit) needs a GPU; the CPU has no 4-bit kernels")
+    notes: list[str] = []
+    s, b = w.seq_len, c.micro_batch
+    tokens = s * b
+    n = c.world_size if c.zero_stage > 0 else 1
+    psi = arch.params_total
+    half = c.precision in ("bf16", "fp16")
+    cb = 2 if half else 4
+    opt_bpp = optimizer_state_bytes_per_param(c.optim)
+    ds = c.zero_stage > 0 and c.sharding == "deepspeed"
+    fsdp = c.zero_stage > 0 and c.sharding == "fsdp"
+    off_opt = c.offload in ("optimizer", "params")
+    off_par = c.offload == "params"
+
+    t: dict[str, float] = {}
+    persistent_grads = c.grad_accum > 1
+    step: dict[str, float] = {}
+    offloaded = 0.0
+    full = w.mode == "full"
+    adapted: frozenset[str] = frozenset()
+
+    if full:
+        trainable = psi
+        states = _adafactor_bytes(arch) if c.optim == "adafactor" else opt_bpp * psi
+        if ds and half:
+            wb = 2  # DeepSpeed casts the module to 16-bit; fp32 master weights live in the optimizer
+            t["weights"] = 2 * psi / (n if c.zero_stage == 3 else 1)
+            t["gradients"] = 2 * psi / (n if c.zero_stage >= 2 else 1)
+            master, st = 4 * psi / n, states / n
+            if off_opt:
+                offloaded += master + st + 4 * psi / n
+                master = st = 0
+            t["master_weights"], t["optimizer_states"] = master, st
+            persistent_grads = True
+        elif ds or fsdp:
+            wb = 4
+            t["weights"] = 4 * psi / (n if c.zero_stage == 3 else 1)
+            t["gradients"] = 4 * psi / (n if c.zero_stage >= 2 else 1)
+            st = states / n
+            if off_opt:
+                offloaded += st
+                st = 0
+            t["optimizer_states"] = st
+            persistent_grads = True
+            if fsdp and half:
+                t["weight_copies"] = 2 * 2 * arch.params_per_layer  # bf16 gathered units in flight
+        else:
+            wb = 4
+            t["weights"] = 4 * psi
+            t["gradients"] = 4 * psi
+            t["optimizer_states"] = states
+            if half:
+                # autocast's 16-bit weight copies, saved for backward (recomputed with checkpointing)
+                head = arch.vocab * arch.hidden
+                t["weight_copies"] = 2 * (head if c.grad_ckpt else arch.params_matmul)
+            if c.world_size > 1:
+                t["ddp_buckets"] = 4 * psi
+    else:
+        trainable = lora_param_count(arch, w.lora_r, w.lora_targets)
+        adapted = frozenset(lora_modules(arch, w.lora_targets))
+        if trainable == 0:
+            notes.append(f"lora_targets {', '.join(w.lora_targets)} match no linear of {arch.model_type}")
+        wb = 2 if half else 4
+        base_div = n if c.zero_stage == 3 else 1
+        if w.mode == "qlora":
+            linear = arch.params_linear_total
+            t["weights"] = (QLORA_BYTES_PER_PARAM * linear + 2 * (psi - linear)) / base_div
+            largest_linear = max((i * o for _, i, o in arch.linears), default=0)
+            t["qlora_dequant"] = 2 * 2 * largest_linear
+        else:
+            t["weights"] = wb * psi / base_div
+        t["lora_adapters"] = 4 * trainable
+        t["gradients"] = 4 * trainable / (n if c.zero_stage >= 2 else 1)
+        st = (opt_bpp if c.optim != "adafactor" else 1.0) * trainable / n
+        if off_opt:
+            offloaded += st
+            st = 0
+        t["optimizer_states"] = st
+        if c.zero_stage > 0 or c.world_size > 1:
+            persistent_grads = True
+        if c.world_size > 1 and c.zero_stage == 0:
+            t["ddp_buckets"] = 4 * trainable
+
+    # communication buffers of DeepSpeed ZeRO
+    if ds:
+        ov = OVERLAP_COMM_FACTOR
+        if c.zero_stage in (1, 2):
+            bucket = min(DEEPSPEED_BUCKET_ELEMENTS, trainable)
+            t["zero_buffers"] = 2 * 2 * bucket * ov
+        else:
+            h2 = arch.hidden**2
+            gathered = 0 if w.mode != "full" else 2 * (arch.vocab * arch.hidden + 2 * arch.params_per_layer)
+            t["zero_buffers"] = 2 * h2 * ov + 2 * 0.9 * h2 + gathered
+            if off_par:
+                offloaded += t["weights"]
+                t["weights"] = 0
+
+    # optimizer temporaries
+    tr_shard = trainable / n
+    largest = (
+        arch.largest_param if full else w.lora_r * max((max(i, o) for _, i, o in arch.linears), default=0)
+    )
+    if off_opt:
+        temp = 0.0
+    elif c.optim == "adamw_torch":
+        # foreach (CUDA; DeepSpeed's flat partition): one fp32 copy; single-tensor (CPU): per tensor
+        temp = 4 * tr_shard if device == "cuda" or ds else 2 * 4 * largest
+    elif c.optim == "adafactor":
+        temp = 2 * 4 * largest
+    else:
+        temp = 0.0
+    if ds and half and not off_opt:
+        temp += 4 * tr_shard  # fp32 gradient partition built for the step
+    step["optimizer_temp"] = temp
+
+    # activations
+    layer = layer_activation_bytes_per_token(
+        arch, s, trainable_base=full, adapted=adapted, wb=wb, cb=cb, attn=c.attn, device=device
+    )
+    final = 4 * arch.hidden + (wb * arch.hidden if full else 0) + (cb * arch.hidden if full else 0)
+    transient = (3 * cb * arch.intermediate * arch.experts_per_token + 8 * arch.hidden) * tokens
+    logits = _logits_bytes(arch, tokens, c.liger)
+    saved: float
+    working: float
+    if c.grad_ckpt:
+        saved = (arch.layers * wb * arch.hidden + final) * tokens
+        working = max(logits, layer * tokens + transient)
+    else:
+        saved = (arch.layers * layer + final) * tokens
+        working = max(logits, transient)
+    t["activations"] = saved
+    if logits >= (layer * tokens + transient if c.grad_ckpt else transient):
+        t["logits_loss"] = working
+    else:
+        t["logits_loss"] = logits
+        t["recompute_working_set"] = working - logits
+    if device == "cpu" and CPU_RUNTIME_OVERHEAD_BYTES:
+        t["runtime_overhead"] = CPU_RUNTIME_OVERHEAD_BYTES
+
+    # phases
+    act_keys = ("activations", "logits_loss", "recompute_working_set", "weight_copies", "qlora_dequant")
+    static = {k: v for k, v in t.items() if k not in act_keys}
+    bwd = dict(t)
+    if not persistent_grads:
+        bwd.pop("gradients", None)
+    opt = {**static, **step}
+    phases = {"backward_start": bwd, "optimizer_step": opt}
+    totals = {k: sum(v.values()) for k, v in phases.items()}
+    phase = max(totals, key=lambda k: totals[k])
+    terms = {k: int(round(v)) for k, v in phases[phase].items() if v}
+
+    def _overhead(allocated: float) -> int:
+        return int(allocated * ALLOCATOR_RESERVE) + CUDA_CONTEXT_BYTES if device == "cuda" else 0
+
+    if device == "cuda":
+        terms["allocator_reserve"] = int(sum(terms.values()) * ALLOCATOR_RESERVE)
+        terms["cuda_context"] = CUDA_CONTEXT_BYTES
+    return MemoryBreakdown(
+        total=sum(terms.values()),
+        terms=terms,
+        phase=phase,
+        phases={k: int(round(v)) + _overhead(v) for k, v in totals.items()},
+        device=device,
+        trainable_params=int(trainable),
+        offloaded_bytes=int(offloaded),
+        notes=tuple(notes + list(arch.notes)),
+        phase_terms={p: {k: int(round(v)) for k, v in ts.items() if v} for p, ts in phases.items()},
+    )

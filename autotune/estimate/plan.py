@@ -1,0 +1,347 @@
+"""Capacity planning: for each GPU, does the workload fit, with which levers, how fast, at what cost.  [pure]
+
+:func:`plan` searches a small lever space per GPU (micro-batch 1..64 in powers of two dividing the
+effective batch, checkpointing off/on, Liger's fused loss off/on, data parallel / ZeRO 0..3 over
+1..gpus_per_node GPUs, ZeRO-Offload) with the memory model, keeps what fits under the GPU's memory
+less ``HEADROOM``, and picks the fastest by the speed model (ties: fewer levers, fewer GPUs). When
+the requested mode fits nowhere it tries LoRA, then QLoRA, and says so.
+
+:func:`predict_peak_bytes` / :func:`should_prune` are what ``autotune run`` uses to skip candidates
+that cannot fit: a candidate is pruned only when its predicted peak exceeds the budget by
+``PRUNE_FACTOR`` (25%), so near the boundary the probe, not the model, decides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.errors import SpecError
+from autotune.estimate.arch import Arch, arch_from_config
+from autotune.estimate.catalog import GPU
+from autotune.estimate.memory import MemoryBreakdown, estimate_memory
+from autotune.estimate.speed import SpeedEstimate, predict_speed
+from autotune.spec.probe_request import MODE_CHOICES, Candidate, Workload
+
+__all__ = [
+    "HEADROOM",
+    "MICRO_BATCHES",
+    "PRUNE_FACTOR",
+    "GPUPlan",
+    "PlanOption",
+    "PlanResult",
+    "fits",
+    "parse_tokens",
+    "plan",
+    "predict_peak_bytes",
+    "should_prune",
+]
+
+# Prune a candidate only when predicted peak > budget x PRUNE_FACTOR (the probe decides near the edge).
+PRUNE_FACTOR = 1.25
+# A plan must leave this share of the GPU's memory free.
+HEADROOM = 0.05
+MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+_FALLBACK = {"full": ("lora", "qlora"), "lora": ("qlora",), "qlora": ()}
+
+
+def _arch(arch_or_config: Arch | Mapping[str, Any]) -> Arch:
+    return arch_or_config if isinstance(arch_or_config, Arch) else arch_from_config(arch_or_config)
+
+
+def predict_peak_bytes(
+    workload: Workload,
+    candidate: Candidate,
+    config: Mapping[str, Any] | Arch,
+    device: str = "cuda",
+    gpu: GPU | None = None,
+) -> int:
+    """Predicted peak bytes of one device for a probe of ``candidate`` (config: the model's
+    ``config.json`` as a dict, or an Arch). ``device="cpu"`` predicts a CPU probe's RSS growth."""
+    return estimate_memory(_arch(config), workload, candidate, device=device, gpu=gpu).total
+
+
+def should_prune(predicted_bytes: int, budget_bytes: int, factor: float = PRUNE_FACTOR) -> bool:
+    """True when a candidate is predicted far above budget (> budget x factor): skip probing it."""
+    return predicted_bytes > budget_bytes * factor
+
+
+def fits(
+    workload: Workload,
+    candidate: Candidate,
+    config: Mapping[str, Any] | Arch,
+    budget_bytes: int,
+    *,
+    device: str = "cuda",
+    gpu: GPU | None = None,
+    headroom: float = HEADROOM,
+) -> bool:
+    """Whether the predicted peak stays under ``budget_bytes`` less ``headroom``."""
+    return predict_peak_bytes(workload, candidate, config, device, gpu) <= budget_bytes * (1 - headroom)
+
+
+@dataclass(frozen=True)
+class PlanOption:
+    """One configuration that fits, with its predicted memory and speed."""
+
+    mode: str
+    candidate: Candidate
+    memory: MemoryBreakdown
+    speed: SpeedEstimate
+    levers: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return {
+            "mode": self.mode,
+            "candidate": asdict(self.candidate),
+            "levers": list(self.levers),
+            "memory": self.memory.to_dict(),
+            "speed": self.speed.to_dict(),
+        }
+
+
+@dataclass(frozen=True)
+class GPUPlan:
+    """The answer for one GPU. ``fits`` is about the requested mode; ``option`` may be a fallback
+    mode (``option.mode``) when the requested one fits nowhere."""
+
+    gpu: GPU
+    capacity_bytes: int
+    usable_bytes: int
+    fits: bool
+    option: PlanOption | None
+    min_gpus: int | None  # fewest GPUs with which option.mode fits at all
+    hours: float | None
+    cost_usd: float | None
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gpu": self.gpu.name,
+            "capacity_bytes": self.capacity_bytes,
+            "usable_bytes": self.usable_bytes,
+            "fits": self.fits,
+            "mode": self.option.mode if self.option else None,
+            "option": self.option.to_dict() if self.option else None,
+            "min_gpus": self.min_gpus,
+            "hours": self.hours,
+            "cost_usd": self.cost_usd,
+            "price_per_hour_usd": self.gpu.price_per_hour_usd,
+            "price_date": self.gpu.price_date,
+            "note": self.note,
+        }
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    model: str
+    arch: Arch
+    mode: str
+    seq_len: int
+    effective_batch: int
+    gpus_per_node: int
+    tokens: int | None
+    rows: tuple[GPUPlan, ...]
+    notes: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        a = self.arch
+        return {
+            "model": self.model,
+            "params": a.params_total,
+            "architecture": {
+                "model_type": a.model_type, "hidden": a.hidden, "layers": a.layers, "heads": a.heads,
+                "kv_heads": a.kv_heads, "head_dim": a.head_dim, "intermediate": a.intermediate,
+                "vocab": a.vocab, "tied": a.tied,
+            },
+            "mode": self.mode,
+            "seq_len": self.seq_len,
+            "effective_batch": self.effective_batch,
+            "gpus_per_node": self.gpus_per_node,
+            "tokens": self.tokens,
+            "gpus": [r.to_dict() for r in self.rows],
+            "notes": list(self.notes),
+        }  # fmt: skip
+
+
+def _levers(c: Candidate, mode: str, workload: Workload) -> tuple[str, ...]:
+    out: list[str] = []
+    if mode == "lora":
+        out.append(f"LoRA r={workload.lora_r}")
+    elif mode == "qlora":
+        out.append(f"QLoRA r={workload.lora_r}")
+    if c.grad_ckpt:
+        out.append("checkpointing")
+    if c.liger:
+        out.append("Liger fused loss")
+    if c.zero_stage:
+        out.append(f"ZeRO-{c.zero_stage} over {c.world_size} GPUs")
+    elif c.world_size > 1:
+        out.append(f"DDP over {c.world_size} GPUs")
+    if c.offload == "optimizer":
+        out.append("optimizer offload")
+    elif c.offload == "params":
+        out.append("param+optimizer offload")
+    return tuple(out)
+
+
+def _world_sizes(gpus_per_node: int) -> list[int]:
+    sizes = [w for w in (1, 2, 4, 8, 16, 32, 64) if w <= gpus_per_node]
+    if gpus_per_node not in sizes:
+        sizes.append(gpus_per_node)
+    return sizes
+
+
+def _sharding(mode: str, world: int) -> list[tuple[int, str]]:
+    if mode != "full":
+        return [(0, "none")]
+    opts = [(0, "none")] if world == 1 else [(0, "none"), (1, "none"), (2, "none"), (3, "none")]
+    opts += [(2, "optimizer"), (3, "optimizer"), (3, "params")]
+    return opts
+
+
+def _search(
+    arch: Arch,
+    workload: Workload,
+    gpu: GPU,
+    *,
+    usable: int,
+    gpus_per_node: int,
+    effective_batch: int,
+    efficiency: float | None,
+) -> tuple[PlanOption | None, int | None]:
+    """Fastest fitting option for one GPU and mode, and the fewest GPUs that fit at all."""
+    precision = gpu.half_precision
+    attn = "flash_attention_2" if gpu.flash_attention_2 else "sdpa"
+    best: tuple[tuple[float, int, int], PlanOption] | None = None
+    min_gpus: int | None = None
+    for world in _world_sizes(gpus_per_node):
+        for zero, offload in _sharding(workload.mode, world):
+            for ckpt in (False, True):
+                for liger in (False, True):
+                    for mb in MICRO_BATCHES:
+                        if effective_batch % (mb * world):
+                            continue
+                        cand = Candidate(
+                            micro_batch=mb, grad_accum=effective_batch // (mb * world), grad_ckpt=ckpt,
+                            attn=attn, precision=precision, liger=liger, world_size=world, zero_stage=zero,
+                            offload=offload,
+                        )  # fmt: skip
+                        mem = estimate_memory(arch, workload, cand, device="cuda", gpu=gpu)
+                        if mem.total > usable:
+                            break  # larger micro-batches need more memory still
+                        min_gpus = world if min_gpus is None else min(min_gpus, world)
+                        speed = predict_speed(arch, workload, cand, gpu, efficiency=efficiency)
+                        levers = _levers(cand, workload.mode, workload)
+                        key = (round(speed.tokens_per_s, 6), -len(levers), -world)
+                        if best is None or key > best[0]:
+                            best = (key, PlanOption(workload.mode, cand, mem, speed, levers))
+    return (best[1] if best else None), min_gpus
+
+
+def plan(
+    arch_or_config: Arch | Mapping[str, Any],
+    *,
+    gpus: Sequence[GPU],
+    gpus_per_node: int = 8,
+    seq_len: int = 2048,
+    effective_batch: int = 64,
+    mode: str = "full",
+    tokens: int | None = None,
+    model_name: str = "",
+    lora_r: int = 16,
+    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj"),
+    efficiency: Mapping[str, float] | None = None,
+) -> PlanResult:
+    """Plan ``mode`` fine-tuning of a model (Arch or config.json dict) on each of ``gpus``.
+
+    ``efficiency`` maps GPU names to a calibrated base efficiency (from :func:`speed.calibrate`);
+    others use the catalog default. ``tokens`` (training tokens) gives hours and cost.
+    """
+    problems: list[str] = []
+    if mode not in MODE_CHOICES:
+        problems.append(f"mode must be one of {', '.join(MODE_CHOICES)}; got {mode!r}")
+    for name, v in (
+        ("gpus_per_node", gpus_per_node),
+        ("seq_len", seq_len),
+        ("effective_batch", effective_batch),
+    ):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            problems.append(f"{name} must be a positive integer; got {v!r}")
+    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
+        problems.append(f"tokens must be a positive integer; got {tokens!r}")
+    if not gpus:
+        problems.append("at least one GPU is needed")
+    if problems:
+        raise SpecError(problems)
+    arch = _arch(arch_or_config)
+    notes: list[str] = list(arch.notes)
+    if arch.max_positions and seq_len > arch.max_positions:
+        notes.append(f"seq_len {seq_len} exceeds the model's max_position_embeddings {arch.max_positions}")
+    rows: list[GPUPlan] = []
+    for gpu in gpus:
+        usable = int(gpu.memory_bytes * (1 - HEADROOM))
+        eff = (efficiency or {}).get(gpu.name)
+        option: PlanOption | None = None
+        min_gpus: int | None = None
+        note = ""
+        for m in (mode, *_FALLBACK[mode]):
+            wl = Workload(model=model_name or arch.model_type, seq_len=seq_len, mode=m, lora_r=lora_r,
+                          lora_targets=tuple(lora_targets))  # fmt: skip
+            option, min_gpus = _search(
+                arch, wl, gpu, usable=usable, gpus_per_node=gpus_per_node, effective_batch=effective_batch,
+                efficiency=eff,
+            )  # fmt: skip
+            if option is not None:
+                if m != mode:
+                    note = f"{mode} does not fit on {gpus_per_node}x {gpu.name}; {m} does"
+                break
+        if option is None:
+            note = (
+                f"nothing fits on {gpus_per_node}x {gpu.name} (tried {', '.join((mode, *_FALLBACK[mode]))})"
+            )
+        hours = cost = None
+        if option is not None and tokens:
+            hours = tokens / option.speed.tokens_per_s / 3600.0
+            if gpu.price_per_hour_usd is not None:
+                cost = hours * option.candidate.world_size * gpu.price_per_hour_usd
+        rows.append(
+            GPUPlan(
+                gpu=gpu, capacity_bytes=gpu.memory_bytes, usable_bytes=usable,
+                fits=option is not None and option.mode == mode, option=option, min_gpus=min_gpus,
+                hours=hours, cost_usd=cost, note=note,
+            )
+        )  # fmt: skip
+    return PlanResult(
+        model=model_name or arch.model_type, arch=arch, mode=mode, seq_len=seq_len,
+        effective_batch=effective_batch, gpus_per_node=gpus_per_node, tokens=tokens, rows=tuple(rows),
+        notes=tuple(notes),
+    )  # fmt: skip
+
+
+_TOKEN_SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
+
+
+def parse_tokens(text: str | int) -> int:
+    """A token count: ``1B``, ``500M``, ``2e9``, ``1.5B``, ``250k``, ``1_000_000``. SpecError otherwise."""
+    import math
+    import re
+
+    if isinstance(text, bool):
+        raise SpecError(f"tokens must be a count like 1B, 500M or 2e9; got {text!r}")
+    if isinstance(text, int):
+        value: float = text
+    else:
+        m = re.fullmatch(r"\s*([0-9][0-9_]*\.?[0-9_]*(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]?)\s*", str(text))
+        suffix = m.group(2).upper() if m else ""
+        if not m or suffix not in _TOKEN_SUFFIX:
+            raise SpecError(
+                f"tokens must be a count like 1B, 500M or 2e9 (suffixes K, M, B, T); got {text!r}"
+            )
+        value = float(m.group(1).replace("_", "")) * _TOKEN_SUFFIX[suffix]
+    if not math.isfinite(value) or value < 1:
+        raise SpecError(f"tokens must be at least 1; got {text!r}")
+    return int(round(value))

@@ -1,0 +1,96 @@
+"""``autotune plan`` end to end: table, --json, every flag, errors, and no torch import."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from autotune.cli.app import app
+from autotune.cli.plan import gather, render
+
+runner = CliRunner()
+
+
+def run(*args: str):  # noqa: ANN201
+    return runner.invoke(app, ["plan", *args])
+
+
+def test_table_output() -> None:
+    r = run("--model", "qwen2.5-7b", "--gpu", "A100-80GB,H100-SXM", "--tokens", "2B")
+    assert r.exit_code == 0, r.output
+    for part in ("A100-80GB", "H100-SXM", "ZeRO", "tok/s", "MFU", "2026-11-30"):
+        assert part in r.output
+
+
+def test_json_parses_and_carries_every_flag() -> None:
+    r = run("--model", "llama-3.1-8b", "--gpu", "a10g,T4", "--gpus-per-node", "1", "--seq-len", "4096",
+            "--effective-batch", "32", "--mode", "lora", "--tokens", "500M", "--lora-r", "8", "--json")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["mode"] == "lora" and d["seq_len"] == 4096 and d["effective_batch"] == 32
+    assert d["gpus_per_node"] == 1 and d["tokens"] == 500_000_000
+    a10g, t4 = d["gpus"]
+    assert a10g["gpu"] == "A10G" and a10g["fits"] and "LoRA r=8" in a10g["option"]["levers"]
+    assert a10g["option"]["candidate"]["grad_ckpt"] is True
+    assert t4["fits"] is False and t4["mode"] == "qlora"
+    assert t4["option"]["candidate"]["precision"] == "fp16"
+    for g in d["gpus"]:
+        c = g["option"]["candidate"]
+        assert c["micro_batch"] * c["grad_accum"] * c["world_size"] == 32
+        assert g["hours"] > 0 and g["cost_usd"] > 0
+
+
+def test_catalog_flag_and_env(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    f = tmp_path / "mine.yaml"
+    f.write_text(
+        "gpus:\n  - {name: V100, memory: 32GB, fp16_tflops: 125, fp32_tflops: 15.7, bf16: false,\n"
+        "     flash_attention_2: false, price_per_hour_usd: 0.5}\n"
+    )
+    r = run("--model", "gpt2", "--gpu", "V100", "--catalog", str(f), "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["gpus"][0]["gpu"] == "V100"
+    monkeypatch.delenv("AUTOTUNE_GPU_CATALOG", raising=False)
+    assert run("--model", "gpt2", "--gpu", "V100").exit_code == 2
+    monkeypatch.setenv("AUTOTUNE_GPU_CATALOG", str(f))
+    assert run("--model", "gpt2", "--gpu", "V100").exit_code == 0
+
+
+def _one_line_error(r) -> str:  # noqa: ANN001
+    assert r.exit_code == 2, r.output
+    err = r.stderr if r.stderr_bytes is not None else r.output
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("autotune: error:")
+    return lines[0]
+
+
+def test_bad_tokens_gpu_mode_model_exit_2_with_one_line() -> None:
+    assert "--tokens" in _one_line_error(run("--model", "gpt2", "--tokens", "lots"))
+    line = _one_line_error(run("--model", "gpt2", "--gpu", "V100,A10G"))
+    assert "unknown GPU(s) 'V100'" in line and "H100-SXM" in line
+    assert "--mode" in _one_line_error(run("--model", "gpt2", "--mode", "dora"))
+    assert "--seq-len" in _one_line_error(run("--model", "gpt2", "--seq-len", "0"))
+    _one_line_error(run("--model", "no-such-model-anywhere"))
+
+
+def test_gather_then_render() -> None:
+    res = gather(model="gpt2", gpu="T4", gpus_per_node=1, seq_len=512, tokens="1e8", environ={})
+    text = render(res)
+    assert "T4" in text and "fp16, sdpa" in text
+    assert res.rows[0].fits and res.tokens == 100_000_000
+
+
+def test_plan_does_not_import_torch() -> None:
+    code = (
+        "import sys; from autotune.cli.app import main; sys.argv=['autotune','plan','--model','llama-3.1-8b',"
+        "'--json']\ntry:\n main()\nexcept SystemExit: pass\n"
+        "bad=[m for m in ('torch','transformers','ray','pynvml') if m in sys.modules]\n"
+        "sys.stderr.write('LOADED:'+','.join(bad))"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "LOADED:" in p.stderr and p.stderr.strip().endswith("LOADED:"), p.stderr
+    json.loads(p.stdout)

@@ -1,0 +1,454 @@
+"""The estimator: architecture summary, memory terms, FLOPs/MFU, catalog, plan.  (pure, fast)
+
+One test builds models on the meta device with transformers to check exact parameter counts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.errors import SpecError
+from autotune.estimate import (
+    PRUNE_FACTOR,
+    arch_from_config,
+    calibrate,
+    calibration_pairs,
+    estimate_memory,
+    find_gpu,
+    find_gpus,
+    fits,
+    load_catalog,
+    lora_param_count,
+    mfu,
+    model_flops_per_token,
+    plan,
+    predict_peak_bytes,
+    predict_speed,
+    should_prune,
+)
+from autotune.estimate.catalog import builtin_catalog, catalog_paths_from_env, parse_catalog
+from autotune.estimate.memory import (
+    CUDA_CONTEXT_BYTES,
+    LOGITS_BYTES_PER_ELEMENT,
+    QLORA_BYTES_PER_PARAM,
+    layer_activation_bytes_per_token,
+)
+from autotune.estimate.plan import HEADROOM, parse_tokens
+from autotune.estimate.speed import hardware_flops_per_token, ideal_tokens_per_s
+from autotune.spec.probe_request import Candidate, ProbeRequest, Workload
+
+MODELS = Path(__file__).resolve().parents[1] / "autotune" / "models"
+PRESET_CONFIGS = sorted(MODELS.glob("presets/*/config.json")) + sorted(MODELS.glob("tiny/*/config.json"))
+
+
+def cfg(short: str) -> dict:
+    return json.loads((MODELS / "presets" / short / "config.json").read_text())
+
+
+# small configs of families with no preset, to check the counting rules
+EXTRA_CONFIGS = {
+    "qwen3": {"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 160, "vocab_size": 500,
+              "tie_word_embeddings": True},
+    "gemma3_text": {"model_type": "gemma3_text", "hidden_size": 64, "num_hidden_layers": 2,
+                    "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 32, "intermediate_size": 128,
+                    "vocab_size": 500},
+    "mixtral": {"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 500, "num_local_experts": 4,
+                "num_experts_per_tok": 2},
+    "llama-bias": {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                   "intermediate_size": 96, "vocab_size": 500, "attention_bias": True, "mlp_bias": True},
+    "gpt2-untied": {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 128,
+                    "vocab_size": 500, "tie_word_embeddings": False},
+}  # fmt: skip
+
+
+# ---------------------------------------------------------------- architecture
+
+
+def test_known_exact_counts() -> None:
+    assert arch_from_config(cfg("llama-3.1-8b")).params_total == 8_030_261_248
+    assert arch_from_config(cfg("gpt2")).params_total == 124_439_808
+    assert arch_from_config(cfg("qwen2.5-7b")).params_total == 7_615_616_512
+
+
+def test_arch_fields() -> None:
+    a = arch_from_config(cfg("llama-3.1-8b"))
+    assert (a.hidden, a.layers, a.heads, a.kv_heads, a.head_dim, a.intermediate, a.vocab) == (
+        4096, 32, 32, 8, 128, 14336, 128256)  # fmt: skip
+    assert not a.tied and a.params_lm_head == a.params_embedding == 128256 * 4096
+    g = arch_from_config(cfg("gemma-2-2b"))
+    assert g.head_dim == 256 and g.q_width == 2048 != g.hidden and g.tied and g.norms_per_layer == 4
+    gpt = arch_from_config(cfg("gpt2"))
+    assert (gpt.hidden, gpt.layers, gpt.heads, gpt.max_positions, gpt.intermediate) == (
+        768,
+        12,
+        12,
+        1024,
+        3072,
+    )
+    assert gpt.tied and gpt.params_embedding == 50257 * 768 + 1024 * 768
+    # params_matmul counts the output projection even when tied, and not the embedding look-up
+    assert gpt.params_matmul == gpt.params_total - gpt.params_embedding + 50257 * 768
+
+
+def test_arch_errors_list_every_missing_field() -> None:
+    with pytest.raises(SpecError, match="hidden_size.*num_hidden_layers|num_hidden_layers.*hidden_size") as e:
+        arch_from_config(
+            {"model_type": "llama", "num_attention_heads": 4, "intermediate_size": 8, "vocab_size": 9}
+        )
+    assert len(e.value.problems) == 2
+    with pytest.raises(SpecError, match="mapping"):
+        arch_from_config([1, 2])  # type: ignore[arg-type]
+
+
+def test_unknown_family_is_llama_like_with_a_note() -> None:
+    c = dict(EXTRA_CONFIGS["llama-bias"], model_type="somethingnew")
+    assert any("Llama-like" in n for n in arch_from_config(c).notes)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [pytest.param(json.loads(p.read_text()), id=p.parent.name) for p in PRESET_CONFIGS]
+    + [pytest.param(c, id=k) for k, c in EXTRA_CONFIGS.items()],
+)
+def test_param_count_matches_transformers_meta_build(config: dict) -> None:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    conf = dict(config)
+    model_type = conf.pop("model_type")
+    hf_cfg = transformers.AutoConfig.for_model(model_type, **conf)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(hf_cfg)
+    expected = sum(p.numel() for p in model.parameters())
+    got = arch_from_config(config).params_total
+    assert abs(got - expected) <= 0.005 * expected, (got, expected)
+    assert got == expected  # exact for every supported family
+
+
+def test_lora_param_count_by_hand_and_peft() -> None:
+    a = arch_from_config(cfg("llama-3.1-8b"))
+    per_layer = 16 * ((4096 + 4096) + 2 * (4096 + 1024) + (4096 + 4096))
+    assert lora_param_count(a, 16, ("q_proj", "k_proj", "v_proj", "o_proj")) == 32 * per_layer == 13_631_488
+    assert lora_param_count(a, 8, ("q_proj", "v_proj")) == 32 * 8 * ((4096 + 4096) + (4096 + 1024))
+    assert lora_param_count(a, 8, ("nonexistent",)) == 0
+    phi = arch_from_config(cfg("phi-3-mini"))  # fused qkv_proj adapted once
+    assert lora_param_count(phi, 8, ("q_proj", "v_proj")) == 32 * 8 * (3072 + 3 * 3072)
+
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    small = json.loads((MODELS / "tiny" / "tiny-llama" / "config.json").read_text())
+    conf = dict(small)
+    hf_cfg = transformers.AutoConfig.for_model(conf.pop("model_type"), **conf)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(hf_cfg)
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "down_proj"]
+    pm = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=targets))
+    trainable = sum(p.numel() for p in pm.parameters() if p.requires_grad)
+    assert lora_param_count(arch_from_config(small), 4, tuple(targets)) == trainable
+
+
+# ---------------------------------------------------------------- memory
+
+LLAMA8 = arch_from_config(cfg("llama-3.1-8b"))
+N8 = LLAMA8.params_total
+
+
+def test_full_amp_adamw_model_states_are_16_bytes_per_param() -> None:
+    m = estimate_memory(LLAMA8, Workload("m", seq_len=2048), Candidate(precision="bf16"), device="cuda")
+    # autotune's convention: fp32 weights + fp32 grads + 2 fp32 AdamW states = 16 B/param
+    wl, c = Workload("m", seq_len=2048), Candidate(precision="bf16")
+    br = estimate_memory(LLAMA8, wl, c, device="cpu")
+    assert m.phase == "optimizer_step"  # the foreach AdamW temporary beats activations here
+    t = m.terms
+    assert t["weights"] + t["gradients"] + t["optimizer_states"] == 16 * N8
+    assert t["optimizer_temp"] == 4 * N8  # foreach sqrt(v): one fp32 copy
+    assert t["cuda_context"] == CUDA_CONTEXT_BYTES and sum(t.values()) == m.total
+    assert "cuda_context" not in br.terms and "allocator_reserve" not in br.terms
+    assert sum(br.terms.values()) == br.total
+    # the CPU AdamW is single-tensor: temporaries of the largest tensor only
+    assert br.terms["optimizer_temp"] == 2 * 4 * LLAMA8.vocab * LLAMA8.hidden
+    fused = estimate_memory(LLAMA8, wl, Candidate(optim="adamw_torch_fused"), device="cuda")
+    assert fused.phase == "backward_start" and "optimizer_temp" not in fused.terms
+    assert fused.terms["weight_copies"] == 2 * LLAMA8.params_matmul  # autocast's bf16 copies
+    assert "gradients" not in fused.terms  # freed by zero_grad(set_to_none) before the forward
+    accum = estimate_memory(LLAMA8, wl, Candidate(optim="adamw_torch_fused", grad_accum=4))
+    assert accum.terms["gradients"] == 4 * N8  # they persist across micro-batches
+    eight = estimate_memory(LLAMA8, wl, Candidate(optim="adamw_8bit"))
+    assert eight.terms["optimizer_states"] == 2 * N8
+
+
+@pytest.mark.parametrize(
+    ("stage", "expected"), [(1, 4 * N8 + 12 * N8 / 8), (2, 2 * N8 + 14 * N8 / 8), (3, 16 * N8 / 8)]
+)
+def test_zero_model_states_follow_the_paper(stage: int, expected: float) -> None:
+    c = Candidate(world_size=8, zero_stage=stage)
+    m = estimate_memory(LLAMA8, Workload("m"), c)
+    states = sum(m.terms.get(k, 0) for k in ("weights", "gradients", "master_weights", "optimizer_states"))
+    assert states == pytest.approx(expected, abs=8)
+    assert m.terms["zero_buffers"] > 0
+
+
+def test_zero_offload_moves_optimizer_to_host() -> None:
+    c = Candidate(world_size=8, zero_stage=3, offload="optimizer")
+    m = estimate_memory(LLAMA8, Workload("m"), c)
+    assert "optimizer_states" not in m.terms and "master_weights" not in m.terms
+    assert m.offloaded_bytes == pytest.approx(16 * N8 / 8, abs=8)
+
+
+def test_ddp_adds_gradient_buckets() -> None:
+    m = estimate_memory(LLAMA8, Workload("m"), Candidate(world_size=2, optim="adamw_torch_fused"))
+    assert m.terms["ddp_buckets"] == 4 * N8
+
+
+def test_lora_and_qlora_weights() -> None:
+    wl = Workload("m", seq_len=1024, mode="lora", lora_r=16)
+    m = estimate_memory(LLAMA8, wl, Candidate())
+    n_lora = 13_631_488
+    assert m.terms["weights"] == 2 * N8  # frozen base in bf16
+    assert m.terms["lora_adapters"] == 4 * n_lora and m.terms["optimizer_states"] == 8 * n_lora
+    assert m.trainable_params == n_lora
+    q = estimate_memory(LLAMA8, Workload("m", seq_len=1024, mode="qlora"), Candidate())
+    linear = LLAMA8.params_linear_total
+    assert q.terms["weights"] == round(QLORA_BYTES_PER_PARAM * linear + 2 * (N8 - linear))
+    assert 0.51 < QLORA_BYTES_PER_PARAM < 0.53
+    with pytest.raises(SpecError, match="QLoRA.*GPU"):
+        estimate_memory(LLAMA8, Workload("m", mode="qlora"), Candidate(precision="fp32"), device="cpu")
+
+
+def test_activation_count_by_hand_for_llama_amp() -> None:
+    a = LLAMA8
+    h, kv, f, heads = a.hidden, a.kv_width, a.intermediate, a.heads
+    got = layer_activation_bytes_per_token(
+        a, 2048, trainable_base=True, adapted=frozenset(), wb=4, cb=2, attn="sdpa", device="cuda"
+    )
+    # 2 fp32 RMSNorms (input + normalized), 3+2 per-linear bf16 casts, q/k/v/out + fp32 lse, SwiGLU
+    assert got == 2 * 8 * h + 3 * 2 * h + 2 * 2 * h + 2 * (h + 2 * kv) + 2 * h + 4 * heads + 2 * f + 3 * 2 * f
+
+
+def test_fused_attention_removes_s_squared_and_checkpointing_keeps_inputs() -> None:
+    def act(seq: int, attn: str, ckpt: bool = False) -> int:
+        m = estimate_memory(
+            LLAMA8, Workload("m", seq_len=seq), Candidate(attn=attn, grad_ckpt=ckpt, liger=True)
+        )
+        return m.phase_terms["backward_start"]["activations"]
+
+    assert act(4096, "sdpa") == 2 * act(2048, "sdpa")  # linear in s
+    assert act(4096, "eager") > 2 * act(2048, "eager")  # s² scores
+    ck = act(2048, "sdpa", True)
+    assert ck < act(2048, "sdpa") / 10
+    a = LLAMA8
+    final = 4 * a.hidden + 4 * a.hidden + 2 * a.hidden
+    assert ck == (a.layers * 4 * a.hidden + final) * 2048  # fp32 residual inputs (AMP, fp32 model)
+
+
+def test_logits_peak() -> None:
+    wl = Workload("m", seq_len=8192, mode="lora")
+    m = estimate_memory(LLAMA8, wl, Candidate(grad_ckpt=True))
+    assert m.terms["logits_loss"] == LOGITS_BYTES_PER_ELEMENT * 8192 * 128256
+    liger = estimate_memory(LLAMA8, wl, Candidate(grad_ckpt=True, liger=True))
+    assert liger.total < m.total - 10 * 2**30
+
+
+def test_memory_rejects_bad_input() -> None:
+    with pytest.raises(SpecError, match="micro_batch"):
+        estimate_memory(LLAMA8, Workload("m"), Candidate(micro_batch=0))
+    with pytest.raises(SpecError, match="device"):
+        estimate_memory(LLAMA8, Workload("m"), Candidate(), device="tpu")
+    with pytest.raises(SpecError, match="T4 has no bf16"):
+        estimate_memory(LLAMA8, Workload("m"), Candidate(precision="bf16"), gpu=find_gpu("T4"))
+
+
+def test_predict_peak_and_prune_rule() -> None:
+    c = cfg("llama-3.1-8b")
+    wl, cand = Workload("m", seq_len=512, mode="lora"), Candidate()
+    peak = predict_peak_bytes(wl, cand, c, "cuda", None)
+    assert peak == estimate_memory(LLAMA8, wl, cand).total
+    assert PRUNE_FACTOR == 1.25
+    assert not should_prune(peak, int(peak / 1.2))  # near the boundary: the probe decides
+    assert should_prune(peak, int(peak / 1.3))
+    assert fits(wl, cand, c, int(peak / (1 - HEADROOM)) + 1)
+    assert not fits(wl, cand, c, peak)
+    assert predict_peak_bytes(wl, Candidate(precision="fp32"), c, "cpu") > 0
+
+
+# ---------------------------------------------------------------- speed / MFU
+
+
+def test_flops_convention() -> None:
+    a, s = LLAMA8, 2048
+    n = a.params_matmul
+    assert n == a.params_total - a.params_embedding  # untied: lm_head counted, look-up not
+    attn = 12 * a.layers * a.q_width * s
+    assert model_flops_per_token(a, s, "full") == 6 * n + attn
+    assert model_flops_per_token(a, s, "lora") == 4 * n + attn
+    assert hardware_flops_per_token(a, s, "full", grad_ckpt=True) == 8 * n + attn + attn / 3
+
+
+def test_mfu() -> None:
+    h100 = find_gpu("h100")
+    got = mfu(5762, LLAMA8, 8192, h100, "full")
+    assert got == pytest.approx(5762 * model_flops_per_token(LLAMA8, 8192) / 989e12)
+    assert 0.3 < got < 0.45  # torchtitan's Llama-3.1-8B on H100: 33–39% (their N differs slightly)
+    assert mfu(5762, LLAMA8, 8192, "H100-SXM") == got
+    assert mfu(5762, LLAMA8, 8192, None) is None
+    assert mfu(5762, LLAMA8, 8192, "Quantum-9000") is None  # unknown: no MFU, never a wrong one
+    assert mfu(1000, LLAMA8, 2048, find_gpu("T4")) == pytest.approx(
+        1000 * model_flops_per_token(LLAMA8, 2048) / 65e12
+    )
+
+
+def test_speed_levers_and_calibration() -> None:
+    g = find_gpu("A100-80GB")
+    wl = Workload("m", seq_len=2048)
+    base = predict_speed(LLAMA8, wl, Candidate(micro_batch=4), g)
+    ck = predict_speed(LLAMA8, wl, Candidate(micro_batch=4, grad_ckpt=True), g)
+    assert ck.tokens_per_s < base.tokens_per_s
+    assert base.base_efficiency == g.efficiency
+    off = predict_speed(
+        LLAMA8, wl, Candidate(micro_batch=4, world_size=8, zero_stage=3, offload="optimizer"), g
+    )
+    assert off.offload_time_s > 0 and off.efficiency < base.efficiency
+    ideal = ideal_tokens_per_s(LLAMA8, wl, Candidate(micro_batch=4), g)
+    assert calibrate([(0.3 * ideal, ideal), (0.5 * ideal, ideal), (0.4 * ideal, ideal)]) == pytest.approx(0.4)
+    assert calibrate([]) is None and calibrate([(0, 10)]) is None
+    cal = predict_speed(LLAMA8, wl, Candidate(micro_batch=4), g, efficiency=0.4)
+    assert cal.tokens_per_s_per_gpu == pytest.approx(0.4 * ideal)
+    req = ProbeRequest(wl, Candidate(micro_batch=4)).to_dict()
+    recs = [{"status": "ok", "request": req, "metrics": {"tokens_per_s": 0.3 * ideal}},
+            {"status": "oom", "request": req, "metrics": {}}]  # fmt: skip
+    assert calibrate(calibration_pairs(recs, LLAMA8, g)) == pytest.approx(0.3)
+
+
+# ---------------------------------------------------------------- catalog
+
+
+def test_builtin_catalog() -> None:
+    names = {g.name for g in builtin_catalog()}
+    for n in ("T4", "L4", "A10G", "RTX-4090", "A100-40GB", "A100-80GB", "H100-SXM", "H100-PCIe", "H200", "B200",
+              "MI300X"):  # fmt: skip
+        assert n in names
+    for g in builtin_catalog():
+        assert g.price_date == "2026-11-30" and g.price_source
+        assert g.flash_attention_2 == (g.vendor == "amd" or float(g.compute_capability or 0) >= 8.0)
+    t4 = find_gpu("t4")
+    assert not t4.bf16 and not t4.flash_attention_2 and t4.half_precision == "fp16"
+    assert find_gpu("a100_80gb").name == find_gpu("A100-SXM4-80GB").name == "A100-80GB"
+    assert find_gpu("rtx 4090").name == "RTX-4090"
+
+
+def test_unknown_gpu_lists_names() -> None:
+    with pytest.raises(SpecError, match="unknown GPU 'V100'; known: T4, L4"):
+        find_gpu("V100")
+    with pytest.raises(SpecError, match="'V100', 'K80'"):
+        find_gpus("V100,A10G,K80")
+
+
+def test_catalog_validation_reports_every_problem() -> None:
+    bad = {
+        "gpus": [
+            {"name": "X1", "memory": "lots", "fp16_tflops": -1, "fp32_tflops": 10, "bf16": "yes",
+             "flash_attention_2": True, "price_per_hour_usd": 1.0, "colour": "red"},
+            {"name": "X2", "memory": "24GB", "fp16_tflops": 100, "fp32_tflops": 10, "bf16": True,
+             "flash_attention_2": False},
+        ]
+    }  # fmt: skip
+    with pytest.raises(SpecError) as e:
+        parse_catalog(bad, source="mine.yaml")
+    msg = str(e.value)
+    for part in ("X1: unknown field(s) colour", "X1: memory 'lots'", "fp16_tflops must be a positive number",
+                 "bf16 must be true or false", "X2: missing field(s) price_per_hour_usd"):  # fmt: skip
+        assert part in msg, msg
+    assert len(e.value.problems) >= 5
+
+
+def test_user_catalog_extends_and_overrides(tmp_path: Path) -> None:
+    f = tmp_path / "gpus.yaml"
+    f.write_text(
+        "gpus:\n"
+        "  - {name: V100, aliases: [V100-32GB], memory: 32GB, fp16_tflops: 125, fp32_tflops: 15.7, bf16: false,\n"
+        "     flash_attention_2: false, price_per_hour_usd: 0.5}\n"
+        "  - {name: T4, memory: 15360MiB, fp16_tflops: 65, fp32_tflops: 8.1, bf16: false,\n"
+        "     flash_attention_2: false, price_per_hour_usd: 0.11}\n"
+    )
+    cat = load_catalog(f)
+    assert find_gpu("v100-32gb", cat).memory_bytes == 32 * 10**9
+    assert find_gpu("T4", cat).price_per_hour_usd == 0.11
+    assert catalog_paths_from_env({"AUTOTUNE_GPU_CATALOG": str(f)}) == [str(f)]
+    assert catalog_paths_from_env({}) == []
+    with pytest.raises(SpecError, match="cannot read GPU catalog"):
+        load_catalog(tmp_path / "missing.yaml")
+
+
+# ---------------------------------------------------------------- plan
+
+
+def test_story4_qwen7b_full_needs_zero_over_8_gpus() -> None:
+    r = plan(cfg("qwen2.5-7b"), gpus=find_gpus("A100-80GB,H100-SXM"), mode="full", tokens=parse_tokens("2B"))
+    for row in r.rows:
+        assert row.fits and row.option is not None
+        c = row.option.candidate
+        assert c.zero_stage >= 1 and c.world_size == 8
+        assert row.option.memory.total <= row.capacity_bytes * (1 - HEADROOM)
+        assert c.micro_batch * c.grad_accum * c.world_size == 64
+        assert row.hours and row.hours > 0 and row.cost_usd
+        assert row.cost_usd == pytest.approx(row.hours * 8 * row.gpu.price_per_hour_usd)
+        assert row.option.speed.mfu and 0.05 < row.option.speed.mfu < 0.7
+    # full fine-tuning of 7.6B params on one GPU without sharding or offload cannot fit (16 B/param)
+    solo = plan(cfg("qwen2.5-7b"), gpus=[find_gpu("A100-80GB")], gpus_per_node=1)
+    assert solo.rows[0].option is None or solo.rows[0].option.candidate.offload != "none"
+    d = r.to_dict()
+    json.dumps(d)
+    assert d["gpus"][0]["option"]["candidate"]["world_size"] == 8
+
+
+def test_story1_llama8b_lora_seq4096_fits_a10g_with_checkpointing() -> None:
+    r = plan(cfg("llama-3.1-8b"), gpus=[find_gpu("A10G")], gpus_per_node=1, seq_len=4096, mode="lora")
+    row = r.rows[0]
+    assert row.fits and row.option is not None and row.option.mode == "lora"
+    assert row.option.candidate.grad_ckpt and "checkpointing" in row.option.levers
+    # without checkpointing it does not fit even at micro-batch 1
+    no_ck = estimate_memory(
+        LLAMA8, Workload("m", seq_len=4096, mode="lora"),
+        Candidate(grad_ckpt=False, liger=True, attn="flash_attention_2"), gpu=find_gpu("A10G"),
+    )  # fmt: skip
+    assert no_ck.total > row.usable_bytes
+
+
+def test_story2_t4_suggests_qlora_and_never_bf16_or_fa2() -> None:
+    t4 = find_gpu("T4")
+    r = plan(cfg("llama-3.1-8b"), gpus=[t4], gpus_per_node=1, mode="lora")
+    row = r.rows[0]
+    assert not row.fits and row.option is not None and row.option.mode == "qlora"
+    assert "qlora" in row.note
+    for mode in ("full", "lora", "qlora"):
+        for rr in plan(cfg("mistral-7b"), gpus=[t4], gpus_per_node=2, mode=mode, seq_len=1024).rows:
+            if rr.option:
+                assert rr.option.candidate.precision == "fp16"
+                assert rr.option.candidate.attn != "flash_attention_2"
+
+
+def test_plan_small_model_fits_everywhere_and_validates() -> None:
+    r = plan(cfg("smollm2-135m"), gpus=builtin_catalog(), gpus_per_node=1, seq_len=1024, tokens=10**8)
+    assert all(row.fits for row in r.rows)
+    with pytest.raises(SpecError, match="mode must be one of") as e:
+        plan(cfg("gpt2"), gpus=[find_gpu("L4")], mode="dora", seq_len=0)
+    assert "seq_len must be a positive integer" in str(e.value)
+    long = plan(cfg("gpt2"), gpus=[find_gpu("L4")], seq_len=4096)
+    assert any("max_position_embeddings" in n for n in long.notes)
+
+
+@pytest.mark.parametrize(("text", "n"), [("1B", 10**9), ("500M", 5 * 10**8), ("2e9", 2 * 10**9), ("1.5b", 1_500_000_000),
+                                         ("250k", 250_000), ("1_000", 1000), (42, 42), ("3T", 3 * 10**12)])  # fmt: skip
+def test_parse_tokens(text: str, n: int) -> None:
+    assert parse_tokens(text) == n
+
+
+@pytest.mark.parametrize("text", ["", "1Q", "-5M", "B", "1e999", "0", "abc"])
+def test_parse_tokens_rejects(text: str) -> None:
+    with pytest.raises(SpecError, match="tokens"):
+        parse_tokens(text)

@@ -48,6 +48,10 @@ def build_probe_request(
     seed: int = 42,
     trust_remote_code: bool = False,
     cpu_threads: int | None = None,
+    world_size: int = 1,
+    zero_stage: int = 0,
+    offload: str = "none",
+    sharding: str = "deepspeed",
 ) -> ProbeRequest:
     """Resolve the model and validate everything; raise SpecError on bad input."""
     from autotune.models import check_seq_len, resolve_model
@@ -89,6 +93,10 @@ def build_probe_request(
             optim=optim,
             torch_compile=torch_compile,
             liger=liger,
+            world_size=world_size,
+            zero_stage=zero_stage,
+            offload=offload,
+            sharding=sharding,
         ),
         settings=ProbeSettings(
             device=device,
@@ -161,6 +169,10 @@ def command(
     timeout: float = typer.Option(300.0, "--timeout", help="Hard timeout of the probe process (s)."),
     seed: int = typer.Option(42, "--seed", help="Seed for weights and synthetic data."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow model code from the model dir (off by default)."),
+    world_size: int = typer.Option(1, "--world-size", help="Data-parallel ranks (GPUs; processes on cpu). >1 runs a distributed probe."),
+    zero_stage: int = typer.Option(0, "--zero-stage", help="ZeRO stage 0-3 (DeepSpeed), or its FSDP equivalent with --sharding fsdp."),
+    offload: str = typer.Option("none", "--offload", help="none | optimizer (ZeRO>=1) | params (ZeRO-3): offload to CPU memory."),
+    sharding: str = typer.Option("deepspeed", "--sharding", help="deepspeed | fsdp (full_shard for stage 3, shard_grad_op for 1-2)."),
     as_json: bool = typer.Option(False, "--json", help="Print only the result as JSON."),
 ) -> None:
     """Measure one training configuration (tokens/s of real tokens, peak memory, status)."""
@@ -172,6 +184,7 @@ def command(
         optim=optim, torch_compile=torch_compile, liger=liger, lengths=lengths, dataset=dataset,
         tokenizer=tokenizer, lora_r=lora_r, gpu_budget=gpu_budget, headroom=headroom, device=device,
         warmup_steps=warmup_steps, steps=steps, timeout=timeout, seed=seed, trust_remote_code=trust_remote_code,
+        world_size=world_size, zero_stage=zero_stage, offload=offload, sharding=sharding,
     )  # fmt: skip
     if not as_json:
         console(stderr=True).print(f"[dim]probing {req.workload.model} ({req.workload.model_path}) ...[/dim]")

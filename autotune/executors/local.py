@@ -1,7 +1,10 @@
 """Run probes as fresh local subprocesses with a hard timeout.
 
 Every probe is a new ``python -m autotune.probe.worker`` process (a fresh CUDA context; nothing a
-failed configuration did can leak into the next). The parent never imports torch for this.
+failed configuration did can leak into the next). A distributed candidate (world size > 1, or a
+ZeRO/FSDP stage) runs ``python -m autotune.probe.launch`` instead, which starts one worker per rank
+in its own process group and merges their results; the timeout kills the whole group, every rank
+included. The parent never imports torch for this.
 ``LocalExecutor`` runs up to ``slots`` of them at once on threads; the Ray pool runs the same
 ``run_probe_process`` inside its tasks.
 """
@@ -49,8 +52,14 @@ def worker_env(request: ProbeRequest, launch_time: float) -> dict[str, str]:
     )
     threads = request.settings.cpu_threads
     if request.settings.device == "cpu" or threads:
-        n = str(threads or os.cpu_count() or 1)
+        # the ranks of a distributed CPU probe share the cores
+        n = str(threads or max(1, (os.cpu_count() or 1) // request.candidate.world_size))
         env.setdefault("OMP_NUM_THREADS", n)
+        # glibc keeps freed large blocks in its heap, so a CPU probe's RSS would drift upwards step
+        # after step (2428 -> 2997 MiB over 3 identical steps of smollm2-135m). Returning blocks of
+        # 64 KiB and more to the OS at once makes RSS follow the live tensors, as torch's
+        # max_memory_reserved does on a GPU.
+        env.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")
     return env
 
 
@@ -61,6 +70,16 @@ def _tail(path: Path, lines: int = _STDERR_TAIL_LINES) -> str:
         return ""
     kept = [ln for ln in text.splitlines() if ln.strip()]
     return "\n".join(kept[-lines:])
+
+
+def _stderr_tail(err_path: Path, res_path: Path) -> str:
+    """The probe's stderr tail; for a distributed probe, each rank's (the launcher's own is quiet)."""
+    parts = [_tail(err_path)]
+    for rank_err in sorted(res_path.parent.glob(f"{res_path.name}.rank*.stderr")):
+        tail = _tail(rank_err)
+        if tail:
+            parts.append(f"[{rank_err.name.rsplit('.', 2)[-2]}]\n{tail}")
+    return "\n".join(p for p in parts if p)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -76,9 +95,31 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
             return
         try:
             proc.wait(timeout=wait)
-            return
+            break
         except subprocess.TimeoutExpired:
             continue
+    # the leader (a launcher) may be gone while its ranks linger in the group: KILL what is left,
+    # and return only once the group is empty (SIGKILL is delivered asynchronously)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline and _live_members(pgid):
+        time.sleep(0.05)
+
+
+def _live_members(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` is still alive (zombies awaiting their reaper do not count)."""
+    import psutil
+
+    for p in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return False
 
 
 def _signal_name(code: int) -> str:
@@ -98,10 +139,15 @@ def run_probe_process(request: ProbeRequest, *, python: str | None = None) -> Pr
     req_path.write_text(json.dumps(req_dict), encoding="utf-8")
     launch = time.time()
     timeout = float(request.settings.timeout_s)
+    from autotune.probe.launch import is_distributed
+
+    module = "autotune.probe.launch" if is_distributed(request.candidate) else "autotune.probe.worker"
     try:
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             proc = subprocess.Popen(
-                [python or sys.executable, "-m", "autotune.probe.worker", str(req_path), str(res_path)],
+                [python or sys.executable, "-m", module, str(req_path), str(res_path)]
+                # the launcher starts its ranks with the same interpreter
+                + (["--python", python] if python and module.endswith("launch") else []),
                 stdout=out,
                 stderr=err,
                 stdin=subprocess.DEVNULL,
@@ -120,9 +166,10 @@ def run_probe_process(request: ProbeRequest, *, python: str | None = None) -> Pr
             return ProbeResult(
                 status="timeout",
                 request=req_dict,
-                reason=f"no result after {timeout:g} s; the probe process was killed",
+                reason=f"no result after {timeout:g} s; the probe process was killed"
+                + (f" (all {request.candidate.world_size} ranks)" if module.endswith("launch") else ""),
                 metrics={"wall_s": wall},
-                env={"stderr_tail": _tail(err_path)},
+                env={"stderr_tail": _stderr_tail(err_path, res_path)},
             )
         if res_path.exists():
             try:
@@ -138,7 +185,8 @@ def run_probe_process(request: ProbeRequest, *, python: str | None = None) -> Pr
             result.metrics.setdefault("wall_s", wall)
             result.metrics["process_wall_s"] = wall
             if result.status == "crash":
-                result.env["stderr_tail"] = _tail(err_path)
+                # a distributed probe's launcher has put the failing rank's own stderr there already
+                result.env.setdefault("stderr_tail", _tail(err_path))
             return result
         how = f"killed by {_signal_name(code)}" if code is not None and code < 0 else f"exit code {code}"
         tail = _tail(err_path)

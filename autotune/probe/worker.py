@@ -4,6 +4,12 @@ Run as ``python -m autotune.probe.worker REQUEST.json RESULT.json`` by an execut
 to leave a RESULT.json (status ok | oom | over_budget | unsupported | timeout | crash); a process
 that dies without one is classified by the parent (crash, with exit code/signal and stderr tail).
 
+A distributed candidate (world size > 1, or a ZeRO/FSDP stage) runs one of these per rank, started
+by ``autotune.probe.launch`` with RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set: each rank
+measures its own window and memory into its own result file, and the launcher merges them. The
+TrainingArguments (DeepSpeed config or FSDP) are built before the model there, so a ZeRO-3 model
+is built already partitioned, as the HF docs prescribe.
+
 Measurement protocol (nanoGPT's, through the Trainer the user will run):
 warm-up steps, then a window of timed optimizer steps. Each step's time runs from the end of the
 previous step to the end of this one, with ``torch.cuda.synchronize()`` at both ends on GPU, so it
@@ -83,11 +89,45 @@ def _precheck(req: ProbeRequest, device: str) -> None:
     if c.liger and device != "cuda":
         raise _Unsupported("liger kernels are Triton kernels and need a GPU")
     if c.world_size > 1 or c.zero_stage > 0:
-        if c.sharding == "deepspeed" and c.zero_stage > 0 and importlib.util.find_spec("deepspeed") is None:
-            raise _Unsupported("ZeRO needs deepspeed: pip install 'autotune[deepspeed]'")
+        _precheck_distributed(req, device)
+
+
+def dist_env() -> tuple[int, int, int] | None:
+    """(rank, local rank, world size) set by the launcher, or None outside a distributed probe."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return None
+    rank = int(os.environ["RANK"])
+    return rank, int(os.environ.get("LOCAL_RANK", rank)), int(os.environ["WORLD_SIZE"])
+
+
+def _precheck_distributed(req: ProbeRequest, device: str) -> None:
+    import importlib.util
+
+    import torch
+
+    c, w = req.candidate, req.workload
+    if c.zero_stage > 0 and c.sharding == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
         raise _Unsupported(
-            "distributed probes (world_size > 1 or ZeRO/FSDP sharding) are not implemented yet; "
-            "probe with world_size 1 and zero_stage 0"
+            f"ZeRO-{c.zero_stage} with sharding=deepspeed needs deepspeed: pip install 'autotune[deepspeed]'"
+            " (or sharding=fsdp: FSDP full_shard stands in for ZeRO-3, shard_grad_op for ZeRO-1/2)"
+        )
+    if device == "cuda" and c.world_size > torch.cuda.device_count():
+        raise _Unsupported(
+            f"world_size {c.world_size} needs {c.world_size} GPUs; {torch.cuda.device_count()} visible"
+        )
+    if w.mode == "qlora" and c.zero_stage > 0:
+        raise _Unsupported("qlora's 4-bit base is not sharded by ZeRO/FSDP in this probe; use zero_stage 0")
+    if c.sharding == "fsdp" and c.zero_stage > 0 and c.offload != "none" and device == "cpu":
+        raise _Unsupported("FSDP CPU offload moves parameters off a GPU; this probe runs on cpu")
+    de = dist_env()
+    if de is None:
+        raise _Unsupported(
+            "a distributed probe (world_size > 1 or ZeRO/FSDP) runs through autotune.probe.launch, "
+            "which sets RANK/WORLD_SIZE for each rank"
+        )
+    if de[2] != c.world_size:
+        raise _Unsupported(
+            f"WORLD_SIZE={de[2]} in the environment, but the candidate's world_size is {c.world_size}"
         )
 
 
@@ -218,12 +258,38 @@ def _make_trainer_class() -> Any:
             meter.fetch_done(tokens, rows, slots)
             return batches, n_items
 
+        def create_accelerator_and_postprocess(self) -> Any:
+            out = super().create_accelerator_and_postprocess()
+            _fsdp_on_cpu(self)
+            return out
+
         def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:
             loss = super().training_step(model, inputs, num_items_in_batch)
             self.probe_meter.add_loss(loss)
             return loss
 
     return ProbeTrainer
+
+
+def _fsdp_on_cpu(trainer: Any) -> None:
+    """Let FSDP run on cpu (gloo), so that CI exercises the sharded path the GPUs run.
+
+    accelerate 1.15 turns an FSDP plugin into ``DistributedType.FSDP`` only for accelerator devices;
+    with ``use_cpu`` it silently falls back to DDP (MULTI_CPU). FSDP2 (``fully_shard``) itself works
+    on cpu, so here the state is switched to FSDP with the plugin the TrainingArguments describe.
+    """
+    args = trainer.args
+    plugin_args = getattr(args, "fsdp_plugin_args", None)
+    if not args.use_cpu or not plugin_args:
+        return
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    state = trainer.accelerator.state
+    if state.distributed_type != DistributedType.MULTI_CPU or getattr(state, "fsdp_plugin", None) is not None:
+        return
+    state.fsdp_plugin = FullyShardedDataParallelPlugin(**plugin_args)
+    state.distributed_type = DistributedType.FSDP
+    trainer.is_fsdp_enabled = True
 
 
 class _Meter:
@@ -308,6 +374,14 @@ def run_probe_in_process(
         _precheck(req, device)
     except _Unsupported as exc:
         return result("unsupported", str(exc))
+    from autotune.probe.launch import is_distributed
+
+    dist = dist_env() if is_distributed(req.candidate) else None
+    if dist is not None:
+        metrics["rank"] = dist[0]
+        env["rank"] = dist[0]
+        if device == "cuda":
+            torch.cuda.set_device(dist[1])  # LOCAL_RANK picks this rank's GPU among the visible ones
 
     settings = req.settings
     budget = settings.budget_bytes
@@ -318,7 +392,8 @@ def run_probe_in_process(
     from autotune.probe.memory import NvmlSampler, RssSampler
 
     if device == "cpu":
-        threads = settings.cpu_threads or os.cpu_count() or 1
+        # the ranks of a distributed CPU probe share the cores
+        threads = settings.cpu_threads or max(1, (os.cpu_count() or 1) // req.candidate.world_size)
         torch.set_num_threads(threads)
 
         def sync() -> None:
@@ -339,7 +414,7 @@ def run_probe_in_process(
         sampler = RssSampler(limit_bytes=budget, on_exceed=over_limit if budget else None)
         nvml = None
     else:
-        nvml = NvmlSampler(device_index=torch.cuda.current_device())
+        nvml = NvmlSampler(device_index=_nvml_index(torch.cuda.current_device()))
         nvml.sample_once()
         device_used_before = nvml.peak_device_used_bytes
         nvml.peak_device_used_bytes = None
@@ -370,6 +445,25 @@ def run_probe_in_process(
     _preload_libraries(req)
     out_dir = tempfile.mkdtemp(prefix="autotune-trainer-")
     try:
+        early_args = None
+        if dist is not None:
+            # TrainingArguments before the model, as the HF docs ask for DeepSpeed: its config is then
+            # registered and a ZeRO-3 model is built already partitioned (zero.Init) by from_config.
+            # Touching .device initialises the process group (gloo on cpu, nccl on GPUs).
+            import torch._dynamo  # noqa: F401  (zero.Init fails without it imported first)
+
+            try:
+                early_args = _training_args(req, out_dir, device)
+                _ = early_args.device
+                if req.candidate.zero_stage > 0 and req.candidate.sharding == "deepspeed":
+                    # deepspeed.comm wraps the process group now, else zero.Init's config counts 1 rank
+                    import deepspeed
+                    import torch.distributed as tdist
+
+                    deepspeed.init_distributed(dist_backend=tdist.get_backend())
+            except Exception as exc:
+                status, reason = classify_exception(exc)
+                return result(status, f"distributed setup: {reason}")
         if sampler is not None:
             sampler.rebase()
             metrics["rss_baseline_bytes"] = sampler.baseline
@@ -383,12 +477,13 @@ def run_probe_in_process(
             _record_memory(metrics, device, sampler, nvml, usable)
             return result(status, f"building the model: {reason}")
         metrics["build_s"] = time.perf_counter() - t_build
-        metrics["num_params"] = int(sum(p.numel() for p in model.parameters()))
-        metrics["trainable_params"] = int(sum(p.numel() for p in model.parameters() if p.requires_grad))
+        # ZeRO-3 partitions parameters at build: ds_numel is the full size of each one
+        metrics["num_params"] = int(sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters()))
+        metrics["trainable_params"] = int(
+            sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
+        )
 
-        from transformers import TrainingArguments
-
-        from autotune.emit.training_args import model_dtype, probe_kwargs
+        from autotune.emit.training_args import model_dtype
         from autotune.probe.data import build_train_data
 
         cfg = model.config
@@ -419,8 +514,7 @@ def run_probe_in_process(
             raise
         metrics["token_slots_per_step"] = getattr(data, "token_slots_per_step", None)
 
-        fields = set(TrainingArguments.__dataclass_fields__)
-        args = TrainingArguments(output_dir=out_dir, **probe_kwargs(req, fields=fields, device=device))
+        args = early_args if early_args is not None else _training_args(req, out_dir, device)
         meter = _Meter(sync)
         trainer_cls = _make_trainer_class()
         trainer = trainer_cls(
@@ -431,6 +525,13 @@ def run_probe_in_process(
             callbacks=[_make_callback(meter)],
         )
         trainer.probe_meter = meter
+        if dist is not None:
+            # what the Trainer made of it: DEEPSPEED / FSDP / MULTI_CPU (DDP) / MULTI_GPU, and the backend
+            state = trainer.accelerator.state
+            metrics["distributed_type"] = str(
+                getattr(state.distributed_type, "value", state.distributed_type)
+            )
+            metrics["dist_backend"] = getattr(state, "backend", None)
         t_train = time.perf_counter()
         try:
             trainer.train()
@@ -440,6 +541,12 @@ def run_probe_in_process(
             _record_window(metrics, meter, req, launch_time, wall0, t_start)
             return result(status, f"training: {reason}")
         metrics["train_s"] = time.perf_counter() - t_train
+        if dist is not None:
+            # evidence of the sharding: DTensor under FSDP2, a 0-size local tensor under ZeRO-3
+            p0 = next(trainer.model_wrapped.parameters(), None)
+            if p0 is not None:
+                metrics["param_type"] = type(p0).__name__
+                metrics["param_local_numel"] = int(p0.numel())
         _record_window(metrics, meter, req, launch_time, wall0, t_start)
         if sampler is not None:
             _record_cpu_util(metrics, sampler, meter, req)
@@ -462,6 +569,37 @@ def run_probe_in_process(
         import shutil
 
         shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def _training_args(req: ProbeRequest, out_dir: str, device: str) -> Any:
+    from transformers import TrainingArguments
+
+    from autotune.emit.training_args import probe_kwargs
+
+    fields = set(TrainingArguments.__dataclass_fields__)
+    kw = probe_kwargs(req, fields=fields, device=device)
+    ds = kw.get("deepspeed")
+    if isinstance(ds, dict) and req.candidate.offload != "none" and "optimizer" not in ds:
+        # ZeRO-Offload refuses a torch optimizer: name DeepSpeed's AdamW (CPU-Adam when offloaded),
+        # its hyper-parameters filled in from the TrainingArguments ("auto")
+        ds = dict(ds)
+        if req.candidate.optim in ("adamw_torch", "adamw_torch_fused"):
+            ds["optimizer"] = {
+                "type": "AdamW",
+                "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"},
+            }
+        else:
+            ds["zero_force_ds_cpu_optimizer"] = False
+        kw["deepspeed"] = ds
+    return TrainingArguments(output_dir=out_dir, **kw)
+
+
+def _nvml_index(torch_index: int) -> int:
+    """NVML counts physical GPUs; torch counts the visible ones (CUDA_VISIBLE_DEVICES, as Ray sets it)."""
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if torch_index < len(visible) and visible[torch_index].isdigit():
+        return int(visible[torch_index])
+    return torch_index
 
 
 def _preload_libraries(req: ProbeRequest) -> None:
@@ -489,6 +627,9 @@ def _preload_libraries(req: ProbeRequest) -> None:
         importlib.import_module(name)
     if w.mode != "full":
         importlib.import_module("peft")
+    c = req.candidate
+    if c.zero_stage > 0 and c.sharding == "deepspeed":
+        importlib.import_module("deepspeed")
 
 
 def _record_window(

@@ -1,0 +1,315 @@
+"""Distributed probes for real on CPU: 2 gloo processes, the tiny Llama, DDP / DeepSpeed ZeRO / FSDP.
+
+The same launcher and worker code runs W ranks on W GPUs. DeepSpeed compiles its ops on first use
+(``deepspeed_shm_comm`` ~1-3 min, ``cpu_adam`` ~2 min on 2 cores) into ``TORCH_EXTENSIONS_DIR``
+(default ``~/.cache/torch_extensions``); the timeouts here allow for that first build.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from autotune.executors.local import run_probe_process
+from autotune.probe.launch import fsdp_stand_in, is_distributed, merge_rank_results
+from autotune.probe.result import ProbeResult
+from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
+
+HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
+needs_deepspeed = pytest.mark.skipif(not HAS_DEEPSPEED, reason="needs deepspeed (autotune[deepspeed])")
+
+SEQ, MB, WARMUP, STEPS = 64, 2, 1, 2
+# DeepSpeed's first use compiles ops; later runs load them from the cache
+DS_TIMEOUT = 600.0
+
+
+def dist_request(**overrides: object) -> ProbeRequest:
+    from autotune.models import resolve_model
+
+    resolved = resolve_model("tiny-llama")
+    wl = {"model": resolved.name, "model_path": resolved.path, "seq_len": SEQ}
+    cand = {"micro_batch": MB, "precision": "fp32", "attn": "sdpa", "world_size": 2}
+    sett = {"device": "cpu", "warmup_steps": WARMUP, "steps": STEPS, "timeout_s": 240.0}
+    for key, value in overrides.items():
+        if key in Workload.__dataclass_fields__:
+            wl[key] = value
+        elif key in Candidate.__dataclass_fields__:
+            cand[key] = value
+        elif key in ProbeSettings.__dataclass_fields__:
+            sett[key] = value
+        else:
+            raise KeyError(key)
+    return ProbeRequest(Workload(**wl), Candidate(**cand), ProbeSettings(**sett))  # type: ignore[arg-type]
+
+
+class ChildWatch:
+    """Runs a probe on a thread and records every descendant process seen while it runs."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, float] = {}  # pid -> create_time (guards against pid reuse)
+
+    def run(self, req: ProbeRequest, **kw: object) -> ProbeResult:
+        out: list[ProbeResult] = []
+        t = threading.Thread(target=lambda: out.append(run_probe_process(req, **kw)))  # type: ignore[arg-type]
+        t.start()
+        me = psutil.Process()
+        while t.is_alive():
+            try:
+                for c in me.children(recursive=True):
+                    try:
+                        self.seen.setdefault(c.pid, c.create_time())
+                    except psutil.Error:
+                        pass
+            except psutil.Error:
+                pass
+            t.join(0.05)
+        return out[0]
+
+    def survivors(self) -> list[str]:
+        alive = []
+        for pid, created in self.seen.items():
+            try:
+                p = psutil.Process(pid)
+                if p.create_time() == created and p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(f"{pid} {p.status()} pgid={os.getpgid(pid)} {' '.join(p.cmdline())[:200]}")
+            except psutil.Error:
+                pass
+        return alive
+
+
+def per_rank_tokens() -> int:
+    return STEPS * MB * SEQ
+
+
+def assert_ok_world2(r: ProbeResult, distributed_type: str) -> None:
+    assert r.status == "ok", (r.reason, r.env.get("stderr_tail"))
+    m = r.metrics
+    assert m["world_size"] == 2 and len(m["ranks"]) == 2
+    assert m["distributed_type"] == distributed_type
+    assert m["dist_backend"] == "gloo"
+    # fixed lengths: each rank counts its own real tokens; the probe's figure is their sum
+    assert [x["real_tokens"] for x in m["ranks"]] == [per_rank_tokens()] * 2
+    assert m["real_tokens"] == 2 * per_rank_tokens()
+    assert m["token_slots"] == 2 * per_rank_tokens()
+    assert m["padding_fraction"] == 0.0
+    assert m["tokens_per_s"] == pytest.approx(m["real_tokens"] / m["window_s"])
+    assert m["window_s"] == max(x["window_s"] for x in m["ranks"])
+    assert m["peak_mem_bytes"] == max(x["peak_mem_bytes"] for x in m["ranks"]) > 10 * 2**20
+    assert m["mem_rss_growth_sum_bytes"] >= m["peak_mem_bytes"]
+    assert len(m["step_times_s"]) == STEPS
+    assert m["num_params"] > 1_000_000
+    json.dumps(r.to_dict())
+
+
+# ---------------------------------------------------------------------------------------------
+# pure: merging, stand-ins
+# ---------------------------------------------------------------------------------------------
+
+
+def _rank(status: str = "ok", **metrics: object) -> ProbeResult:
+    return ProbeResult(status=status, request={}, reason=f"{status} here", metrics=dict(metrics))
+
+
+def test_merge_sums_tokens_and_takes_max_memory() -> None:
+    a = _rank(real_tokens=100, token_slots=120, window_s=2.0, tokens_per_s=50.0, samples_per_s=1.0,
+              peak_mem_bytes=10, step_time_median_s=1.0, step_times_s=[1.0, 1.0], rank=0)  # fmt: skip
+    b = _rank(real_tokens=100, token_slots=120, window_s=2.5, tokens_per_s=40.0, samples_per_s=0.8,
+              peak_mem_bytes=30, step_time_median_s=1.25, step_times_s=[1.2, 1.3], rank=1)  # fmt: skip
+    m = merge_rank_results({}, [a, b], exit_codes=[0, 0]).metrics
+    assert m["real_tokens"] == 200 and m["token_slots"] == 240
+    assert m["window_s"] == 2.5 and m["tokens_per_s"] == pytest.approx(200 / 2.5)
+    assert m["samples_per_s"] == pytest.approx((2.0 + 2.0) / 2.5)
+    assert m["peak_mem_bytes"] == 30
+    assert m["step_times_s"] == [1.0, 1.0] and m["step_time_max_median_s"] == 1.25  # rank 0's, and the max
+    assert m["padding_fraction"] == pytest.approx(1 - 200 / 240)
+    assert "rank" not in m and [x["rank"] for x in m["ranks"]] == [0, 1]
+
+
+def test_merge_oom_on_any_rank_is_oom() -> None:
+    r = merge_rank_results({}, [None, _rank("oom", peak_mem_bytes=5)], exit_codes=[None, 0], first_failed=1)
+    assert r.status == "oom" and r.reason.startswith("rank 1/2: ")
+    assert "tokens_per_s" not in r.metrics
+
+
+def test_merge_rank_dead_without_result_is_a_crash_with_its_stderr() -> None:
+    r = merge_rank_results(
+        {}, [None, None], exit_codes=[None, -9], stderr_tails=["", "x\nKilled"], first_failed=1
+    )
+    assert r.status == "crash"
+    assert "rank 1/2 killed by SIGKILL" in r.reason and "Killed" in r.reason
+    assert r.env["stderr_tail"] == "x\nKilled" and r.metrics["exit_code"] == -9
+
+
+def test_merge_blames_the_rank_that_died_not_its_peers_broken_collective() -> None:
+    peer = _rank("crash")
+    r = merge_rank_results(
+        {}, [peer, None], exit_codes=[0, -9], stderr_tails=["gloo", "Killed"], first_failed=1
+    )
+    assert r.status == "crash" and r.reason.startswith("rank 1/2 killed by SIGKILL")
+    assert r.metrics["failed_rank"] == 1
+
+
+def test_fsdp_stands_in_for_zero_where_equivalent() -> None:
+    assert not is_distributed(Candidate()) and is_distributed(Candidate(zero_stage=2))
+    assert fsdp_stand_in(Candidate(zero_stage=3)) == Candidate(zero_stage=3, sharding="fsdp")
+    assert fsdp_stand_in(Candidate(zero_stage=3, offload="params")).sharding == "fsdp"  # type: ignore[union-attr]
+    assert fsdp_stand_in(Candidate(zero_stage=2, offload="optimizer")) is None
+    assert fsdp_stand_in(Candidate(world_size=2)) == Candidate(world_size=2)
+
+
+# ---------------------------------------------------------------------------------------------
+# real: 2 gloo processes
+# ---------------------------------------------------------------------------------------------
+
+
+def test_ddp_world_2_sums_tokens_over_ranks() -> None:
+    r = run_probe_process(dist_request())
+    assert_ok_world2(r, "MULTI_CPU")
+
+
+@needs_deepspeed
+@pytest.mark.parametrize("stage", [2, 3])
+def test_deepspeed_zero_world_2(stage: int) -> None:
+    r = run_probe_process(dist_request(zero_stage=stage, timeout_s=DS_TIMEOUT))
+    assert_ok_world2(r, "DEEPSPEED")
+    if stage == 3:
+        # built under zero.Init: every rank holds only its shard; the count is still the full model
+        assert r.metrics["param_local_numel"] == 0
+
+
+@needs_deepspeed
+@pytest.mark.slow
+def test_deepspeed_zero2_optimizer_offload_world_2() -> None:
+    r = run_probe_process(dist_request(zero_stage=2, offload="optimizer", timeout_s=DS_TIMEOUT))
+    assert_ok_world2(r, "DEEPSPEED")
+
+
+def test_fsdp_full_shard_world_2() -> None:
+    r = run_probe_process(dist_request(zero_stage=3, sharding="fsdp"))
+    assert_ok_world2(r, "FSDP")
+    assert r.metrics["param_type"] == "DTensor"  # FSDP2 fully_shard
+
+
+def test_zero_without_deepspeed_is_unsupported_with_the_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autotune.probe import worker
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "deepspeed" else real(n, *a))
+    with pytest.raises(worker._Unsupported, match=r"pip install 'autotune\[deepspeed\]'.*fsdp"):
+        worker._precheck(dist_request(zero_stage=3), "cpu")
+
+
+def test_distributed_request_outside_the_launcher_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autotune.probe import worker
+
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(worker._Unsupported, match="autotune.probe.launch"):
+        worker._precheck(dist_request(), "cpu")
+
+
+def test_a_rank_that_dies_stops_the_others_and_is_a_crash(tmp_path: Path) -> None:
+    # rank 1's interpreter fails at once; rank 0 would wait for it at rendezvous until killed
+    wrapper = tmp_path / "python"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        'if [ "$RANK" = "1" ]; then echo "rank one exploded" >&2; exit 9; fi\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    watch = ChildWatch()
+    t0 = time.monotonic()
+    r = watch.run(dist_request(timeout_s=200.0), python=str(wrapper))
+    assert r.status == "crash", r.reason
+    assert "rank 1/2 exit code 9" in r.reason and "rank one exploded" in r.reason
+    assert r.metrics["failed_rank"] == 1
+    assert r.metrics["ranks"][0]["exit_code"] is None  # killed by the launcher
+    assert time.monotonic() - t0 < 100
+    assert len(watch.seen) >= 2  # the launcher and rank 0 at least (rank 1 may come and go unseen)
+    assert watch.survivors() == []
+
+
+def test_timeout_kills_every_rank() -> None:
+    watch = ChildWatch()
+    r = watch.run(dist_request(timeout_s=6.0))
+    assert r.status == "timeout"
+    assert "all 2 ranks" in r.reason
+    assert len(watch.seen) >= 3
+    assert watch.survivors() == []
+
+
+@pytest.mark.skipif(
+    Path("/proc/sys/vm/overcommit_memory").read_text().strip() != "0",
+    reason="needs the kernel's heuristic overcommit, which refuses an allocation larger than RAM",
+)
+def test_oom_on_a_rank_is_oom(tmp_path: Path) -> None:
+    # as in test_probe: a 1M-token vocabulary makes the logits one refused 32 GB allocation per rank
+    cfg = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "vocab_size": 1_000_000,
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": True,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    req = dist_request(seq_len=2048, micro_batch=4, steps=1, warmup_steps=0)
+    req = ProbeRequest(
+        Workload(model="huge-vocab", model_path=str(tmp_path), seq_len=2048), req.candidate, req.settings
+    )
+    watch = ChildWatch()
+    r = watch.run(req)
+    assert r.status == "oom", r.reason
+    assert r.reason.startswith("rank ")
+    assert watch.survivors() == []
+
+
+def test_cli_distributed_flags() -> None:
+    args = ["probe", "-m", "tiny-llama", "--device", "cpu", "--seq-len", str(SEQ), "--micro-batch", str(MB),
+            "--warmup-steps", str(WARMUP), "--steps", str(STEPS), "--world-size", "2", "--zero-stage", "3",
+            "--sharding", "fsdp", "--offload", "none", "--json"]  # fmt: skip
+    p = subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads(p.stdout)
+    assert out["status"] == "ok"
+    c = out["request"]["candidate"]
+    assert (c["world_size"], c["zero_stage"], c["sharding"], c["offload"]) == (2, 3, "fsdp", "none")
+    assert out["metrics"]["real_tokens"] == 2 * per_rank_tokens()
+    # offload=params needs ZeRO-3: a bad request, one line, exit 2
+    bad = subprocess.run(
+        [sys.executable, "-m", "autotune", "probe", "-m", "tiny-llama", "--device", "cpu",
+         "--zero-stage", "2", "--offload", "params"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "offload=params needs zero_stage 3" in bad.stderr + bad.stdout
+
+
+@needs_deepspeed
+@pytest.mark.slow
+def test_gpu_zero_stages_dry_run(tmp_path: Path) -> None:
+    out = tmp_path / "zero.json"
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "gpu_zero_stages.py"), str(out), "--dry-run"],
+        capture_output=True, text=True, timeout=1500, cwd=root,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["dry_run"] is True and data["model"] == "tiny-llama"
+    rows = {(r["zero_stage"], r["offload"]): r for r in data["rows"]}
+    assert {(0, "none"), (1, "none"), (2, "none"), (3, "none"), (2, "optimizer"), (3, "params")} <= set(rows)
+    for key in ((0, "none"), (2, "none"), (3, "none")):
+        assert rows[key]["status"] == "ok", rows[key]
+        assert rows[key]["tokens_per_s"] > 0 and rows[key]["peak_mem_bytes"] > 0

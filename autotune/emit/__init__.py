@@ -95,7 +95,11 @@ def build_files(
         files["lora_config.json"] = _json(lc)
     acc = accelerate_config(cand, device=dev)
     files["accelerate_config.yaml"] = _ACCELERATE_HEADER + yaml.safe_dump(acc, sort_keys=True)
-    ds = emitted_deepspeed_config(cand, max_grad_norm=float(targs.get("max_grad_norm", 1.0)))
+    ds = emitted_deepspeed_config(
+        cand,
+        max_grad_norm=float(targs.get("max_grad_norm", 1.0)),
+        learning_rate=float(targs.get("learning_rate", 2e-5)),
+    )
     if ds is not None:
         files["deepspeed.json"] = _json(ds)
     files["train.py"] = render_train_script(seq_len=wl.seq_len, packing=cand.packing)

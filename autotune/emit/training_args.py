@@ -74,6 +74,16 @@ def deepspeed_config(candidate: Candidate) -> dict[str, Any] | None:
         "bf16": {"enabled": "auto"},
         "fp16": {"enabled": "auto"},
     }
+    if candidate.offload != "none":
+        # ZeRO-Offload refuses a torch optimizer: name DeepSpeed's AdamW (CPU-Adam when offloaded),
+        # its hyper-parameters filled in from the TrainingArguments ("auto")
+        if candidate.optim in ("adamw_torch", "adamw_torch_fused"):
+            cfg["optimizer"] = {
+                "type": "AdamW",
+                "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"},
+            }
+        else:
+            cfg["zero_force_ds_cpu_optimizer"] = False
     return cfg
 
 
@@ -287,7 +297,9 @@ def lora_config(
     }
 
 
-def emitted_deepspeed_config(candidate: Candidate, *, max_grad_norm: float = 1.0) -> dict[str, Any] | None:
+def emitted_deepspeed_config(
+    candidate: Candidate, *, max_grad_norm: float = 1.0, learning_rate: float = 2e-5
+) -> dict[str, Any] | None:
     """``deepspeed.json``: :func:`deepspeed_config` with the ``auto`` values resolved.
 
     DeepSpeed's own config class cannot read ``auto``; concrete values that equal the
@@ -304,6 +316,12 @@ def emitted_deepspeed_config(candidate: Candidate, *, max_grad_norm: float = 1.0
     cfg["gradient_clipping"] = max_grad_norm
     cfg["bf16"] = {"enabled": candidate.precision == "bf16"}
     cfg["fp16"] = {"enabled": candidate.precision == "fp16"}
+    if "optimizer" in cfg:
+        # TrainingArguments' AdamW defaults; the learning rate is the emitted training_args' one
+        cfg["optimizer"] = {
+            "type": "AdamW",
+            "params": {"lr": learning_rate, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0},
+        }
     return cfg
 
 

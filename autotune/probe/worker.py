@@ -578,19 +578,6 @@ def _training_args(req: ProbeRequest, out_dir: str, device: str) -> Any:
 
     fields = set(TrainingArguments.__dataclass_fields__)
     kw = probe_kwargs(req, fields=fields, device=device)
-    ds = kw.get("deepspeed")
-    if isinstance(ds, dict) and req.candidate.offload != "none" and "optimizer" not in ds:
-        # ZeRO-Offload refuses a torch optimizer: name DeepSpeed's AdamW (CPU-Adam when offloaded),
-        # its hyper-parameters filled in from the TrainingArguments ("auto")
-        ds = dict(ds)
-        if req.candidate.optim in ("adamw_torch", "adamw_torch_fused"):
-            ds["optimizer"] = {
-                "type": "AdamW",
-                "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"},
-            }
-        else:
-            ds["zero_force_ds_cpu_optimizer"] = False
-        kw["deepspeed"] = ds
     return TrainingArguments(output_dir=out_dir, **kw)
 
 

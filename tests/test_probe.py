@@ -55,6 +55,7 @@ def test_ok_probe_measures_real_tokens_memory_and_overhead(ok_result: ProbeResul
     assert m["peak_mem_bytes"] > 10 * 2**20  # weights + grads + Adam states of a ~7M-param model
     assert 0 < m["overhead_s"] < m["wall_s"]
     assert m["num_params"] == m["trainable_params"] > 1_000_000
+    assert 0 < m["cpu_util_mean"] <= 1.05  # share of the cores busy during the timed window
     assert m["loss_first"] > 0 and len(m["losses"]) == 4
     assert r.env["packages"]["torch"] and r.env["packages"]["transformers"]
     assert r.env["device_type"] == "cpu"

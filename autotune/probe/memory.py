@@ -105,7 +105,8 @@ class NvmlSampler:
         self.interval_s = interval_s
         self.peak_process_bytes: int | None = None
         self.peak_device_used_bytes: int | None = None
-        self.util_samples: list[int] = []
+        # (perf_counter time, GPU utilisation %) pairs
+        self.util_samples: list[tuple[float, int]] = []
         self._pid = os.getpid()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="autotune-nvml", daemon=True)
@@ -137,7 +138,7 @@ class NvmlSampler:
             mem = nv.nvmlDeviceGetMemoryInfo(self._handle)
             if self.peak_device_used_bytes is None or mem.used > self.peak_device_used_bytes:
                 self.peak_device_used_bytes = int(mem.used)
-            self.util_samples.append(int(nv.nvmlDeviceGetUtilizationRates(self._handle).gpu))
+            self.util_samples.append((time.perf_counter(), int(nv.nvmlDeviceGetUtilizationRates(self._handle).gpu)))
         except Exception:
             pass
 

@@ -548,8 +548,7 @@ def run_probe_in_process(
                 metrics["param_type"] = type(p0).__name__
                 metrics["param_local_numel"] = int(p0.numel())
         _record_window(metrics, meter, req, launch_time, wall0, t_start)
-        if sampler is not None:
-            _record_cpu_util(metrics, sampler, meter, req)
+        _record_utilisation(metrics, meter, req, sampler, nvml)
         _record_memory(metrics, device, sampler, nvml, usable)
         if metrics.get("tokens_per_s") is None:
             return result("crash", f"no timed step completed ({len(meter.step_end_t)} steps ran)")
@@ -655,17 +654,36 @@ def _record_window(
         metrics["padding_fraction"] = max(0.0, 1.0 - metrics["real_tokens"] / slots)
 
 
-def _record_cpu_util(metrics: dict[str, Any], sampler: Any, meter: _Meter, req: ProbeRequest) -> None:
-    """Mean share of the cores this process kept busy during the timed window (CPU probes)."""
+def _window_bounds(meter: _Meter, req: ProbeRequest) -> tuple[float, float] | None:
+    """perf_counter times of the timed window's start and end, if it ran."""
     w = req.settings.warmup_steps
     ends = [meter.first_fetch_t, *meter.step_end_t] if meter.first_fetch_t is not None else []
     if len(ends) <= w + 1:
+        return None
+    return ends[w], ends[-1]
+
+
+def _record_utilisation(
+    metrics: dict[str, Any], meter: _Meter, req: ProbeRequest, sampler: Any, nvml: Any
+) -> None:
+    """Utilisation during the timed window only (imports, build and warm-up would read as idle).
+
+    CPU: mean share of the available cores this process kept busy. GPU: NVML's utilisation %.
+    """
+    bounds = _window_bounds(meter, req)
+    if bounds is None:
         return
-    t0, t1 = ends[w], ends[-1]
-    window = [u for t, u in sampler.cpu_samples if t0 <= t <= t1]
-    if window:
-        metrics["cpu_util_mean"] = sum(window) / len(window)
-        metrics["cpu_util_samples"] = [round(u, 3) for u in window[-600:]]
+    t0, t1 = bounds
+    if sampler is not None:
+        window = [u for t, u in sampler.cpu_samples if t0 <= t <= t1]
+        if window:
+            metrics["cpu_util_mean"] = sum(window) / len(window)
+            metrics["cpu_util_samples"] = [round(u, 3) for u in window[-600:]]
+    if nvml is not None:
+        gpu = [u for t, u in nvml.util_samples if t0 <= t <= t1]
+        if gpu:
+            metrics["gpu_util_samples"] = gpu[-600:]
+            metrics["gpu_util_mean"] = sum(gpu) / len(gpu)
 
 
 def _record_memory(metrics: dict[str, Any], device: str, sampler: Any, nvml: Any, usable: int | None) -> None:
@@ -685,9 +703,6 @@ def _record_memory(metrics: dict[str, Any], device: str, sampler: Any, nvml: Any
     if nvml is not None:
         nvml.sample_once()
         metrics["mem_nvml_process_bytes"] = nvml.peak_process_bytes
-        if nvml.util_samples:
-            metrics["gpu_util_samples"] = nvml.util_samples[-600:]
-            metrics["gpu_util_mean"] = sum(nvml.util_samples) / len(nvml.util_samples)
     context = metrics.get("cuda_context_bytes") or 0
     candidates = [reserved + context]
     if metrics.get("mem_nvml_process_bytes"):

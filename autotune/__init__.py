@@ -13,6 +13,8 @@ from autotune.errors import (
 )
 from autotune.spec.budget import Budget, parse_budget
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
+from autotune.spec.space import SearchSpace, load_space
+from autotune.tune import TuneResult, tune
 
 __version__ = "0.1.0"
 
@@ -27,7 +29,11 @@ __all__ = [
     "ProbeError",
     "ProbeRequest",
     "ProbeSettings",
+    "SearchSpace",
     "SpecError",
+    "TuneResult",
     "Workload",
+    "load_space",
     "parse_budget",
+    "tune",
 ]

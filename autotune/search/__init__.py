@@ -1,0 +1,68 @@
+"""Search: Optuna ask/tell over the search space, with the pure rules it relies on.  [pure + optuna]
+
+``Searcher`` (and optuna) load on first use; the rules in ``_logic`` are importable without them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from autotune.search._logic import (
+    FAILED,
+    MEMORY_INFEASIBLE,
+    Skip,
+    TrialRecord,
+    candidate_from_choice,
+    candidate_id,
+    candidate_label,
+    constraint_value,
+    derive_grad_accum,
+    distinct_candidates,
+    expert_seeds,
+    infer_infeasible,
+    iter_choices,
+    median,
+    relative_spread,
+    same_except_micro_batch,
+    usable_micro_batches,
+    usable_worlds,
+)
+
+if TYPE_CHECKING:
+    from autotune.search._searcher import ProgressFn, Pruner, Searcher, SearchOutcome
+
+_LAZY = ("ProgressFn", "Pruner", "Searcher", "SearchOutcome")
+
+
+def __getattr__(name: str) -> Any:
+    # the loop imports optuna (~0.3 s); the pure rules above do not need it
+    if name in _LAZY:
+        from autotune.search import _searcher
+
+        return getattr(_searcher, name)
+    raise AttributeError(f"module 'autotune.search' has no attribute {name!r}")
+
+__all__ = [
+    "FAILED",
+    "MEMORY_INFEASIBLE",
+    "ProgressFn",
+    "Pruner",
+    "SearchOutcome",
+    "Searcher",
+    "Skip",
+    "TrialRecord",
+    "candidate_from_choice",
+    "candidate_id",
+    "candidate_label",
+    "constraint_value",
+    "derive_grad_accum",
+    "distinct_candidates",
+    "expert_seeds",
+    "infer_infeasible",
+    "iter_choices",
+    "median",
+    "relative_spread",
+    "same_except_micro_batch",
+    "usable_micro_batches",
+    "usable_worlds",
+]

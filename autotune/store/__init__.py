@@ -1,0 +1,31 @@
+"""Store: the run directory, atomic writes, the probe journal, the cache key.  [effect]"""
+
+from __future__ import annotations
+
+from autotune.store.atomic import write_json_atomic, write_text_atomic
+from autotune.store.cache_key import cache_key, dataset_identity, hardware_fingerprint, software_versions
+from autotune.store.run_dir import (
+    TRIALS_CSV_COLUMNS,
+    Journal,
+    RunDir,
+    find_cached,
+    find_resumable,
+    make_run_id,
+    trials_csv_text,
+)
+
+__all__ = [
+    "TRIALS_CSV_COLUMNS",
+    "Journal",
+    "RunDir",
+    "cache_key",
+    "dataset_identity",
+    "find_cached",
+    "find_resumable",
+    "hardware_fingerprint",
+    "make_run_id",
+    "software_versions",
+    "trials_csv_text",
+    "write_json_atomic",
+    "write_text_atomic",
+]

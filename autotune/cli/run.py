@@ -1,0 +1,200 @@
+"""``autotune run``: search for the fastest configuration that fits, and write it out ready to use.
+
+parse flags -> ``autotune.tune`` (the library does the work) -> render. Live progress goes to
+stderr (one line per probe as it lands; a status line with the best so far and the time left on
+a terminal); the final table and one-line answer go to stdout, or with ``--json`` only
+``summary.json``. No colours when the stream is not a terminal.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from autotune.cli.render import STATUS_STYLE, console
+from autotune.spec.budget import format_bytes
+
+__all__ = ["command", "ProgressPrinter", "render_summary", "answer_line"]
+
+
+def _fmt_s(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = max(0.0, seconds)
+    m, s = divmod(int(seconds + 0.5), 60)
+    return f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+def _tps(v: Any) -> str:
+    return f"{float(v):,.0f}" if isinstance(v, (int, float)) else "-"
+
+
+class ProgressPrinter:
+    """Receives ``tune``'s progress events and prints them to a stderr console."""
+
+    def __init__(self, con: Console) -> None:
+        self.con = con
+        self.status: Any = None
+        self.t0 = time.monotonic()
+        self.best_line = "none yet"
+        self.time_left: float | None = None
+        self.in_flight = 0
+
+    def _refresh(self) -> None:
+        if self.status is not None:
+            left = f" · time left {_fmt_s(self.time_left)}" if self.time_left is not None else ""
+            self.status.update(f"{self.in_flight} probe(s) running · best so far: {self.best_line}{left}")
+
+    def __call__(self, event: str, data: dict[str, Any]) -> None:
+        con = self.con
+        if event == "run_dir":
+            what = f"resuming ({data['restored']} records from the journal)" if data.get("resumed") else "run"
+            con.print(f"[dim]{what}: {data['run_dir']}[/dim]")
+        elif event == "cached":
+            con.print(f"[dim]answered from the stored run {data['run_dir']} (use --fresh to search again)[/dim]")
+        elif event == "note":
+            con.print(f"[yellow]note:[/yellow] {data['text']}")
+        elif event == "start":
+            n = data.get("distinct")
+            con.print(
+                f"[dim]searching up to {data['max_trials']} probes, {data['slots']} at a time"
+                + (f", over {n} distinct configurations" if n else "") + "[/dim]"
+            )
+            for reason in data.get("skipped_choices") or []:
+                con.print(f"[dim]  {reason}[/dim]")
+            if con.is_terminal and self.status is None:
+                self.status = con.status("starting probes ...")
+                self.status.start()
+        elif event == "submit":
+            self.in_flight = data.get("in_flight", self.in_flight)
+            self.time_left = data.get("time_left", self.time_left)
+            self._refresh()
+        elif event == "confirm":
+            con.print(f"[dim]re-measuring the top {data['count']} probe(s) with {data['steps']} timed steps ...[/dim]")
+        elif event == "record":
+            rec = data["record"]
+            self.in_flight = max(0, self.in_flight - (0 if rec.inferred or rec.status == "skipped" else 1))
+            style = STATUS_STYLE.get(rec.status, "dim")
+            tag = rec.status + (" (inferred)" if rec.inferred else "")
+            phase = f"{rec.phase} " if rec.phase in ("confirm", "baseline") else ""
+            mem = f" peak {format_bytes(rec.peak_mem_bytes)}" if rec.peak_mem_bytes else ""
+            tps = f" {_tps(rec.tokens_per_s)} tok/s" if rec.status == "ok" else ""
+            reason = ""
+            if rec.status != "ok" and rec.reason:
+                reason = " · " + " ".join(str(rec.reason).split())[:140]
+            elapsed = _fmt_s(time.monotonic() - self.t0)
+            label = rec.label or rec.key
+            con.print(f"[dim]{elapsed:>6}[/dim] {phase}[{style}]{tag:<12}[/{style}] {label}{tps}{mem}{reason}",
+                      markup=True, highlight=False)
+            best = data.get("best")
+            if best is not None:
+                self.best_line = f"{best.label} {_tps(best.tokens_per_s)} tok/s"
+            self.time_left = data.get("time_left", self.time_left)
+            self._refresh()
+        elif event == "tick":
+            self.time_left = data.get("time_left", self.time_left)
+            self._refresh()
+        elif event == "done":
+            self.close()
+            counts = data.get("counts", {})
+            con.print(
+                f"[dim]search done in {_fmt_s(data.get('wall_s'))}: {counts.get('probed', 0)} probed, "
+                f"{counts.get('inferred', 0)} inferred, {counts.get('skipped', 0)} skipped, "
+                f"{counts.get('failed', 0)} failed; {data.get('stop_reason') or 'finished'}[/dim]"
+            )
+
+    def close(self) -> None:
+        if self.status is not None:
+            self.status.stop()
+            self.status = None
+
+
+def answer_line(summary: dict[str, Any]) -> str:
+    """One line: config, tok/s, peak vs budget, effective batch = mb × accum × world."""
+    best = summary.get("best") or {}
+    eb = best.get("effective_batch") or {}
+    peak = best.get("peak_mem_bytes")
+    budget = summary.get("budget_bytes")
+    pct = f" ({100 * peak / budget:.0f}%)" if peak and budget else ""
+    spread = best.get("spread")
+    spread_txt = f" ±{100 * spread / 2:.0f}%" if isinstance(spread, (int, float)) and spread else ""
+    return (
+        f"best: {best.get('label', '?')} · {_tps(best.get('tokens_per_s'))} tok/s{spread_txt} · "
+        f"peak {format_bytes(peak)} of {summary.get('gpu_budget')}{pct} · "
+        f"effective batch {eb.get('value')} = {eb.get('text')} (micro-batch × accumulation × GPUs) · "
+        f"{summary.get('run_dir')}/best/"
+    )
+
+
+def render_summary(summary: dict[str, Any], con: Console) -> None:
+    top = summary.get("top") or []
+    if top:
+        table = Table(title="top configurations (confirmed)", title_justify="left")
+        for col in ("#", "config", "tok/s (median)", "spread", "peak memory", "status"):
+            table.add_column(col, justify="right" if col in ("#", "tok/s (median)", "spread", "peak memory") else "left")
+        for i, e in enumerate(top, 1):
+            table.add_row(
+                str(i), e.get("label", ""), _tps(e.get("median_tokens_per_s")),
+                f"{100 * (e.get('spread') or 0):.1f}%", format_bytes(e.get("peak_mem_bytes")), e.get("status", ""),
+            )
+        con.print(table)
+    base = summary.get("baseline")
+    if base and summary.get("speedup_vs_baseline"):
+        con.print(f"vs the HF default ({base['label']}): {summary['speedup_vs_baseline']:.2f}× the tokens/s")
+    elif base:
+        con.print(f"HF default ({base['label']}): {base['status']}")
+    if summary.get("from_cache"):
+        con.print(f"(from the stored run {summary.get('run_dir')}; --fresh searches again)")
+    con.print(answer_line(summary), highlight=False)
+
+
+def command(
+    model: str = typer.Option(..., "--model", "-m", help="Preset, hub id in the local HF cache, or a local dir with config.json."),
+    gpu_budget: str = typer.Option(..., "--gpu-budget", help="Memory budget per GPU: 24GB, 24GiB, 24g or 80%."),
+    seq_len: int = typer.Option(2048, "--seq-len", help="Sequence length (tokens)."),
+    effective_batch: int = typer.Option(64, "--effective-batch", help="Sequences per optimizer step, held fixed (micro-batch × accumulation × GPUs)."),
+    mode: str = typer.Option("full", "--mode", help="full | lora | qlora."),
+    space: str = typer.Option("default", "--space", help="Search space: a name in search_spaces/ (default, lora, cpu, multi-gpu) or a YAML path."),
+    dataset: str | None = typer.Option(None, "--dataset", help="jsonl/parquet to probe with (default: synthetic tokens)."),
+    max_trials: int = typer.Option(40, "--max-trials", help="Most probes the search runs (inferred and skipped ones are free)."),
+    time_budget: str | None = typer.Option(None, "--time-budget", help="Wall-clock budget of the search: 20m, 1h30m, 90s."),
+    gpus: str | None = typer.Option(None, "--gpus", help="GPU indices to use, e.g. 0,1,2,3 (default: all visible)."),
+    gpus_per_trial: int | None = typer.Option(None, "--gpus-per-trial", help="GPUs per probe (overrides the space's gpus_per_trial)."),
+    ray_address: str | None = typer.Option(None, "--ray-address", help="Ray cluster (ray://head:10001); default: embedded Ray."),
+    device: str = typer.Option("auto", "--device", help="auto | cuda | cpu."),
+    storage: str | None = typer.Option(None, "--storage", help="Optuna storage URL (default: sqlite in the run directory)."),
+    out: str = typer.Option("results", "--out", help="Folder for run directories."),
+    seed: int = typer.Option(42, "--seed", help="Seed of the sampler, weights and data."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the interrupted run of the same request without re-running finished probes."),
+    fresh: bool = typer.Option(False, "--fresh", help="Search again even if a stored run answers this request."),
+    top_k: int = typer.Option(3, "--top-k", help="Configurations re-measured with a longer window before choosing."),
+    steps: int = typer.Option(5, "--steps", help="Timed optimizer steps per probe (the confirmation uses twice as many)."),
+    probe_timeout: float = typer.Option(300.0, "--probe-timeout", help="Hard timeout of one probe (s)."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow model code from the model dir."),
+    as_json: bool = typer.Option(False, "--json", help="Print only summary.json to stdout."),
+) -> None:
+    """Search for the fastest fine-tuning configuration that fits the budget, by measuring it."""
+    from autotune.tune import tune
+
+    err = console(stderr=True)
+    printer = ProgressPrinter(err)
+    try:
+        result = tune(
+            model, gpu_budget=gpu_budget, seq_len=seq_len, effective_batch=effective_batch, mode=mode,
+            space=space, dataset=dataset, max_trials=max_trials, time_budget=time_budget, gpus=gpus,
+            ray_address=ray_address, device=device, storage=storage, out=out, seed=seed, resume=resume,
+            fresh=fresh, progress=printer, gpus_per_trial=gpus_per_trial, top_k=top_k, steps=steps,
+            probe_timeout_s=probe_timeout, trust_remote_code=trust_remote_code,
+        )  # fmt: skip
+    finally:
+        printer.close()
+    if as_json:
+        sys.stdout.write(json.dumps(result.summary, indent=2, default=str) + "\n")
+        return
+    render_summary(result.summary, console())

@@ -1,0 +1,696 @@
+"""The search loop: Optuna ask/tell driving an Executor, then confirmation of the top few.
+
+Optuna 5 semantics used here (checked against the installed 5.0): an OOM / over-budget /
+unsupported probe is *information*: it is told COMPLETE with a value of 0 tok/s and a positive
+``trial.set_constraint("memory", ...)``; TPE learns from it. Timeouts and crashes are told FAIL
+(TPE ignores those). A skipped choice (micro-batch that does not divide the effective batch,
+contradictory knobs) is told like an infeasible one so the sampler stops proposing it.
+
+The loop never probes a configuration twice: a duplicate ask is told from the cache. It keeps up
+to ``executor.slots`` probes in flight, and stops at ``max_trials`` probes, at the time budget
+(keeping time for the confirmation), or when the space is exhausted. A probe's failure never
+stops it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
+from optuna.trial import Trial, TrialState
+
+from autotune.errors import SpecError
+from autotune.executors.base import Executor
+from autotune.probe.result import ProbeResult
+from autotune.search._logic import (
+    FAILED,
+    MEMORY_INFEASIBLE,
+    Skip,
+    TrialRecord,
+    candidate_from_choice,
+    candidate_id,
+    candidate_label,
+    constraint_value,
+    distinct_candidates,
+    expert_seeds,
+    infer_infeasible,
+    iter_choices,
+    median,
+    relative_spread,
+    usable_micro_batches,
+    usable_worlds,
+)
+from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
+from autotune.spec.space import DIMENSIONS, SearchSpace
+
+__all__ = ["Searcher", "SearchOutcome", "Pruner", "ProgressFn"]
+
+# pruner(candidate) -> reason it is predicted not to fit (recorded as inferred), or None to probe it
+Pruner = Callable[[Candidate], "str | None"]
+ProgressFn = Callable[[str, dict[str, Any]], None]
+_CONSTRAINT = "memory"
+_MAX_IDLE_ASKS = 120  # asks in a row that yield nothing new before the space counts as exhausted
+_NUDGE_EVERY = 8  # after this many such asks in a row, enqueue an unseen configuration
+# Knobs whose choices are ordered. ``ordinal=True`` suggests them as an index into the sorted
+# choices (TPE then sees that 8 lies between 4 and 16). Measured on synthetic landscapes (24 seeds,
+# 20-40 trials), categorical + multivariate TPE found >= 97 % of the optimum more often than
+# ordinal + multivariate, and both beat independent TPE; so the defaults are categorical, multivariate.
+ORDINAL = ("micro_batch", "workers", "zero_stage", "gpus_per_trial")
+
+
+@dataclass
+class SearchOutcome:
+    records: list[TrialRecord]
+    best: ProbeResult | None
+    best_record: TrialRecord | None
+    ranking: list[dict[str, Any]]
+    skipped_choices: list[str]
+    counts: dict[str, int]
+    wall_s: float
+    stop_reason: str
+    distinct_candidates: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Searcher:
+    """Search a space for the fastest configuration that fits, over an Executor."""
+
+    def __init__(
+        self,
+        *,
+        space: SearchSpace,
+        workload: Workload,
+        settings: ProbeSettings,
+        effective_batch: int,
+        executor: Executor,
+        max_trials: int = 40,
+        time_budget_s: float | None = None,
+        seed: int = 42,
+        storage: str | optuna.storages.BaseStorage | None = None,
+        study_name: str = "autotune",
+        top_k: int = 3,
+        confirm_steps: int | None = None,
+        confirm_repeats: int = 1,
+        device: str = "cuda",
+        max_world: int | None = None,
+        history: list[TrialRecord] | None = None,
+        sink: Callable[[TrialRecord], None] | None = None,
+        pruner: Pruner | None = None,
+        progress: ProgressFn | None = None,
+        seeds: int = 3,
+        clock: Callable[[], float] = time.monotonic,
+        poll_interval_s: float = 2.0,
+        ordinal: bool = False,
+        multivariate: bool = True,
+        baseline: Candidate | None = None,
+    ) -> None:
+        problems = []
+        if isinstance(effective_batch, bool) or not isinstance(effective_batch, int) or effective_batch < 1:
+            problems.append(f"effective batch must be an integer >= 1; got {effective_batch!r}")
+        if isinstance(max_trials, bool) or not isinstance(max_trials, int) or max_trials < 1:
+            problems.append(f"max trials must be an integer >= 1; got {max_trials!r}")
+        if time_budget_s is not None and time_budget_s <= 0:
+            problems.append(f"time budget must be positive; got {time_budget_s!r} s")
+        if top_k < 0 or confirm_repeats < 0:
+            problems.append(f"top_k and confirm_repeats must be >= 0; got {top_k}, {confirm_repeats}")
+        if problems:
+            raise SpecError(problems)
+        self.space = space
+        self.workload = workload
+        self.settings = settings
+        self.effective_batch = effective_batch
+        self.executor = executor
+        self.max_trials = max_trials
+        self.time_budget_s = time_budget_s
+        self.seed = seed
+        self.top_k = top_k
+        self.confirm_steps = confirm_steps or settings.steps * 2
+        self.confirm_repeats = confirm_repeats
+        self.device = device
+        self.sink = sink
+        self.pruner = pruner
+        self.progress = progress
+        self.clock = clock
+        self.poll_interval_s = poll_interval_s
+        self.baseline = baseline
+        self.records: list[TrialRecord] = []
+        self._durations: list[float] = []
+        self._all_choices: list[dict[str, Any]] | None = None
+        self._history = list(history or [])
+
+        worlds, dropped_w = usable_worlds(space, max_world)
+        mbs, dropped_mb = usable_micro_batches(space, effective_batch, worlds)
+        self.skipped_choices = dropped_w + dropped_mb
+        if not worlds:
+            raise SpecError(
+                f"no gpus_per_trial choice in {list(space.gpus_per_trial)} fits the {max_world} GPU(s) available"
+            )
+        if not mbs:
+            raise SpecError(
+                f"no micro_batch in {list(space.micro_batch)} divides the effective batch {effective_batch} "
+                f"with gpus_per_trial {worlds}; choose an effective batch that is a multiple of one of them"
+            )
+        self.worlds = worlds
+        self.micro_batches = mbs
+        self.choices: dict[str, list[Any]] = {}
+        self.distributions: dict[str, BaseDistribution] = {}
+        self.fixed: dict[str, Any] = {}
+        for d in DIMENSIONS:
+            choices = mbs if d == "micro_batch" else worlds if d == "gpus_per_trial" else list(space.choices(d))
+            if len(choices) > 1:
+                if d in ORDINAL and ordinal:
+                    choices = sorted(choices)
+                    self.distributions[d] = IntDistribution(0, len(choices) - 1)
+                else:
+                    self.distributions[d] = CategoricalDistribution(choices)
+                self.choices[d] = list(choices)
+            else:
+                self.fixed[d] = choices[0]
+        self.distinct = distinct_candidates(
+            space, effective_batch=effective_batch, micro_batches=mbs, worlds=worlds
+        )
+        self.seed_choices = expert_seeds(
+            space, effective_batch=effective_batch, micro_batches=mbs, worlds=worlds, device=device,
+            limit=min(seeds, max(1, max_trials // 3)),
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            sampler = optuna.samplers.TPESampler(
+                seed=seed, n_startup_trials=min(10, max(3, max_trials // 4)),
+                multivariate=multivariate, group=multivariate,
+            )
+        self.study = optuna.create_study(
+            storage=storage,
+            sampler=sampler,
+            study_name=study_name,
+            direction="maximize",
+            load_if_exists=True,
+        )
+
+    # ---------------------------------------------------------------- helpers
+
+    def _emit(self, event: str, **data: Any) -> None:
+        if self.progress is not None:
+            self.progress(event, data)
+
+    def _add(self, record: TrialRecord) -> TrialRecord:
+        record.number = len(self.records)
+        self.records.append(record)
+        if self.sink is not None:
+            self.sink(record)
+        return record
+
+    def _suggest_one(self, trial: Trial, d: str) -> Any:
+        dist = self.distributions[d]
+        if isinstance(dist, IntDistribution):
+            return self.choices[d][trial.suggest_int(d, dist.low, dist.high)]
+        return trial.suggest_categorical(d, self.choices[d])
+
+    def _suggest(self, trial: Trial) -> dict[str, Any]:
+        """Pick one choice per dimension (offload/sharding only when a ZeRO stage is chosen)."""
+        choice: dict[str, Any] = dict(self.fixed)
+        for d in self.distributions:
+            if d not in ("offload", "sharding"):
+                choice[d] = self._suggest_one(trial, d)
+        if choice.get("zero_stage", 0) > 0:
+            for d in ("offload", "sharding"):
+                if d in self.distributions:
+                    choice[d] = self._suggest_one(trial, d)
+        return choice
+
+    def _choice_params(self, choice: dict[str, Any]) -> dict[str, Any]:
+        """The searched knobs' values of a choice (what the journal keeps, in plain values)."""
+        params = {d: v for d, v in choice.items() if d in self.distributions}
+        if choice.get("zero_stage", 0) == 0:
+            params.pop("offload", None)
+            params.pop("sharding", None)
+        return params
+
+    def _to_optuna(self, params: dict[str, Any]) -> dict[str, Any] | None:
+        """Plain values -> Optuna's params (indices for ordinal knobs); None if outside this space."""
+        out: dict[str, Any] = {}
+        for d, v in params.items():
+            if d not in self.distributions or v not in self.choices[d]:
+                return None
+            out[d] = self.choices[d].index(v) if isinstance(self.distributions[d], IntDistribution) else v
+        return out
+
+    def _optuna_params_of(self, candidate: Candidate) -> dict[str, Any] | None:
+        """Optuna params that produce exactly ``candidate``, or None when it lies outside the space."""
+        choice = {d: getattr(candidate, d) for d in DIMENSIONS if d != "gpus_per_trial"}
+        choice["gpus_per_trial"] = candidate.world_size
+        if any(choice[d] != v for d, v in self.fixed.items()):
+            return None
+        built = candidate_from_choice(choice, effective_batch=self.effective_batch)
+        if not isinstance(built, Candidate) or candidate_id(built) != candidate_id(candidate):
+            return None
+        return self._to_optuna(self._choice_params(choice))
+
+    def _seed_params(self, choice: dict[str, Any]) -> dict[str, Any]:
+        return self._to_optuna(self._choice_params(choice)) or {}
+
+    def _tell(self, trial: Trial | int, record: TrialRecord) -> None:
+        number = trial if isinstance(trial, int) else trial.number
+        if record.status in FAILED:
+            self.study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
+            return
+        if isinstance(trial, Trial):
+            usable = self.settings.usable_bytes()
+            trial.set_constraint(_CONSTRAINT, constraint_value(record.status, record.peak_mem_bytes, usable))
+            trial.set_user_attr("key", record.key)
+            trial.set_user_attr("status", record.status)
+        value = float(record.tokens_per_s or 0.0) if record.status == "ok" else 0.0
+        self.study.tell(number, value, skip_if_finished=True)
+
+    def _request(self, candidate: Candidate, *, confirm: bool = False) -> ProbeRequest:
+        settings = self.settings
+        if confirm:
+            settings = dataclasses.replace(settings, steps=self.confirm_steps)
+        return ProbeRequest(workload=self.workload, candidate=candidate, settings=settings)
+
+    def _record_from_result(
+        self, key: str, candidate: Candidate, params: dict[str, Any], result: ProbeResult,
+        *, phase: str = "search", repeat: int = 0,
+    ) -> TrialRecord:
+        return TrialRecord(
+            key=key,
+            status=result.status,
+            candidate=dataclasses.asdict(candidate),
+            params=params,
+            reason=result.reason,
+            phase=phase,
+            repeat=repeat,
+            result=result.to_dict(),
+            tokens_per_s=result.tokens_per_s,
+            peak_mem_bytes=result.peak_mem_bytes,
+            step_time_spread=_float(result.metrics.get("step_time_spread")),
+            wall_s=_float(result.metrics.get("wall_s")),
+            label=candidate_label(candidate),
+        )
+
+    def _best_so_far(self) -> TrialRecord | None:
+        ok = [r for r in self.records if r.phase == "search" and r.status == "ok" and r.tokens_per_s is not None]
+        return max(ok, key=lambda r: r.tokens_per_s or 0.0) if ok else None
+
+    def _counts(self) -> dict[str, int]:
+        search = [r for r in self.records if r.phase == "search"]
+        return {
+            "probed": sum(1 for r in search if r.probed),
+            "ok": sum(1 for r in search if r.probed and r.status == "ok"),
+            "infeasible": sum(1 for r in search if r.probed and r.status in MEMORY_INFEASIBLE),
+            "unsupported": sum(1 for r in search if r.probed and r.status == "unsupported"),
+            "failed": sum(1 for r in search if r.probed and r.status in FAILED),
+            "inferred": sum(1 for r in search if r.inferred),
+            "skipped": sum(1 for r in search if r.status == "skipped"),
+            "confirm_probes": sum(1 for r in self.records if r.phase == "confirm"),
+        }
+
+    def _median_probe_wall(self) -> float | None:
+        """Typical seconds from submit to result (measured here: includes queueing and launch)."""
+        if self._durations:
+            return median(self._durations)
+        walls = [r.wall_s for r in self.records if r.probed and r.wall_s]
+        return median([float(w) for w in walls]) if walls else None
+
+    def _all_pruned(self) -> bool:
+        """True when the pruner rejects every configuration of a countable space (nothing to probe)."""
+        if self.pruner is None or self.distinct is None:
+            return False
+        seen: set[str] = set()
+        for choice in iter_choices(self.space, micro_batches=self.micro_batches, worlds=self.worlds):
+            c = candidate_from_choice(choice, effective_batch=self.effective_batch)
+            if isinstance(c, Candidate) and candidate_id(c) not in seen:
+                seen.add(candidate_id(c))
+                if not self.pruner(c):
+                    return False
+        return bool(seen)
+
+    def _unseen_choice(self, seen: set[str], salt: int) -> dict[str, Any] | None:
+        """A runnable choice whose candidate is not in ``seen`` and not provably infeasible."""
+        rng = random.Random(self.seed * 1_000_003 + salt)
+        known = [r for r in self.records if r.phase == "search"]
+
+        def fresh(choice: dict[str, Any], *, probeable: bool = True) -> bool:
+            c = candidate_from_choice(choice, effective_batch=self.effective_batch)
+            if not isinstance(c, Candidate) or candidate_id(c) in seen:
+                return False
+            return not probeable or infer_infeasible(c, known) is None
+
+        if self.distinct is not None:
+            if self._all_choices is None:
+                self._all_choices = list(
+                    iter_choices(self.space, micro_batches=self.micro_batches, worlds=self.worlds)
+                )
+            # prefer one worth probing; else one that will be recorded as inferred (free)
+            pool = [ch for ch in self._all_choices if fresh(ch)] or [
+                ch for ch in self._all_choices if fresh(ch, probeable=False)
+            ]
+            return rng.choice(pool) if pool else None
+        for _ in range(500):
+            choice = {d: rng.choice(list(self.space.choices(d))) for d in DIMENSIONS}
+            choice["micro_batch"] = rng.choice(self.micro_batches)
+            choice["gpus_per_trial"] = rng.choice(self.worlds)
+            if fresh(choice):
+                return choice
+        return None
+
+    # ---------------------------------------------------------------- resume
+
+    def _restore(self) -> None:
+        """Adopt the journal's records; make the study agree with them."""
+        for r in self._history:
+            self._add_restored(r)
+        told = {
+            t.user_attrs.get("key")
+            for t in self.study.get_trials(deepcopy=False)
+            if t.state in (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
+        }
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
+            if t.state == TrialState.RUNNING:  # the killed run's in-flight asks
+                self.study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+        for r in self.records:
+            if r.phase != "search" or r.key in told or r.status in FAILED or not r.params:
+                continue
+            internal = self._to_optuna(r.params)
+            if internal is None:
+                continue  # the space changed: the record still counts, the sampler just does not see it
+            usable = self.settings.usable_bytes()
+            self.study.add_trial(
+                optuna.trial.create_trial(
+                    params=internal,
+                    distributions={k: self.distributions[k] for k in r.params},
+                    value=float(r.tokens_per_s or 0.0) if r.status == "ok" else 0.0,
+                    user_attrs={"key": r.key, "status": r.status, "restored": True},
+                    constraints={_CONSTRAINT: constraint_value(r.status, r.peak_mem_bytes, usable)},
+                )
+            )
+            told.add(r.key)
+
+    def _add_restored(self, r: TrialRecord) -> None:
+        r.number = len(self.records)
+        self.records.append(r)
+
+    # ---------------------------------------------------------------- the loop
+
+    def run(self) -> SearchOutcome:
+        start = self.clock()
+        self._restore()
+        cache: dict[str, TrialRecord] = {r.key: r for r in self.records if r.phase == "search"}
+        for choice in self.seed_choices:
+            self.study.enqueue_trial(self._seed_params(choice), skip_if_exists=True)
+        # the baseline (the config a user would type) is probed like any other: inside the space
+        # as an enqueued trial, outside it as an extra probe the sampler does not see
+        extra: list[Candidate] = []
+        if self.baseline is not None and candidate_id(self.baseline) not in cache:
+            internal = self._optuna_params_of(self.baseline)
+            if internal is not None:
+                self.study.enqueue_trial(internal, skip_if_exists=True)
+            else:
+                extra.append(self.baseline)
+        self._emit(
+            "start", max_trials=self.max_trials, slots=self.executor.slots, distinct=self.distinct,
+            restored=len(self.records), skipped_choices=self.skipped_choices,
+        )
+
+        in_flight: dict[str, tuple[Trial | None, Candidate, str, dict[str, Any]]] = {}
+        in_flight_keys: dict[str, str] = {}  # candidate key -> ticket
+        waiters: dict[str, list[Trial]] = {}
+        submitted_at: dict[str, float] = {}
+        probes = sum(1 for r in self.records if r.phase == "search" and r.probed)
+        idle_asks = 0
+        stop_reason = ""
+
+        def time_left() -> float | None:
+            if self.time_budget_s is None:
+                return None
+            return self.time_budget_s - (self.clock() - start)
+
+        def may_start_another() -> str:
+            if probes + len(in_flight) >= self.max_trials:
+                return f"max trials ({self.max_trials}) reached"
+            runnable_seen = sum(1 for k in cache if not k.startswith("skip-"))
+            if self.distinct is not None and runnable_seen + len(in_flight) >= self.distinct:
+                return f"space exhausted (all {self.distinct} distinct configurations seen)"
+            if idle_asks >= _MAX_IDLE_ASKS:
+                return f"space exhausted (the sampler proposed only seen configurations {idle_asks} times)"
+            left = time_left()
+            if left is not None:
+                per_probe = self._median_probe_wall() or 0.0
+                reserve = per_probe * self.top_k * self.confirm_repeats * 1.5 / max(1, self.executor.slots)
+                if left <= per_probe + reserve:
+                    return "time budget reached"
+            return ""
+
+        if self._all_pruned():
+            stop_reason = "the memory model predicts every configuration far above the budget"
+        while not stop_reason or in_flight:
+            while len(in_flight) < max(1, self.executor.slots):
+                stop_reason = may_start_another()
+                if stop_reason:
+                    break
+                if extra and (probes > 0 or not self.seed_choices):
+                    # after the first probe has landed: a cold start's slowness falls on a seed
+                    cand = extra.pop(0)
+                    key = candidate_id(cand)
+                    if key in cache or key in in_flight_keys:
+                        continue
+                    ticket = self.executor.submit(self._request(cand))
+                    in_flight[ticket] = (None, cand, key, {})
+                    in_flight_keys[key] = ticket
+                    submitted_at[ticket] = self.clock()
+                    self._emit("submit", label=candidate_label(cand), key=key, in_flight=len(in_flight),
+                               probes=probes + len(in_flight), max_trials=self.max_trials, time_left=time_left())
+                    continue
+                if idle_asks and idle_asks % _NUDGE_EVERY == 0:
+                    # TPE keeps proposing what it has seen (common once few configurations are
+                    # left): hand it one it has not seen, so the search keeps covering the space
+                    unseen = self._unseen_choice(set(cache) | set(in_flight_keys), idle_asks)
+                    if unseen is not None:
+                        self.study.enqueue_trial(self._seed_params(unseen), skip_if_exists=False)
+                trial = self.study.ask()
+                choice = self._suggest(trial)
+                params = self._choice_params(choice)
+                built = candidate_from_choice(choice, effective_batch=self.effective_batch)
+                if isinstance(built, Skip):
+                    idle_asks += 1
+                    rec = cache.get(built.key)
+                    if rec is None:
+                        rec = self._add(TrialRecord(key=built.key, status="skipped", params=params,
+                                                    reason=built.reason, label=_choice_label(choice)))
+                        cache[built.key] = rec
+                        self._emit("record", record=rec, best=self._best_so_far(), counts=self._counts(),
+                                   time_left=time_left())
+                    self._tell(trial, rec)
+                    continue
+                cand, key = built, candidate_id(built)
+                if key in cache:  # duplicate ask: answer from the cache, never probe twice
+                    idle_asks += 1
+                    self._tell(trial, cache[key])
+                    continue
+                if key in in_flight_keys:
+                    idle_asks += 1
+                    waiters.setdefault(key, []).append(trial)
+                    continue
+                proof = infer_infeasible(cand, cache.values())
+                reason = ""
+                status = ""
+                if proof is not None:
+                    status = proof.status
+                    pc = proof.candidate or {}
+                    reason = (
+                        f"inferred: micro_batch {pc.get('micro_batch')} with the same other choices was "
+                        f"{proof.status}" + (f" ({proof.reason})" if proof.reason else "")
+                    )
+                elif self.pruner is not None:
+                    pruned = self.pruner(cand)
+                    if pruned:
+                        status, reason = "over_budget", f"inferred: {pruned}"
+                if status:
+                    idle_asks += 1
+                    rec = self._add(TrialRecord(key=key, status=status, candidate=dataclasses.asdict(cand),
+                                                params=params, reason=reason, inferred=True,
+                                                label=candidate_label(cand)))
+                    cache[key] = rec
+                    self._tell(trial, rec)
+                    self._emit("record", record=rec, best=self._best_so_far(), counts=self._counts(),
+                               time_left=time_left())
+                    continue
+                idle_asks = 0
+                ticket = self.executor.submit(self._request(cand))
+                in_flight[ticket] = (trial, cand, key, params)
+                in_flight_keys[key] = ticket
+                submitted_at[ticket] = self.clock()
+                self._emit("submit", label=candidate_label(cand), key=key, in_flight=len(in_flight),
+                           probes=probes + len(in_flight), max_trials=self.max_trials, time_left=time_left())
+            if not in_flight:
+                break
+            landed = self.executor.poll(timeout=self.poll_interval_s)
+            if not landed:
+                self._emit("tick", in_flight=len(in_flight), time_left=time_left(), best=self._best_so_far())
+            for ticket, result in landed:
+                if ticket not in in_flight:
+                    continue
+                asked, cand, key, params = in_flight.pop(ticket)
+                in_flight_keys.pop(key, None)
+                self._durations.append(self.clock() - submitted_at.pop(ticket))
+                probes += 1
+                rec = self._add(self._record_from_result(key, cand, params, result))
+                cache[key] = rec
+                if asked is not None:
+                    self._tell(asked, rec)
+                for waiter in waiters.pop(key, []):
+                    self._tell(waiter, rec)
+                self._emit("record", record=rec, best=self._best_so_far(), counts=self._counts(),
+                           time_left=time_left())
+        # asks that waited on a key whose probe never landed (cannot happen normally): mark failed
+        for trials in waiters.values():
+            for t in trials:
+                self.study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+
+        ranking, best, best_record = self._confirm()
+        counts = self._counts()
+        wall = self.clock() - start
+        self._emit("done", best=best_record, counts=counts, wall_s=wall, stop_reason=stop_reason)
+        return SearchOutcome(
+            records=self.records,
+            best=best,
+            best_record=best_record,
+            ranking=ranking,
+            skipped_choices=self.skipped_choices,
+            counts=counts,
+            wall_s=wall,
+            stop_reason=stop_reason,
+            distinct_candidates=self.distinct,
+        )
+
+    # ---------------------------------------------------------------- confirmation
+
+    def _run_confirms(self, todo: list[tuple[TrialRecord, int]]) -> None:
+        queue = list(todo)
+        in_flight: dict[str, tuple[TrialRecord, int, Candidate]] = {}
+        while queue or in_flight:
+            while queue and len(in_flight) < max(1, self.executor.slots):
+                rec, rep = queue.pop(0)
+                cand = rec.candidate_obj()
+                assert cand is not None
+                ticket = self.executor.submit(self._request(cand, confirm=True))
+                in_flight[ticket] = (rec, rep, cand)
+                self._emit("submit", label=rec.label, key=rec.key, phase="confirm", in_flight=len(in_flight))
+            for ticket, result in self.executor.poll(timeout=self.poll_interval_s):
+                if ticket not in in_flight:
+                    continue
+                rec, rep, cand = in_flight.pop(ticket)
+                new = self._add(self._record_from_result(rec.key, cand, rec.params, result, phase="confirm",
+                                                         repeat=rep))
+                self._emit("record", record=new, best=self._best_so_far(), counts=self._counts(), time_left=None)
+
+    def _confirm(self) -> tuple[list[dict[str, Any]], ProbeResult | None, TrialRecord | None]:
+        ok = sorted(
+            (r for r in self.records if r.phase == "search" and r.probed and r.status == "ok" and r.tokens_per_s),
+            key=lambda r: -(r.tokens_per_s or 0.0),
+        )
+        if not ok:
+            return [], None, None
+        if self.top_k == 0 or self.confirm_repeats == 0:
+            first = ok[0]
+            return [_rank_entry(first, [])], ProbeResult.from_dict(first.result or {}), first
+        ranking: list[dict[str, Any]] = []
+        start = 0
+        while start < len(ok):
+            group = ok[start : start + self.top_k]
+            if start == 0 and self.baseline is not None:
+                # the baseline is re-measured too, so "best vs baseline" compares confirmed medians
+                bkey = candidate_id(self.baseline)
+                group += [r for r in ok if r.key == bkey and r not in group]
+            start += self.top_k
+            done = {(r.key, r.repeat) for r in self.records if r.phase == "confirm"}
+            todo = [(r, rep) for r in group for rep in range(self.confirm_repeats) if (r.key, rep) not in done]
+            if todo:
+                self._emit("confirm", count=len(todo), steps=self.confirm_steps)
+                self._run_confirms(todo)
+            entries = []
+            for r in group:
+                confirms = [c for c in self.records if c.phase == "confirm" and c.key == r.key]
+                entries.append(_rank_entry(r, confirms))
+            ranking += entries
+            eligible = [e for e in entries if e["status"] != "failed_confirm"]
+            if eligible:
+                break
+        eligible = [e for e in ranking if e["status"] != "failed_confirm"]
+        if not eligible:
+            return ranking, None, None
+        winner = max(eligible, key=lambda e: (e["status"] == "confirmed", e["median_tokens_per_s"]))
+        ranking.sort(key=lambda e: (e["status"] != "failed_confirm", e["status"] == "confirmed",
+                                    e["median_tokens_per_s"]), reverse=True)
+        best_record = next(r for r in ok if r.key == winner["key"])
+        best = _best_result(best_record, [c for c in self.records if c.phase == "confirm" and c.key == winner["key"]],
+                            winner)
+        return ranking, best, best_record
+
+
+def _float(v: Any) -> float | None:
+    try:
+        return float(v) if v is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _choice_label(choice: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in choice.items() if k in ("micro_batch", "gpus_per_trial", "zero_stage",
+                                                                      "offload", "sharding"))
+
+
+def _rank_entry(search: TrialRecord, confirms: list[TrialRecord]) -> dict[str, Any]:
+    measurements = [float(search.tokens_per_s or 0.0)]
+    measurements += [float(c.tokens_per_s) for c in confirms if c.status == "ok" and c.tokens_per_s]
+    failed_fit = [c for c in confirms if c.status in MEMORY_INFEASIBLE]
+    confirmed_ok = [c for c in confirms if c.status == "ok" and c.tokens_per_s]
+    if failed_fit:
+        status = "failed_confirm"
+        reason = f"re-measurement was {failed_fit[0].status}: {failed_fit[0].reason}"
+    elif confirmed_ok or not confirms:
+        status, reason = ("confirmed" if confirmed_ok else "unconfirmed"), ""
+    else:
+        status, reason = "unconfirmed", f"re-measurement was {confirms[0].status}: {confirms[0].reason}"
+    peaks = [p for p in [search.peak_mem_bytes] + [c.peak_mem_bytes for c in confirms] if p is not None]
+    spreads = [c.step_time_spread for c in confirmed_ok if c.step_time_spread is not None]
+    return {
+        "key": search.key,
+        "label": search.label,
+        "candidate": search.candidate,
+        "status": status,
+        "reason": reason,
+        "search_tokens_per_s": search.tokens_per_s,
+        "confirm_tokens_per_s": [c.tokens_per_s for c in confirmed_ok],
+        "measurements": measurements,
+        "median_tokens_per_s": median(measurements),
+        "spread": relative_spread(measurements),
+        "step_time_spread": max(spreads) if spreads else search.step_time_spread,
+        "peak_mem_bytes": max(peaks) if peaks else None,
+    }
+
+
+def _best_result(search: TrialRecord, confirms: list[TrialRecord], entry: dict[str, Any]) -> ProbeResult:
+    ok = [c for c in confirms if c.status == "ok" and c.tokens_per_s and c.result]
+    med = entry["median_tokens_per_s"]
+    chosen = min(ok, key=lambda c: abs((c.tokens_per_s or 0.0) - med)) if ok else search
+    result = ProbeResult.from_dict(chosen.result or {})
+    result.metrics = dict(result.metrics)
+    result.metrics.update(
+        {
+            "confirmed_tokens_per_s": med,
+            "tokens_per_s_measurements": entry["measurements"],
+            "measurement_spread": entry["spread"],
+            "confirm_status": entry["status"],
+        }
+    )
+    if entry["peak_mem_bytes"] is not None:
+        result.metrics["peak_mem_bytes_max"] = entry["peak_mem_bytes"]
+    return result

@@ -1,0 +1,226 @@
+"""The run directory: ``results/<run-id>/`` and everything written into it.
+
+Layout::
+
+    results/<model-short>-<YYYYmmdd-HHMMSS>-<hash8>/
+        run.json        the request (model, space, budget, ...) and its cache key; written first
+        journal.jsonl   append-only, one TrialRecord per line, flushed + fsynced per probe
+        study.db        the Optuna study (sqlite:///...; --storage URL puts it elsewhere)
+        trials.csv      every probe, inference and skip (rewritten atomically)
+        summary.json    the answer; its ``status`` is ``complete`` or ``nothing_fits``
+        best/           the emitted configs
+
+``<hash8>`` is the first 8 hex digits of the cache key, so a repeat request finds its earlier run
+by name (``find_cached``) and an interrupted one finds the run to resume (``find_resumable``).
+Every file except the journal is written atomically (temporary file + ``os.replace``).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autotune.search._logic import TrialRecord
+from autotune.store.atomic import write_json_atomic, write_text_atomic
+
+__all__ = [
+    "RunDir",
+    "Journal",
+    "make_run_id",
+    "find_cached",
+    "find_resumable",
+    "TRIALS_CSV_COLUMNS",
+    "trials_csv_text",
+]
+
+TRIALS_CSV_COLUMNS = (
+    "number",
+    "phase",
+    "status",
+    "inferred",
+    "tokens_per_s",
+    "peak_mem_bytes",
+    "step_time_spread",
+    "wall_s",
+    "micro_batch",
+    "grad_accum",
+    "world_size",
+    "effective_batch",
+    "grad_ckpt",
+    "attn",
+    "precision",
+    "packing",
+    "workers",
+    "pin_memory",
+    "optim",
+    "torch_compile",
+    "liger",
+    "zero_stage",
+    "offload",
+    "sharding",
+    "label",
+    "reason",
+    "key",
+)
+
+
+def _slug(text: str, limit: int = 32) -> str:
+    last = text.rstrip("/").split("/")[-1]
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", last).strip("-.").lower()
+    return (slug or "model")[:limit]
+
+
+def make_run_id(model: str, cache_key: str, *, now: float | None = None) -> str:
+    """Readable, sortable, unique enough: ``llama-3.1-8b-20261130-142501-1a2b3c4d``."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now if now is not None else time.time()))
+    return f"{_slug(model)}-{stamp}-{cache_key[:8]}"
+
+
+class Journal:
+    """Append-only JSONL of TrialRecords; each line flushed and fsynced as it is written."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    def append(self, record: TrialRecord) -> None:
+        line = json.dumps(record.to_dict(), default=str) + "\n"
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(line)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def __call__(self, record: TrialRecord) -> None:
+        self.append(record)
+
+    def load(self) -> list[TrialRecord]:
+        """Every complete line; a line cut short by a kill is ignored."""
+        if not self.path.exists():
+            return []
+        out = []
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            if not line.strip():
+                continue
+            try:
+                out.append(TrialRecord.from_dict(json.loads(line)))
+            except (ValueError, TypeError):
+                continue
+        return out
+
+
+def trials_csv_text(records: list[TrialRecord]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(TRIALS_CSV_COLUMNS), extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for r in records:
+        row: dict[str, Any] = {
+            "number": r.number,
+            "phase": r.phase,
+            "status": r.status,
+            "inferred": r.inferred,
+            "tokens_per_s": "" if r.tokens_per_s is None else f"{r.tokens_per_s:.2f}",
+            "peak_mem_bytes": "" if r.peak_mem_bytes is None else r.peak_mem_bytes,
+            "step_time_spread": "" if r.step_time_spread is None else f"{r.step_time_spread:.4f}",
+            "wall_s": "" if r.wall_s is None else f"{r.wall_s:.2f}",
+            "label": r.label,
+            "reason": " ".join(str(r.reason).split()),
+            "key": r.key,
+        }
+        c = r.candidate or {}
+        row.update({k: v for k, v in c.items() if k in TRIALS_CSV_COLUMNS})
+        if c:
+            row["effective_batch"] = c["micro_batch"] * c["grad_accum"] * c["world_size"]
+        else:  # skipped: only the Optuna params are known
+            row.update({k: v for k, v in r.params.items() if k in TRIALS_CSV_COLUMNS})
+        w.writerow(row)
+    return buf.getvalue()
+
+
+@dataclass
+class RunDir:
+    """One run's folder and the files in it."""
+
+    path: Path
+
+    @property
+    def run_id(self) -> str:
+        return self.path.name
+
+    @property
+    def journal(self) -> Journal:
+        return Journal(self.path / "journal.jsonl")
+
+    @property
+    def study_db(self) -> Path:
+        return self.path / "study.db"
+
+    def storage_url(self) -> str:
+        return f"sqlite:///{self.study_db.resolve()}"
+
+    @property
+    def best_dir(self) -> Path:
+        return self.path / "best"
+
+    @classmethod
+    def create(cls, out: str | os.PathLike[str], run_id: str) -> RunDir:
+        base = Path(out)
+        path = base / run_id
+        n = 2
+        while path.exists():
+            path = base / f"{run_id}-{n}"
+            n += 1
+        path.mkdir(parents=True)
+        return cls(path)
+
+    def write_json(self, name: str, obj: Any) -> Path:
+        return write_json_atomic(self.path / name, obj)
+
+    def read_json(self, name: str) -> Any:
+        p = self.path / name
+        if not p.exists():
+            return None
+        try:
+            return json.loads(p.read_text(encoding="utf-8"))
+        except ValueError:
+            return None
+
+    def write_trials_csv(self, records: list[TrialRecord]) -> Path:
+        return write_text_atomic(self.path / "trials.csv", trials_csv_text(records))
+
+
+def _runs_with_key(out: Path, cache_key: str) -> Iterator[RunDir]:
+    """Run folders whose run.json carries exactly ``cache_key``, newest first."""
+    if not out.is_dir():
+        return
+    short = cache_key[:8]
+    candidates = [p for p in out.iterdir() if p.is_dir() and re.search(rf"-{short}(-\d+)?$", p.name)]
+    candidates.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    for p in candidates:
+        rd = RunDir(p)
+        meta = rd.read_json("run.json")
+        if isinstance(meta, dict) and meta.get("cache_key") == cache_key:
+            yield rd
+
+
+def find_cached(out: str | os.PathLike[str], cache_key: str) -> RunDir | None:
+    """The newest finished run (summary status ``complete``) answering the same request."""
+    for rd in _runs_with_key(Path(out), cache_key):
+        summary = rd.read_json("summary.json")
+        if isinstance(summary, dict) and summary.get("status") == "complete" and (rd.path / "best_result.json").exists():
+            return rd
+    return None
+
+
+def find_resumable(out: str | os.PathLike[str], cache_key: str) -> RunDir | None:
+    """The newest unfinished run (no summary.json) of the same request."""
+    for rd in _runs_with_key(Path(out), cache_key):
+        if not (rd.path / "summary.json").exists():
+            return rd
+    return None

@@ -1,0 +1,631 @@
+"""``autotune.tune``: search for the fastest configuration that fits, and hand it back ready to use.
+
+    result = autotune.tune("llama-3.1-8b", gpu_budget="24GB", mode="lora", seq_len=4096,
+                           effective_batch=32)
+    args = result.training_arguments("out/")        # a transformers.TrainingArguments
+
+The data path: validate the request once -> resolve the model -> cache key (a repeat request is
+answered from the stored summary) -> run directory -> Searcher (Optuna ask/tell) over an Executor
+(the Ray pool by default; each probe a fresh process) -> confirm the top few -> write
+``summary.json``, ``trials.csv``, ``best/``, ``report.md``. Nothing fits -> NothingFitsError (exit 3)
+whose message gives the smallest footprint measured and the lever that would be needed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autotune.errors import AutotuneError, NothingFitsError, SpecError
+from autotune.executors.base import Executor
+from autotune.probe.result import ProbeResult
+from autotune.search._logic import FAILED, TrialRecord, candidate_id, candidate_label
+from autotune.spec.budget import Budget, format_bytes, parse_budget
+from autotune.spec.probe_request import (
+    DEVICE_CHOICES,
+    MODE_CHOICES,
+    Candidate,
+    ProbeSettings,
+    Workload,
+)
+from autotune.spec.space import SearchSpace, load_space
+
+if TYPE_CHECKING:  # the searcher imports optuna: loaded when a search actually runs
+    from autotune.search import Pruner, SearchOutcome
+
+__all__ = ["tune", "TuneResult", "parse_duration", "parse_gpus", "nothing_fits_message"]
+
+ProgressFn = Callable[[str, dict[str, Any]], None]
+
+_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(h|m|s|ms)?", re.IGNORECASE)
+
+
+def parse_duration(value: str | float | int | None) -> float | None:
+    """Seconds from ``20m``, ``1h30m``, ``90s``, ``1.5h`` or a bare number of seconds; None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise SpecError(f"time budget must be a duration like 20m; got {value!r}")
+    if isinstance(value, (int, float)):
+        if value <= 0:
+            raise SpecError(f"time budget must be positive; got {value!r}")
+        return float(value)
+    text = str(value).strip().lower().replace(" ", "")
+    pos, total = 0, 0.0
+    factors = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001, None: 1.0}
+    while pos < len(text):
+        m = _DURATION_RE.match(text, pos)
+        if not m or m.end() == pos:
+            raise SpecError(f"time budget {value!r} is not a duration; use e.g. 20m, 1h30m, 90s or 300")
+        total += float(m.group(1)) * factors[m.group(2)]
+        pos = m.end()
+    if not text or total <= 0:
+        raise SpecError(f"time budget must be positive; got {value!r}")
+    return total
+
+
+def parse_gpus(value: str | list[int] | tuple[int, ...] | None) -> list[int] | None:
+    """GPU indices from ``"0,1,2"`` or a list; None means all that are visible."""
+    if value is None:
+        return None
+    items: list[Any] = list(value) if isinstance(value, (list, tuple)) else [s for s in str(value).split(",")]
+    out: list[int] = []
+    for item in items:
+        try:
+            idx = int(str(item).strip())
+        except ValueError:
+            raise SpecError(f"--gpus must be comma-separated GPU indices like 0,1,2; got {value!r}") from None
+        if idx < 0:
+            raise SpecError(f"--gpus indices must be >= 0; got {value!r}")
+        out.append(idx)
+    if not out or len(set(out)) != len(out):
+        raise SpecError(f"--gpus must list distinct GPU indices like 0,1,2; got {value!r}")
+    return out
+
+
+@dataclass
+class TuneResult:
+    """What ``tune`` hands back. ``best`` is the chosen (confirmed) probe; ``summary`` is summary.json."""
+
+    best: ProbeResult
+    summary: dict[str, Any]
+    run_dir: Path
+    from_cache: bool = False
+    records: list[TrialRecord] = field(default_factory=list)
+
+    @property
+    def candidate(self) -> Candidate:
+        return self.best.probe_request().candidate
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.summary.get("best", {}).get("tokens_per_s") or self.best.tokens_per_s
+
+    def training_arguments_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of ``best/training_args.json`` (or rebuilt from the candidate)."""
+        path = self.run_dir / "best" / "training_args.json"
+        if path.exists():
+            return dict(json.loads(path.read_text(encoding="utf-8")))
+        from autotune.emit.training_args import emitted_training_args
+
+        req = self.best.probe_request()
+        device = "cpu" if self.summary.get("device") == "cpu" else "cuda"
+        return emitted_training_args(req, fields=_training_args_fields(), device=device)
+
+    def training_arguments(self, output_dir: str | Path, **overrides: Any) -> Any:
+        """A ``transformers.TrainingArguments`` for the best configuration (overrides win)."""
+        from transformers import TrainingArguments  # noqa: TID251 - effectful on purpose, lazily
+
+        kw = {**self.training_arguments_kwargs(), **overrides}
+        return TrainingArguments(output_dir=str(output_dir), **kw)
+
+
+def _training_args_fields() -> set[str]:
+    from transformers import TrainingArguments  # noqa: TID251 - needs the installed field names
+
+    return {f.name for f in dataclasses.fields(TrainingArguments)}
+
+
+# ------------------------------------------------------------------------------------ helpers
+
+
+def _validate(
+    *, seq_len: Any, effective_batch: Any, mode: Any, max_trials: Any, device: Any, resume: bool, fresh: bool,
+    top_k: Any, gpus_per_trial: Any,
+) -> list[str]:
+    p: list[str] = []
+    for name, value, minimum in (("seq_len", seq_len, 8), ("effective batch", effective_batch, 1),
+                                 ("max trials", max_trials, 1), ("top_k", top_k, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            p.append(f"{name} must be an integer >= {minimum}; got {value!r}")
+    if mode not in MODE_CHOICES:
+        p.append(f"mode must be one of {', '.join(MODE_CHOICES)}; got {mode!r}")
+    if device not in DEVICE_CHOICES:
+        p.append(f"device must be one of {', '.join(DEVICE_CHOICES)}; got {device!r}")
+    if resume and fresh:
+        p.append("--resume and --fresh contradict each other: --resume continues a run, --fresh ignores stored ones")
+    if gpus_per_trial is not None and (isinstance(gpus_per_trial, bool) or not isinstance(gpus_per_trial, int)
+                                       or gpus_per_trial < 1):
+        p.append(f"gpus per trial must be an integer >= 1; got {gpus_per_trial!r}")
+    return p
+
+
+def _detect_device(device: str, gpus: list[int] | None, ray_address: str | None) -> tuple[str, list[dict[str, Any]]]:
+    """(``cpu``|``cuda``, the NVML records of the GPUs in use). Reads NVML only; no torch."""
+    from autotune.env import nvml_device_info
+
+    if device == "cpu":
+        if gpus:
+            raise SpecError("--gpus was given with --device cpu; drop one of them")
+        return "cpu", []
+    infos = nvml_device_info()
+    if gpus is not None and infos:
+        by_index = {int(g["index"]): g for g in infos}
+        missing = [g for g in gpus if g not in by_index]
+        if missing:
+            raise SpecError(f"--gpus {','.join(map(str, gpus))}: no GPU with index {missing[0]}; "
+                            f"visible: {','.join(map(str, sorted(by_index))) or 'none'}")
+        infos = [by_index[g] for g in gpus]
+    if device == "cuda":
+        if not infos and ray_address is None:
+            raise SpecError("device cuda requested but no NVIDIA GPU is visible (NVML found none); use --device cpu")
+        return "cuda", infos
+    if infos or (ray_address is not None and gpus is not None):
+        return "cuda", infos
+    if gpus is not None and ray_address is None:
+        raise SpecError(f"--gpus {','.join(map(str, gpus))} given but no NVIDIA GPU is visible here")
+    return "cpu", []
+
+
+def _device_total_bytes(device: str, gpu_infos: list[dict[str, Any]]) -> int | None:
+    if device == "cuda":
+        totals = [int(g["memory_total_bytes"]) for g in gpu_infos if g.get("memory_total_bytes")]
+        return min(totals) if totals else None
+    import psutil
+
+    return int(psutil.virtual_memory().total)
+
+
+def _default_executor(
+    *, device: str, gpus: list[int] | None, ray_address: str | None, gpus_per_probe: int,
+    progress: ProgressFn | None,
+) -> Executor:
+    try:
+        import ray  # noqa: F401, TID251 - only to see whether the Ray pool is available
+    except ImportError:
+        if ray_address is not None:
+            from autotune.errors import MissingDependencyError
+
+            raise MissingDependencyError("--ray-address needs ray: pip install 'ray>=2.50'") from None
+        from autotune.executors.local import LocalExecutor
+
+        # one at a time: local subprocesses are not pinned to GPUs, and two probes sharing a GPU
+        # would spoil each other's memory figures
+        if progress is not None:
+            progress("note", {"text": "ray is not installed: probes run one at a time as local subprocesses"})
+        return LocalExecutor(slots=1)
+    from autotune.executors.ray_pool import RayExecutor
+
+    return RayExecutor(ray_address, device=device, gpus=gpus, gpus_per_probe=gpus_per_probe)
+
+
+def _smallest_footprint(records: list[TrialRecord]) -> TrialRecord | None:
+    measured = [r for r in records if r.probed and r.peak_mem_bytes]
+    return min(measured, key=lambda r: r.peak_mem_bytes or 0) if measured else None
+
+
+def nothing_fits_message(
+    records: list[TrialRecord], *, budget_text: str, usable_bytes: int | None, space: SearchSpace, mode: str,
+    seq_len: int, predicted: dict[str, tuple[int, str]] | None = None,
+) -> str:
+    """Why nothing fits, by how much, and the lever that would be needed."""
+    probed = [r for r in records if r.probed and r.phase == "search"]
+    usable = f" (usable {format_bytes(usable_bytes)})" if usable_bytes else ""
+    head = f"nothing fits the budget {budget_text}{usable}"
+    levers: list[str] = []
+    if True not in space.grad_ckpt:
+        levers.append("allow gradient checkpointing in the search space")
+    if mode == "full":
+        levers.append("try --mode lora")
+    elif mode == "lora":
+        levers.append("try --mode qlora")
+    if seq_len > 512:
+        levers.append(f"a shorter --seq-len than {seq_len}")
+    if not probed:
+        if predicted:
+            low, label = min(predicted.values())
+            return (f"{head}: the memory model predicts >= {format_bytes(low)} even for the smallest configuration "
+                    f"({label}); nothing was probed; " + "; ".join(levers + [
+                        f"a budget of at least {format_bytes(int(low * 1.06))}"]))
+        return f"{head}: no probe ran (every choice was skipped or inferred infeasible)"
+    smallest = _smallest_footprint(probed)
+    statuses = sorted({r.status for r in probed})
+    if all(r.status in FAILED + ("unsupported",) for r in probed):
+        first = probed[0]
+        counts = ", ".join(f"{sum(1 for r in probed if r.status == s)} {s}" for s in statuses)
+        return f"{head}: no probe could be measured ({counts}); first: {first.status}: {first.reason}"
+    if smallest is None:
+        statuses_text = ", ".join(f"{sum(1 for r in probed if r.status == s)} {s}" for s in statuses)
+        return f"{head}: every probe ran out of memory ({statuses_text}); " + "; ".join(levers or ["a larger budget"])
+    c = smallest.candidate or {}
+    where = f"micro_batch {c.get('micro_batch')} " + ("with" if c.get("grad_ckpt") else "without") + " checkpointing"
+    levers.append(f"a budget of at least {format_bytes(int((smallest.peak_mem_bytes or 0) * 1.06))}")
+    return (
+        f"{head}: needs >= {format_bytes(smallest.peak_mem_bytes)} at {where} "
+        f"({smallest.label}, the smallest footprint measured); " + "; ".join(levers)
+    )
+
+
+def _effective_batch_parts(c: Candidate) -> dict[str, Any]:
+    return {
+        "value": c.micro_batch * c.grad_accum * c.world_size,
+        "micro_batch": c.micro_batch,
+        "grad_accum": c.grad_accum,
+        "world_size": c.world_size,
+        "text": f"{c.micro_batch} × {c.grad_accum} × {c.world_size}",
+    }
+
+
+def _build_summary(
+    *, outcome: SearchOutcome, base: dict[str, Any], usable: int | None, budget_bytes: int,
+) -> dict[str, Any]:
+    summary = dict(base)
+    best, rec = outcome.best, outcome.best_record
+    summary["wall_s"] = round(outcome.wall_s, 3)
+    summary["counts"] = outcome.counts
+    summary["probes_run"] = outcome.counts.get("probed", 0) + outcome.counts.get("confirm_probes", 0)
+    summary["inferred"] = outcome.counts.get("inferred", 0)
+    summary["failed"] = outcome.counts.get("failed", 0)
+    summary["skipped_choices"] = outcome.skipped_choices
+    summary["stop_reason"] = outcome.stop_reason
+    summary["distinct_candidates"] = outcome.distinct_candidates
+    summary["top"] = [
+        {k: e[k] for k in ("label", "status", "median_tokens_per_s", "measurements", "spread", "step_time_spread",
+                           "peak_mem_bytes", "candidate", "reason")}
+        for e in outcome.ranking
+    ]
+    if best is not None and rec is not None:
+        c = best.probe_request().candidate
+        peak = best.metrics.get("peak_mem_bytes_max") or best.peak_mem_bytes
+        summary["best"] = {
+            "label": candidate_label(c),
+            "candidate": dataclasses.asdict(c),
+            "tokens_per_s": best.metrics.get("confirmed_tokens_per_s", best.tokens_per_s),
+            "tokens_per_s_measurements": best.metrics.get("tokens_per_s_measurements"),
+            "spread": best.metrics.get("measurement_spread"),
+            "step_time_spread": best.metrics.get("step_time_spread"),
+            "confirm_status": best.metrics.get("confirm_status"),
+            "peak_mem_bytes": peak,
+            "peak_vs_budget": (peak / budget_bytes) if peak and budget_bytes else None,
+            "peak_vs_usable": (peak / usable) if peak and usable else None,
+            "effective_batch": _effective_batch_parts(c),
+        }
+    return summary
+
+
+# ------------------------------------------------------------------------------------ tune
+
+
+def tune(
+    model: str,
+    *,
+    gpu_budget: str | int | Budget,
+    seq_len: int = 2048,
+    effective_batch: int = 64,
+    mode: str = "full",
+    space: str | Path | SearchSpace = "default",
+    dataset: str | None = None,
+    max_trials: int = 40,
+    time_budget: str | float | None = None,
+    gpus: str | list[int] | None = None,
+    ray_address: str | None = None,
+    device: str = "auto",
+    storage: str | None = None,
+    out: str | Path = "results",
+    seed: int = 42,
+    resume: bool = False,
+    fresh: bool = False,
+    executor: Executor | None = None,
+    progress: ProgressFn | None = None,
+    gpus_per_trial: int | None = None,
+    top_k: int = 3,
+    steps: int = 5,
+    warmup_steps: int = 2,
+    probe_timeout_s: float = 300.0,
+    baseline: bool = True,
+    trust_remote_code: bool = False,
+    pruner: Pruner | None = None,
+    prune: bool | None = None,
+) -> TuneResult:
+    """Find the fastest configuration of ``model`` that fits ``gpu_budget``, by measuring.
+
+    Raises SpecError (exit 2) for a bad request, NothingFitsError (exit 3) when no configuration
+    fits. ``executor`` replaces the default Ray pool (and is not closed here). ``prune`` (default: on
+    for GPUs, off on CPU where the memory model is rougher) skips candidates the estimator predicts
+    far above the budget (recorded as inferred); ``pruner`` replaces that rule. ``progress(event,
+    data)`` receives ``start``, ``submit``, ``record``, ``tick``, ``confirm``, ``done``, ``cached``
+    and ``note`` events.
+    """
+    t0 = time.monotonic()
+    problems = _validate(seq_len=seq_len, effective_batch=effective_batch, mode=mode, max_trials=max_trials,
+                         device=device, resume=resume, fresh=fresh, top_k=top_k, gpus_per_trial=gpus_per_trial)
+    for fn in (lambda: parse_duration(time_budget), lambda: parse_budget(gpu_budget), lambda: parse_gpus(gpus)):
+        try:
+            fn()
+        except SpecError as exc:
+            problems += exc.problems
+    space_obj: SearchSpace | None = None
+    try:
+        space_obj = space if isinstance(space, SearchSpace) else load_space(space)
+    except SpecError as exc:
+        problems += exc.problems
+    if problems:
+        raise SpecError(problems)
+    assert space_obj is not None
+    time_budget_s = parse_duration(time_budget)
+    budget = parse_budget(gpu_budget)
+    gpu_list = parse_gpus(gpus)
+    if gpus_per_trial is not None:
+        space_obj = dataclasses.replace(space_obj, gpus_per_trial=(gpus_per_trial,))
+
+    from autotune.models import check_seq_len, resolve_model
+
+    resolved = resolve_model(model, trust_remote_code=trust_remote_code)
+    check_seq_len(resolved, seq_len)
+    if dataset is not None and not Path(dataset).exists():
+        raise SpecError(f"dataset {dataset!r} does not exist")
+
+    dev, gpu_infos = _detect_device(device, gpu_list, ray_address)
+    budget_bytes = budget.resolve(_device_total_bytes(dev, gpu_infos) if budget.fraction is not None else None)
+    settings = ProbeSettings(device=dev, budget_bytes=budget_bytes, budget_text=budget.text,
+                             warmup_steps=warmup_steps, steps=steps, timeout_s=probe_timeout_s)
+    workload = Workload(model=resolved.name, model_path=resolved.path, seq_len=seq_len, mode=mode, dataset=dataset,
+                        trust_remote_code=trust_remote_code, seed=seed)
+    problems = workload.problems() + settings.problems()
+    if problems:
+        raise SpecError(problems)
+    usable = settings.usable_bytes()
+
+    from autotune.store import (
+        RunDir,
+        cache_key,
+        dataset_identity,
+        find_cached,
+        find_resumable,
+        hardware_fingerprint,
+        make_run_id,
+        software_versions,
+    )
+
+    hardware = hardware_fingerprint(dev, gpu_infos)
+    if ray_address is not None:
+        hardware["ray_address"] = ray_address
+    software = software_versions()
+    search_settings = {"max_trials": max_trials, "seed": seed, "top_k": top_k, "steps": steps,
+                       "gpus": gpu_list, "headroom": settings.headroom}
+    key = cache_key(model_config=resolved.config, space=space_obj.to_dict(), budget_bytes=budget_bytes,
+                    seq_len=seq_len, effective_batch=effective_batch, mode=mode, hardware=hardware,
+                    software=software, dataset=dataset_identity(dataset), search=search_settings)
+    out_path = Path(out)
+
+    if not fresh:
+        cached = find_cached(out_path, key)
+        if cached is not None:
+            summary = cached.read_json("summary.json") or {}
+            best = ProbeResult.from_dict(cached.read_json("best_result.json"))
+            summary = {**summary, "from_cache": True, "answered_in_s": round(time.monotonic() - t0, 3)}
+            if progress is not None:
+                progress("cached", {"run_dir": str(cached.path), "summary": summary})
+            return TuneResult(best=best, summary=summary, run_dir=cached.path, from_cache=True)
+        refused = _cached_nothing_fits(out_path, key)
+        if refused is not None:
+            if progress is not None:
+                progress("cached", {"run_dir": str(refused[0]), "summary": refused[1]})
+            raise NothingFitsError(str(refused[1].get("message", "nothing fits (cached answer)")) + " [cached]")
+
+    run_dir = find_resumable(out_path, key) if resume else None
+    resumed = run_dir is not None
+    if run_dir is None:
+        run_dir = RunDir.create(out_path, make_run_id(resolved.name, key))
+    history = run_dir.journal.load() if resumed else []
+    storage_url = storage or run_dir.storage_url()
+    base_summary: dict[str, Any] = {
+        "status": "running",
+        "run_id": run_dir.run_id,
+        "run_dir": str(run_dir.path),
+        "cache_key": key,
+        "from_cache": False,
+        "resumed": resumed,
+        "model": model,
+        "model_name": resolved.name,
+        "model_source": str(resolved.source),
+        "mode": mode,
+        "seq_len": seq_len,
+        "effective_batch": effective_batch,
+        "device": dev,
+        "gpu_budget": budget.text,
+        "budget_bytes": budget_bytes,
+        "usable_bytes": usable,
+        "headroom": settings.headroom,
+        "seed": seed,
+        "space": {"name": space_obj.name, "source": space_obj.source, "dimensions": space_obj.to_dict()},
+        "search": {"max_trials": max_trials, "time_budget_s": time_budget_s, "top_k": top_k, "steps": steps,
+                   "confirm_steps": steps * 2, "storage": storage_url, "study_name": run_dir.run_id},
+        "environment": {"hardware": hardware, "software": software},
+    }
+    if not resumed:
+        run_dir.write_json("run.json", {"cache_key": key, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                        "request": {k: base_summary[k] for k in (
+                                            "model", "mode", "seq_len", "effective_batch", "device", "gpu_budget",
+                                            "seed", "space", "search")}})
+    if progress is not None:
+        progress("run_dir", {"run_dir": str(run_dir.path), "resumed": resumed, "restored": len(history)})
+
+    own_executor = executor is None
+    try:
+        import optuna
+    except ImportError:  # e.g. a GPU box with only the training stack installed
+        from autotune.errors import MissingDependencyError
+
+        raise MissingDependencyError("autotune run needs optuna: pip install 'optuna>=5.0'") from None
+
+    from autotune.search import Searcher
+
+    prev_verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    journal = run_dir.journal
+    try:
+        if executor is None:
+            executor = _default_executor(device=dev, gpus=gpu_list, ray_address=ray_address,
+                                         gpus_per_probe=min(space_obj.gpus_per_trial), progress=progress)
+        max_world = len(gpu_infos) if dev == "cuda" and gpu_infos else (1 if dev == "cpu" else None)
+        ex_gpus = getattr(executor, "total_gpus", None)
+        if dev == "cuda" and ex_gpus:
+            max_world = int(ex_gpus) if ray_address is not None else min(max_world or ex_gpus, int(ex_gpus))
+        if pruner is None and (prune if prune is not None else dev == "cuda"):
+            pruner = _estimate_pruner(resolved.config, workload, dev, budget_bytes)
+        baseline_cand = _baseline_candidate(space_obj, effective_batch) if baseline else None
+        searcher = Searcher(
+            space=space_obj, workload=workload, settings=settings, effective_batch=effective_batch,
+            executor=executor, max_trials=max_trials, time_budget_s=time_budget_s, seed=seed,
+            storage=storage_url, study_name=run_dir.run_id, top_k=top_k, device=dev, max_world=max_world,
+            history=history, sink=journal, pruner=pruner, progress=progress, baseline=baseline_cand,
+        )
+        outcome = searcher.run()
+    finally:
+        optuna.logging.set_verbosity(prev_verbosity)
+        if own_executor and executor is not None:
+            executor.close()
+
+    run_dir.write_trials_csv(outcome.records)
+    summary = _build_summary(outcome=outcome, base=base_summary, usable=usable, budget_bytes=budget_bytes)
+    baseline_result = None
+    if baseline_cand is not None:
+        baseline_result, summary["baseline"] = _baseline_summary(outcome, baseline_cand)
+        b_tps, best_tps = summary["baseline"].get("tokens_per_s"), summary.get("best", {}).get("tokens_per_s")
+        if summary["baseline"].get("status") == "ok" and b_tps and best_tps:
+            summary["speedup_vs_baseline"] = best_tps / b_tps
+    if outcome.best is None:
+        message = nothing_fits_message(outcome.records, budget_text=budget.text, usable_bytes=usable,
+                                       space=space_obj, mode=mode, seq_len=seq_len,
+                                       predicted=getattr(pruner, "predictions", None))
+        smallest = _smallest_footprint(outcome.records)
+        summary.update({"status": "nothing_fits", "message": message,
+                        "smallest_footprint_bytes": smallest.peak_mem_bytes if smallest else None})
+        _write_report(run_dir, summary, outcome, None)
+        run_dir.write_json("summary.json", summary)
+        raise NothingFitsError(message)
+
+    best = outcome.best
+    run_dir.write_json("best_result.json", best.to_dict())
+    files = _emit(best, run_dir, dev, progress)
+    _write_report(run_dir, summary, outcome, baseline_result)
+    summary["files"] = sorted(str(p.relative_to(run_dir.path)) for p in files + [
+        run_dir.path / n for n in ("trials.csv", "report.md", "best_result.json", "summary.json")
+        if (run_dir.path / n).exists() or n == "summary.json"])
+    summary["status"] = "complete"
+    run_dir.write_json("summary.json", summary)
+    return TuneResult(best=best, summary=summary, run_dir=run_dir.path, records=outcome.records)
+
+
+def _estimate_pruner(config: dict[str, Any], workload: Workload, device: str, budget_bytes: int) -> Pruner | None:
+    """The estimator's rule: skip a candidate predicted above budget x PRUNE_FACTOR."""
+    try:
+        from autotune.estimate import PRUNE_FACTOR, predict_peak_bytes, should_prune
+    except ImportError:  # pragma: no cover
+        return None
+
+    predictions: dict[str, tuple[int, str]] = {}
+
+    def prune(candidate: Candidate) -> str | None:
+        try:
+            predicted = predict_peak_bytes(workload, candidate, config, device)
+        except Exception:  # an architecture the model does not know: let the probe decide
+            return None
+        predictions[candidate_id(candidate)] = (int(predicted), candidate_label(candidate))
+        if should_prune(predicted, budget_bytes):
+            return (f"predicted peak {format_bytes(predicted)} is above the budget "
+                    f"{format_bytes(budget_bytes)} x {PRUNE_FACTOR:g} (not probed)")
+        return None
+
+    prune.predictions = predictions  # type: ignore[attr-defined]  # read by the nothing-fits message
+    return prune
+
+
+def _cached_nothing_fits(out: Path, key: str) -> tuple[Path, dict[str, Any]] | None:
+    from autotune.store.run_dir import _runs_with_key
+
+    for rd in _runs_with_key(out, key):
+        s = rd.read_json("summary.json")
+        if isinstance(s, dict) and s.get("status") == "nothing_fits":
+            return rd.path, s
+        if isinstance(s, dict) and s.get("status") == "complete":
+            return None
+    return None
+
+
+def _baseline_candidate(space: SearchSpace, effective_batch: int) -> Candidate | None:
+    """The "HF default" (what a user would type) for this effective batch, on the fewest GPUs."""
+    from autotune.emit.training_args import hf_default_candidate
+
+    world = 1 if 1 in space.gpus_per_trial else min(space.gpus_per_trial)
+    try:
+        cand = hf_default_candidate(effective_batch, world_size=world)
+    except ValueError:
+        return None
+    if cand.micro_batch * cand.grad_accum * cand.world_size != effective_batch:
+        return None  # it cannot hold this effective batch: no honest comparison
+    return cand
+
+
+def _baseline_summary(outcome: SearchOutcome, cand: Candidate) -> tuple[ProbeResult | None, dict[str, Any]]:
+    """The baseline's figures: its confirmed median when it made the top-k, else its one probe."""
+    key = candidate_id(cand)
+    info: dict[str, Any] = {"label": candidate_label(cand), "candidate": dataclasses.asdict(cand),
+                            "status": "not measured"}
+    rec = next((r for r in outcome.records if r.key == key and r.phase == "search" and r.result is not None), None)
+    if rec is None:
+        return None, info
+    result = ProbeResult.from_dict(rec.result or {})
+    info.update(status=rec.status, reason=rec.reason, tokens_per_s=rec.tokens_per_s,
+                peak_mem_bytes=rec.peak_mem_bytes, confirmed=False)
+    entry = next((e for e in outcome.ranking if e["key"] == key), None)
+    if entry is not None and entry["status"] == "confirmed":
+        info.update(tokens_per_s=entry["median_tokens_per_s"], measurements=entry["measurements"], confirmed=True)
+    return result, info
+
+
+def _emit(best: ProbeResult, run_dir: Any, device: str, progress: ProgressFn | None) -> list[Path]:
+    try:
+        from autotune.emit import emit_all
+    except ImportError:  # pragma: no cover - the emitters are part of the package
+        return []
+    try:
+        return list(emit_all(best, run_dir.best_dir, fields=_training_args_fields(), device=device))
+    except AutotuneError as exc:
+        if progress is not None:
+            progress("note", {"text": f"could not write best/: {exc}"})
+        return []
+
+
+def _write_report(run_dir: Any, summary: dict[str, Any], outcome: SearchOutcome, baseline: ProbeResult | None) -> None:
+    try:
+        from autotune.report.markdown import render_report_md
+    except ImportError:  # pragma: no cover
+        return
+    results = [ProbeResult.from_dict(r.result) for r in outcome.records
+               if r.result is not None and r.phase == "search" and not r.inferred]
+    from autotune.store import write_text_atomic
+
+    try:
+        text = render_report_md(summary, results, baseline=baseline)
+    except Exception as exc:  # the report must never cost the user the answer
+        text = f"# autotune report\n\nThe report could not be rendered: {exc!r}\n"
+    write_text_atomic(run_dir.path / "report.md", text)
+

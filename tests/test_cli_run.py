@@ -1,0 +1,293 @@
+"""``autotune run`` and ``autotune.tune``: flags, outputs, cache, resume, exit codes.
+
+The fast tests swap the Ray pool for the fake executor (a synthetic landscape); the slow one runs
+the CLI end to end on CPU through real Ray and real probes on tiny-llama.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from pathlib import Path
+
+import pytest
+from _fakes import FakeExecutor, GiB
+from typer.testing import CliRunner
+
+import autotune.tune as tune_mod
+from autotune.cli.app import app
+from autotune.errors import NothingFitsError, SpecError
+from autotune.tune import parse_duration, parse_gpus, tune
+
+ANSI = re.compile(r"\x1b\[")
+BASE = ["run", "--model", "tiny-llama", "--device", "cpu", "--seq-len", "512", "--effective-batch", "16",
+        "--space", "cpu", "--max-trials", "8"]
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> list[FakeExecutor]:
+    made: list[FakeExecutor] = []
+
+    def factory(**kwargs):
+        ex = FakeExecutor()
+        made.append(ex)
+        return ex
+
+    monkeypatch.setattr(tune_mod, "_default_executor", factory)
+    return made
+
+
+def run(args: list[str]):
+    return CliRunner().invoke(app, args, catch_exceptions=False)
+
+
+def only_run_dir(out: Path) -> Path:
+    dirs = [p for p in out.iterdir() if p.is_dir()]
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+# ------------------------------------------------------------------------------ parsing
+
+
+def test_parse_duration() -> None:
+    assert parse_duration("20m") == 1200
+    assert parse_duration("1h30m") == 5400
+    assert parse_duration("90s") == 90
+    assert parse_duration("1.5h") == 5400
+    assert parse_duration("300") == 300
+    assert parse_duration(None) is None
+    for bad in ("soon", "-5m", "0", "5x"):
+        with pytest.raises(SpecError, match="time budget"):
+            parse_duration(bad)
+
+
+def test_parse_gpus() -> None:
+    assert parse_gpus("0,1,2,3") == [0, 1, 2, 3]
+    assert parse_gpus(None) is None
+    for bad in ("a,b", "0,0", "-1", ""):
+        with pytest.raises(SpecError, match="--gpus"):
+            parse_gpus(bad)
+
+
+# ------------------------------------------------------------------------------ the CLI
+
+
+def test_run_writes_everything_and_prints_one_answer(tmp_path: Path, fake) -> None:
+    res = run(BASE + ["--gpu-budget", "10GiB", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    rd = only_run_dir(tmp_path)
+    assert rd.name.startswith("tiny-llama-")
+    for name in ("summary.json", "trials.csv", "journal.jsonl", "study.db", "run.json", "report.md",
+                 "best_result.json", "best/training_args.json", "best/model_kwargs.json",
+                 "best/accelerate_config.yaml", "best/train.py"):
+        assert (rd / name).exists(), name
+    summary = json.loads((rd / "summary.json").read_text())
+    assert summary["status"] == "complete"
+    best = summary["best"]
+    eb = best["effective_batch"]
+    assert eb["value"] == 16 == eb["micro_batch"] * eb["grad_accum"] * eb["world_size"]
+    assert best["peak_mem_bytes"] <= summary["usable_bytes"]
+    assert summary["counts"]["probed"] == 8
+    assert summary["seed"] == 42 and summary["environment"]["software"]["optuna"]
+    assert "wall_s" in summary and summary["probes_run"] >= 8
+    assert "best:" in res.stdout and "effective batch 16 = " in res.stdout and "tok/s" in res.stdout
+    assert "top configurations" in res.stdout
+    assert not ANSI.search(res.stdout) and not ANSI.search(res.stderr)  # not a terminal: no colours
+    assert "ok" in res.stderr  # each probe's status as it lands
+    rows = list(csv.DictReader((rd / "trials.csv").open()))
+    assert {"status", "reason", "inferred", "tokens_per_s", "peak_mem_bytes"} <= set(rows[0])
+    assert len([r for r in rows if r["phase"] == "search" and r["inferred"] == "False"
+                and r["status"] != "skipped"]) == 8
+
+
+def test_json_prints_only_the_summary(tmp_path: Path, fake) -> None:
+    res = run(BASE + ["--gpu-budget", "10GiB", "--out", str(tmp_path), "--json"])
+    assert res.exit_code == 0, res.output
+    printed = json.loads(res.stdout)
+    stored = json.loads((only_run_dir(tmp_path) / "summary.json").read_text())
+    assert printed == stored
+
+
+def test_repeat_is_answered_from_the_cache_and_fresh_searches_again(tmp_path: Path, fake) -> None:
+    args = BASE + ["--gpu-budget", "10GiB", "--out", str(tmp_path), "--json"]
+    first = json.loads(run(args).stdout)
+    second_res = run(args)
+    second = json.loads(second_res.stdout)
+    assert len(fake) == 1, "the cached answer must not start an executor"
+    assert second["from_cache"] is True and second["answered_in_s"] < 1.5
+    assert second["best"] == first["best"] and second["run_id"] == first["run_id"]
+    third = json.loads(run(args + ["--fresh"]).stdout)
+    assert len(fake) == 2 and third["run_id"] != first["run_id"]
+    # a different request (budget) is a different key
+    other = json.loads(run(BASE + ["--gpu-budget", "9GiB", "--out", str(tmp_path), "--json"]).stdout)
+    assert other["cache_key"] != first["cache_key"] and not other["from_cache"]
+
+
+def test_nothing_fits_exits_3_with_the_smallest_footprint_and_a_lever(tmp_path: Path, fake) -> None:
+    res = run(BASE + ["--gpu-budget", "2GiB", "--out", str(tmp_path)])
+    assert res.exit_code == 3
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("autotune: error:")]
+    assert len(lines) == 1
+    assert "nothing fits the budget 2GiB" in lines[0]
+    assert "needs >= " in lines[0] and "try --mode lora" in lines[0]
+    summary = json.loads((only_run_dir(tmp_path) / "summary.json").read_text())
+    assert summary["status"] == "nothing_fits" and summary["smallest_footprint_bytes"] > 2 * GiB
+    # the pipeline's repeat gets the same answer from the stored run, without probing
+    again = run(BASE + ["--gpu-budget", "2GiB", "--out", str(tmp_path)])
+    assert again.exit_code == 3 and "[cached]" in again.stderr and len(fake) == 1
+
+
+def test_bad_input_exits_2_with_every_problem(tmp_path: Path, fake) -> None:
+    res = run(["run", "--model", "tiny-llama", "--gpu-budget", "-3GB", "--effective-batch", "0",
+               "--time-budget", "soon", "--space", "nope", "--resume", "--fresh", "--out", str(tmp_path)])
+    assert res.exit_code == 2
+    err = res.stderr
+    for needle in ("effective batch must be an integer >= 1", "--resume and --fresh", "time budget",
+                   "gpu budget must be positive", "unknown search space 'nope'"):
+        assert needle in err, needle
+    assert len(err.strip().splitlines()) == 1
+    assert not fake
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--model", "no-such-model-xyz"], "no-such-model-xyz"),
+        (["--gpus", "0,1", "--device", "cpu"], "--gpus"),
+        (["--mode", "half"], "mode must be one of"),
+        (["--device", "tpu"], "device must be one of"),
+        (["--max-trials", "0"], "max trials"),
+        (["--gpus-per-trial", "0"], "gpus per trial"),
+        (["--space", "/nonexistent/space.yaml"], "does not exist"),
+        (["--dataset", "/nonexistent/data.jsonl"], "dataset"),
+    ],
+)
+def test_each_bad_flag_is_exit_2(tmp_path: Path, fake, extra: list[str], needle: str) -> None:
+    args = ["run", "--model", "tiny-llama", "--gpu-budget", "10GiB", "--seq-len", "512", "--space", "cpu",
+            "--out", str(tmp_path)]
+    # later flags win in click: put the extra ones last
+    res = run(args + extra)
+    assert res.exit_code == 2, res.output
+    assert needle in res.stderr
+
+
+def test_documented_flags_reach_tune(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict = {}
+
+    def spy(model, **kw):
+        seen.update(kw, model=model)
+        raise SpecError("stop here")
+
+    monkeypatch.setattr(tune_mod, "tune", spy)
+    res = run(["run", "--model", "m", "--gpu-budget", "24GB", "--seq-len", "4096", "--effective-batch", "32",
+               "--mode", "lora", "--space", "lora", "--dataset", "d.jsonl", "--max-trials", "7",
+               "--time-budget", "20m", "--gpus", "0,1", "--ray-address", "ray://h:10001", "--device", "cuda",
+               "--storage", "sqlite:///x.db", "--out", "o", "--seed", "3", "--resume", "--gpus-per-trial", "2",
+               "--top-k", "2", "--steps", "4", "--probe-timeout", "60"])
+    assert res.exit_code == 2
+    assert seen == {
+        "model": "m", "gpu_budget": "24GB", "seq_len": 4096, "effective_batch": 32, "mode": "lora", "space": "lora",
+        "dataset": "d.jsonl", "max_trials": 7, "time_budget": "20m", "gpus": "0,1", "ray_address": "ray://h:10001",
+        "device": "cuda", "storage": "sqlite:///x.db", "out": "o", "seed": 3, "resume": True, "fresh": False,
+        "progress": seen["progress"], "gpus_per_trial": 2, "top_k": 2, "steps": 4, "probe_timeout_s": 60.0,
+        "trust_remote_code": False,
+    }
+
+
+# ------------------------------------------------------------------------------ the library
+
+
+def test_tune_api_and_training_arguments(tmp_path: Path) -> None:
+    ex = FakeExecutor()
+    result = tune("tiny-llama", gpu_budget="10GiB", seq_len=512, effective_batch=16, space="cpu", device="cpu",
+                  max_trials=6, out=tmp_path, executor=ex)
+    assert not ex.closed, "an executor passed in belongs to the caller"
+    assert result.best.fits and result.run_dir.parent == tmp_path
+    c = result.candidate
+    assert c.micro_batch * c.grad_accum * c.world_size == 16
+    args = result.training_arguments(tmp_path / "train-out")
+    assert args.per_device_train_batch_size == c.micro_batch
+    assert args.gradient_accumulation_steps == c.grad_accum
+    assert "baseline" in result.summary  # the HF default, measured for the report
+    assert "HF default" in (result.run_dir / "report.md").read_text()
+
+
+def test_nothing_fits_error_is_exit_code_3(tmp_path: Path) -> None:
+    with pytest.raises(NothingFitsError, match=r"needs >= .* at micro_batch 1 with checkpointing") as info:
+        tune("tiny-llama", gpu_budget="3GiB", seq_len=512, effective_batch=16, space="cpu", device="cpu",
+             max_trials=6, out=tmp_path, executor=FakeExecutor())
+    assert info.value.exit_code == 3
+
+
+def test_a_killed_run_resumes_without_re_running_finished_probes(tmp_path: Path) -> None:
+    class Killed(FakeExecutor):
+        def poll(self, timeout=None):
+            if len(self.requests) > 4:
+                raise KeyboardInterrupt
+            return super().poll(timeout)
+
+    kw = dict(gpu_budget="10GiB", seq_len=512, effective_batch=16, space="cpu", device="cpu", max_trials=10,
+              out=tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        tune("tiny-llama", executor=Killed(), **kw)
+    rd = only_run_dir(tmp_path)
+    assert not (rd / "summary.json").exists()
+    done = [json.loads(line) for line in (rd / "journal.jsonl").read_text().splitlines()]
+    done_keys = {d["key"] for d in done if d["result"] is not None}
+    assert len(done_keys) == 4
+
+    ex = FakeExecutor()
+    result = tune("tiny-llama", executor=ex, resume=True, **kw)
+    assert result.run_dir == rd and result.summary["resumed"] is True
+    from autotune.search import candidate_id
+
+    search_keys = [candidate_id(r.candidate) for r in ex.requests if r.settings.steps == 5]
+    assert not set(search_keys) & done_keys
+    assert result.summary["counts"]["probed"] == 10
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_cli_end_to_end_on_cpu_through_real_ray_and_real_probes(tmp_path: Path) -> None:
+    # a small space given by path (fp32 only: bf16 autocast is ~35x slower on this kind of CPU)
+    space = tmp_path / "small.yaml"
+    space.write_text("# autotune run ... --space small.yaml\nmicro_batch: [1, 2, 4]\nattn: [eager, sdpa]\n"
+                     "precision: [fp32]\npin_memory: [false]\nworkers: [0]\n")
+    args = ["run", "--model", "tiny-llama", "--device", "cpu", "--gpu-budget", "3GB", "--seq-len", "64",
+            "--effective-batch", "4", "--space", str(space), "--max-trials", "3", "--top-k", "1", "--steps", "2",
+            "--out", str(tmp_path / "results"), "--json"]
+    res = run(args)
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)
+    assert summary["status"] == "complete" and summary["device"] == "cpu"
+    assert summary["best"]["tokens_per_s"] > 0
+    assert summary["best"]["peak_mem_bytes"] <= summary["usable_bytes"]
+    rd = Path(summary["run_dir"])
+    targs = json.loads((rd / "best" / "training_args.json").read_text())
+    from transformers import TrainingArguments
+
+    ta = TrainingArguments(output_dir=str(tmp_path / "o"), **targs)
+    assert ta.per_device_train_batch_size * ta.gradient_accumulation_steps == 4
+    # and the repeat comes from the cache, without Ray
+    again = json.loads(run(args).stdout)
+    assert again["from_cache"] is True
+
+
+def test_estimator_pruning_and_a_predicted_nothing_fits(tmp_path: Path) -> None:
+    ex = FakeExecutor()
+    with pytest.raises(NothingFitsError, match=r"the memory model predicts >= .* nothing was probed; try --mode lora"):
+        tune("llama-3.1-8b", gpu_budget="24GB", seq_len=2048, effective_batch=16, space="cpu", device="cpu",
+             max_trials=6, out=tmp_path, executor=ex, prune=True)
+    assert ex.requests == []
+
+
+def test_a_custom_pruner_is_used(tmp_path: Path) -> None:
+    ex = FakeExecutor()
+    result = tune("tiny-llama", gpu_budget="10GiB", seq_len=512, effective_batch=16, space="cpu", device="cpu",
+                  max_trials=6, out=tmp_path, executor=ex, top_k=0, baseline=False,
+                  pruner=lambda c: "too big" if c.micro_batch >= 8 else None)
+    assert all(r.candidate.micro_batch < 8 for r in ex.requests)
+    rows = list(csv.DictReader((result.run_dir / "trials.csv").open()))
+    assert any(r["inferred"] == "True" and "too big" in r["reason"] for r in rows)

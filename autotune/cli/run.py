@@ -1,6 +1,6 @@
 """``autotune run``: search for the fastest configuration that fits, and write it out ready to use.
 
-parse flags -> ``autotune.tune`` (the library does the work) -> render. Live progress goes to
+parse flags -> ``autotune.tune()`` (the library does the work) -> render. Live progress goes to
 stderr (one line per probe as it lands; a status line with the best so far and the time left on
 a terminal); the final table and one-line answer go to stdout, or with ``--json`` only
 ``summary.json``. No colours when the stream is not a terminal.
@@ -180,7 +180,7 @@ def command(
     as_json: bool = typer.Option(False, "--json", help="Print only summary.json to stdout."),
 ) -> None:
     """Search for the fastest fine-tuning configuration that fits the budget, by measuring it."""
-    from autotune.tune import tune
+    from autotune._tune import tune
 
     err = console(stderr=True)
     printer = ProgressPrinter(err)

@@ -45,6 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from autotune.emit.training_args import LORA_DROPOUT
 from autotune.errors import SpecError
 from autotune.estimate.arch import Arch, lora_modules, lora_param_count
 from autotune.estimate.catalog import GPU
@@ -52,7 +53,11 @@ from autotune.spec.probe_request import Candidate, Workload
 
 __all__ = [
     "ALLOCATOR_RESERVE",
+    "CPU_LIBRARY_PAGES_BYTES",
+    "CPU_OVERHEAD_TERMS",
+    "CPU_RUNTIME_MISC_BYTES",
     "CPU_RUNTIME_OVERHEAD_BYTES",
+    "CPU_TRAINER_IMPORTS_BYTES",
     "CUDA_CONTEXT_BYTES",
     "DEEPSPEED_BUCKET_ELEMENTS",
     "LOGITS_BYTES_PER_ELEMENT",
@@ -69,12 +74,27 @@ CUDA_CONTEXT_BYTES = 1 << 30
 # Caching-allocator reserve above the allocated peak (max_memory_reserved / max_memory_allocated - 1).
 # No published figure: calibrate against GPU probes.
 ALLOCATOR_RESERVE = 0.08
-# Process growth on CPU beyond the tensors counted here (calibrate against CPU probes).
-CPU_RUNTIME_OVERHEAD_BYTES = 0
+# What a CPU probe's RSS growth holds besides tensors (fp32, torch 2.13 / transformers 5.24, 2 threads,
+# MALLOC_MMAP_THRESHOLD_=65536), measured 2026-11-30 by reading /proc/self/status around each stage of
+# the probe (tiny-llama, smollm2-135m, gpt2) and fitted on the ``fit`` split of
+# ``python benchmarks/estimator_accuracy.py --split fit`` (its "implied overhead" column):
+# * pages of torch's shared libraries first touched by the build, forward, backward and optimizer
+#   (RssFile growth: 21.6-21.8 MiB whatever the model);
+CPU_LIBRARY_PAGES_BYTES = 22 * 2**20
+# * Python modules the Trainer imports on construction, after the probe's baseline (RssAnon growth
+#   across ``Trainer(...)``: 17.6 MiB, ~500 modules, 425 of them deepspeed's when it is installed);
+CPU_TRAINER_IMPORTS_BYTES = int(17.6 * 2**20)
+# * the rest, fitted: autograd engine and OpenMP thread state, glibc arenas, small tensors.
+CPU_RUNTIME_MISC_BYTES = 5 * 2**20
+CPU_RUNTIME_OVERHEAD_BYTES = CPU_LIBRARY_PAGES_BYTES + CPU_TRAINER_IMPORTS_BYTES + CPU_RUNTIME_MISC_BYTES
+# the terms of a CPU estimate that are process overhead rather than tensors
+CPU_OVERHEAD_TERMS = ("runtime_overhead",)
 # NF4 4 bits + double-quantized block constants (~0.127 bit) per quantized weight (arXiv:2305.14314).
 QLORA_BYTES_PER_PARAM = 0.5 + 0.127 / 8
 # fp32 log-probs saved by log_softmax + nll grad + log_softmax grad at the start of backward.
 LOGITS_BYTES_PER_ELEMENT = 12
+# attention implementations that take packed sequences flattened (no 4D mask)
+_FLATTEN_ATTN = ("flash_attention_2", "flex_attention")
 # DeepSpeed's default reduce/allgather bucket (elements) and the overlap_comm multiplier (HF docs).
 DEEPSPEED_BUCKET_ELEMENTS = 500_000_000
 OVERLAP_COMM_FACTOR = 4.5
@@ -150,11 +170,17 @@ def layer_activation_bytes_per_token(
     cb: int,
     attn: str,
     device: str,
+    lora_dropout: float = 0.0,
+    masked: bool = False,
 ) -> float:
     """Bytes one transformer block saves for backward, per token (multiply by s·b).
 
     ``wb``: bytes of the weights' dtype (= the residual stream's); ``cb``: bytes of the compute
     dtype (2 under autocast or a 16-bit model, 4 in fp32). ``adapted``: LoRA-adapted linears.
+    ``lora_dropout`` > 0: each adapted linear drops out its own copy of the input and saves it plus
+    the dropout mask (a bool mask from CUDA's fused kernel; on CPU torch multiplies by an fp32 noise
+    tensor and saves that). ``masked``: attention gets an explicit mask (packing
+    without a flattening kernel), so transformers' sdpa path repeats k/v to every head (no GQA).
     """
     h, f, a, s = arch.hidden, arch.intermediate, arch.heads, seq_len
     qw, kvw = arch.q_width, arch.kv_width
@@ -167,6 +193,13 @@ def layer_activation_bytes_per_token(
     for site, width, consumers in _sites(arch):
         saving_base = len(consumers) if trainable_base else 0
         saving_lora = sum(1 for c in consumers if c in adapted)
+        if saving_lora and lora_dropout > 0:
+            # every adapted linear drops out its own copy of the input (peft casts it to the fp32
+            # adapter dtype first): the mask (CUDA: bool; CPU: fp32 noise) and lora_A's input (its
+            # 16-bit cast under autocast) are saved
+            mask = 1 if device == "cuda" else 4
+            total += saving_lora * width * (mask + (cb if autocast else 4))
+            saving_lora = 0
         if site == "o_in":
             # the attention output is already saved by the attention op; only casts add copies
             if saving_lora and autocast:
@@ -187,7 +220,8 @@ def layer_activation_bytes_per_token(
     # attention core
     fused = attn in ("sdpa", "flash_attention_2", "flex_attention")
     if fused and not (device == "cpu" and arch.attn_dropout > 0):
-        total += cb * (qw + 2 * kvw) + cb * qw + 4 * a
+        kv_saved = qw if masked else kvw  # repeat_kv: transformers uses sdpa's GQA only without a mask
+        total += cb * (qw + 2 * kv_saved) + cb * qw + 4 * a
     else:
         # eager (or the math fallback): repeat_kv copies, s² scores, fp32 softmax and its cast
         total += cb * 3 * qw + cb * qw
@@ -350,22 +384,40 @@ def estimate_memory(
     step["optimizer_temp"] = temp
 
     # activations
+    # packing without a flattening kernel: the collator's 4D block-causal mask (b, 1, s, s) in the
+    # hidden states' dtype, live for the whole step
+    masked = c.packing and c.attn not in _FLATTEN_ATTN
     layer = layer_activation_bytes_per_token(
-        arch, s, trainable_base=full, adapted=adapted, wb=wb, cb=cb, attn=c.attn, device=device
-    )
+        arch, s, trainable_base=full, adapted=adapted, wb=wb, cb=cb, attn=c.attn, device=device,
+        lora_dropout=LORA_DROPOUT if not full else 0.0, masked=masked,
+    )  # fmt: skip
     final = 4 * arch.hidden + (wb * arch.hidden if full else 0) + (cb * arch.hidden if full else 0)
-    transient = (3 * cb * arch.intermediate * arch.experts_per_token + 8 * arch.hidden) * tokens
+    f_k = arch.intermediate * arch.experts_per_token
+    transient = (3 * cb * f_k + 8 * arch.hidden) * tokens
+    # backward through a recomputed layer frees its saved tensors as their gradients are made: one
+    # f-sized gradient (CPU probes: 0.6-0.7x the 3-gradient figure was live, tiny-llama/qwen2/gpt2)
+    recompute_transient = (cb * f_k + 8 * arch.hidden) * tokens
+    if c.attn == "eager" or device == "cpu" and arch.attn_dropout > 0:
+        # backward through an eager softmax: the fp32 gradient of the s² probabilities
+        s2_grad = 4 * arch.heads * s * tokens
+        transient = max(transient, s2_grad)
+        recompute_transient = max(recompute_transient, s2_grad)
+    if masked:
+        t["attention_mask"] = wb * b * s * s
+    elif c.attn == "eager" and c.grad_ckpt:
+        # transformers materialises the causal mask for eager attention; checkpointed layers keep it
+        t["attention_mask"] = wb * b * s * s
     logits = _logits_bytes(arch, tokens, c.liger)
     saved: float
     working: float
     if c.grad_ckpt:
         saved = (arch.layers * wb * arch.hidden + final) * tokens
-        working = max(logits, layer * tokens + transient)
+        working = max(logits, layer * tokens + recompute_transient)
     else:
         saved = (arch.layers * layer + final) * tokens
         working = max(logits, transient)
     t["activations"] = saved
-    if logits >= (layer * tokens + transient if c.grad_ckpt else transient):
+    if logits >= (layer * tokens + recompute_transient if c.grad_ckpt else transient):
         t["logits_loss"] = working
     else:
         t["logits_loss"] = logits
@@ -374,7 +426,8 @@ def estimate_memory(
         t["runtime_overhead"] = CPU_RUNTIME_OVERHEAD_BYTES
 
     # phases
-    act_keys = ("activations", "logits_loss", "recompute_working_set", "weight_copies", "qlora_dequant")
+    act_keys = ("activations", "logits_loss", "recompute_working_set", "weight_copies", "qlora_dequant",
+                "attention_mask")  # fmt: skip
     static = {k: v for k, v in t.items() if k not in act_keys}
     bwd = dict(t)
     if not persistent_grads:

@@ -171,7 +171,8 @@ def render_reports(
 
     model = build_model(data.summary, data.results, baseline=data.baseline, best=data.best, config=config,
                         gpu=gpu, inferred=data.inferred, notes=list(data.notes) + list(notes or []))  # fmt: skip
-    md = render_report_md(data.summary, data.results, baseline=data.baseline) + render_diagnosis_md(model)
+    md = render_report_md(data.summary, data.results, baseline=data.baseline, best=data.best)
+    md += render_diagnosis_md(model)
     return md, render_html(model)
 
 

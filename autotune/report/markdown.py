@@ -76,6 +76,14 @@ def _tok_s(r: ProbeResult) -> str:
     return f"{v:,.0f}"
 
 
+def _confirmed(summary: dict[str, Any], key: str) -> float | None:
+    """The confirmed median tok/s the run recorded for ``best`` or ``baseline``, if any."""
+    entry = summary.get(key)
+    if isinstance(entry, dict) and isinstance(entry.get("tokens_per_s"), (int, float)):
+        return float(entry["tokens_per_s"])
+    return None
+
+
 def _budget(r: ProbeResult, summary: dict[str, Any]) -> int | None:
     b = r.metrics.get("budget_bytes") or summary.get("budget_bytes")
     return int(b) if b else None
@@ -100,9 +108,15 @@ def render_report_md(
     results: list[ProbeResult],
     *,
     baseline: ProbeResult | None,
+    best: ProbeResult | None = None,
     top: int = 5,
 ) -> str:
-    """Markdown for one run. ``summary``: the run's summary.json (keys read when present)."""
+    """Markdown for one run. ``summary``: the run's summary.json (keys read when present).
+
+    ``best`` is the configuration the run chose (on confirmed medians); without it, the fastest
+    single measurement among ``results``. The best-vs-default comparison uses the confirmed medians
+    of ``summary["best"]``/``summary["baseline"]`` when the run recorded them.
+    """
     out: list[str] = []
     title = summary.get("run_id") or summary.get("model") or "run"
     out.append(f"# autotune report: {title}")
@@ -125,7 +139,8 @@ def render_report_md(
     ok = sorted(
         (r for r in results if r.fits and r.tokens_per_s is not None), key=lambda r: -(r.tokens_per_s or 0)
     )
-    best = ok[0] if ok else None
+    if best is None or not best.fits:
+        best = ok[0] if ok else None
 
     out += ["", "## Top configurations", ""]
     if not ok:
@@ -167,7 +182,12 @@ def render_report_md(
             if baseline.fits
             else f"{baseline.status}: {baseline.reason or _STATUS_MEANING[baseline.status]}"
         )
-        out.append(_row(["tok/s", _tok_s(best), base_tok]))
+        best_tps = _confirmed(summary, "best") or best.tokens_per_s
+        base_tps = _confirmed(summary, "baseline") or baseline.tokens_per_s
+        if baseline.fits and _confirmed(summary, "baseline"):
+            base_tok = f"{base_tps:,.0f} (confirmed median)"
+        best_tok = f"{best_tps:,.0f} (confirmed median)" if _confirmed(summary, "best") else _tok_s(best)
+        out.append(_row(["tok/s", best_tok, base_tok]))
         out.append(_row(["peak memory / budget", _mem(best, summary), _mem(baseline, summary)]))
         out.append(
             _row(
@@ -180,8 +200,8 @@ def render_report_md(
         )
         out.append(_row(["levers", levers(bc) if bc else "n/a", levers(hc) if hc else "n/a"]))
         out.append("")
-        if baseline.fits and baseline.tokens_per_s and best.tokens_per_s:
-            out.append(f"**{best.tokens_per_s / baseline.tokens_per_s:.2f}×** the HF default's throughput.")
+        if baseline.fits and base_tps and best_tps:
+            out.append(f"**{best_tps / base_tps:.2f}×** the HF default's throughput.")
         elif not baseline.fits:
             out.append(
                 f"The HF default does not run within the budget ({baseline.status}); the best config does."

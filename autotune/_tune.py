@@ -505,9 +505,8 @@ def tune(
 
     run_dir.write_trials_csv(outcome.records)
     summary = _build_summary(outcome=outcome, base=base_summary, usable=usable, budget_bytes=budget_bytes)
-    baseline_result = None
     if baseline_cand is not None:
-        baseline_result, summary["baseline"] = _baseline_summary(outcome, baseline_cand)
+        _, summary["baseline"] = _baseline_summary(outcome, baseline_cand)
         b_tps, best_tps = summary["baseline"].get("tokens_per_s"), summary.get("best", {}).get("tokens_per_s")
         if summary["baseline"].get("status") == "ok" and b_tps and best_tps:
             summary["speedup_vs_baseline"] = best_tps / b_tps
@@ -518,18 +517,18 @@ def tune(
         smallest = _smallest_footprint(outcome.records)
         summary.update({"status": "nothing_fits", "message": message,
                         "smallest_footprint_bytes": smallest.peak_mem_bytes if smallest else None})
-        _write_report(run_dir, summary, outcome, None)
         run_dir.write_json("summary.json", summary)
+        _write_reports(run_dir, progress)
         raise NothingFitsError(message)
 
     best = outcome.best
     run_dir.write_json("best_result.json", best.to_dict())
     files = _emit(best, run_dir, dev, progress)
-    _write_report(run_dir, summary, outcome, baseline_result)
-    summary["files"] = sorted(str(p.relative_to(run_dir.path)) for p in files + [
-        run_dir.path / n for n in ("trials.csv", "report.md", "best_result.json", "summary.json")
-        if (run_dir.path / n).exists() or n == "summary.json"])
     summary["status"] = "complete"
+    run_dir.write_json("summary.json", summary)  # the reports are rendered from the run directory
+    files += _write_reports(run_dir, progress)
+    summary["files"] = sorted(str(p.relative_to(run_dir.path)) for p in files + [
+        run_dir.path / n for n in ("trials.csv", "best_result.json", "summary.json")])
     run_dir.write_json("summary.json", summary)
     return TuneResult(best=best, summary=summary, run_dir=run_dir.path, records=outcome.records)
 
@@ -614,18 +613,13 @@ def _emit(best: ProbeResult, run_dir: Any, device: str, progress: ProgressFn | N
         return []
 
 
-def _write_report(run_dir: Any, summary: dict[str, Any], outcome: SearchOutcome, baseline: ProbeResult | None) -> None:
-    try:
-        from autotune.report.markdown import render_report_md
-    except ImportError:  # pragma: no cover
-        return
-    results = [ProbeResult.from_dict(r.result) for r in outcome.records
-               if r.result is not None and r.phase == "search" and not r.inferred]
-    from autotune.store import write_text_atomic
+def _write_reports(run_dir: Any, progress: ProgressFn | None) -> list[Path]:
+    """report.md and report.html, rebuilt from the run directory (as `autotune report` does)."""
+    from autotune.report.build import write_reports
 
     try:
-        text = render_report_md(summary, results, baseline=baseline)
+        return write_reports(run_dir.path)
     except Exception as exc:  # the report must never cost the user the answer
-        text = f"# autotune report\n\nThe report could not be rendered: {exc!r}\n"
-    write_text_atomic(run_dir.path / "report.md", text)
-
+        if progress is not None:
+            progress("note", {"text": f"could not write the report: {exc!r}; `autotune report` retries"})
+        return []

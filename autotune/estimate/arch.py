@@ -15,7 +15,15 @@ from typing import Any
 
 from autotune.errors import SpecError
 
-__all__ = ["Arch", "FAMILIES", "arch_from_config", "lora_modules", "lora_param_count"]
+__all__ = [
+    "Arch",
+    "FAMILIES",
+    "arch_from_config",
+    "lora_modules",
+    "lora_param_count",
+    "peft_lora_modules",
+    "peft_lora_param_count",
+]
 
 # model_type -> (default tie_word_embeddings, norms per layer, q/k/v bias, q/k norm)
 FAMILIES: dict[str, tuple[bool, int, bool, bool]] = {
@@ -275,4 +283,28 @@ def lora_modules(arch: Arch, targets: tuple[str, ...] | list[str]) -> frozenset[
 def lora_param_count(arch: Arch, r: int, targets: tuple[str, ...] | list[str]) -> int:
     """Trainable LoRA parameters: r·(d_in + d_out) per adapted per-layer linear, times layers."""
     chosen = lora_modules(arch, targets)
+    return sum(r * (i + o) for n, i, o in arch.linears if n in chosen) * arch.layers
+
+
+def peft_lora_modules(arch: Arch, targets: tuple[str, ...] | list[str]) -> frozenset[str]:
+    """The per-layer linears the probe's peft config really adapts for ``targets``.
+
+    The probe (``autotune.emit.training_args.lora_target_modules``) passes peft the requested names
+    that are leaf module names of the model, or ``"all-linear"`` when none is; peft then matches by
+    leaf name. So GPT-2 (``c_attn``/``c_proj``/``c_fc``) gets every linear for the Llama-style default,
+    and Phi-3 gets only ``o_proj`` for ``q_proj,k_proj,v_proj,o_proj``, unlike ``lora_modules``'
+    canonical mapping.
+    """
+    from autotune.emit.training_args import lora_target_modules
+
+    leaf = {n: n.rsplit(".", 1)[-1] for n, _, _ in arch.linears}
+    chosen = lora_target_modules(set(leaf.values()), tuple(targets))
+    if chosen == "all-linear":
+        return frozenset(leaf)
+    return frozenset(n for n, lf in leaf.items() if lf in chosen)
+
+
+def peft_lora_param_count(arch: Arch, r: int, targets: tuple[str, ...] | list[str]) -> int:
+    """Trainable LoRA parameters of the probe's peft config (see ``peft_lora_modules``)."""
+    chosen = peft_lora_modules(arch, targets)
     return sum(r * (i + o) for n, i, o in arch.linears if n in chosen) * arch.layers

@@ -37,7 +37,9 @@ Conventions (autotune's, see ``autotune/emit/training_args.py::model_dtype``):
   ``LOGITS_BYTES_PER_ELEMENT`` (12) x s·b·V. A fused linear+cross-entropy (Liger) keeps O(s·b·h).
 * GPU only: ``CUDA_CONTEXT_BYTES`` for the context and ``ALLOCATOR_RESERVE`` of the allocated peak
   for the caching allocator's reserve (fragmentation). ``device="cpu"`` leaves both out: the CPU
-  figure is what a CPU probe measures as peak RSS growth (model built after the baseline, fp32).
+  figure is what a CPU probe measures as peak RSS growth (model built after the baseline, fp32),
+  so it adds ``CPU_RUNTIME_OVERHEAD_BYTES`` (library pages, the Trainer's lazy imports, thread
+  state; calibrated by ``benchmarks/estimator_accuracy.py``, figures in ``benchmarks/README.md``).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from typing import Any
 
 from autotune.emit.training_args import LORA_DROPOUT
 from autotune.errors import SpecError
-from autotune.estimate.arch import Arch, lora_modules, lora_param_count
+from autotune.estimate.arch import Arch, peft_lora_modules, peft_lora_param_count
 from autotune.estimate.catalog import GPU
 from autotune.spec.probe_request import Candidate, Workload
 
@@ -84,7 +86,9 @@ CPU_LIBRARY_PAGES_BYTES = 22 * 2**20
 # * Python modules the Trainer imports on construction, after the probe's baseline (RssAnon growth
 #   across ``Trainer(...)``: 17.6 MiB, ~500 modules, 425 of them deepspeed's when it is installed);
 CPU_TRAINER_IMPORTS_BYTES = int(17.6 * 2**20)
-# * the rest, fitted: autograd engine and OpenMP thread state, glibc arenas, small tensors.
+# * the rest, fitted: autograd engine and OpenMP thread state, glibc arenas, small tensors. The fit
+#   split's median implied overhead (all three parts) was 45.5 MiB with 2 threads per probe (--jobs 1)
+#   and 43.3 MiB with 1 (--jobs 2): 5 MiB puts the total between them.
 CPU_RUNTIME_MISC_BYTES = 5 * 2**20
 CPU_RUNTIME_OVERHEAD_BYTES = CPU_LIBRARY_PAGES_BYTES + CPU_TRAINER_IMPORTS_BYTES + CPU_RUNTIME_MISC_BYTES
 # the terms of a CPU estimate that are process overhead rather than tensors
@@ -326,8 +330,9 @@ def estimate_memory(
             if c.world_size > 1:
                 t["ddp_buckets"] = 4 * psi
     else:
-        trainable = lora_param_count(arch, w.lora_r, w.lora_targets)
-        adapted = frozenset(lora_modules(arch, w.lora_targets))
+        # what the probe's peft config adapts (GPT-2's Llama-style default falls back to all-linear)
+        trainable = peft_lora_param_count(arch, w.lora_r, w.lora_targets)
+        adapted = peft_lora_modules(arch, w.lora_targets)
         if trainable == 0:
             notes.append(f"lora_targets {', '.join(w.lora_targets)} match no linear of {arch.model_type}")
         wb = 2 if half else 4

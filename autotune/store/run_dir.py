@@ -91,8 +91,14 @@ class Journal:
         self.path = Path(path)
 
     def append(self, record: TrialRecord) -> None:
-        line = json.dumps(record.to_dict(), default=str) + "\n"
-        with open(self.path, "a", encoding="utf-8") as fh:
+        line = (json.dumps(record.to_dict(), default=str) + "\n").encode("utf-8")
+        with open(self.path, "ab+") as fh:
+            # a line torn by a kill has no newline: start on a fresh line, or this record would be
+            # glued to the torn one and lost with it on the next load
+            if fh.seek(0, os.SEEK_END) > 0:
+                fh.seek(-1, os.SEEK_END)
+                if fh.read(1) != b"\n":
+                    line = b"\n" + line
             fh.write(line)
             fh.flush()
             os.fsync(fh.fileno())
@@ -172,12 +178,15 @@ class RunDir:
     def create(cls, out: str | os.PathLike[str], run_id: str) -> RunDir:
         base = Path(out)
         path = base / run_id
+        base.mkdir(parents=True, exist_ok=True)
         n = 2
-        while path.exists():
-            path = base / f"{run_id}-{n}"
-            n += 1
-        path.mkdir(parents=True)
-        return cls(path)
+        while True:  # mkdir is the claim: two runs started in the same second get two folders
+            try:
+                path.mkdir()
+                return cls(path)
+            except FileExistsError:
+                path = base / f"{run_id}-{n}"
+                n += 1
 
     def write_json(self, name: str, obj: Any) -> Path:
         return write_json_atomic(self.path / name, obj)

@@ -1,0 +1,54 @@
+"""The real ``autotune`` CLI in a real process, with the probe executor swapped for the fake one.
+
+    python tests/_fake_cli.py run --model tiny-llama ...      (same arguments as ``autotune``)
+
+Everything but the probes is real: flag parsing, the run directory, the journal, the SQLite
+study, summary and reports. Each probe takes ``FAKE_PROBE_S`` seconds (default 0.3) and, as it
+starts, appends ``<pid> <steps> <candidate key>`` to ``FAKE_PROBE_LOG`` (if set) and fsyncs it,
+so a test can count which probes ran in which process, also across a ``kill -9``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _fakes import FakeExecutor  # noqa: E402
+
+import autotune._tune as tune_mod  # noqa: E402
+from autotune.search import candidate_id  # noqa: E402
+
+
+class SlowFake(FakeExecutor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.delay = float(os.environ.get("FAKE_PROBE_S", "0.3"))
+        self.log = os.environ.get("FAKE_PROBE_LOG")
+
+    def submit(self, request):  # type: ignore[no-untyped-def]
+        if self.log:
+            with open(self.log, "a", encoding="utf-8") as fh:
+                fh.write(f"{os.getpid()} {request.settings.steps} {candidate_id(request.candidate)}\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+        return super().submit(request)
+
+    def poll(self, timeout=None):  # type: ignore[no-untyped-def]
+        if self._pending:
+            time.sleep(self.delay)
+        return super().poll(timeout)
+
+
+def _factory(**_kwargs):  # type: ignore[no-untyped-def]
+    return SlowFake()
+
+
+if __name__ == "__main__":
+    tune_mod._default_executor = _factory  # type: ignore[assignment]
+    from autotune.cli.app import main
+
+    sys.exit(main())

@@ -1,0 +1,289 @@
+"""Faults and concurrency (issue 8, items 2 and 3): killed drivers, hung and crashing probes, lost
+Ray workers, torn writes, and two runs on the same results directory or storage at once.
+
+The process-level tests run the real CLI in real processes (``tests/_fake_cli.py``): everything is
+real (run directory, journal, SQLite study, summary) except that each probe is answered by the
+fake landscape after a short sleep, so a search takes seconds and can be killed mid-way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from _fakes import FakeExecutor
+
+from autotune._tune import tune
+from autotune.errors import NothingFitsError
+from autotune.executors.local import LocalExecutor, run_probe_process
+from autotune.search import candidate_id
+from autotune.search._logic import TrialRecord
+from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
+from autotune.store.run_dir import Journal, RunDir
+
+TESTS = Path(__file__).resolve().parent
+FAKE_CLI = TESTS / "_fake_cli.py"
+ARGS = ["run", "--model", "tiny-llama", "--device", "cpu", "--gpu-budget", "10GiB", "--seq-len", "512",
+        "--effective-batch", "16", "--space", "cpu", "--max-trials", "8", "--top-k", "1"]  # fmt: skip
+
+
+def fake_cli(*args: str, log: Path | None = None, delay: float = 0.3, **popen: object) -> subprocess.Popen[str]:
+    env = {**os.environ, "FAKE_PROBE_S": str(delay)}
+    if log is not None:
+        env["FAKE_PROBE_LOG"] = str(log)
+    return subprocess.Popen([sys.executable, str(FAKE_CLI), *args], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)  # type: ignore[call-overload]
+
+
+def journal_lines(rd: Path) -> list[dict]:
+    return [json.loads(line) for line in (rd / "journal.jsonl").read_text().splitlines() if line.strip()]
+
+
+def run_dirs(out: Path) -> list[Path]:
+    return sorted(p for p in out.iterdir() if p.is_dir()) if out.is_dir() else []
+
+
+def probes_logged(log: Path) -> list[tuple[int, int, str]]:
+    """(pid, timed steps, candidate key) of every probe started, in order."""
+    out = []
+    for line in log.read_text().splitlines():
+        pid, steps, key = line.split()
+        out.append((int(pid), int(steps), key))
+    return out
+
+
+# ------------------------------------------------------------------------------ kill -9 and --resume
+
+
+@pytest.mark.slow
+def test_sigkill_of_the_driver_then_resume_loses_and_reruns_no_finished_probe(tmp_path: Path) -> None:
+    out, log = tmp_path / "out", tmp_path / "probes.log"
+    args = [*ARGS, "--out", str(out), "--json"]
+    proc = fake_cli(*args, log=log, delay=0.4, start_new_session=True)
+    deadline = time.monotonic() + 60
+    finished: list[dict] = []
+    while time.monotonic() < deadline:
+        dirs = run_dirs(out)
+        if dirs and (dirs[0] / "journal.jsonl").exists():
+            finished = [r for r in journal_lines(dirs[0]) if r["result"] is not None]
+            if len(finished) >= 2:
+                break
+        time.sleep(0.05)
+    assert proc.poll() is None, ("the run ended before it could be killed", proc.communicate())
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and anything it started
+    proc.wait(timeout=10)
+    assert proc.returncode == -signal.SIGKILL
+    (rd,) = run_dirs(out)
+    assert not (rd / "summary.json").exists()
+    before = journal_lines(rd)  # what had landed at the moment of the kill (a torn line is ignored)
+    done_keys = {r["key"] for r in before if r["result"] is not None and r["phase"] == "search"}
+    assert len(done_keys) >= 2
+    killed_pid = probes_logged(log)[0][0]
+
+    p = subprocess.run([sys.executable, str(FAKE_CLI), *args, "--resume"], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "FAKE_PROBE_S": "0.05", "FAKE_PROBE_LOG": str(log)})
+    assert p.returncode == 0, p.stderr
+    summary = json.loads(p.stdout)
+    assert summary["status"] == "complete" and summary["resumed"] is True
+    assert Path(summary["run_dir"]) == rd and run_dirs(out) == [rd]
+    # no finished probe re-run: the resumed process never started a search probe of a finished key
+    rerun = [key for pid, steps, key in probes_logged(log) if pid != killed_pid and steps == 5 and key in done_keys]
+    assert not rerun, rerun
+    # no finished probe lost: every record of the killed run is still in the journal, and counted
+    after = journal_lines(rd)
+    assert after[: len(before)] == before
+    search_keys = [r["key"] for r in after if r["phase"] == "search" and r["result"] is not None]
+    assert done_keys <= set(search_keys)
+    assert len(search_keys) == len(set(search_keys)), "a configuration was probed twice in the search"
+    assert summary["counts"]["probed"] == 8
+    assert (rd / "best" / "training_args.json").exists() and (rd / "trials.csv").exists()
+
+
+# ------------------------------------------------------------------------------ hung and crashing probes
+
+
+def _fake_python(tmp: Path, body: str) -> str:
+    """An executable that stands in for the interpreter a probe runs with."""
+    script = tmp / "fake-python"
+    script.write_text(f"#!/bin/sh\n{body}\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+def _small_space(tmp: Path) -> Path:
+    space = tmp / "small.yaml"
+    space.write_text("micro_batch: [1, 2]\nprecision: [fp32]\n")
+    return space
+
+
+def _tune_with(tmp: Path, python: str, **kw: object) -> Path:
+    out = tmp / "out"
+    with LocalExecutor(python=python) as ex, pytest.raises(NothingFitsError) as info:
+        tune("tiny-llama", gpu_budget="3GB", device="cpu", seq_len=64, effective_batch=2, space=_small_space(tmp),
+             max_trials=2, top_k=0, baseline=False, executor=ex, out=out, **kw)  # type: ignore[arg-type]
+    (rd,) = run_dirs(out)
+    assert json.loads((rd / "summary.json").read_text())["status"] == "nothing_fits"
+    assert info.value.exit_code == 3
+    return rd
+
+
+def test_a_hung_probe_is_killed_at_its_timeout_and_recorded(tmp_path: Path) -> None:
+    python = _fake_python(tmp_path, "exec sleep 600")
+    t0 = time.monotonic()
+    rd = _tune_with(tmp_path, python, probe_timeout_s=1.0)
+    assert time.monotonic() - t0 < 30
+    records = [r for r in journal_lines(rd) if r["phase"] == "search"]
+    assert len(records) == 2 and {r["status"] for r in records} == {"timeout"}
+    assert all("no result after 1 s; the probe process was killed" in r["reason"] for r in records)
+
+
+def test_a_segfaulting_probe_is_recorded_as_a_crash(tmp_path: Path) -> None:
+    python = _fake_python(tmp_path, f'exec "{sys.executable}" -c "import os, signal; os.kill(os.getpid(), '
+                                    'signal.SIGSEGV)"')
+    req = ProbeRequest(workload=Workload(model="tiny-llama", seq_len=64), candidate=Candidate(micro_batch=1),
+                       settings=ProbeSettings(device="cpu", timeout_s=30))
+    result = run_probe_process(req, python=python)
+    assert result.status == "crash" and "killed by SIGSEGV" in (result.reason or "")
+    assert result.metrics["exit_code"] == -signal.SIGSEGV
+    # and through the run: recorded in the journal, the search goes on and ends with exit 3
+    rd = _tune_with(tmp_path, python)
+    records = [r for r in journal_lines(rd) if r["phase"] == "search"]
+    assert len(records) == 2 and all(r["status"] == "crash" and "SIGSEGV" in r["reason"] for r in records)
+
+
+@pytest.mark.ray
+def test_a_ray_worker_killed_by_sigkill_is_retried_once_then_recorded(tmp_path: Path) -> None:
+    from autotune.executors.ray_pool import RayExecutor
+
+    marker = tmp_path / "tries"
+
+    def die(request: ProbeRequest):  # type: ignore[no-untyped-def]
+        with open(marker, "a") as fh:
+            fh.write("x")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    req = ProbeRequest(workload=Workload(model="tiny-llama", seq_len=64), candidate=Candidate(),
+                       settings=ProbeSettings(device="cpu", timeout_s=30))
+    with RayExecutor(device="cpu", num_cpus=1, probe_fn=die) as pool:
+        pool.submit(req)
+        got: list = []
+        deadline = time.monotonic() + 120
+        while not got and time.monotonic() < deadline:
+            got = pool.poll(timeout=5)
+    (_, result), = got
+    assert result.status == "crash" and "lost twice" in (result.reason or "")
+    assert marker.read_text() == "xx"  # the first try and exactly one retry
+
+
+# ------------------------------------------------------------------------------ torn and interrupted writes
+
+
+def _rec(n: int) -> TrialRecord:
+    return TrialRecord(number=n, phase="search", key=f"k{n}", label=f"c{n}", status="ok", params={},
+                       candidate=None, result={"status": "ok"}, tokens_per_s=100.0 + n)
+
+
+def test_a_torn_last_journal_line_is_ignored_and_the_next_record_survives(tmp_path: Path) -> None:
+    j = Journal(tmp_path / "journal.jsonl")
+    j.append(_rec(0))
+    j.append(_rec(1))
+    with open(j.path, "a") as fh:  # the driver was killed half-way through a line
+        fh.write('{"number": 2, "phase": "search", "key": "k2", "lab')
+    assert [r.key for r in j.load()] == ["k0", "k1"]
+    j.append(_rec(3))  # the resumed run appends after the torn line: on a line of its own
+    assert [r.key for r in j.load()] == ["k0", "k1", "k3"]
+
+
+def test_resume_after_a_torn_journal_line_reruns_only_the_torn_probe(tmp_path: Path) -> None:
+    kw = dict(gpu_budget="10GiB", seq_len=512, effective_batch=16, space="cpu", device="cpu", max_trials=6,
+              out=tmp_path, top_k=1)
+
+    class Killed(FakeExecutor):
+        def poll(self, timeout=None):  # type: ignore[no-untyped-def]
+            if len(self.requests) > 4:
+                raise KeyboardInterrupt
+            return super().poll(timeout)
+
+    with pytest.raises(KeyboardInterrupt):
+        tune("tiny-llama", executor=Killed(), **kw)  # type: ignore[arg-type]
+    (rd,) = run_dirs(tmp_path)
+    lines = (rd / "journal.jsonl").read_text().splitlines()
+    torn = json.loads(lines[-1])["key"]
+    (rd / "journal.jsonl").write_text("\n".join(lines[:-1]) + "\n" + lines[-1][: len(lines[-1]) // 2])
+    kept = {json.loads(x)["key"] for x in lines[:-1]}
+    ex = FakeExecutor()
+    result = tune("tiny-llama", executor=ex, resume=True, **kw)  # type: ignore[arg-type]
+    assert result.summary["status"] == "complete" and result.run_dir == rd
+    search = [candidate_id(r.candidate) for r in ex.requests if r.settings.steps == 5]
+    assert not set(search) & kept  # the complete lines are not probed again
+    assert torn not in {r.key for r in result.records[: len(kept)]}  # the torn one was not restored
+    assert result.summary["counts"]["probed"] == 6
+
+
+def test_an_interrupted_summary_write_leaves_the_previous_summary(tmp_path: Path, monkeypatch) -> None:
+    rd = RunDir.create(tmp_path, "run")
+    rd.write_json("summary.json", {"status": "complete", "best": {"label": "old"}})
+
+    def crash(*_a, **_k):  # the process dies between writing the temporary file and renaming it
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(KeyboardInterrupt):
+        rd.write_json("summary.json", {"status": "complete", "best": {"label": "new" * 10_000}})
+    monkeypatch.undo()
+    assert rd.read_json("summary.json") == {"status": "complete", "best": {"label": "old"}}
+    assert sorted(p.name for p in rd.path.iterdir()) == ["summary.json"]  # no temporary file left
+
+
+# ------------------------------------------------------------------------------ concurrency
+
+
+def _both_finish(procs: list[subprocess.Popen[str]]) -> list[dict]:
+    summaries = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=180)
+        assert p.returncode == 0, stderr
+        summaries.append(json.loads(stdout))
+    return summaries
+
+
+def _intact(summary: dict) -> None:
+    rd = Path(summary["run_dir"])
+    assert summary["status"] == "complete"
+    on_disk = json.loads((rd / "summary.json").read_text())
+    assert on_disk["run_id"] == summary["run_id"] and on_disk["status"] == "complete"
+    records = journal_lines(rd)  # every line parses
+    assert sum(1 for r in records if r["phase"] == "search" and r["result"] is not None) == 8
+    assert len((rd / "trials.csv").read_text().splitlines()) == len(records) + 1
+    assert json.loads((rd / "best" / "training_args.json").read_text())
+
+
+@pytest.mark.slow
+def test_two_runs_of_the_same_request_on_the_same_results_dir(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    args = [*ARGS, "--out", str(out), "--json"]
+    s1, s2 = _both_finish([fake_cli(*args, delay=0.05), fake_cli(*args, delay=0.05)])
+    assert s1["run_dir"] != s2["run_dir"]
+    for s in (s1, s2):
+        _intact(s)
+    assert len(run_dirs(out)) == 2
+
+
+@pytest.mark.slow
+def test_two_runs_sharing_one_sqlite_storage(tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path / 'shared.db'}"
+    procs = [fake_cli(*ARGS, "--out", str(tmp_path / name), "--storage", storage, "--json",
+                      "--effective-batch", eb, delay=0.05) for name, eb in (("a", "16"), ("b", "8"))]
+    s1, s2 = _both_finish(procs)
+    for s in (s1, s2):
+        _intact(s)
+    import optuna
+
+    names = {st.study_name for st in optuna.get_all_study_summaries(storage)}
+    assert names == {s1["run_id"], s2["run_id"]}

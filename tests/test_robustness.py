@@ -364,3 +364,18 @@ def test_a_real_probe_makes_no_network_call(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["status"] == "ok"
     assert not log.exists(), log.read_text()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["probe", "--model", "tiny-llama", "--seq-len", "abc"], "Invalid value for '--seq-len'"),
+        (["run", "--model", "tiny-llama", "--gpu-budget", "1GB", "--bogus"], "No such option: --bogus"),
+        (["frobnicate"], "No such command"),
+    ],
+)
+def test_usage_errors_are_one_line_exit_2(args: list[str], message: str) -> None:
+    p = subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], p.stderr

@@ -70,8 +70,34 @@ for _name, _module in COMMANDS:
         app.command(_name)(guarded(importlib.import_module(_module).command))
 
 
+def _click_exceptions() -> Any:
+    """The click exceptions module typer uses (typer >= 0.29 vendors its own copy of click)."""
+    try:
+        from typer._click import exceptions
+    except ImportError:  # older typer: plain click
+        from click import exceptions
+    return exceptions
+
+
 def main() -> None:
-    app(prog_name="autotune")
+    """Entry point. Usage errors (unknown flag, ``--seq-len abc``) are one line too, exit 2."""
+    exc_mod = _click_exceptions()
+    try:
+        rv = app(prog_name="autotune", standalone_mode=False)
+    except exc_mod.NoArgsIsHelpError as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except exc_mod.UsageError as exc:
+        hint = f"; see '{exc.ctx.command_path} --help'" if exc.ctx is not None else ""
+        typer.echo(f"autotune: error: {exc.format_message()}{hint}", err=True)
+        sys.exit(2)
+    except exc_mod.ClickException as exc:
+        typer.echo(f"autotune: error: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)
+    except (exc_mod.Abort, KeyboardInterrupt):
+        typer.echo("autotune: interrupted", err=True)
+        sys.exit(130)
+    sys.exit(rv if isinstance(rv, int) else 0)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -11,7 +11,7 @@ import sys
 from importlib import metadata
 from typing import Any
 
-__all__ = ["fingerprint", "package_versions", "nvml_device_info"]
+__all__ = ["fingerprint", "package_versions", "nvml_device_info", "cpu_model", "tail_lines"]
 
 _PACKAGES = (
     "torch",
@@ -23,6 +23,8 @@ _PACKAGES = (
     "ray",
     "flash-attn",
     "bitsandbytes",
+    "liger-kernel",
+    "autotune",
 )
 
 
@@ -36,7 +38,7 @@ def package_versions() -> dict[str, str | None]:
     return out
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
             for line in fh:
@@ -45,6 +47,16 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def tail_lines(path: str | os.PathLike[str], lines: int) -> str:
+    """The last ``lines`` non-blank lines of a text file ("" when it cannot be read)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            kept = [ln for ln in fh.read().splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return "\n".join(kept[-lines:])
 
 
 def nvml_device_info() -> list[dict[str, Any]]:
@@ -84,7 +96,7 @@ def fingerprint(device: str | None = None) -> dict[str, Any]:
     fp: dict[str, Any] = {
         "python": platform.python_version(),
         "platform": f"{platform.system()}-{platform.machine()}",
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "packages": package_versions(),
     }

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from autotune.env import tail_lines
 from autotune.probe.result import ProbeResult
 from autotune.spec.probe_request import ProbeRequest
 
@@ -64,12 +65,7 @@ def worker_env(request: ProbeRequest, launch_time: float) -> dict[str, str]:
 
 
 def _tail(path: Path, lines: int = _STDERR_TAIL_LINES) -> str:
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return ""
-    kept = [ln for ln in text.splitlines() if ln.strip()]
-    return "\n".join(kept[-lines:])
+    return tail_lines(path, lines)
 
 
 def _stderr_tail(err_path: Path, res_path: Path) -> str:

@@ -36,6 +36,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from autotune.env import tail_lines
 from autotune.probe.result import ProbeResult
 from autotune.spec.probe_request import Candidate, ProbeRequest
 
@@ -88,12 +89,7 @@ def rank_stderr_path(result_path: str | os.PathLike[str], rank: int) -> Path:
 
 
 def _tail(path: Path, lines: int = _TAIL_LINES) -> str:
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return ""
-    kept = [ln for ln in text.splitlines() if ln.strip()]
-    return "\n".join(kept[-lines:])
+    return tail_lines(path, lines)
 
 
 def _how(code: int | None) -> str:

@@ -14,35 +14,16 @@ import hashlib
 import json
 import os
 import platform
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from autotune.env import cpu_model, package_versions
+
 __all__ = ["cache_key", "hardware_fingerprint", "software_versions", "dataset_identity"]
 
-_SOFTWARE = ("torch", "transformers", "peft", "accelerate", "deepspeed", "optuna", "ray", "autotune",
-             "flash-attn", "bitsandbytes", "liger-kernel")
-
-
 def software_versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {"python": platform.python_version()}
-    for name in _SOFTWARE:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    """Python and the versions of the packages measurements depend on (None: not installed)."""
+    return {"python": platform.python_version(), **package_versions()}
 
 
 def hardware_fingerprint(device: str, gpus: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -50,7 +31,7 @@ def hardware_fingerprint(device: str, gpus: list[dict[str, Any]] | None = None) 
     fp: dict[str, Any] = {
         "device": device,
         "platform": f"{platform.system()}-{platform.machine()}",
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
     }
     if device == "cuda":

@@ -210,9 +210,11 @@ def _default_executor(
         if progress is not None:
             progress("note", {"text": "ray is not installed: probes run one at a time as local subprocesses"})
         return LocalExecutor(slots=1)
+    from autotune._preflight import RAY_CONNECT_TIMEOUT_S
     from autotune.executors.ray_pool import RayExecutor
 
-    return RayExecutor(ray_address, device=device, gpus=gpus, gpus_per_probe=gpus_per_probe)
+    return RayExecutor(ray_address, device=device, gpus=gpus, gpus_per_probe=gpus_per_probe,
+                       connect_timeout_s=RAY_CONNECT_TIMEOUT_S)
 
 
 def _smallest_footprint(records: list[TrialRecord]) -> TrialRecord | None:
@@ -342,6 +344,8 @@ def tune(
     trust_remote_code: bool = False,
     pruner: Pruner | None = None,
     prune: bool | None = None,
+    verify_loss: int = 0,
+    verify_loss_tolerance: float | None = None,
 ) -> TuneResult:
     """Find the fastest configuration of ``model`` that fits ``gpu_budget``, by measuring.
 
@@ -350,11 +354,15 @@ def tune(
     for GPUs, off on CPU where the memory model is rougher) skips candidates the estimator predicts
     far above the budget (recorded as inferred); ``pruner`` replaces that rule. ``progress(event,
     data)`` receives ``start``, ``submit``, ``record``, ``tick``, ``confirm``, ``done``, ``cached``
-    and ``note`` events.
+    and ``note`` events. ``verify_loss`` (K > 0) runs the quality guard after the search: the chosen
+    configuration and the HF-default reference for K steps each, same seed and data order, loss
+    trajectories compared (``autotune.verify``; ``verify_loss.json``, ``summary["verify_loss"]``).
     """
     t0 = time.monotonic()
     problems = _validate(seq_len=seq_len, effective_batch=effective_batch, mode=mode, max_trials=max_trials,
                          device=device, resume=resume, fresh=fresh, top_k=top_k, gpus_per_trial=gpus_per_trial)
+    if isinstance(verify_loss, bool) or not isinstance(verify_loss, int) or verify_loss < 0:
+        problems.append(f"verify-loss steps must be an integer >= 0; got {verify_loss!r}")
     for fn in (lambda: parse_duration(time_budget), lambda: parse_budget(gpu_budget), lambda: parse_gpus(gpus)):
         try:
             fn()
@@ -391,6 +399,14 @@ def tune(
     if problems:
         raise SpecError(problems)
     usable = settings.usable_bytes()
+    # before anything is written: the batch, the weights, --ray-address, the dataset (exit 2, fast)
+    from autotune._preflight import preflight
+
+    preflight(config=resolved.config, name=resolved.name, workload=workload, space=space_obj,
+              effective_batch=effective_batch, device=dev, budget_text=budget.text, budget_bytes=budget_bytes,
+              max_world=(len(gpu_infos) or None) if dev == "cuda" and ray_address is None else (
+                  1 if dev == "cpu" else None),
+              ray_address=ray_address)
 
     from autotune.store import (
         RunDir,
@@ -476,6 +492,7 @@ def tune(
         raise MissingDependencyError("autotune run needs optuna: pip install 'optuna>=5.0'") from None
 
     from autotune.search import Searcher
+    from autotune.store.storage import open_storage
 
     prev_verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -494,10 +511,19 @@ def tune(
         searcher = Searcher(
             space=space_obj, workload=workload, settings=settings, effective_batch=effective_batch,
             executor=executor, max_trials=max_trials, time_budget_s=time_budget_s, seed=seed,
-            storage=storage_url, study_name=run_dir.run_id, top_k=top_k, device=dev, max_world=max_world,
+            storage=open_storage(storage_url), study_name=run_dir.run_id, top_k=top_k, device=dev, max_world=max_world,
             history=history, sink=journal, pruner=pruner, progress=progress, baseline=baseline_cand,
         )
         outcome = searcher.run()
+        verified = _verify_loss(verify_loss, verify_loss_tolerance, outcome, baseline_cand, executor, workload,
+                                settings, effective_batch, progress)
+    except AutotuneError:
+        # refused before any probe landed (an unreachable cluster, ...): leave nothing half-written
+        if not resumed and not journal.path.exists():
+            import shutil
+
+            shutil.rmtree(run_dir.path, ignore_errors=True)
+        raise
     finally:
         optuna.logging.set_verbosity(prev_verbosity)
         if own_executor and executor is not None:
@@ -525,6 +551,10 @@ def tune(
     run_dir.write_json("best_result.json", best.to_dict())
     files = _emit(best, run_dir, dev, progress)
     summary["status"] = "complete"
+    if verified is not None:
+        run_dir.write_json("verify_loss.json", verified)
+        summary["verify_loss"] = {k: verified.get(k) for k in ("steps", "max_abs_diff", "max_at_step", "tolerance",
+                                                               "exceeds", "expected_identical", "verdict")}
     run_dir.write_json("summary.json", summary)  # the reports are rendered from the run directory
     files += _write_reports(run_dir, progress)
     summary["files"] = sorted(str(p.relative_to(run_dir.path)) for p in files + [
@@ -623,3 +653,27 @@ def _write_reports(run_dir: Any, progress: ProgressFn | None) -> list[Path]:
         if progress is not None:
             progress("note", {"text": f"could not write the report: {exc!r}; `autotune report` retries"})
         return []
+
+
+def _verify_loss(steps: int, tolerance: float | None, outcome: SearchOutcome, baseline_cand: Candidate | None,
+                 executor: Executor, workload: Workload, settings: ProbeSettings, effective_batch: int,
+                 progress: ProgressFn | None) -> dict[str, Any] | None:
+    """The quality guard (``--verify-loss K``): chosen vs HF-default reference, K steps each."""
+    if not steps or outcome.best_record is None:
+        return None
+    from autotune.verify import DEFAULT_TOLERANCE, reference_candidate, run_verify
+
+    chosen = outcome.best_record.candidate_obj()
+    assert chosen is not None
+    base = next((r for r in outcome.records if baseline_cand is not None and r.phase == "search"
+                 and r.key == candidate_id(baseline_cand) and r.result is not None), None)
+    reference = reference_candidate(effective_batch, world_size=chosen.world_size,
+                                    needs_checkpointing=base is not None and base.status in ("oom", "over_budget"))
+    if progress is not None:
+        progress("note", {"text": f"verify-loss: {candidate_label(chosen)} vs {candidate_label(reference)}, "
+                                  f"{steps} steps each"})
+    result = run_verify(executor, chosen=chosen, reference=reference, workload=workload, settings=settings,
+                        steps=steps, tolerance=DEFAULT_TOLERANCE if tolerance is None else tolerance)
+    if progress is not None:
+        progress("note", {"text": f"verify-loss {result['verdict']}"})
+    return result

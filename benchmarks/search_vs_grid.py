@@ -7,13 +7,15 @@ Probes are noisy on CPU (the same configuration measured 633-861 tok/s over 8 ru
 live grid with a live search mostly measures noise. Instead the grid is measured once and recorded
 (a *landscape*: every configuration's status, tok/s, peak memory and probe wall time); the search is
 then replayed against the recording over several seeds, and both sides are scored on the same
-numbers. Replayed confirmation probes (twice the timed steps) cost the recorded wall time x 1.5.
+numbers. Replay is autotune.executors.replay.ReplayExecutor (recorded spread as noise); replayed
+confirmation probes cost the recorded wall time pro rata to their timed steps. The recorder is
+benchmarks/record_landscape.py; benchmarks/search_quality.py compares autotune with other strategies.
 
     # 1. record a landscape with real probes (slow: every configuration of the space, one by one)
     python benchmarks/search_vs_grid.py record --model tiny-llama --device cpu --space cpu \
-        --seq-len 128 --effective-batch 16 --gpu-budget 3GB --out benchmarks/landscape-cpu.json
+        --seq-len 128 --effective-batch 16 --gpu-budget 3GB --out benchmarks/landscapes/cpu-tiny-llama-cpu.json
     # 2. replay the search against it
-    python benchmarks/search_vs_grid.py replay benchmarks/landscape-cpu.json --trials 20 --seeds 10
+    python benchmarks/search_vs_grid.py replay benchmarks/landscapes/cpu-tiny-llama-cpu.json --trials 20 --seeds 10
     # or without a recording: a synthetic landscape (memory grows with micro-batch, etc.)
     python benchmarks/search_vs_grid.py synthetic --space default --trials 40 --seeds 10
 """
@@ -22,32 +24,23 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
 import json
 import statistics
 import sys
-import time
 import warnings
 from pathlib import Path
 from typing import Any
 
-from autotune.probe.result import ProbeResult
-from autotune.search import candidate_from_choice, candidate_id, iter_choices, usable_micro_batches
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from record_landscape import grid  # noqa: E402
+
+from autotune.executors.replay import ReplayExecutor  # noqa: E402
 from autotune.spec.budget import parse_budget
-from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
+from autotune.spec.probe_request import Candidate, ProbeSettings, Workload
 from autotune.spec.space import SearchSpace, load_space
 
 GiB = 2**30
-
-
-def grid(space: SearchSpace, effective_batch: int) -> list[Candidate]:
-    mbs, _ = usable_micro_batches(space, effective_batch, list(space.gpus_per_trial))
-    seen: dict[str, Candidate] = {}
-    for choice in iter_choices(space, micro_batches=mbs, worlds=list(space.gpus_per_trial)):
-        c = candidate_from_choice(choice, effective_batch=effective_batch)
-        if isinstance(c, Candidate):
-            seen.setdefault(candidate_id(c), c)
-    return list(seen.values())
 
 
 # ------------------------------------------------------------------------------ landscapes
@@ -68,49 +61,7 @@ def synthetic_entry(c: Candidate, usable: int, seq_len: int = 512) -> dict[str, 
             "wall_s": wall}
 
 
-class ReplayExecutor:
-    """Answers probes from a recorded landscape and adds up the probe-seconds it would have cost."""
-
-    def __init__(self, entries: dict[str, dict[str, Any]], base_steps: int) -> None:
-        self.entries = entries
-        self.base_steps = base_steps
-        self.pending_: list[tuple[str, ProbeRequest]] = []
-        self.ids = itertools.count()
-        self.probe_seconds = 0.0
-        self.probes = 0
-
-    @property
-    def slots(self) -> int:
-        return 1
-
-    def submit(self, request: ProbeRequest) -> str:
-        t = f"r{next(self.ids)}"
-        self.pending_.append((t, request))
-        return t
-
-    def poll(self, timeout: float | None = None) -> list[tuple[str, ProbeResult]]:
-        if not self.pending_:
-            return []
-        ticket, req = self.pending_.pop(0)
-        e = self.entries.get(candidate_id(req.candidate))
-        if e is None:  # outside the recorded grid (e.g. the HF-default baseline): count it, it crashes
-            self.probes += 1
-            return [(ticket, ProbeResult(status="crash", request=req.to_dict(), reason="not in the landscape"))]
-        wall = float(e.get("wall_s") or 0.0) * (1.5 if req.settings.steps > self.base_steps else 1.0)
-        self.probe_seconds += wall
-        self.probes += 1
-        metrics = {"tokens_per_s": e.get("tokens_per_s"), "peak_mem_bytes": e.get("peak_mem_bytes"), "wall_s": wall}
-        return [(ticket, ProbeResult(status=e["status"], request=req.to_dict(), reason=e.get("reason", ""),
-                                     metrics=metrics))]
-
-    def pending(self) -> int:
-        return len(self.pending_)
-
-    def close(self) -> None:
-        pass
-
-
-def replay(landscape: dict[str, Any], *, trials: int, seeds: int, top_k: int) -> dict[str, Any]:
+def replay(landscape: dict[str, Any], *, trials: int, seeds: int, top_k: int, noise: bool = True) -> dict[str, Any]:
     import optuna
 
     from autotune.emit.training_args import hf_default_candidate
@@ -119,22 +70,23 @@ def replay(landscape: dict[str, Any], *, trials: int, seeds: int, top_k: int) ->
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.simplefilter("ignore")
     space = SearchSpace(**{k: tuple(v) for k, v in landscape["space"].items()})
-    entries = {candidate_id(Candidate(**e["candidate"])): e for e in landscape["entries"]}
     ok = [e for e in landscape["entries"] if e["status"] == "ok" and e.get("tokens_per_s")]
     if not ok:
         raise SystemExit("the landscape has no configuration that fits")
     optimum = max(float(e["tokens_per_s"]) for e in ok)
     grid_seconds = sum(float(e.get("wall_s") or 0.0) for e in landscape["entries"])
-    settings = ProbeSettings(device=landscape["device"], budget_bytes=landscape["budget_bytes"], steps=5)
-    workload = Workload(model=landscape["model"], seq_len=landscape["seq_len"])
+    settings = ProbeSettings(device=landscape["device"], budget_bytes=landscape["budget_bytes"],
+                             steps=int(landscape.get("steps") or 5))
+    workload = Workload(model=landscape["model"], seq_len=landscape["seq_len"],
+                        lengths=landscape.get("lengths", "fixed"))
     eb = landscape["effective_batch"]
     rows = []
     for seed in range(seeds):
-        ex = ReplayExecutor(entries, settings.steps)
+        ex = ReplayExecutor(landscape, seed=seed, noise=noise)
         out = Searcher(space=space, workload=workload, settings=settings, effective_batch=eb, executor=ex,
                        max_trials=trials, seed=seed, top_k=top_k, device=landscape["device"],
                        baseline=hf_default_candidate(eb)).run()
-        found = float(entries[out.best_record.key]["tokens_per_s"]) if out.best_record else 0.0
+        found = (ex.true_tokens_per_s(out.best_record.candidate_obj()) or 0.0) if out.best_record else 0.0
         rows.append({"seed": seed, "ratio": found / optimum, "cost": ex.probe_seconds / grid_seconds,
                      "probes": ex.probes})
     ratios = [r["ratio"] for r in rows]
@@ -167,25 +119,13 @@ def cmd_synthetic(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_record(a: argparse.Namespace) -> dict[str, Any]:
-    from autotune.executors.local import run_probe_process
-    from autotune.models import resolve_model
+    """Delegates to benchmarks/record_landscape.py (one recorder: repeats, resume, atomic writes)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import record_landscape
 
-    space = load_space(a.space)
-    resolved = resolve_model(a.model)
-    budget = parse_budget(a.gpu_budget).resolve(None)
-    workload = Workload(model=resolved.name, model_path=resolved.path, seq_len=a.seq_len)
-    settings = ProbeSettings(device=a.device, budget_bytes=budget, budget_text=a.gpu_budget, steps=5)
-    cands = grid(space, a.effective_batch)
-    entries = []
-    t0 = time.monotonic()
-    for i, c in enumerate(cands, 1):
-        r = run_probe_process(ProbeRequest(workload=workload, candidate=c, settings=settings))
-        entries.append({"candidate": dataclasses.asdict(c), "status": r.status, "reason": r.reason,
-                        "tokens_per_s": r.tokens_per_s, "peak_mem_bytes": r.peak_mem_bytes,
-                        "wall_s": r.metrics.get("process_wall_s", r.metrics.get("wall_s"))})
-        print(f"[{i}/{len(cands)} {time.monotonic() - t0:.0f}s] {r.status} {r.tokens_per_s}", file=sys.stderr)
-    return {"model": a.model, "device": a.device, "seq_len": a.seq_len, "effective_batch": a.effective_batch,
-            "budget_bytes": budget, "space": space.to_dict(), "entries": entries}
+    return record_landscape.main(["--model", a.model, "--device", a.device, "--space", a.space,
+                                  "--seq-len", str(a.seq_len), "--effective-batch", str(a.effective_batch),
+                                  "--gpu-budget", a.gpu_budget, "--out", a.out])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -212,7 +152,6 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     if a.cmd == "record":
         land = cmd_record(a)
-        Path(a.out).write_text(json.dumps(land, indent=1))
         print(f"wrote {a.out} ({len(land['entries'])} configurations)")
         return
     land = cmd_synthetic(a) if a.cmd == "synthetic" else json.loads(Path(a.landscape).read_text())

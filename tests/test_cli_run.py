@@ -15,10 +15,10 @@ import pytest
 from _fakes import FakeExecutor, GiB
 from typer.testing import CliRunner
 
-import autotune.tune as tune_mod
+import autotune._tune as tune_mod
 from autotune.cli.app import app
 from autotune.errors import NothingFitsError, SpecError
-from autotune.tune import parse_duration, parse_gpus, tune
+from autotune._tune import parse_duration, parse_gpus, tune
 
 ANSI = re.compile(r"\x1b\[")
 BASE = ["run", "--model", "tiny-llama", "--device", "cpu", "--seq-len", "512", "--effective-batch", "16",
@@ -192,7 +192,7 @@ def test_documented_flags_reach_tune(tmp_path: Path, monkeypatch: pytest.MonkeyP
         "dataset": "d.jsonl", "max_trials": 7, "time_budget": "20m", "gpus": "0,1", "ray_address": "ray://h:10001",
         "device": "cuda", "storage": "sqlite:///x.db", "out": "o", "seed": 3, "resume": True, "fresh": False,
         "progress": seen["progress"], "gpus_per_trial": 2, "top_k": 2, "steps": 4, "probe_timeout_s": 60.0,
-        "trust_remote_code": False,
+        "trust_remote_code": False, "verify_loss": 0,
     }
 
 
@@ -278,7 +278,9 @@ def test_cli_end_to_end_on_cpu_through_real_ray_and_real_probes(tmp_path: Path) 
 def test_estimator_pruning_and_a_predicted_nothing_fits(tmp_path: Path) -> None:
     ex = FakeExecutor()
     with pytest.raises(NothingFitsError, match=r"the memory model predicts >= .* nothing was probed; try --mode lora"):
-        tune("llama-3.1-8b", gpu_budget="24GB", seq_len=2048, effective_batch=16, space="cpu", device="cpu",
+        # 40GB holds the 32GB of fp32 weights (below that the request is refused up front, exit 2),
+        # not the gradients and optimizer states on top
+        tune("llama-3.1-8b", gpu_budget="40GB", seq_len=2048, effective_batch=16, space="cpu", device="cpu",
              max_trials=6, out=tmp_path, executor=ex, prune=True)
     assert ex.requests == []
 

@@ -151,6 +151,9 @@ def render_summary(summary: dict[str, Any], con: Console) -> None:
         con.print(f"HF default ({base['label']}): {base['status']}")
     if summary.get("from_cache"):
         con.print(f"(from the stored run {summary.get('run_dir')}; --fresh searches again)")
+    vl = summary.get("verify_loss")
+    if vl:
+        con.print(f"verify-loss: {vl.get('verdict')}", highlight=False)
     con.print(answer_line(summary), highlight=False)
 
 
@@ -177,6 +180,8 @@ def command(
     steps: int = typer.Option(5, "--steps", help="Timed optimizer steps per probe (the confirmation uses twice as many)."),
     probe_timeout: float = typer.Option(300.0, "--probe-timeout", help="Hard timeout of one probe (s)."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow model code from the model dir."),
+    verify_loss: bool = typer.Option(False, "--verify-loss", help="After the search, train the chosen config and the HF-default reference from the same seed and data and compare their losses (verify_loss.json)."),
+    verify_loss_steps: int = typer.Option(20, "--verify-loss-steps", help="Optimizer steps of each --verify-loss run."),
     as_json: bool = typer.Option(False, "--json", help="Print only summary.json to stdout."),
 ) -> None:
     """Search for the fastest fine-tuning configuration that fits the budget, by measuring it."""
@@ -191,6 +196,7 @@ def command(
             ray_address=ray_address, device=device, storage=storage, out=out, seed=seed, resume=resume,
             fresh=fresh, progress=printer, gpus_per_trial=gpus_per_trial, top_k=top_k, steps=steps,
             probe_timeout_s=probe_timeout, trust_remote_code=trust_remote_code,
+            verify_loss=verify_loss_steps if verify_loss else 0,
         )  # fmt: skip
     finally:
         printer.close()

@@ -153,6 +153,9 @@ def _build_model(req: ProbeRequest, device: str) -> Any:
     )
     if getattr(cfg, "use_cache", None) is not None:
         cfg.use_cache = False  # training: no KV cache
+    # the same seed gives the same initial weights (autotune.verify compares two configurations'
+    # loss trajectories; without it the weights came from whatever the RNG had been used for)
+    torch.manual_seed(w.seed)
     if w.mode == "qlora":
         return _build_qlora_base(cfg, mk, w)
     with torch.device(device):
@@ -505,6 +508,10 @@ def run_probe_in_process(
                 vocab_size=int(cfg.vocab_size),
                 pad_token_id=int(pad_id or 0),
                 mask_dtype=compute_dtype,
+                # longest sequences first make the measured peak the worst case: only a probe held
+                # to a budget needs that; one without (autotune.verify's loss comparison) needs the
+                # same data order whatever the micro-batch
+                worst_case_first=usable is not None,
             )
         except Exception as exc:
             from autotune.errors import DatasetError, SpecError

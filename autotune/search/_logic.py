@@ -274,6 +274,7 @@ def expert_seeds(
     worlds: list[int],
     device: str,
     limit: int = 3,
+    variable_lengths: bool = False,
 ) -> list[dict[str, Any]]:
     """Configurations an expert would try first, as full choices (every dimension).
 
@@ -282,6 +283,9 @@ def expert_seeds(
     2. the smallest micro-batch with checkpointing (the one most likely to fit: it tells early
        whether anything fits, and by how much not);
     3. the largest micro-batch with checkpointing (the fast config when activations dominate).
+
+    With ``variable_lengths`` (a length distribution or a real dataset) the seeds pack sequences
+    where the space offers it: padding is then the largest waste, and packing removes it.
     """
     if not micro_batches or not worlds:
         return []
@@ -292,7 +296,7 @@ def expert_seeds(
         "optim": _prefer(space.optim, "adamw_torch_fused", "adamw_torch"),
         "workers": _prefer(space.workers, *((2, 4, 1, 0) if gpu else (0, 1))),
         "pin_memory": _prefer(space.pin_memory, gpu),
-        "packing": _prefer(space.packing, False),
+        "packing": _prefer(space.packing, *((True, False) if variable_lengths else (False,))),
         "torch_compile": _prefer(space.torch_compile, False),
         "liger": _prefer(space.liger, False),
         "zero_stage": min(space.zero_stage),

@@ -38,6 +38,7 @@ from autotune.search._logic import (
     candidate_id,
     candidate_label,
     constraint_value,
+    derive_grad_accum,
     distinct_candidates,
     expert_seeds,
     infer_infeasible,
@@ -110,6 +111,7 @@ class Searcher:
         ordinal: bool = False,
         multivariate: bool = True,
         baseline: Candidate | None = None,
+        follow_ups: bool = True,
     ) -> None:
         problems = []
         if isinstance(effective_batch, bool) or not isinstance(effective_batch, int) or effective_batch < 1:
@@ -140,6 +142,8 @@ class Searcher:
         self.clock = clock
         self.poll_interval_s = poll_interval_s
         self.baseline = baseline
+        self.follow_ups = follow_ups
+        self._queued: set[str] = set()
         self.records: list[TrialRecord] = []
         self._durations: list[float] = []
         self._all_choices: list[dict[str, Any]] | None = None
@@ -179,6 +183,7 @@ class Searcher:
         self.seed_choices = expert_seeds(
             space, effective_batch=effective_batch, micro_batches=mbs, worlds=worlds, device=device,
             limit=min(seeds, max(1, max_trials // 3)),
+            variable_lengths=workload.lengths != "fixed" or workload.dataset is not None,
         )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -360,6 +365,48 @@ class Searcher:
             if fresh(choice):
                 return choice
         return None
+
+    def _follow_up(self, rec: TrialRecord, cache: dict[str, TrialRecord], in_flight: dict[str, str]) -> None:
+        """Enqueue the neighbours that the structure of the problem makes worth a probe next.
+
+        Memory grows with the micro-batch and throughput usually does too, so the fastest
+        configurations sit at the memory boundary: a probe over budget is followed by the same
+        choices at the next smaller micro-batch (the largest that may fit), and a new best by the
+        next larger one and, when it checkpoints, by the same without checkpointing (faster when it
+        fits). Nothing known, in flight, queued or provably infeasible is enqueued; TPE asks the
+        queue first, and the usual dedupe and inference apply when it does.
+        """
+        cand = rec.candidate_obj()
+        if cand is None or rec.phase != "search" or rec.inferred:
+            return
+        if self.baseline is not None and rec.key == candidate_id(self.baseline):
+            return  # the baseline is measured for the report, not chosen as a direction
+        mbs = sorted(self.micro_batches)
+        nexts: list[Candidate] = []
+        if rec.status in MEMORY_INFEASIBLE:
+            lower = [m for m in mbs if m < cand.micro_batch]
+            if lower:
+                nexts.append(dataclasses.replace(cand, micro_batch=lower[-1]))
+        elif rec.status == "ok" and self._best_so_far() is rec:
+            higher = [m for m in mbs if m > cand.micro_batch]
+            if higher:
+                nexts.append(dataclasses.replace(cand, micro_batch=higher[0]))
+            if cand.grad_ckpt and False in self.space.grad_ckpt:
+                nexts.append(dataclasses.replace(cand, grad_ckpt=False))
+        known = list(cache.values())
+        for n in nexts:
+            accum = derive_grad_accum(self.effective_batch, n.micro_batch, n.world_size)
+            if accum is None:
+                continue
+            n = dataclasses.replace(n, grad_accum=accum)
+            key = candidate_id(n)
+            if key in cache or key in in_flight or key in self._queued or infer_infeasible(n, known) is not None:
+                continue
+            params = self._optuna_params_of(n)
+            if params is None:
+                continue
+            self.study.enqueue_trial(params, skip_if_exists=True)
+            self._queued.add(key)
 
     # ---------------------------------------------------------------- resume
 
@@ -545,6 +592,8 @@ class Searcher:
                 cache[key] = rec
                 if asked is not None:
                     self._tell(asked, rec)
+                if self.follow_ups:
+                    self._follow_up(rec, cache, in_flight_keys)
                 for waiter in waiters.pop(key, []):
                     self._tell(waiter, rec)
                 self._emit("record", record=rec, best=self._best_so_far(), counts=self._counts(),

@@ -1,0 +1,413 @@
+"""How good is each search strategy, on recorded landscapes, over many seeds (seconds, no probes).
+
+    python benchmarks/search_quality.py                       # every benchmarks/landscapes/*.json
+    python benchmarks/search_quality.py LANDSCAPE.json ... --seeds 30 --share 0.15
+    python benchmarks/search_quality.py --budget 150MiB --budget 160MiB --budget 200MiB   # each budget
+
+Every strategy asks the same :class:`~autotune.executors.replay.ReplayExecutor` (answers from the
+recorded landscape, with each configuration's recorded spread as noise, so a strategy picks on
+noisy measurements like a real one), and is scored on the *recorded median* tok/s of the
+configuration it picks, divided by the landscape's optimum (the best median that fits). Printed
+per strategy: the median over seeds of best-found / optimum, the share of seeds at >= 0.97, and the
+median of probes / grid size (every probe it caused counts: baseline, search and confirmation).
+
+Strategies
+----------
+autotune
+    The real :class:`~autotune.search.Searcher` (Optuna TPE, expert seeds, inferred infeasibility,
+    confirmation of the top few), with the HF-default baseline as ``autotune run`` passes it, given
+    a probe budget of ``--share`` x grid size: ``max_trials`` is the budget less the confirmation
+    probes (``top_k`` = 2 and the baseline when the budget is 8 or more, else no confirmation).
+random
+    Uniform sampling without replacement of as many configurations as autotune probed on that
+    seed; picks the fastest measured that fits.
+largest-micro-batch (HF ``auto_find_batch_size`` / Lightning ``BatchSizeFinder``)
+    Every knob at the HF default (``hf_default_candidate``; a default the space does not offer is
+    replaced by the space's first choice, e.g. pin_memory on a CPU space), then the micro-batch:
+    start at the default (8, or the largest divisor of the effective batch below it), double while
+    it fits, halve while it does not; take the largest that fits. The effective batch is held
+    (accumulation derived), which HF itself does not do.
+deepspeed (DeepSpeed autotuning's strategy, reproduced and adapted)
+    DeepSpeed's autotuner tunes two things: the ZeRO stage and the micro-batch. For each stage in
+    order (0, 1, 2, 3) it finds the largest micro-batch that fits (from its memory model; here: by
+    probing, doubling from the smallest, because the replay has no model), then measures a few
+    micro-batches around it (``max``, and the ones within -5 % .. +5 % of it: in a power-of-two list
+    that is the max and its lower neighbour) and keeps the fastest; it moves to the next stage only
+    while the last one improved the best by >= 5 %. Adaptation: where a landscape has no ZeRO
+    dimension, its memory-for-compute levers take the place of the stages, in the same order of
+    cost: stage 0 = HF defaults, then gradient checkpointing on. Every other knob (attention,
+    packing, workers, precision) stays at the HF default, as DeepSpeed leaves the user's config
+    alone.
+grid-once (ceiling) -- a reference, not a competitor
+    Every configuration probed once, the fastest measured taken: what measurement noise leaves to
+    any strategy that picks on single measurements (on a quiet GPU it is ~1.0; on a busy CPU less).
+
+The last line printed is one summary: autotune's median best-found / optimum and median probes /
+grid size over all landscapes and seeds. Goal (issue 7): >= 0.97 of the optimum in <= 15 % of the
+grid's probes, ahead of the three others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import random
+import statistics
+import sys
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from record_landscape import grid  # noqa: E402
+
+from autotune.emit.training_args import hf_default_candidate  # noqa: E402
+from autotune.executors.base import run_one  # noqa: E402
+from autotune.executors.replay import ReplayExecutor, load_landscape  # noqa: E402
+from autotune.search import derive_grad_accum  # noqa: E402
+from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload  # noqa: E402
+from autotune.spec.space import DIMENSIONS, SearchSpace  # noqa: E402
+
+LANDSCAPES = Path(__file__).resolve().parent / "landscapes"
+STRATEGIES = ("autotune", "random", "largest-micro-batch", "deepspeed")
+# a reference row, not a competitor: every configuration probed once (noisy), the fastest measured
+# taken. Its median score is the ceiling that measurement noise leaves to any strategy.
+REFERENCE = "grid-once (ceiling)"
+
+
+@dataclasses.dataclass
+class Problem:
+    """One landscape, ready to be searched: space, grid, request template, optimum."""
+
+    name: str
+    landscape: dict[str, Any]
+    space: SearchSpace
+    grid: list[Candidate]
+    workload: Workload
+    settings: ProbeSettings
+    effective_batch: int
+    optimum: float
+    truth: ReplayExecutor  # noise-free, for scoring
+
+    def request(self, c: Candidate) -> ProbeRequest:
+        return ProbeRequest(workload=self.workload, candidate=c, settings=self.settings)
+
+    def score(self, c: Candidate | None) -> float:
+        if c is None:
+            return 0.0
+        ex = self.truth
+        entry = ex.entries.get(_cid(c))
+        if entry is None or ex.status_of(entry, self.request(c)) != "ok":
+            return 0.0
+        return (ex.true_tokens_per_s(c) or 0.0) / self.optimum
+
+
+def _cid(c: Candidate) -> str:
+    from autotune.search import candidate_id
+
+    return candidate_id(c)
+
+
+def problem(source: str | Path | dict[str, Any], *, budget_bytes: int | None = None) -> Problem:
+    land = load_landscape(source)
+    space = SearchSpace(**{k: tuple(v) for k, v in land["space"].items()})
+    eb = int(land["effective_batch"])
+    settings = ProbeSettings(device=land.get("device", "cpu"), budget_bytes=budget_bytes or land["budget_bytes"],
+                             headroom=float(land.get("headroom", 0.05)), steps=int(land.get("steps") or 5),
+                             warmup_steps=int(land.get("warmup_steps") or 2))
+    workload = Workload(model=land["model"], seq_len=int(land["seq_len"]), lengths=land.get("lengths", "fixed"))
+    truth = ReplayExecutor(land, seed=0, noise=False)
+    cands = grid(space, eb)
+    fits = [truth.true_tokens_per_s(c) or 0.0 for c in cands
+            if (e := truth.entries.get(_cid(c))) is not None
+            and truth.status_of(e, ProbeRequest(workload=workload, candidate=c, settings=settings)) == "ok"]
+    if not fits or max(fits) <= 0:
+        raise SystemExit(f"{land.get('model')}/{land.get('space_name')}: no configuration fits the budget")
+    name = source.stem if isinstance(source, Path) else str(land.get("name") or land.get("space_name", "?"))
+    return Problem(name=name, landscape=land, space=space, grid=cands, workload=workload, settings=settings,
+                   effective_batch=eb, optimum=max(fits), truth=truth)
+
+
+# ------------------------------------------------------------------------------ strategies
+# each: (problem, seed, probe budget) -> (chosen candidate or None, executor that counted the probes)
+
+Strategy = Callable[[Problem, int, int], tuple[Candidate | None, ReplayExecutor]]
+
+
+def _measure(p: Problem, ex: ReplayExecutor, c: Candidate) -> float | None:
+    """tok/s when the probe fits, else None."""
+    r = run_one(ex, p.request(c))
+    return r.tokens_per_s if r.status == "ok" else None
+
+
+SEARCHER_OPTIONS: dict[str, Any] = {}  # extra Searcher keywords (--no-follow-ups sets follow_ups=False)
+
+
+def run_autotune(p: Problem, seed: int, budget: int) -> tuple[Candidate | None, ReplayExecutor]:
+    import optuna
+
+    from autotune.search import Searcher
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    warnings.simplefilter("ignore")
+    top_k = 2 if budget >= 8 else 0
+    ex = ReplayExecutor(p.landscape, seed=seed, noise=True)
+    baseline = _baseline(p)
+    # confirmation re-measures the top_k and the baseline (when it fits): keep room for them
+    max_trials = max(1, budget - (top_k + 1 if top_k else 0))
+    out = Searcher(space=p.space, workload=p.workload, settings=p.settings, effective_batch=p.effective_batch,
+                   executor=ex, max_trials=max_trials, seed=seed, top_k=top_k, device=p.settings.device,
+                   baseline=baseline, poll_interval_s=0.0, **SEARCHER_OPTIONS).run()
+    return (out.best_record.candidate_obj() if out.best_record else None), ex
+
+
+def _baseline(p: Problem) -> Candidate | None:
+    """What autotune run passes as the baseline (tune's _baseline_candidate), inside the space.
+
+    ``hf_default_candidate`` pins memory; a CPU landscape records pin_memory false only (it does
+    nothing without a GPU), so a knob the space does not offer takes the space's first choice, as
+    for the largest-micro-batch strategy. Otherwise the baseline would be a probe outside the
+    recording (answered as a crash) and cost autotune a probe for nothing.
+    """
+    world = 1 if 1 in p.space.gpus_per_trial else min(p.space.gpus_per_trial)
+    try:
+        c = hf_default_candidate(p.effective_batch, world_size=world)
+    except ValueError:
+        return None
+    if c.micro_batch * c.grad_accum * c.world_size != p.effective_batch:
+        return None
+    return _make(p, hf_defaults_in_space(p), c.micro_batch)
+
+
+def run_random(p: Problem, seed: int, budget: int) -> tuple[Candidate | None, ReplayExecutor]:
+    ex = ReplayExecutor(p.landscape, seed=seed, noise=True)
+    rng = random.Random(seed)
+    best: tuple[float, Candidate] | None = None
+    for c in rng.sample(p.grid, min(budget, len(p.grid))):
+        t = _measure(p, ex, c)
+        if t is not None and (best is None or t > best[0]):
+            best = (t, c)
+    return (best[1] if best else None), ex
+
+
+def hf_defaults_in_space(p: Problem, **override: Any) -> dict[str, Any]:
+    """The HF-default knobs, each replaced by the space's first choice where the space lacks it."""
+    d = dataclasses.asdict(hf_default_candidate(p.effective_batch, precision=_prefer_precision(p)))
+    out = {}
+    for dim in DIMENSIONS:
+        if dim == "gpus_per_trial":
+            continue
+        choices = p.space.choices(dim)
+        out[dim] = d[dim] if d[dim] in choices else choices[0]
+    out.update(override)
+    return out
+
+
+def _prefer_precision(p: Problem) -> str:
+    # HF's default is fp32 unless the user passes bf16; on a GPU landscape users pass bf16
+    return "bf16" if p.settings.device == "cuda" and "bf16" in p.space.precision else "fp32"
+
+
+def _make(p: Problem, knobs: dict[str, Any], mb: int) -> Candidate | None:
+    accum = derive_grad_accum(p.effective_batch, mb, 1)
+    if accum is None:
+        return None
+    fields = {f.name for f in dataclasses.fields(Candidate)}
+    return Candidate(**{**{k: v for k, v in knobs.items() if k in fields}, "micro_batch": mb, "grad_accum": accum})
+
+
+def _mbs(p: Problem) -> list[int]:
+    return sorted(mb for mb in p.space.micro_batch if derive_grad_accum(p.effective_batch, mb, 1) is not None)
+
+
+def run_largest_mb(p: Problem, seed: int, budget: int) -> tuple[Candidate | None, ReplayExecutor]:
+    ex = ReplayExecutor(p.landscape, seed=seed, noise=True)
+    knobs = hf_defaults_in_space(p)
+    mbs = _mbs(p)
+    start = hf_default_candidate(p.effective_batch).micro_batch
+    i = min(range(len(mbs)), key=lambda j: (abs(mbs[j] - start), -mbs[j]))
+    fits: dict[int, bool] = {}
+
+    def fit(j: int) -> bool:
+        if j not in fits:
+            c = _make(p, knobs, mbs[j])
+            fits[j] = c is not None and _measure(p, ex, c) is not None
+        return fits[j]
+
+    if fit(i):
+        while i + 1 < len(mbs) and fit(i + 1):
+            i += 1
+    else:
+        while i > 0 and not fit(i):
+            i -= 1
+        if not fit(i):
+            return None, ex
+    return _make(p, knobs, mbs[i]), ex
+
+
+def run_deepspeed(p: Problem, seed: int, budget: int) -> tuple[Candidate | None, ReplayExecutor]:
+    ex = ReplayExecutor(p.landscape, seed=seed, noise=True)
+    mbs = _mbs(p)
+    stages: list[dict[str, Any]] = []
+    if len(p.space.zero_stage) > 1:
+        stages = [{"zero_stage": z} for z in sorted(p.space.zero_stage)]
+    else:
+        stages = [{}] + ([{"grad_ckpt": True}] if True in p.space.grad_ckpt and False in p.space.grad_ckpt else [])
+    best: tuple[float, Candidate] | None = None
+    for stage in stages:
+        knobs = hf_defaults_in_space(p, **stage)
+        # largest micro-batch that fits: double from the smallest until it does not fit
+        top = None
+        measured: dict[int, float] = {}
+        for mb in mbs:
+            c = _make(p, knobs, mb)
+            t = _measure(p, ex, c) if c is not None else None
+            if t is None:
+                break
+            top, measured[mb] = mb, t
+        if top is None:
+            continue
+        # micro-batches within +-5 % of the max (at least its lower neighbour) -- measured again
+        near = [mb for mb in mbs if abs(mb - top) <= 0.05 * top]
+        lower = [mb for mb in mbs if mb < top]
+        if len(near) < 2 and lower:
+            near.append(lower[-1])
+        stage_best: tuple[float, Candidate] | None = None
+        for mb in near:
+            c = _make(p, knobs, mb)
+            t = _measure(p, ex, c) if c is not None else None
+            if t is not None and mb in measured:
+                t = (t + measured[mb]) / 2.0
+            if c is not None and t is not None and (stage_best is None or t > stage_best[0]):
+                stage_best = (t, c)
+        if stage_best is None:
+            continue
+        if best is not None and stage_best[0] < 1.05 * best[0]:
+            if stage_best[0] > best[0]:
+                best = stage_best
+            break
+        if best is None or stage_best[0] > best[0]:
+            best = stage_best
+    return (best[1] if best else None), ex
+
+
+def run_grid_once(p: Problem, seed: int, budget: int) -> tuple[Candidate | None, ReplayExecutor]:
+    ex = ReplayExecutor(p.landscape, seed=seed, noise=True)
+    best: tuple[float, Candidate] | None = None
+    for c in p.grid:
+        t = _measure(p, ex, c)
+        if t is not None and (best is None or t > best[0]):
+            best = (t, c)
+    return (best[1] if best else None), ex
+
+
+RUNNERS: dict[str, Strategy] = {
+    REFERENCE: run_grid_once,
+    "autotune": run_autotune,
+    "random": run_random,
+    "largest-micro-batch": run_largest_mb,
+    "deepspeed": run_deepspeed,
+}
+
+
+# ------------------------------------------------------------------------------ scoring
+
+
+def evaluate(p: Problem, *, seeds: int, share: float) -> dict[str, Any]:
+    n = len(p.grid)
+    budget = max(1, math.floor(share * n + 1e-9))
+    rows: dict[str, list[tuple[float, float]]] = {s: [] for s in (*STRATEGIES, REFERENCE)}
+    for seed in range(seeds):
+        chosen, ex = run_autotune(p, seed, budget)
+        rows["autotune"].append((p.score(chosen), ex.probes / n))
+        same = ex.probes
+        for name in (*STRATEGIES[1:], REFERENCE):
+            chosen, ex = RUNNERS[name](p, seed, same)
+            rows[name].append((p.score(chosen), ex.probes / n))
+    out: dict[str, Any] = {"landscape": p.name, "grid": n, "probe_budget": budget,
+                           "infeasible_share": 1.0 - sum(p.score(c) > 0 for c in p.grid) / n, "strategies": {}}
+    for name, vals in rows.items():
+        ratios = [v[0] for v in vals]
+        shares = [v[1] for v in vals]
+        out["strategies"][name] = {
+            "best_over_optimum_median": statistics.median(ratios),
+            "best_over_optimum_min": min(ratios),
+            "share_of_seeds_at_0.97": sum(r >= 0.97 for r in ratios) / len(ratios),
+            "probes_over_grid_median": statistics.median(shares),
+            "ratios": ratios,
+            "shares": shares,
+        }
+    return out
+
+
+def render(results: list[dict[str, Any]], seeds: int, share: float) -> str:
+    lines = []
+    for res in results:
+        lines.append(f"{res['landscape']}: grid {res['grid']} configurations, {res['infeasible_share']:.0%} "
+                     f"infeasible, probe budget {res['probe_budget']} ({share:.0%}), {seeds} seeds")
+        lines.append(f"  {'strategy':<22}{'best/optimum (median)':>22}{'min':>7}{'>=0.97':>8}{'probes/grid':>13}")
+        for name, s in res["strategies"].items():
+            lines.append(f"  {name:<22}{s['best_over_optimum_median']:>22.3f}{s['best_over_optimum_min']:>7.3f}"
+                         f"{s['share_of_seeds_at_0.97']:>8.0%}{s['probes_over_grid_median']:>13.3f}")
+    auto_r = [r for res in results for r in res["strategies"]["autotune"]["ratios"]]
+    auto_s = [s for res in results for s in res["strategies"]["autotune"]["shares"]]
+    others = {name: statistics.median([r for res in results for r in res["strategies"][name]["ratios"]])
+              for name in STRATEGIES[1:]}
+    med_r, med_s = statistics.median(auto_r), statistics.median(auto_s)
+    ahead = all(med_r > v for v in others.values())
+    goal = med_r >= 0.97 and med_s <= 0.15 and ahead
+    lines.append(f"autotune: best/optimum {med_r:.3f} (median over {len(results)} landscape(s) x {seeds} seeds) "
+                 f"in {med_s:.3f} of the grid's probes; goal >=0.97 in <=0.15 and ahead of all "
+                 f"({', '.join(f'{k} {v:.3f}' for k, v in others.items())}): {'met' if goal else 'NOT met'}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("landscapes", nargs="*", help="landscape JSON files (default: benchmarks/landscapes/*.json)")
+    ap.add_argument("--seeds", type=int, default=30)
+    ap.add_argument("--share", type=float, default=0.15, help="probe budget as a share of the grid size")
+    ap.add_argument("--json", default="", help="also write the full results here")
+    ap.add_argument("--budget", action="append", default=[],
+                    help="replay under this budget instead of the recorded one (repeatable: every landscape x budget)")
+    ap.add_argument("--synthetic", action="append", default=[], metavar="SPACE:BUDGET:EB",
+                    help="also a synthetic landscape from search_vs_grid.py (e.g. cpu:6GiB:16); repeatable")
+    ap.add_argument("--no-follow-ups", action="store_true",
+                    help="autotune without its boundary follow-ups (for an A/B of that rule)")
+    a = ap.parse_args(argv)
+    SEARCHER_OPTIONS.clear()
+    if a.no_follow_ups:
+        SEARCHER_OPTIONS["follow_ups"] = False
+    paths: list[Any] = [Path(x) for x in a.landscapes] or ([] if a.synthetic else sorted(LANDSCAPES.glob("*.json")))
+    for spec in a.synthetic:
+        import search_vs_grid
+
+        space_name, budget_text, eb = spec.split(":")
+        land = search_vs_grid.cmd_synthetic(argparse.Namespace(space=space_name, gpu_budget=budget_text,
+                                                               effective_batch=int(eb)))
+        paths.append({**land, "name": f"synthetic-{space_name}-{budget_text}-eb{eb}", "steps": 5})
+    if not paths:
+        raise SystemExit("no landscapes: record one with benchmarks/record_landscape.py")
+    from autotune.spec.budget import parse_budget
+
+    budgets = [parse_budget(b).resolve(None) for b in a.budget] or [None]
+    results = []
+    for path in paths:
+        for b in budgets:
+            p = problem(path, budget_bytes=b)
+            if b is not None:
+                p.name += f" @ {b / 2**20:.0f} MiB"
+            results.append(evaluate(p, seeds=a.seeds, share=a.share))
+    print(render(results, a.seeds, a.share))
+    if a.json:
+        Path(a.json).write_text(json.dumps(results, indent=1))
+    return results
+
+
+if __name__ == "__main__":
+    main()

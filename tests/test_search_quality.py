@@ -1,0 +1,96 @@
+"""benchmarks/search_quality.py: strategies scored on a landscape through the replay executor."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import record_landscape  # noqa: E402
+import search_quality as sq  # noqa: E402
+
+from autotune.search import candidate_id  # noqa: E402
+from autotune.spec.probe_request import Candidate  # noqa: E402
+from autotune.spec.space import SearchSpace  # noqa: E402
+
+MiB = 2**20
+SPACE = SearchSpace(micro_batch=(1, 2, 4, 8), grad_ckpt=(False, True), attn=("eager", "sdpa"), packing=(False, True),
+                    precision=("fp32",), pin_memory=(False,), optim=("adamw_torch_fused",), workers=(0,))
+
+
+def _speed_mem(c: Candidate) -> tuple[float, int]:
+    """Memory grows with micro-batch (checkpointing saves it); speed grows with it, packing helps."""
+    mem = 100 * MiB + int(15 * MiB * c.micro_batch * (0.4 if c.grad_ckpt else 1.0))
+    tps = 300.0 * c.micro_batch ** 0.5 * (0.8 if c.grad_ckpt else 1.0) * (1.5 if c.packing else 1.0)
+    tps *= 1.1 if c.attn == "sdpa" else 1.0
+    return tps, mem
+
+
+def landscape(budget: int = 190 * MiB) -> dict:
+    entries = []
+    for c in record_landscape.grid(SPACE, 8):
+        tps, mem = _speed_mem(c)
+        reps = [{"status": "ok", "metrics": {"tokens_per_s": tps * f, "peak_mem_bytes": mem, "process_wall_s": 20.0}}
+                for f in (0.95, 1.05)]
+        entries.append({"id": candidate_id(c), "candidate": dataclasses.asdict(c), "repeats": reps})
+    land = {"model": "tiny-llama", "device": "cpu", "seq_len": 128, "lengths": "lognormal:3.5,1.0",
+            "effective_batch": 8, "budget_bytes": budget, "headroom": 0.05, "steps": 3, "warmup_steps": 1,
+            "space": SPACE.to_dict(), "entries": entries, "space_name": "test"}
+    return record_landscape.relabel(land)
+
+
+def test_relabel_decides_fit_from_the_landscape_budget() -> None:
+    land = landscape()
+    assert land["grid_size"] == 32 and 0 < land["infeasible_share"] < 0.5
+    over = [e for e in land["entries"] if e["status"] == "over_budget"]
+    assert all(e["peak_mem_bytes"] > 190 * MiB * 0.95 for e in over) and "usable" in over[0]["reason"]
+
+
+def test_largest_micro_batch_takes_the_largest_that_fits_at_hf_defaults() -> None:
+    p = sq.problem(landscape())
+    chosen, ex = sq.run_largest_mb(p, 0, 99)
+    # HF defaults: sdpa, no checkpointing, no packing; 8 does not fit (220 MiB), 4 does (160 MiB)
+    assert (chosen.micro_batch, chosen.grad_ckpt, chosen.packing, chosen.attn) == (4, False, False, "sdpa")
+    assert ex.probes == 2
+
+
+def test_deepspeed_strategy_walks_its_stages_and_stops_when_not_5_percent_better() -> None:
+    p = sq.problem(landscape())
+    chosen, ex = sq.run_deepspeed(p, 0, 99)
+    assert chosen is not None and not chosen.packing  # DeepSpeed leaves the other knobs alone
+    assert ex.probes >= 4
+
+
+def test_evaluate_scores_every_strategy_and_the_last_line_is_autotunes_summary() -> None:
+    p = sq.problem(landscape())
+    res = sq.evaluate(p, seeds=3, share=0.25)
+    assert set(res["strategies"]) == {*sq.STRATEGIES, sq.REFERENCE} and res["probe_budget"] == 8
+    auto = res["strategies"]["autotune"]
+    assert all(0.0 <= r <= 1.0 for r in auto["ratios"]) and max(auto["shares"]) <= 8 / 32
+    assert res["strategies"]["random"]["shares"] == auto["shares"]  # the same probe count
+    text = sq.render([res], 3, 0.25)
+    last = text.splitlines()[-1]
+    assert last.startswith("autotune: best/optimum ") and "of the grid's probes" in last
+
+
+def test_main_reads_landscape_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    f = tmp_path / "cpu-x-test.json"
+    f.write_text(json.dumps(landscape()))
+    sq.main([str(f), "--seeds", "2", "--json", str(tmp_path / "out.json")])
+    out = capsys.readouterr().out
+    assert "cpu-x-test: grid 32 configurations" in out and (tmp_path / "out.json").exists()
+
+
+def test_recorded_landscapes_load_and_have_a_feasible_optimum() -> None:
+    files = sorted((REPO / "benchmarks" / "landscapes").glob("*.json"))
+    assert len(files) >= 2
+    for f in files:
+        p = sq.problem(f)
+        assert p.optimum > 0 and len(p.grid) == p.landscape["grid_size"]

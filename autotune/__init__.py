@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from autotune._tune import TuneResult, tune
 from autotune.errors import (
     AutotuneError,
     DatasetError,
@@ -14,7 +15,6 @@ from autotune.errors import (
 from autotune.spec.budget import Budget, parse_budget
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
 from autotune.spec.space import SearchSpace, load_space
-from autotune._tune import TuneResult, tune
 
 __version__ = "0.1.0"
 

@@ -164,6 +164,8 @@ def merge_rank_results(
             "mem_nvml_process_bytes",
             "mem_rss_growth_bytes",
             "overhead_s",
+            "setup_s",
+            "warmup_s",
             "data_wait_fraction",
             "window_s",
             "wall_s",

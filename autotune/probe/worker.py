@@ -647,6 +647,10 @@ def _record_window(
     # launch -> start of the first timed step: imports, build, data, Trainer setup, warm-up
     first_timed_start = ends[w]
     metrics["overhead_s"] = (wall0 - launch_time) + (first_timed_start - t0)
+    # of which: the fixed setup (launch -> first step: imports, build, data, Trainer) and the
+    # warm-up steps (the measurement's own cost, proportional to the step time)
+    metrics["setup_s"] = (wall0 - launch_time) + (ends[0] - t0)
+    metrics["warmup_s"] = first_timed_start - ends[0]
     metrics.update(
         summarize_window(
             window,

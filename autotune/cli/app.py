@@ -66,8 +66,7 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 for _name, _module in COMMANDS:
-    if importlib.util.find_spec(_module) is not None:
-        app.command(_name)(guarded(importlib.import_module(_module).command))
+    app.command(_name)(guarded(importlib.import_module(_module).command))
 
 
 def _click_exceptions() -> Any:

@@ -150,13 +150,13 @@ def candidate_id(candidate: Candidate) -> str:
 
 
 def candidate_label(c: Candidate) -> str:
-    """Short human label: ``mb4x8 ckpt sdpa bf16 pack w2``."""
+    """Short human label: ``mb4x8 ckpt sdpa bf16 pack w2-pin`` (every knob that tells candidates apart)."""
     parts = [f"mb{c.micro_batch}x{c.grad_accum}" + (f"x{c.world_size}" if c.world_size > 1 else "")]
     parts.append("ckpt" if c.grad_ckpt else "no-ckpt")
     parts += [c.attn, c.precision]
     if c.packing:
         parts.append("pack")
-    parts.append(f"w{c.workers}")
+    parts.append(f"w{c.workers}" + ("-pin" if c.pin_memory else ""))
     if c.optim not in ("adamw_torch",):
         parts.append(c.optim)
     if c.torch_compile:

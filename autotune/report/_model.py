@@ -11,6 +11,7 @@ from autotune.diagnose import Diagnosis, RunDiagnosis, diagnose, diagnose_run, g
 from autotune.estimate import GPU
 from autotune.probe.result import ProbeResult
 from autotune.report._importance import Importance, param_importance
+from autotune.report.markdown import candidate_of
 from autotune.spec.probe_request import Candidate
 
 __all__ = [
@@ -25,13 +26,6 @@ __all__ = [
     "family_of",
     "on_cpu",
 ]
-
-
-def candidate_of(r: ProbeResult) -> Candidate | None:
-    try:
-        return r.probe_request().candidate
-    except Exception:  # a malformed stored request should not break the whole report
-        return None
 
 
 def family_of(c: Candidate) -> str:

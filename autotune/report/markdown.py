@@ -29,7 +29,8 @@ _STATUS_MEANING = {
 }
 
 
-def _cand(r: ProbeResult) -> Candidate | None:
+def candidate_of(r: ProbeResult) -> Candidate | None:
+    """The probe's candidate, or None for a malformed stored request."""
     try:
         return r.probe_request().candidate
     except Exception:  # a malformed stored request should not break the whole report
@@ -153,7 +154,7 @@ def render_report_md(
         )
         out.append(_row(["---"] * 5))
         for i, r in enumerate(ok[:top], 1):
-            c = _cand(r)
+            c = candidate_of(r)
             out.append(
                 _row(
                     [
@@ -174,7 +175,7 @@ def render_report_md(
             f"HF default: {baseline.status} ({baseline.reason or _STATUS_MEANING.get(baseline.status, '')})."
         )
     else:
-        bc, hc = _cand(best), _cand(baseline)
+        bc, hc = candidate_of(best), candidate_of(baseline)
         out.append(_row(["", "best", "HF default"]))
         out.append(_row(["---"] * 3))
         base_tok = (

@@ -11,7 +11,7 @@ from autotune.diagnose import Diagnosis, RunDiagnosis, diagnose, diagnose_run, g
 from autotune.estimate import GPU
 from autotune.probe.result import ProbeResult
 from autotune.report._importance import Importance, param_importance
-from autotune.report.markdown import candidate_of
+from autotune.report.markdown import candidate_of, levers
 from autotune.spec.probe_request import Candidate
 
 __all__ = [
@@ -30,7 +30,6 @@ __all__ = [
 
 def family_of(c: Candidate) -> str:
     """Every choice except the batch split: the "family" a micro-batch sweep belongs to."""
-    from autotune.report.markdown import levers
 
     text = levers(c)
     if c.world_size > 1:

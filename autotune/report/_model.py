@@ -30,7 +30,6 @@ __all__ = [
 
 def family_of(c: Candidate) -> str:
     """Every choice except the batch split: the "family" a micro-batch sweep belongs to."""
-
     text = levers(c)
     if c.world_size > 1:
         text += f", {c.world_size} GPUs"

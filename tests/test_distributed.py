@@ -239,7 +239,8 @@ def test_a_rank_that_dies_stops_the_others_and_is_a_crash(tmp_path: Path) -> Non
 
 def test_timeout_kills_every_rank() -> None:
     watch = ChildWatch()
-    r = watch.run(dist_request(timeout_s=6.0))
+    # thousands of steps: on a quiet machine a 2-rank tiny probe of a few steps ends inside 6 s
+    r = watch.run(dist_request(timeout_s=6.0, steps=5000))
     assert r.status == "timeout"
     assert "all 2 ranks" in r.reason
     assert len(watch.seen) >= 3

@@ -106,7 +106,7 @@ def test_over_budget_after_measurement_gives_both_numbers() -> None:
 
 
 def test_timeout_kills_the_probe() -> None:
-    r = run_probe_process(tiny_request(timeout_s=2.0))
+    r = run_probe_process(tiny_request(timeout_s=2.0, steps=5000))
     assert r.status == "timeout"
     assert "2 s" in r.reason
     assert r.metrics["wall_s"] < 15

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from _oom import needs_heuristic_overcommit, write_huge_vocab_model
 
 from autotune.executors.local import run_probe_process
 from autotune.probe.launch import fsdp_stand_in, is_distributed, merge_rank_results
@@ -247,25 +248,10 @@ def test_timeout_kills_every_rank() -> None:
     assert watch.survivors() == []
 
 
-@pytest.mark.skipif(
-    Path("/proc/sys/vm/overcommit_memory").read_text().strip() != "0",
-    reason="needs the kernel's heuristic overcommit, which refuses an allocation larger than RAM",
-)
+@needs_heuristic_overcommit
 def test_oom_on_a_rank_is_oom(tmp_path: Path) -> None:
     # as in test_probe: a 1M-token vocabulary makes the logits one refused 32 GB allocation per rank
-    cfg = {
-        "model_type": "llama",
-        "architectures": ["LlamaForCausalLM"],
-        "hidden_size": 16,
-        "intermediate_size": 32,
-        "num_hidden_layers": 1,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "vocab_size": 1_000_000,
-        "max_position_embeddings": 4096,
-        "tie_word_embeddings": True,
-    }
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    write_huge_vocab_model(tmp_path)
     req = dist_request(seq_len=2048, micro_batch=4, steps=1, warmup_steps=0)
     req = ProbeRequest(
         Workload(model="huge-vocab", model_path=str(tmp_path), seq_len=2048), req.candidate, req.settings

@@ -8,6 +8,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from _oom import needs_heuristic_overcommit, write_huge_vocab_model
 
 from autotune.executors.base import run_one
 from autotune.executors.local import LocalExecutor, run_probe_process
@@ -112,26 +113,11 @@ def test_timeout_kills_the_probe() -> None:
     assert r.metrics["wall_s"] < 15
 
 
-@pytest.mark.skipif(
-    Path("/proc/sys/vm/overcommit_memory").read_text().strip() != "0",
-    reason="needs the kernel's heuristic overcommit, which refuses an allocation larger than RAM",
-)
+@needs_heuristic_overcommit
 def test_real_out_of_memory(tmp_path: Path) -> None:
     # a 1M-token vocabulary makes the logits of 4 × 2048 tokens a single 32 GB allocation,
     # which this machine refuses at once: a real allocator failure, nothing touched
-    cfg = {
-        "model_type": "llama",
-        "architectures": ["LlamaForCausalLM"],
-        "hidden_size": 16,
-        "intermediate_size": 32,
-        "num_hidden_layers": 1,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "vocab_size": 1_000_000,
-        "max_position_embeddings": 4096,
-        "tie_word_embeddings": True,
-    }
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    write_huge_vocab_model(tmp_path)
     r = run_probe_process(tiny_request(str(tmp_path), seq_len=2048, micro_batch=4, steps=1, warmup_steps=0))
     assert r.status == "oom", r.reason
     assert "memory" in r.reason

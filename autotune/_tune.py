@@ -409,13 +409,10 @@ def tune(
               ray_address=ray_address)
 
     from autotune.store import (
-        RunDir,
         cache_key,
         dataset_identity,
         find_cached,
-        find_resumable,
         hardware_fingerprint,
-        make_run_id,
         software_versions,
     )
 
@@ -445,122 +442,146 @@ def tune(
                 progress("cached", {"run_dir": str(refused[0]), "summary": refused[1]})
             raise NothingFitsError(str(refused[1].get("message", "nothing fits (cached answer)")) + " [cached]")
 
-    run_dir = find_resumable(out_path, key) if resume else None
-    resumed = run_dir is not None
-    if run_dir is None:
-        run_dir = RunDir.create(out_path, make_run_id(resolved.name, key))
-    history = run_dir.journal.load() if resumed else []
-    storage_url = storage or run_dir.storage_url()
-    base_summary: dict[str, Any] = {
-        "status": "running",
-        "run_id": run_dir.run_id,
-        "run_dir": str(run_dir.path),
-        "cache_key": key,
-        "from_cache": False,
-        "resumed": resumed,
-        "model": model,
-        "model_name": resolved.name,
-        "model_source": str(resolved.source),
-        "mode": mode,
-        "seq_len": seq_len,
-        "effective_batch": effective_batch,
-        "device": dev,
-        "gpu_budget": budget.text,
-        "budget_bytes": budget_bytes,
-        "usable_bytes": usable,
-        "headroom": settings.headroom,
-        "seed": seed,
-        "space": {"name": space_obj.name, "source": space_obj.source, "dimensions": space_obj.to_dict()},
-        "search": {"max_trials": max_trials, "time_budget_s": time_budget_s, "top_k": top_k, "steps": steps,
-                   "confirm_steps": steps * 2, "storage": storage_url, "study_name": run_dir.run_id},
-        "environment": {"hardware": hardware, "software": software},
-    }
-    if not resumed:
-        run_dir.write_json("run.json", {"cache_key": key, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                                        "request": {k: base_summary[k] for k in (
-                                            "model", "mode", "seq_len", "effective_batch", "device", "gpu_budget",
-                                            "seed", "space", "search")}})
-    if progress is not None:
-        progress("run_dir", {"run_dir": str(run_dir.path), "resumed": resumed, "restored": len(history)})
+    run_dir, lock, resumed = _claim_run_dir(out_path, key, resolved.name, resume)
+    with lock:  # held until the run ends; the kernel drops it if this process is killed
+        history = run_dir.journal.load() if resumed else []
+        storage_url = storage or run_dir.storage_url()
+        base_summary: dict[str, Any] = {
+            "status": "running",
+            "run_id": run_dir.run_id,
+            "run_dir": str(run_dir.path),
+            "cache_key": key,
+            "from_cache": False,
+            "resumed": resumed,
+            "model": model,
+            "model_name": resolved.name,
+            "model_source": str(resolved.source),
+            "mode": mode,
+            "seq_len": seq_len,
+            "effective_batch": effective_batch,
+            "device": dev,
+            "gpu_budget": budget.text,
+            "budget_bytes": budget_bytes,
+            "usable_bytes": usable,
+            "headroom": settings.headroom,
+            "seed": seed,
+            "space": {"name": space_obj.name, "source": space_obj.source, "dimensions": space_obj.to_dict()},
+            "search": {"max_trials": max_trials, "time_budget_s": time_budget_s, "top_k": top_k, "steps": steps,
+                       "confirm_steps": steps * 2, "storage": storage_url, "study_name": run_dir.run_id},
+            "environment": {"hardware": hardware, "software": software},
+        }
+        if not resumed:
+            run_dir.write_json("run.json", {"cache_key": key, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                            "request": {k: base_summary[k] for k in (
+                                                "model", "mode", "seq_len", "effective_batch", "device", "gpu_budget",
+                                                "seed", "space", "search")}})
+        if progress is not None:
+            progress("run_dir", {"run_dir": str(run_dir.path), "resumed": resumed, "restored": len(history)})
 
-    own_executor = executor is None
-    try:
-        import optuna
-    except ImportError:  # e.g. a GPU box with only the training stack installed
-        from autotune.errors import MissingDependencyError
+        own_executor = executor is None
+        try:
+            import optuna
+        except ImportError:  # e.g. a GPU box with only the training stack installed
+            from autotune.errors import MissingDependencyError
 
-        raise MissingDependencyError("autotune run needs optuna: pip install 'optuna>=5.0'") from None
+            raise MissingDependencyError("autotune run needs optuna: pip install 'optuna>=5.0'") from None
 
-    from autotune.search import Searcher
-    from autotune.store.storage import open_storage
+        from autotune.search import Searcher
+        from autotune.store.storage import open_storage
 
-    prev_verbosity = optuna.logging.get_verbosity()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    journal = run_dir.journal
-    try:
-        if executor is None:
-            executor = _default_executor(device=dev, gpus=gpu_list, ray_address=ray_address,
-                                         gpus_per_probe=min(space_obj.gpus_per_trial), progress=progress)
-        max_world = len(gpu_infos) if dev == "cuda" and gpu_infos else (1 if dev == "cpu" else None)
-        ex_gpus = getattr(executor, "total_gpus", None)
-        if dev == "cuda" and ex_gpus:
-            max_world = int(ex_gpus) if ray_address is not None else min(max_world or ex_gpus, int(ex_gpus))
-        if pruner is None and (prune if prune is not None else dev == "cuda"):
-            pruner = _estimate_pruner(resolved.config, workload, dev, budget_bytes)
-        baseline_cand = _baseline_candidate(space_obj, effective_batch) if baseline else None
-        searcher = Searcher(
-            space=space_obj, workload=workload, settings=settings, effective_batch=effective_batch,
-            executor=executor, max_trials=max_trials, time_budget_s=time_budget_s, seed=seed,
-            storage=open_storage(storage_url), study_name=run_dir.run_id, top_k=top_k, device=dev, max_world=max_world,
-            history=history, sink=journal, pruner=pruner, progress=progress, baseline=baseline_cand,
-        )
-        outcome = searcher.run()
-        verified = _verify_loss(verify_loss, verify_loss_tolerance, outcome, baseline_cand, executor, workload,
-                                settings, effective_batch, progress)
-    except AutotuneError:
-        # refused before any probe landed (an unreachable cluster, ...): leave nothing half-written
-        if not resumed and not journal.path.exists():
-            import shutil
+        prev_verbosity = optuna.logging.get_verbosity()
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        journal = run_dir.journal
+        try:
+            if executor is None:
+                executor = _default_executor(device=dev, gpus=gpu_list, ray_address=ray_address,
+                                             gpus_per_probe=min(space_obj.gpus_per_trial), progress=progress)
+            max_world = len(gpu_infos) if dev == "cuda" and gpu_infos else (1 if dev == "cpu" else None)
+            ex_gpus = getattr(executor, "total_gpus", None)
+            if dev == "cuda" and ex_gpus:
+                max_world = int(ex_gpus) if ray_address is not None else min(max_world or ex_gpus, int(ex_gpus))
+            if pruner is None and (prune if prune is not None else dev == "cuda"):
+                pruner = _estimate_pruner(resolved.config, workload, dev, budget_bytes)
+            baseline_cand = _baseline_candidate(space_obj, effective_batch) if baseline else None
+            searcher = Searcher(
+                space=space_obj, workload=workload, settings=settings, effective_batch=effective_batch,
+                executor=executor, max_trials=max_trials, time_budget_s=time_budget_s, seed=seed,
+                storage=open_storage(storage_url), study_name=run_dir.run_id, top_k=top_k, device=dev, max_world=max_world,
+                history=history, sink=journal, pruner=pruner, progress=progress, baseline=baseline_cand,
+            )
+            outcome = searcher.run()
+            verified = _verify_loss(verify_loss, verify_loss_tolerance, outcome, baseline_cand, executor, workload,
+                                    settings, effective_batch, progress)
+        except AutotuneError:
+            # refused before any probe landed (an unreachable cluster, ...): leave nothing half-written
+            if not resumed and not journal.path.exists():
+                import shutil
 
-            shutil.rmtree(run_dir.path, ignore_errors=True)
-        raise
-    finally:
-        optuna.logging.set_verbosity(prev_verbosity)
-        if own_executor and executor is not None:
-            executor.close()
+                shutil.rmtree(run_dir.path, ignore_errors=True)
+            raise
+        finally:
+            optuna.logging.set_verbosity(prev_verbosity)
+            if own_executor and executor is not None:
+                executor.close()
 
-    run_dir.write_trials_csv(outcome.records)
-    summary = _build_summary(outcome=outcome, base=base_summary, usable=usable, budget_bytes=budget_bytes)
-    if baseline_cand is not None:
-        _, summary["baseline"] = _baseline_summary(outcome, baseline_cand)
-        b_tps, best_tps = summary["baseline"].get("tokens_per_s"), summary.get("best", {}).get("tokens_per_s")
-        if summary["baseline"].get("status") == "ok" and b_tps and best_tps:
-            summary["speedup_vs_baseline"] = best_tps / b_tps
-    if outcome.best is None:
-        message = nothing_fits_message(outcome.records, budget_text=budget.text, usable_bytes=usable,
-                                       space=space_obj, mode=mode, seq_len=seq_len,
-                                       predicted=getattr(pruner, "predictions", None))
-        smallest = _smallest_footprint(outcome.records)
-        summary.update({"status": "nothing_fits", "message": message,
-                        "smallest_footprint_bytes": smallest.peak_mem_bytes if smallest else None})
+        run_dir.write_trials_csv(outcome.records)
+        summary = _build_summary(outcome=outcome, base=base_summary, usable=usable, budget_bytes=budget_bytes)
+        if baseline_cand is not None:
+            _, summary["baseline"] = _baseline_summary(outcome, baseline_cand)
+            b_tps, best_tps = summary["baseline"].get("tokens_per_s"), summary.get("best", {}).get("tokens_per_s")
+            if summary["baseline"].get("status") == "ok" and b_tps and best_tps:
+                summary["speedup_vs_baseline"] = best_tps / b_tps
+        if outcome.best is None:
+            message = nothing_fits_message(outcome.records, budget_text=budget.text, usable_bytes=usable,
+                                           space=space_obj, mode=mode, seq_len=seq_len,
+                                           predicted=getattr(pruner, "predictions", None))
+            smallest = _smallest_footprint(outcome.records)
+            summary.update({"status": "nothing_fits", "message": message,
+                            "smallest_footprint_bytes": smallest.peak_mem_bytes if smallest else None})
+            run_dir.write_json("summary.json", summary)
+            _write_reports(run_dir, progress)
+            raise NothingFitsError(message)
+
+        best = outcome.best
+        run_dir.write_json("best_result.json", best.to_dict())
+        files = _emit(best, run_dir, dev, progress)
+        summary["status"] = "complete"
+        if verified is not None:
+            run_dir.write_json("verify_loss.json", verified)
+            summary["verify_loss"] = {k: verified.get(k) for k in ("steps", "max_abs_diff", "max_at_step", "tolerance",
+                                                                   "exceeds", "expected_identical", "verdict")}
+        run_dir.write_json("summary.json", summary)  # the reports are rendered from the run directory
+        files += _write_reports(run_dir, progress)
+        summary["files"] = sorted(str(p.relative_to(run_dir.path)) for p in files + [
+            run_dir.path / n for n in ("trials.csv", "best_result.json", "summary.json")])
         run_dir.write_json("summary.json", summary)
-        _write_reports(run_dir, progress)
-        raise NothingFitsError(message)
+        return TuneResult(best=best, summary=summary, run_dir=run_dir.path, records=outcome.records)
 
-    best = outcome.best
-    run_dir.write_json("best_result.json", best.to_dict())
-    files = _emit(best, run_dir, dev, progress)
-    summary["status"] = "complete"
-    if verified is not None:
-        run_dir.write_json("verify_loss.json", verified)
-        summary["verify_loss"] = {k: verified.get(k) for k in ("steps", "max_abs_diff", "max_at_step", "tolerance",
-                                                               "exceeds", "expected_identical", "verdict")}
-    run_dir.write_json("summary.json", summary)  # the reports are rendered from the run directory
-    files += _write_reports(run_dir, progress)
-    summary["files"] = sorted(str(p.relative_to(run_dir.path)) for p in files + [
-        run_dir.path / n for n in ("trials.csv", "best_result.json", "summary.json")])
-    run_dir.write_json("summary.json", summary)
-    return TuneResult(best=best, summary=summary, run_dir=run_dir.path, records=outcome.records)
+
+def _claim_run_dir(out: Path, key: str, model_name: str, resume: bool) -> tuple[Any, Any, bool]:
+    """The run folder this process works in, locked: (run_dir, lock, resumed).
+
+    With ``resume`` the newest unfinished run of the same request is taken over, unless a live
+    process still holds it: then ``RunInProgressError`` (exit 4), and nothing is written.
+    """
+    from autotune.errors import RunInProgressError
+    from autotune.store import RunDir, find_resumable, make_run_id
+    from autotune.store.run_dir import RunLock
+
+    if resume:
+        found = find_resumable(out, key)
+        if found is not None:
+            lock = found.try_lock()
+            if lock is None:
+                raise RunInProgressError(
+                    f"run {found.path} is still running in another process (pid {RunLock.holder(found.path)}): "
+                    "wait for it (the same request is then answered from its result), or drop --resume to "
+                    "start a separate search")
+            return found, lock, True
+    run_dir = RunDir.create(out, make_run_id(model_name, key))
+    lock = run_dir.try_lock()  # a new folder: nobody else can hold it
+    assert lock is not None
+    return run_dir, lock, False
 
 
 def _estimate_pruner(config: dict[str, Any], workload: Workload, device: str, budget_bytes: int) -> Pruner | None:

@@ -10,13 +10,15 @@ __all__ = [
     "ProbeError",
     "NothingFitsError",
     "MissingDependencyError",
+    "RunInProgressError",
 ]
 
 
 class AutotuneError(Exception):
     """Base class of every error autotune raises on purpose.
 
-    ``exit_code`` is what the CLI exits with: 2 for a bad request, 3 when nothing fits.
+    ``exit_code`` is what the CLI exits with: 2 for a bad request, 3 when nothing fits, 4 when the
+    run to resume is still running in another process.
     """
 
     exit_code: int = 2
@@ -54,3 +56,9 @@ class NothingFitsError(AutotuneError):
     """The search finished and no configuration fits the budget."""
 
     exit_code = 3
+
+
+class RunInProgressError(AutotuneError):
+    """``--resume`` found the run, but another live process is still running it (it holds the lock)."""
+
+    exit_code = 4

@@ -105,6 +105,47 @@ def test_sigkill_of_the_driver_then_resume_loses_and_reruns_no_finished_probe(tm
     assert (rd / "best" / "training_args.json").exists() and (rd / "trials.csv").exists()
 
 
+def test_a_run_folder_is_locked_by_one_process_at_a_time(tmp_path: Path) -> None:
+    from autotune.store.run_dir import RunLock
+
+    first = RunLock.acquire(tmp_path)
+    assert first is not None and RunLock.holder(tmp_path) == str(os.getpid())
+    assert RunLock.acquire(tmp_path) is None  # flock is per open file: a second claim fails, even here
+    with first:
+        pass
+    again = RunLock.acquire(tmp_path)
+    assert again is not None
+    again.release()
+
+
+@pytest.mark.slow
+def test_resume_of_a_run_still_going_in_another_process_is_refused_with_exit_4(tmp_path: Path) -> None:
+    out, log = tmp_path / "out", tmp_path / "probes.log"
+    args = [*ARGS, "--out", str(out), "--json"]
+    proc = fake_cli(*args, log=log, delay=0.4)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        dirs = run_dirs(out)
+        if dirs and (dirs[0] / "journal.jsonl").exists():
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, ("the run ended before the second one started", proc.communicate())
+    (rd,) = run_dirs(out)
+    second = subprocess.run([sys.executable, str(FAKE_CLI), *args, "--resume"], capture_output=True, text=True,
+                            timeout=60, env={**os.environ, "FAKE_PROBE_S": "0.05", "FAKE_PROBE_LOG": str(log)})
+    assert second.returncode == 4, second.stderr
+    lines = [ln for ln in second.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "still running in another process" in lines[0] and str(rd) in lines[0], lines
+    assert f"pid {proc.pid}" in lines[0]
+    assert second.stdout == ""
+    out_text, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert run_dirs(out) == [rd]  # the refused run wrote nothing
+    assert {pid for pid, _, _ in probes_logged(log)} == {proc.pid}  # and probed nothing
+    summary = json.loads(out_text)
+    assert summary["status"] == "complete" and summary["counts"]["probed"] == 8
+
+
 # ------------------------------------------------------------------------------ hung and crashing probes
 
 

@@ -9,14 +9,21 @@ Layout::
         trials.csv      every probe, inference and skip (rewritten atomically)
         summary.json    the answer; its ``status`` is ``complete`` or ``nothing_fits``
         best/           the emitted configs
+        .lock           held (flock) by the process running the search, for as long as it runs
 
 ``<hash8>`` is the first 8 hex digits of the cache key, so a repeat request finds its earlier run
 by name (``find_cached``) and an interrupted one finds the run to resume (``find_resumable``).
 Every file except the journal is written atomically (temporary file + ``os.replace``).
+
+One process at a time works in a run folder: it holds an exclusive ``flock`` on ``.lock`` for the
+life of the search. The kernel releases it when the process exits, ``kill -9`` included, so a killed
+run can be resumed at once, while a second ``--resume`` of a run that is still going is refused
+instead of appending to the same journal and study.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -33,6 +40,7 @@ from autotune.store.atomic import write_json_atomic, write_text_atomic
 
 __all__ = [
     "RunDir",
+    "RunLock",
     "Journal",
     "make_run_id",
     "find_cached",
@@ -149,6 +157,55 @@ def trials_csv_text(records: list[TrialRecord]) -> str:
     return buf.getvalue()
 
 
+class RunLock:
+    """An exclusive advisory lock on a run folder (``flock`` on ``<run>/.lock``); a context manager.
+
+    ``RunLock.acquire(path)`` returns None when another process holds it. The holder's pid is written
+    into the file for the refusal message.
+    """
+
+    def __init__(self, fd: int | None, path: Path) -> None:
+        self._fd = fd
+        self.path = path
+
+    @classmethod
+    def acquire(cls, run_path: Path) -> RunLock | None:
+        path = Path(run_path) / ".lock"
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX: no locking, as before
+            return cls(None, path)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        return cls(fd, path)
+
+    @staticmethod
+    def holder(run_path: Path) -> str:
+        """The pid written by the process that holds (or last held) the lock, or '?'."""
+        try:
+            return (Path(run_path) / ".lock").read_text(encoding="utf-8").strip() or "?"
+        except OSError:
+            return "?"
+
+    def release(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = None
+
+    def __enter__(self) -> RunLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
 @dataclass
 class RunDir:
     """One run's folder and the files in it."""
@@ -187,6 +244,10 @@ class RunDir:
             except FileExistsError:
                 path = base / f"{run_id}-{n}"
                 n += 1
+
+    def try_lock(self) -> RunLock | None:
+        """Claim this folder for the calling process; None when another process holds it."""
+        return RunLock.acquire(self.path)
 
     def write_json(self, name: str, obj: Any) -> Path:
         return write_json_atomic(self.path / name, obj)

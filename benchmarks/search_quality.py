@@ -379,10 +379,14 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                     help="also a synthetic landscape from search_vs_grid.py (e.g. cpu:6GiB:16); repeatable")
     ap.add_argument("--no-follow-ups", action="store_true",
                     help="autotune without its boundary follow-ups (for an A/B of that rule)")
+    ap.add_argument("--no-neighbours", action="store_true",
+                    help="autotune without the one-knob changes of a new best (for an A/B of that rule)")
     a = ap.parse_args(argv)
     SEARCHER_OPTIONS.clear()
     if a.no_follow_ups:
         SEARCHER_OPTIONS["follow_ups"] = False
+    if a.no_neighbours:
+        SEARCHER_OPTIONS["neighbours"] = False
     paths: list[Any] = [Path(x) for x in a.landscapes] or ([] if a.synthetic else sorted(LANDSCAPES.glob("*.json")))
     for spec in a.synthetic:
         import search_vs_grid

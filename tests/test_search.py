@@ -20,6 +20,7 @@ from autotune.search import (
     derive_grad_accum,
     expert_seeds,
     infer_infeasible,
+    iter_choices,
     median,
     relative_spread,
     usable_micro_batches,
@@ -387,3 +388,54 @@ def test_a_baseline_inside_the_space_is_an_ordinary_trial() -> None:
     s.run()
     assert [candidate_id(r.candidate) for r in ex.requests].count(candidate_id(hf)) == 1
     assert any(t.user_attrs.get("key") == candidate_id(hf) for t in s.study.trials)
+
+
+# ----------------------------------------------------------------------------- the neighbourhood walk
+
+
+def _fitting_optimum() -> float:
+    usable = SETTINGS.usable_bytes()
+    best = 0.0
+    for choice in iter_choices(SPACE, micro_batches=[1, 2, 4, 8, 16], worlds=[1]):
+        c = candidate_from_choice(choice, effective_batch=16)
+        if isinstance(c, Candidate):
+            peak, speed = synthetic(c)
+            if peak <= usable:
+                best = max(best, speed)
+    return best
+
+
+def test_the_neighbourhood_walk_finds_the_optimum_of_a_multiplicative_landscape_in_ten_probes() -> None:
+    opt = _fitting_optimum()
+    for seed in range(4):
+        out = make(FakeExecutor(), max_trials=10, top_k=0, seed=seed).run()
+        assert out.best_record is not None and out.best_record.tokens_per_s == pytest.approx(opt), seed
+    # what the walk is for: with the same ten probes, seeds + boundary follow-ups + TPE alone miss it
+    alone = [make(FakeExecutor(), max_trials=10, top_k=0, seed=s, neighbours=False).run().best_record
+             for s in range(4)]
+    assert any(r is None or (r.tokens_per_s or 0.0) < 0.99 * opt for r in alone)
+
+
+def test_the_changes_that_beat_the_centre_are_tried_together_and_a_harmful_one_is_not_retried() -> None:
+    from autotune.search._searcher import _change
+
+    ex = FakeExecutor()
+    out = make(ex, max_trials=10, top_k=0, seed=0).run()
+    probed = [r for r in out.records if r.probed]
+    ok = [r for r in probed if r.status == "ok"]
+    centre = max(ok[:3], key=lambda r: r.tokens_per_s or 0.0)  # best of the seeds (the baseline is not set)
+    base = centre.candidate_obj()
+    singles = {}
+    for r in probed:
+        ch = _change(base, r.candidate_obj())
+        if ch is not None and ch[0] != "grad_ckpt":
+            singles[ch] = r
+    better = {ch for ch, r in singles.items() if r.status == "ok" and r.tokens_per_s > centre.tokens_per_s}
+    assert len(better) >= 2 and any(r.status == "ok" and r.tokens_per_s < centre.tokens_per_s for r in singles.values())
+    combined = dataclasses.replace(base, **dict(better))
+    keys = [r.key for r in probed]
+    assert candidate_id(combined) in keys
+    assert keys.index(candidate_id(combined)) > max(keys.index(r.key) for r in singles.values())
+    # eager attention lost to sdpa at the first centre: no later centre tries it again
+    assert sum(r.candidate_obj().attn == "eager" for r in probed) == 1
+    assert _change(base, dataclasses.replace(base, micro_batch=4, attn="eager")) is None  # two knobs: not one change

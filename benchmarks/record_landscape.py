@@ -114,6 +114,11 @@ def relabel(land: dict[str, Any]) -> dict[str, Any]:
     land["feasible"] = len(ok)
     land["infeasible_share"] = 1.0 - len(ok) / max(1, len(land["entries"]))
     land["optimum_tokens_per_s"] = max((e["tokens_per_s"] for e in ok), default=None)
+    best = max(ok, key=lambda e: e["tokens_per_s"], default=None)
+    land["optimum_label"] = candidate_label(Candidate(**best["candidate"])) if best else None
+    spreads = [e["spread"] for e in land["entries"] if len(e.get("tokens_per_s_all") or []) > 1]
+    land["median_repeat_spread"] = statistics.median(spreads) if spreads else None
+    land["repeats"] = min((len(e.get("repeats", [])) for e in land["entries"]), default=0)
     return land
 
 
@@ -199,8 +204,11 @@ def record(a: argparse.Namespace, *, log: Any = print) -> dict[str, Any]:
             log(f"[{done}/{todo} {time.monotonic() - t0:.0f}s] repeat {rep + 1} {r.status} "
                 f"{'' if tps is None else f'{tps:.0f} tok/s'} peak "
                 f"{(r.peak_mem_bytes or 0) / 2**20:.0f} MiB  {candidate_label(c)}")
-    log(f"wrote {out}: {land['grid_size']} configurations, {land['feasible']} fit, "
-        f"{land['infeasible_share']:.0%} infeasible, optimum {land['optimum_tokens_per_s']}")
+    spread = land["median_repeat_spread"]
+    log(f"wrote {out}: {land['grid_size']} configurations x {land['repeats']} repeats, {land['feasible']} fit, "
+        f"{land['infeasible_share']:.0%} infeasible, median repeat spread "
+        f"{'-' if spread is None else f'{spread:.0%}'}, optimum {land['optimum_tokens_per_s']:.0f} tok/s "
+        f"({land['optimum_label']})" if land["optimum_tokens_per_s"] else f"wrote {out}: nothing fits")
     return land
 
 

@@ -417,7 +417,7 @@ def test_the_neighbourhood_walk_finds_the_optimum_of_a_multiplicative_landscape_
 
 
 def test_the_changes_that_beat_the_centre_are_tried_together_and_a_harmful_one_is_not_retried() -> None:
-    from autotune.search._searcher import _change
+    from autotune.search._walk import one_knob_change as _change
 
     ex = FakeExecutor()
     out = make(ex, max_trials=10, top_k=0, seed=0).run()

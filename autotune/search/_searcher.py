@@ -38,7 +38,6 @@ from autotune.search._logic import (
     candidate_id,
     candidate_label,
     constraint_value,
-    derive_grad_accum,
     distinct_candidates,
     expert_seeds,
     infer_infeasible,
@@ -48,6 +47,7 @@ from autotune.search._logic import (
     usable_micro_batches,
     usable_worlds,
 )
+from autotune.search._walk import FollowUps
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
 from autotune.spec.space import DIMENSIONS, SearchSpace
 
@@ -145,14 +145,6 @@ class Searcher:
         self.baseline = baseline
         self.follow_ups = follow_ups
         self.neighbours = neighbours
-        self._queue: list[Candidate] = []  # follow-ups, most promising first (fed to the study one at a time)
-        self._centre: TrialRecord | None = None  # the neighbourhood walk's current centre
-        self._nbrs: set[str] = set()  # keys of its one-knob changes (and their combination)
-        self._boundary: set[str] = set()  # the centre's boundary moves (bigger micro-batch, no checkpointing)
-        self._combined = False
-        self._closed: set[str] = set()  # centres whose neighbourhood held nothing better
-        self._good: set[tuple[str, Any]] = set()  # one-knob changes (knob, value) that beat a centre
-        self._bad: set[tuple[str, Any]] = set()  # ... and those that did not
         self.records: list[TrialRecord] = []
         self._durations: list[float] = []
         self._all_choices: list[dict[str, Any]] | None = None
@@ -186,6 +178,12 @@ class Searcher:
                 self.choices[d] = list(choices)
             else:
                 self.fixed[d] = choices[0]
+        self.walk = FollowUps(
+            choices=self.choices, micro_batches=mbs, grad_ckpt_choices=space.grad_ckpt,
+            effective_batch=effective_batch, in_space=lambda c: self._optuna_params_of(c) is not None,
+            records=lambda: self.records, baseline_key=candidate_id(baseline) if baseline is not None else None,
+            neighbours=neighbours,
+        )
         self.distinct = distinct_candidates(
             space, effective_batch=effective_batch, micro_batches=mbs, worlds=worlds
         )
@@ -375,223 +373,14 @@ class Searcher:
                 return choice
         return None
 
-    def _follow_up(self, rec: TrialRecord, cache: dict[str, TrialRecord]) -> None:
-        """After a probe lands: the memory-boundary rules (the neighbourhood walk is ``_advance``).
-
-        Memory grows with the micro-batch and throughput usually does too, so the fastest
-        configurations sit at the memory boundary: a probe over budget is followed by the same
-        choices at the next smaller micro-batch (the largest that may fit). Without ``neighbours``,
-        a new best is followed by the next larger micro-batch and, when it checkpoints, by the same
-        without checkpointing (faster when it fits); with them, those two lead its neighbourhood.
-        """
-        cand = rec.candidate_obj()
-        if cand is None or rec.phase != "search" or rec.inferred or self._is_baseline(rec):
-            return
-        mbs = sorted(self.micro_batches)
-        if rec.status in MEMORY_INFEASIBLE:
-            lower = [m for m in mbs if m < cand.micro_batch]
-            if lower:
-                self._push([dataclasses.replace(cand, micro_batch=lower[-1])], cache)
-        elif rec.status == "ok" and not self.neighbours and self._best_so_far() is rec:
-            self._push(self._boundary_moves(cand), cache)
-
-    def _one_knob_changes(self, cand: Candidate) -> list[Candidate]:
-        """``cand`` with one searched knob changed (not the micro-batch: the boundary moves own it)."""
-        out: list[Candidate] = []
-        for d, choices in self.choices.items():
-            if d in ("micro_batch", "gpus_per_trial") or (d == "grad_ckpt" and cand.grad_ckpt):
-                continue  # checkpointing off is a boundary move
-            if d in ("offload", "sharding") and cand.zero_stage == 0:
-                continue
-            current = getattr(cand, d)
-            if current not in choices:
-                continue
-            if d in ORDINAL:
-                ordered = sorted(choices)
-                i = ordered.index(current)
-                others = [ordered[j] for j in (i + 1, i - 1) if 0 <= j < len(ordered)]
-            else:
-                others = [v for v in choices if v != current]
-            for v in others:
-                changed = dataclasses.replace(cand, **{d: v})
-                if d == "zero_stage" and v == 0:
-                    changed = dataclasses.replace(changed, offload="none")
-                out.append(changed)
-        return out
-
-    def _is_baseline(self, rec: TrialRecord) -> bool:
-        # the baseline is measured for the report, not chosen as a direction
-        return self.baseline is not None and rec.key == candidate_id(self.baseline)
-
-    def _boundary_moves(self, cand: Candidate) -> list[Candidate]:
-        higher = [m for m in sorted(self.micro_batches) if m > cand.micro_batch]
-        out = [dataclasses.replace(cand, micro_batch=higher[0])] if higher else []
-        if cand.grad_ckpt and False in self.space.grad_ckpt:
-            out.append(dataclasses.replace(cand, grad_ckpt=False))
-        return out
-
-    def _runnable(self, cand: Candidate) -> tuple[Candidate, str] | None:
-        """``cand`` with the accumulation its micro-batch needs, and its key; None if not in this space."""
-        accum = derive_grad_accum(self.effective_batch, cand.micro_batch, cand.world_size)
-        if accum is None:
-            return None
-        cand = dataclasses.replace(cand, grad_accum=accum)
-        if self._optuna_params_of(cand) is None:
-            return None
-        return cand, candidate_id(cand)
-
-    def _push(self, cands: list[Candidate], cache: dict[str, TrialRecord], *, keys: set[str] | None = None) -> None:
-        """Put ``cands`` at the front of the follow-up queue, in order (unknown ones only)."""
-        front: list[Candidate] = []
-        for c in cands:
-            built = self._runnable(c)
-            if built is None:
-                continue
-            c, key = built
-            if keys is not None:
-                keys.add(key)
-            if key not in cache and all(candidate_id(q) != key for q in front):
-                front.append(c)
-        fresh = {candidate_id(c) for c in front}
-        self._queue = front + [q for q in self._queue if candidate_id(q) not in fresh]
-
-    def _best_direction(self) -> TrialRecord | None:
-        """The fastest search probe so far, the baseline excepted."""
-        ok = [r for r in self.records if r.phase == "search" and r.status == "ok" and r.tokens_per_s is not None
-              and r.probed and not self._is_baseline(r)]
-        return max(ok, key=lambda r: r.tokens_per_s or 0.0) if ok else None
-
-    def _recentre(self, rec: TrialRecord, cache: dict[str, TrialRecord]) -> None:
-        """Explore the neighbourhood of ``rec`` next (stale neighbours of the old centre dropped).
-
-        Order: the boundary moves, then the one-knob changes that beat an earlier centre, then
-        the untried ones; a change that did not beat an earlier centre is not tried again here.
-        """
-        stale = set(self._nbrs)
-        self._queue = [q for q in self._queue if candidate_id(q) not in stale]
-        self._centre, self._nbrs, self._combined = rec, set(), False
-        cand = rec.candidate_obj()
-        if cand is None:
-            return
-        changes = [(c, _change(cand, c)) for c in self._one_knob_changes(cand)]
-        good = [c for c, ch in changes if ch in self._good]
-        untried = [c for c, ch in changes if ch not in self._good and ch not in self._bad]
-        self._boundary = set()
-        self._push(self._boundary_moves(cand), cache, keys=self._boundary)
-        self._nbrs = set(self._boundary)
-        rest: set[str] = set()
-        self._push(good + untried, cache, keys=rest)
-        # the boundary moves lead: _push puts its argument in front of what is queued
-        self._queue = [q for q in self._queue if candidate_id(q) in self._boundary] + [
-            q for q in self._queue if candidate_id(q) not in self._boundary]
-        self._nbrs |= rest
-
-    def _learn(self, cache: dict[str, TrialRecord]) -> None:
-        """Label the centre's landed one-knob changes as better or not (for later centres)."""
-        centre = self._centre
-        base = centre.candidate_obj() if centre is not None else None
-        if centre is None or base is None:
-            return
-        for key in self._nbrs - self._boundary:
-            r = cache.get(key)
-            c = r.candidate_obj() if r is not None else None
-            if r is None or c is None:
-                continue
-            ch = _change(base, c)
-            if ch is None:
-                continue
-            better = r.status == "ok" and (r.tokens_per_s or 0.0) > (centre.tokens_per_s or 0.0)
-            (self._good if better else self._bad).add(ch)
-            (self._bad if better else self._good).discard(ch)
-            if better:  # going back is then a change for the worse
-                back = _change(c, base)
-                if back is not None:
-                    self._bad.add(back)
-                    self._good.discard(back)
-
-    def _combination(self, cache: dict[str, TrialRecord]) -> Candidate | None:
-        """The centre with every one-knob change that beat it applied at once (None if < 2 did)."""
-        centre = self._centre
-        base = centre.candidate_obj() if centre is not None else None
-        if centre is None or base is None or not centre.tokens_per_s:
-            return None
-        best_per_knob: dict[str, tuple[float, Any]] = {}
-        for key in self._nbrs:
-            r = cache.get(key)
-            c = r.candidate_obj() if r is not None else None
-            if r is None or c is None or r.status != "ok" or (r.tokens_per_s or 0.0) <= centre.tokens_per_s:
-                continue
-            for d in DIMENSIONS:
-                if d in ("gpus_per_trial", "grad_accum") or getattr(c, d) == getattr(base, d):
-                    continue
-                if d not in best_per_knob or (r.tokens_per_s or 0.0) > best_per_knob[d][0]:
-                    best_per_knob[d] = (r.tokens_per_s or 0.0, getattr(c, d))
-        if len(best_per_knob) < 2:
-            return None
-        return dataclasses.replace(base, **{d: v for d, (_, v) in best_per_knob.items()})
-
-    def _advance(self, cache: dict[str, TrialRecord]) -> None:
-        """The neighbourhood walk (``neighbours``): a greedy local search around the best probe.
-
-        The effects of attention, precision, packing, loader workers, optimizer and compilation on
-        throughput are close to multiplicative, and memory caps the micro-batch, so the best
-        configuration is usually a few one-knob changes away from a good one. The best probe so far
-        is the *centre*; its neighbourhood goes to the front of the queue: the *boundary moves*
-        first (the next larger micro-batch; no checkpointing), each of which becomes the new centre
-        as soon as it beats the old one (climbing to the memory boundary), then every other
-        searched knob changed alone (each other choice; the next value for ordered knobs). Once
-        all have landed, the changes that beat the centre are tried all together (one probe), and
-        the best configuration seen becomes the next centre, until a centre has nothing better
-        around it (TPE goes on from there). A change that did not help one centre is not retried
-        at the next. A new best found elsewhere (seeds, TPE, the combination) re-centres the walk.
-        """
-        if not (self.follow_ups and self.neighbours):
-            return
-        best = self._best_direction()
-        if best is None:
-            return
-        centre = self._centre
-        if centre is None or best.key in self._boundary or (best.key != centre.key and best.key not in self._nbrs):
-            if best.key not in self._closed and (centre is None or best.key != centre.key):
-                self._learn(cache)
-                self._recentre(best, cache)
-            return
-        if any(k not in cache for k in self._nbrs):
-            return  # the neighbourhood is still being measured
-        if not self._combined:
-            self._combined = True
-            self._learn(cache)
-            combo = self._combination(cache)
-            built = self._runnable(combo) if combo is not None else None
-            if built is not None and built[1] not in cache:
-                self._nbrs.add(built[1])
-                self._queue.insert(0, built[0])
-                return
-        self._closed.add(centre.key)
-        if best.key != centre.key and best.key not in self._closed:
-            self._recentre(best, cache)
-        else:
-            self._centre, self._nbrs, self._boundary = None, set(), set()
-
     def _feed(self, cache: dict[str, TrialRecord], in_flight: dict[str, str]) -> None:
         """Hand the study the next follow-up worth a probe (when it has no seed waiting)."""
-        self._advance(cache)
-        if not self._queue or self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        if self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            self.walk.advance(cache)
             return
-        known = list(cache.values())
-        while self._queue:
-            cand = self._queue.pop(0)
-            key = candidate_id(cand)
-            if key in cache or key in in_flight:
-                continue
-            params = self._optuna_params_of(cand)
-            if params is None or infer_infeasible(cand, known) is not None:
-                # provably over budget (a smaller micro-batch of it was): not a neighbour to wait for
-                self._nbrs.discard(key)
-                self._boundary.discard(key)
-                continue
-            self.study.enqueue_trial(params, skip_if_exists=False)
-            return
+        cand = self.walk.next(cache, in_flight)
+        if cand is not None:
+            self.study.enqueue_trial(self._optuna_params_of(cand), skip_if_exists=False)
 
     # ---------------------------------------------------------------- resume
 
@@ -780,7 +569,7 @@ class Searcher:
                 if asked is not None:
                     self._tell(asked, rec)
                 if self.follow_ups:
-                    self._follow_up(rec, cache)
+                    self.walk.after_probe(rec, cache)
                 for waiter in waiters.pop(key, []):
                     self._tell(waiter, rec)
                 self._emit("record", record=rec, best=self._best_so_far(), counts=self._counts(),
@@ -869,16 +658,6 @@ class Searcher:
         best = _best_result(best_record, [c for c in self.records if c.phase == "confirm" and c.key == winner["key"]],
                             winner)
         return ranking, best, best_record
-
-
-def _change(base: Candidate, other: Candidate) -> tuple[str, Any] | None:
-    """The one knob (and its new value) in which ``other`` differs from ``base``; None otherwise."""
-    diff = [d for d in DIMENSIONS if d not in ("gpus_per_trial", "micro_batch") and getattr(other, d) != getattr(base, d)]
-    if len(diff) == 1 and other.micro_batch == base.micro_batch:
-        return diff[0], getattr(other, diff[0])
-    if len(diff) == 2 and set(diff) == {"zero_stage", "offload"} and other.micro_batch == base.micro_batch:
-        return "zero_stage", (other.zero_stage, other.offload)
-    return None
 
 
 def _float(v: Any) -> float | None:

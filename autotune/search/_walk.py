@@ -1,0 +1,284 @@
+"""Follow-ups: which configuration to probe next, from what the probes so far have shown.  [pure]
+
+The Searcher asks ``FollowUps.next()`` before each Optuna ask; a candidate returned is enqueued
+and probed next, and TPE proposes when it returns None. Two sets of rules:
+
+**Memory boundary** (``after_probe``). Memory grows with the micro-batch and throughput usually
+does too, so the fastest configurations sit at the memory boundary: a probe over budget is
+followed by the same choices at the next smaller micro-batch (the largest that may fit). Without
+the walk, a new best is followed by the next larger micro-batch and, when it checkpoints, by the
+same without checkpointing (faster when it fits).
+
+**Neighbourhood walk** (``neighbours=True``, ``advance``): a greedy local search around the best
+probe. The effects of attention, precision, packing, loader workers, optimizer and compilation on
+throughput are close to multiplicative, and memory caps the micro-batch, so the best configuration
+is usually a few one-knob changes away from a good one. The best probe so far is the *centre*; its
+neighbourhood goes to the front of the queue: the *boundary moves* first (the next larger
+micro-batch; no checkpointing), each of which becomes the new centre as soon as it beats the old
+one (climbing to the memory boundary), then every other searched knob changed alone (each other
+choice; the next value for ordered knobs). Once all have landed, the changes that beat the centre
+are tried all together (one probe), and the best configuration seen becomes the next centre, until
+a centre has nothing better around it (TPE goes on from there). A change that did not help one
+centre is not retried at the next. A new best found elsewhere (seeds, TPE, the combination)
+re-centres the walk. The HF-default baseline is never a centre: it is measured for the report.
+
+Nothing known, in flight or provably infeasible is handed out. The state lives in memory; a
+resumed search rebuilds it from the best record it restores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from autotune.search._logic import (
+    MEMORY_INFEASIBLE,
+    TrialRecord,
+    candidate_id,
+    derive_grad_accum,
+    infer_infeasible,
+)
+from autotune.spec.probe_request import Candidate
+from autotune.spec.space import DIMENSIONS
+
+__all__ = ["FollowUps", "one_knob_change"]
+
+# knobs whose choices are ordered: a neighbour is the next value up or down, not every other value
+ORDERED = ("micro_batch", "workers", "zero_stage", "gpus_per_trial")
+Change = tuple[str, Any]
+
+
+def one_knob_change(base: Candidate, other: Candidate) -> Change | None:
+    """The one knob (and its new value) in which ``other`` differs from ``base``; None otherwise.
+
+    The micro-batch (with its accumulation) is not a knob here; a ZeRO stage with its offload is one.
+    """
+    if other.micro_batch != base.micro_batch:
+        return None
+    diff = [d for d in DIMENSIONS if d not in ("gpus_per_trial", "micro_batch") and getattr(other, d) != getattr(base, d)]
+    if len(diff) == 1:
+        return diff[0], getattr(other, diff[0])
+    if set(diff) == {"zero_stage", "offload"}:
+        return "zero_stage", (other.zero_stage, other.offload)
+    return None
+
+
+class FollowUps:
+    """The follow-up queue and the neighbourhood walk's state (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        choices: Mapping[str, list[Any]],
+        micro_batches: list[int],
+        grad_ckpt_choices: tuple[bool, ...] | list[bool],
+        effective_batch: int,
+        in_space: Callable[[Candidate], bool],
+        records: Callable[[], list[TrialRecord]],
+        baseline_key: str | None = None,
+        neighbours: bool = True,
+    ) -> None:
+        self.choices = dict(choices)
+        self.micro_batches = sorted(micro_batches)
+        self.grad_ckpt_choices = tuple(grad_ckpt_choices)
+        self.effective_batch = effective_batch
+        self.in_space = in_space
+        self.records = records
+        self.baseline_key = baseline_key
+        self.neighbours = neighbours
+        self.queue: list[Candidate] = []  # most promising first
+        self.centre: TrialRecord | None = None
+        self._nbrs: set[str] = set()  # keys of the centre's neighbourhood (and their combination)
+        self._boundary: set[str] = set()  # its boundary moves (bigger micro-batch, no checkpointing)
+        self._combined = False
+        self._closed: set[str] = set()  # centres whose neighbourhood held nothing better
+        self.good: set[Change] = set()  # one-knob changes (knob, value) that beat a centre
+        self.bad: set[Change] = set()  # ... and those that did not
+
+    # ------------------------------------------------------------------ the boundary rules
+
+    def after_probe(self, rec: TrialRecord, cache: Mapping[str, TrialRecord]) -> None:
+        """A probe landed: apply the memory-boundary rules."""
+        cand = rec.candidate_obj()
+        if cand is None or rec.phase != "search" or rec.inferred or rec.key == self.baseline_key:
+            return
+        if rec.status in MEMORY_INFEASIBLE:
+            lower = [m for m in self.micro_batches if m < cand.micro_batch]
+            if lower:
+                self._push([dataclasses.replace(cand, micro_batch=lower[-1])], cache)
+        elif rec.status == "ok" and not self.neighbours and self._best() is rec:
+            self._push(self.boundary_moves(cand), cache)
+
+    def boundary_moves(self, cand: Candidate) -> list[Candidate]:
+        higher = [m for m in self.micro_batches if m > cand.micro_batch]
+        out = [dataclasses.replace(cand, micro_batch=higher[0])] if higher else []
+        if cand.grad_ckpt and False in self.grad_ckpt_choices:
+            out.append(dataclasses.replace(cand, grad_ckpt=False))
+        return out
+
+    def one_knob_changes(self, cand: Candidate) -> list[Candidate]:
+        """``cand`` with one searched knob changed (not the micro-batch: the boundary moves own it)."""
+        out: list[Candidate] = []
+        for d, choices in self.choices.items():
+            if d in ("micro_batch", "gpus_per_trial") or (d == "grad_ckpt" and cand.grad_ckpt):
+                continue  # checkpointing off is a boundary move
+            if d in ("offload", "sharding") and cand.zero_stage == 0:
+                continue
+            current = getattr(cand, d)
+            if current not in choices:
+                continue
+            if d in ORDERED:
+                ordered = sorted(choices)
+                i = ordered.index(current)
+                others = [ordered[j] for j in (i + 1, i - 1) if 0 <= j < len(ordered)]
+            else:
+                others = [v for v in choices if v != current]
+            for v in others:
+                changed = dataclasses.replace(cand, **{d: v})
+                if d == "zero_stage" and v == 0:
+                    changed = dataclasses.replace(changed, offload="none")
+                out.append(changed)
+        return out
+
+    # ------------------------------------------------------------------ the queue
+
+    def next(self, cache: Mapping[str, TrialRecord], in_flight: Mapping[str, Any]) -> Candidate | None:
+        """The next follow-up worth a probe, or None (then TPE proposes)."""
+        self.advance(cache)
+        known = list(cache.values())
+        while self.queue:
+            cand = self.queue.pop(0)
+            key = candidate_id(cand)
+            if key in cache or key in in_flight:
+                continue
+            if not self.in_space(cand) or infer_infeasible(cand, known) is not None:
+                # provably over budget (a smaller micro-batch of it was): not a neighbour to wait for
+                self._nbrs.discard(key)
+                self._boundary.discard(key)
+                continue
+            return cand
+        return None
+
+    def _runnable(self, cand: Candidate) -> tuple[Candidate, str] | None:
+        """``cand`` with the accumulation its micro-batch needs, and its key; None if not in the space."""
+        accum = derive_grad_accum(self.effective_batch, cand.micro_batch, cand.world_size)
+        if accum is None:
+            return None
+        cand = dataclasses.replace(cand, grad_accum=accum)
+        return (cand, candidate_id(cand)) if self.in_space(cand) else None
+
+    def _push(self, cands: list[Candidate], cache: Mapping[str, TrialRecord], *, keys: set[str] | None = None) -> None:
+        """Put ``cands`` at the front of the queue, in order (unknown ones only)."""
+        front: list[Candidate] = []
+        for c in cands:
+            built = self._runnable(c)
+            if built is None:
+                continue
+            c, key = built
+            if keys is not None:
+                keys.add(key)
+            if key not in cache and all(candidate_id(q) != key for q in front):
+                front.append(c)
+        fresh = {candidate_id(c) for c in front}
+        self.queue = front + [q for q in self.queue if candidate_id(q) not in fresh]
+
+    # ------------------------------------------------------------------ the walk
+
+    def _best(self) -> TrialRecord | None:
+        """The fastest search probe so far, the baseline excepted."""
+        ok = [r for r in self.records() if r.phase == "search" and r.status == "ok" and r.tokens_per_s is not None
+              and r.probed and r.key != self.baseline_key]
+        return max(ok, key=lambda r: r.tokens_per_s or 0.0) if ok else None
+
+    def advance(self, cache: Mapping[str, TrialRecord]) -> None:
+        """Move the walk on from what has landed (re-centre, combine, or close the centre)."""
+        if not self.neighbours:
+            return
+        best = self._best()
+        if best is None:
+            return
+        centre = self.centre
+        if centre is None or best.key in self._boundary or (best.key != centre.key and best.key not in self._nbrs):
+            if best.key not in self._closed and (centre is None or best.key != centre.key):
+                self._learn(cache)
+                self._recentre(best, cache)
+            return
+        if any(k not in cache for k in self._nbrs):
+            return  # the neighbourhood is still being measured
+        if not self._combined:
+            self._combined = True
+            self._learn(cache)
+            combo = self._combination(cache)
+            built = self._runnable(combo) if combo is not None else None
+            if built is not None and built[1] not in cache:
+                self._nbrs.add(built[1])
+                self.queue.insert(0, built[0])
+                return
+        self._closed.add(centre.key)
+        if best.key != centre.key and best.key not in self._closed:
+            self._recentre(best, cache)
+        else:
+            self.centre, self._nbrs, self._boundary = None, set(), set()
+
+    def _recentre(self, rec: TrialRecord, cache: Mapping[str, TrialRecord]) -> None:
+        """Explore the neighbourhood of ``rec`` next (stale neighbours of the old centre dropped).
+
+        Order: the boundary moves, then the one-knob changes that beat an earlier centre, then
+        the untried ones; a change that did not beat an earlier centre is not tried again here.
+        """
+        stale = set(self._nbrs)
+        self.queue = [q for q in self.queue if candidate_id(q) not in stale]
+        self.centre, self._nbrs, self._boundary, self._combined = rec, set(), set(), False
+        cand = rec.candidate_obj()
+        if cand is None:
+            return
+        changes = [(c, one_knob_change(cand, c)) for c in self.one_knob_changes(cand)]
+        good = [c for c, ch in changes if ch in self.good]
+        untried = [c for c, ch in changes if ch not in self.good and ch not in self.bad]
+        rest: set[str] = set()
+        self._push(good + untried, cache, keys=rest)
+        self._push(self.boundary_moves(cand), cache, keys=self._boundary)  # pushed last: they lead
+        self._nbrs = self._boundary | rest
+
+    def _learn(self, cache: Mapping[str, TrialRecord]) -> None:
+        """Label the centre's landed one-knob changes as better or not (for later centres)."""
+        centre = self.centre
+        base = centre.candidate_obj() if centre is not None else None
+        if centre is None or base is None:
+            return
+        for key in self._nbrs - self._boundary:
+            r = cache.get(key)
+            c = r.candidate_obj() if r is not None else None
+            ch = one_knob_change(base, c) if c is not None else None
+            if r is None or c is None or ch is None:
+                continue
+            better = r.status == "ok" and (r.tokens_per_s or 0.0) > (centre.tokens_per_s or 0.0)
+            (self.good if better else self.bad).add(ch)
+            (self.bad if better else self.good).discard(ch)
+            if better:  # going back is then a change for the worse
+                back = one_knob_change(c, base)
+                if back is not None:
+                    self.bad.add(back)
+                    self.good.discard(back)
+
+    def _combination(self, cache: Mapping[str, TrialRecord]) -> Candidate | None:
+        """The centre with every one-knob change that beat it applied at once (None if < 2 did)."""
+        centre = self.centre
+        base = centre.candidate_obj() if centre is not None else None
+        if centre is None or base is None or not centre.tokens_per_s:
+            return None
+        best_per_knob: dict[str, tuple[float, Any]] = {}
+        for key in self._nbrs:
+            r = cache.get(key)
+            c = r.candidate_obj() if r is not None else None
+            if r is None or c is None or r.status != "ok" or (r.tokens_per_s or 0.0) <= centre.tokens_per_s:
+                continue
+            for d in DIMENSIONS:
+                if d == "gpus_per_trial" or getattr(c, d) == getattr(base, d):
+                    continue
+                if d not in best_per_knob or (r.tokens_per_s or 0.0) > best_per_knob[d][0]:
+                    best_per_knob[d] = (r.tokens_per_s or 0.0, getattr(c, d))
+        if len(best_per_knob) < 2:
+            return None
+        return dataclasses.replace(base, **{d: v for d, (_, v) in best_per_knob.items()})

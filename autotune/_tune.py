@@ -287,6 +287,11 @@ def _build_summary(
     summary["skipped_choices"] = outcome.skipped_choices
     summary["stop_reason"] = outcome.stop_reason
     summary["distinct_candidates"] = outcome.distinct_candidates
+    origins: dict[str, int] = {}  # probes run, by what proposed them (TrialRecord.origin)
+    for r in outcome.records:
+        if r.phase == "search" and r.probed:
+            origins[r.origin or "unknown"] = origins.get(r.origin or "unknown", 0) + 1
+    summary["probes_by_origin"] = origins
     summary["top"] = [
         {k: e[k] for k in ("label", "status", "median_tokens_per_s", "measurements", "spread", "step_time_spread",
                            "peak_mem_bytes", "candidate", "reason")}
@@ -307,6 +312,7 @@ def _build_summary(
             "peak_vs_budget": (peak / budget_bytes) if peak and budget_bytes else None,
             "peak_vs_usable": (peak / usable) if peak and usable else None,
             "effective_batch": _effective_batch_parts(c),
+            "origin": rec.origin,
         }
     return summary
 

@@ -100,6 +100,13 @@ def test_run_writes_everything_and_prints_one_answer(tmp_path: Path, fake) -> No
     assert {"status", "reason", "inferred", "tokens_per_s", "peak_mem_bytes"} <= set(rows[0])
     assert len([r for r in rows if r["phase"] == "search" and r["inferred"] == "False"
                 and r["status"] != "skipped"]) == 8
+    # what proposed each probe: the expert seeds and the HF default first, then the walk / TPE
+    origins = [r["origin"] for r in rows if r["phase"] == "search" and r["inferred"] == "False"
+               and r["status"] != "skipped"]
+    assert origins[0] == "seed" and "baseline" in origins and set(origins) <= {
+        "seed", "baseline", "boundary", "neighbour", "combination", "coverage", "tpe"}
+    assert sum(summary["probes_by_origin"].values()) == 8 and summary["best"]["origin"] in origins
+    assert "Proposed by: " in (rd / "report.md").read_text()
 
 
 def test_json_prints_only_the_summary(tmp_path: Path, fake) -> None:

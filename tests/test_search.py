@@ -435,6 +435,8 @@ def test_the_changes_that_beat_the_centre_are_tried_together_and_a_harmful_one_i
     combined = dataclasses.replace(base, **dict(better))
     keys = [r.key for r in probed]
     assert candidate_id(combined) in keys
+    assert next(r for r in probed if r.key == candidate_id(combined)).origin == "combination"
+    assert {singles[ch].origin for ch in singles} == {"neighbour"} and [r.origin for r in probed[:3]] == ["seed"] * 3
     assert keys.index(candidate_id(combined)) > max(keys.index(r.key) for r in singles.values())
     # eager attention lost to sdpa at the first centre: no later centre tries it again
     assert sum(r.candidate_obj().attn == "eager" for r in probed) == 1

@@ -215,4 +215,10 @@ def render_report_md(
         if counts.get(s):
             out.append(_row([s, str(counts[s]), _STATUS_MEANING[s]]))
     out.append(_row(["total", str(len(results)), f"{inferred} inferred without running" if inferred else ""]))
+    origins = summary.get("probes_by_origin") or {}
+    if origins:
+        found = (summary.get("best") or {}).get("origin")
+        parts = ", ".join(f"{n} {o}" for o, n in sorted(origins.items(), key=lambda kv: -kv[1]))
+        out += ["", f"Proposed by: {parts} (seed: expert defaults; boundary/neighbour/combination: the "
+                    f"neighbourhood walk; tpe: Optuna's sampler)" + (f"; the answer came from: {found}." if found else ".")]
     return "\n".join(out) + "\n"

@@ -60,7 +60,10 @@ class TrialRecord:
     ``status`` is a probe status (ok, oom, over_budget, unsupported, timeout, crash) or ``skipped``.
     ``inferred`` marks infeasibility concluded without running (monotone in micro-batch, or the
     estimator's pruner). ``phase`` is ``search`` or ``confirm``. ``result`` is the ProbeResult as a
-    dict when a probe ran.
+    dict when a probe ran. ``origin`` says what proposed it: ``seed`` (an expert default),
+    ``baseline`` (the HF default), ``boundary`` (a memory-boundary follow-up), ``neighbour`` or
+    ``combination`` (the neighbourhood walk), ``coverage`` (an unseen configuration handed to TPE
+    when it kept repeating itself) or ``tpe``; empty in journals written before it existed.
     """
 
     key: str
@@ -78,6 +81,7 @@ class TrialRecord:
     wall_s: float | None = None
     number: int = -1
     label: str = ""
+    origin: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

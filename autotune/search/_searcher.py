@@ -178,6 +178,7 @@ class Searcher:
                 self.choices[d] = list(choices)
             else:
                 self.fixed[d] = choices[0]
+        self._origins: dict[str, str] = {}  # candidate key -> what proposed it (TrialRecord.origin)
         self.walk = FollowUps(
             choices=self.choices, micro_batches=mbs, grad_ckpt_choices=space.grad_ckpt,
             effective_batch=effective_batch, in_space=lambda c: self._optuna_params_of(c) is not None,
@@ -380,7 +381,12 @@ class Searcher:
             return
         cand = self.walk.next(cache, in_flight)
         if cand is not None:
+            key = candidate_id(cand)
+            self._origins.setdefault(key, self.walk.origins.get(key, "boundary"))
             self.study.enqueue_trial(self._optuna_params_of(cand), skip_if_exists=False)
+
+    def _origin(self, key: str) -> str:
+        return self._origins.get(key, "tpe")
 
     # ---------------------------------------------------------------- resume
 
@@ -425,10 +431,15 @@ class Searcher:
         self._restore()
         cache: dict[str, TrialRecord] = {r.key: r for r in self.records if r.phase == "search"}
         for choice in self.seed_choices:
+            built = candidate_from_choice(choice, effective_batch=self.effective_batch)
+            if isinstance(built, Candidate):
+                self._origins.setdefault(candidate_id(built), "seed")
             self.study.enqueue_trial(self._seed_params(choice), skip_if_exists=True)
         # the baseline (the config a user would type) is probed like any other: inside the space
         # as an enqueued trial, outside it as an extra probe the sampler does not see
         extra: list[Candidate] = []
+        if self.baseline is not None:
+            self._origins[candidate_id(self.baseline)] = "baseline"
         if self.baseline is not None and candidate_id(self.baseline) not in cache:
             internal = self._optuna_params_of(self.baseline)
             if internal is not None:
@@ -494,6 +505,9 @@ class Searcher:
                     # left): hand it one it has not seen, so the search keeps covering the space
                     unseen = self._unseen_choice(set(cache) | set(in_flight_keys), idle_asks)
                     if unseen is not None:
+                        built_unseen = candidate_from_choice(unseen, effective_batch=self.effective_batch)
+                        if isinstance(built_unseen, Candidate):
+                            self._origins.setdefault(candidate_id(built_unseen), "coverage")
                         self.study.enqueue_trial(self._seed_params(unseen), skip_if_exists=False)
                 if self.follow_ups:
                     self._feed(cache, in_flight_keys)
@@ -506,7 +520,8 @@ class Searcher:
                     rec = cache.get(built.key)
                     if rec is None:
                         rec = self._add(TrialRecord(key=built.key, status="skipped", params=params,
-                                                    reason=built.reason, label=_choice_label(choice)))
+                                                    reason=built.reason, label=_choice_label(choice),
+                                                    origin=self._origin(built.key)))
                         cache[built.key] = rec
                         self._emit("record", record=rec, best=self._best_so_far(), counts=self._counts(),
                                    time_left=time_left())
@@ -539,7 +554,7 @@ class Searcher:
                     idle_asks += 1
                     rec = self._add(TrialRecord(key=key, status=status, candidate=dataclasses.asdict(cand),
                                                 params=params, reason=reason, inferred=True,
-                                                label=candidate_label(cand)))
+                                                label=candidate_label(cand), origin=self._origin(key)))
                     cache[key] = rec
                     self._tell(trial, rec)
                     self._emit("record", record=rec, best=self._best_so_far(), counts=self._counts(),
@@ -564,7 +579,9 @@ class Searcher:
                 in_flight_keys.pop(key, None)
                 self._durations.append(self.clock() - submitted_at.pop(ticket))
                 probes += 1
-                rec = self._add(self._record_from_result(key, cand, params, result))
+                rec = self._record_from_result(key, cand, params, result)
+                rec.origin = self._origin(key)
+                rec = self._add(rec)
                 cache[key] = rec
                 if asked is not None:
                     self._tell(asked, rec)

@@ -95,6 +95,7 @@ class FollowUps:
         self._closed: set[str] = set()  # centres whose neighbourhood held nothing better
         self.good: set[Change] = set()  # one-knob changes (knob, value) that beat a centre
         self.bad: set[Change] = set()  # ... and those that did not
+        self.origins: dict[str, str] = {}  # key -> boundary | neighbour | combination (first reason wins)
 
     # ------------------------------------------------------------------ the boundary rules
 
@@ -106,9 +107,9 @@ class FollowUps:
         if rec.status in MEMORY_INFEASIBLE:
             lower = [m for m in self.micro_batches if m < cand.micro_batch]
             if lower:
-                self._push([dataclasses.replace(cand, micro_batch=lower[-1])], cache)
+                self._push([dataclasses.replace(cand, micro_batch=lower[-1])], cache, origin="boundary")
         elif rec.status == "ok" and not self.neighbours and self._best() is rec:
-            self._push(self.boundary_moves(cand), cache)
+            self._push(self.boundary_moves(cand), cache, origin="boundary")
 
     def boundary_moves(self, cand: Candidate) -> list[Candidate]:
         higher = [m for m in self.micro_batches if m > cand.micro_batch]
@@ -168,7 +169,8 @@ class FollowUps:
         cand = dataclasses.replace(cand, grad_accum=accum)
         return (cand, candidate_id(cand)) if self.in_space(cand) else None
 
-    def _push(self, cands: list[Candidate], cache: Mapping[str, TrialRecord], *, keys: set[str] | None = None) -> None:
+    def _push(self, cands: list[Candidate], cache: Mapping[str, TrialRecord], *, origin: str,
+              keys: set[str] | None = None) -> None:
         """Put ``cands`` at the front of the queue, in order (unknown ones only)."""
         front: list[Candidate] = []
         for c in cands:
@@ -180,6 +182,7 @@ class FollowUps:
                 keys.add(key)
             if key not in cache and all(candidate_id(q) != key for q in front):
                 front.append(c)
+                self.origins.setdefault(key, origin)
         fresh = {candidate_id(c) for c in front}
         self.queue = front + [q for q in self.queue if candidate_id(q) not in fresh]
 
@@ -214,6 +217,7 @@ class FollowUps:
             if built is not None and built[1] not in cache:
                 self._nbrs.add(built[1])
                 self.queue.insert(0, built[0])
+                self.origins.setdefault(built[1], "combination")
                 return
         self._closed.add(centre.key)
         if best.key != centre.key and best.key not in self._closed:
@@ -237,8 +241,8 @@ class FollowUps:
         good = [c for c, ch in changes if ch in self.good]
         untried = [c for c, ch in changes if ch not in self.good and ch not in self.bad]
         rest: set[str] = set()
-        self._push(good + untried, cache, keys=rest)
-        self._push(self.boundary_moves(cand), cache, keys=self._boundary)  # pushed last: they lead
+        self._push(good + untried, cache, keys=rest, origin="neighbour")
+        self._push(self.boundary_moves(cand), cache, keys=self._boundary, origin="boundary")  # last: they lead
         self._nbrs = self._boundary | rest
 
     def _learn(self, cache: Mapping[str, TrialRecord]) -> None:

@@ -52,6 +52,7 @@ __all__ = [
 TRIALS_CSV_COLUMNS = (
     "number",
     "phase",
+    "origin",
     "status",
     "inferred",
     "tokens_per_s",
@@ -137,6 +138,7 @@ def trials_csv_text(records: list[TrialRecord]) -> str:
         row: dict[str, Any] = {
             "number": r.number,
             "phase": r.phase,
+            "origin": r.origin,
             "status": r.status,
             "inferred": r.inferred,
             "tokens_per_s": "" if r.tokens_per_s is None else f"{r.tokens_per_s:.2f}",

@@ -441,3 +441,30 @@ def test_the_changes_that_beat_the_centre_are_tried_together_and_a_harmful_one_i
     # eager attention lost to sdpa at the first centre: no later centre tries it again
     assert sum(r.candidate_obj().attn == "eager" for r in probed) == 1
     assert _change(base, dataclasses.replace(base, micro_batch=4, attn="eager")) is None  # two knobs: not one change
+
+
+def test_a_step_down_from_over_budget_goes_before_the_walk() -> None:
+    from autotune.search._walk import FollowUps
+
+    records: list[TrialRecord] = []
+    walk = FollowUps(choices={"micro_batch": [1, 2, 4, 8], "grad_ckpt": [False, True], "attn": ["eager", "sdpa"]},
+                     micro_batches=[1, 2, 4, 8], grad_ckpt_choices=(False, True), effective_batch=8,
+                     in_space=lambda c: True, records=lambda: records)
+
+    def land(status: str, tps: float | None, **kw) -> TrialRecord:
+        c = Candidate(**{"micro_batch": 1, "grad_accum": 8, "attn": "sdpa", **kw})
+        c = dataclasses.replace(c, grad_accum=8 // c.micro_batch)
+        r = TrialRecord(key=candidate_id(c), status=status, candidate=dataclasses.asdict(c), tokens_per_s=tps,
+                        result={"status": status}, origin="seed")
+        records.append(r)
+        walk.after_probe(r, {x.key: x for x in records})
+        return r
+
+    land("over_budget", None, micro_batch=8)  # no checkpointing: too big
+    land("ok", 100.0, micro_batch=1, grad_ckpt=True)  # the first centre
+    cache = {r.key: r for r in records}
+    first = walk.next(cache, {})
+    assert first is not None and (first.micro_batch, first.grad_ckpt) == (4, False)  # the step-down leads
+    assert walk.origins[candidate_id(first)] == "boundary"
+    second = walk.next(cache, {candidate_id(first): "t"})
+    assert second is not None and (second.micro_batch, second.grad_ckpt) == (2, True)  # then the walk climbs

@@ -5,8 +5,10 @@ and probed next, and TPE proposes when it returns None. Two sets of rules:
 
 **Memory boundary** (``after_probe``). Memory grows with the micro-batch and throughput usually
 does too, so the fastest configurations sit at the memory boundary: a probe over budget is
-followed by the same choices at the next smaller micro-batch (the largest that may fit). Without
-the walk, a new best is followed by the next larger micro-batch and, when it checkpoints, by the
+followed by the same choices at the next smaller micro-batch (the largest that may fit), ahead of
+anything the walk has queued (checkpointing costs a quarter of the speed or more, so the largest
+micro-batch that fits without it is worth knowing before the walk settles on a checkpointed
+centre). Without the walk, a new best is followed by the next larger micro-batch and, when it checkpoints, by the
 same without checkpointing (faster when it fits).
 
 **Neighbourhood walk** (``neighbours=True``, ``advance``): a greedy local search around the best
@@ -87,7 +89,8 @@ class FollowUps:
         self.records = records
         self.baseline_key = baseline_key
         self.neighbours = neighbours
-        self.queue: list[Candidate] = []  # most promising first
+        self.queue: list[Candidate] = []  # the walk's, most promising first
+        self.step_downs: list[Candidate] = []  # over budget -> the next smaller micro-batch: before the walk
         self.centre: TrialRecord | None = None
         self._nbrs: set[str] = set()  # keys of the centre's neighbourhood (and their combination)
         self._boundary: set[str] = set()  # its boundary moves (bigger micro-batch, no checkpointing)
@@ -107,7 +110,10 @@ class FollowUps:
         if rec.status in MEMORY_INFEASIBLE:
             lower = [m for m in self.micro_batches if m < cand.micro_batch]
             if lower:
-                self._push([dataclasses.replace(cand, micro_batch=lower[-1])], cache, origin="boundary")
+                built = self._runnable(dataclasses.replace(cand, micro_batch=lower[-1]))
+                if built is not None and built[1] not in cache:
+                    self.step_downs.append(built[0])
+                    self.origins.setdefault(built[1], "boundary")
         elif rec.status == "ok" and not self.neighbours and self._best() is rec:
             self._push(self.boundary_moves(cand), cache, origin="boundary")
 
@@ -148,8 +154,8 @@ class FollowUps:
         """The next follow-up worth a probe, or None (then TPE proposes)."""
         self.advance(cache)
         known = list(cache.values())
-        while self.queue:
-            cand = self.queue.pop(0)
+        while self.step_downs or self.queue:
+            cand = (self.step_downs or self.queue).pop(0)
             key = candidate_id(cand)
             if key in cache or key in in_flight:
                 continue

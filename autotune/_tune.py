@@ -329,6 +329,7 @@ def tune(
     mode: str = "full",
     space: str | Path | SearchSpace = "default",
     dataset: str | None = None,
+    lengths: str = "fixed",
     max_trials: int = 40,
     time_budget: str | float | None = None,
     gpus: str | list[int] | None = None,
@@ -369,7 +370,10 @@ def tune(
                          device=device, resume=resume, fresh=fresh, top_k=top_k, gpus_per_trial=gpus_per_trial)
     if isinstance(verify_loss, bool) or not isinstance(verify_loss, int) or verify_loss < 0:
         problems.append(f"verify-loss steps must be an integer >= 0; got {verify_loss!r}")
-    for fn in (lambda: parse_duration(time_budget), lambda: parse_budget(gpu_budget), lambda: parse_gpus(gpus)):
+    from autotune.spec.lengths import parse_lengths
+
+    for fn in (lambda: parse_duration(time_budget), lambda: parse_budget(gpu_budget), lambda: parse_gpus(gpus),
+               lambda: parse_lengths(lengths)):
         try:
             fn()
         except SpecError as exc:
@@ -399,8 +403,10 @@ def tune(
     budget_bytes = budget.resolve(_device_total_bytes(dev, gpu_infos) if budget.fraction is not None else None)
     settings = ProbeSettings(device=dev, budget_bytes=budget_bytes, budget_text=budget.text,
                              warmup_steps=warmup_steps, steps=steps, timeout_s=probe_timeout_s)
+    if dataset is not None and lengths != "fixed":
+        raise SpecError("--lengths describes synthetic sequences and --dataset brings real ones: give one of them")
     workload = Workload(model=resolved.name, model_path=resolved.path, seq_len=seq_len, mode=mode, dataset=dataset,
-                        trust_remote_code=trust_remote_code, seed=seed)
+                        trust_remote_code=trust_remote_code, seed=seed, lengths=lengths)
     problems = workload.problems() + settings.problems()
     if problems:
         raise SpecError(problems)
@@ -428,6 +434,11 @@ def tune(
     software = software_versions()
     search_settings = {"max_trials": max_trials, "seed": seed, "top_k": top_k, "steps": steps,
                        "gpus": gpu_list, "headroom": settings.headroom}
+    if lengths != "fixed":  # (absent when fixed, so the keys of earlier runs still match)
+        search_settings["lengths"] = lengths
+        hist = lengths.partition(":")[2] if lengths.startswith("histogram:") else None
+        if hist:
+            search_settings["lengths_file"] = dataset_identity(hist)
     key = cache_key(model_config=resolved.config, space=space_obj.to_dict(), budget_bytes=budget_bytes,
                     seq_len=seq_len, effective_batch=effective_batch, mode=mode, hardware=hardware,
                     software=software, dataset=dataset_identity(dataset), search=search_settings)
@@ -464,6 +475,7 @@ def tune(
             "model_source": str(resolved.source),
             "mode": mode,
             "seq_len": seq_len,
+            "lengths": lengths,
             "effective_batch": effective_batch,
             "device": dev,
             "gpu_budget": budget.text,
@@ -479,7 +491,8 @@ def tune(
         if not resumed:
             run_dir.write_json("run.json", {"cache_key": key, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
                                             "request": {k: base_summary[k] for k in (
-                                                "model", "mode", "seq_len", "effective_batch", "device", "gpu_budget",
+                                                "model", "mode", "seq_len", "lengths", "effective_batch", "device",
+                                                "gpu_budget",
                                                 "seed", "space", "search")}})
         if progress is not None:
             progress("run_dir", {"run_dir": str(run_dir.path), "resumed": resumed, "restored": len(history)})

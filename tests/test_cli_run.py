@@ -300,3 +300,22 @@ def test_a_custom_pruner_is_used(tmp_path: Path) -> None:
     assert all(r.candidate.micro_batch < 8 for r in ex.requests)
     rows = list(csv.DictReader((result.run_dir / "trials.csv").open()))
     assert any(r["inferred"] == "True" and "too big" in r["reason"] for r in rows)
+
+
+def test_lengths_reach_the_probes_and_the_cache_key_and_bad_ones_are_refused(tmp_path: Path, fake) -> None:
+    res = run(BASE + ["--gpu-budget", "10GiB", "--out", str(tmp_path), "--lengths", "lognormal:4.0,1.0", "--json"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)
+    assert summary["lengths"] == "lognormal:4.0,1.0"
+    assert {r.workload.lengths for r in fake[-1].requests} == {"lognormal:4.0,1.0"}
+    # variable lengths: the expert seeds pack sequences (padding would be the largest waste)
+    assert fake[-1].requests[0].candidate.packing
+    # another length distribution is another request: not answered from the first one's cache
+    res2 = run(BASE + ["--gpu-budget", "10GiB", "--out", str(tmp_path), "--json"])
+    assert res2.exit_code == 0 and json.loads(res2.stdout)["from_cache"] is False
+    bad = run(BASE + ["--gpu-budget", "10GiB", "--out", str(tmp_path / "bad"), "--lengths", "gaussian:3"])
+    assert bad.exit_code == 2 and "lengths" in bad.stderr and not (tmp_path / "bad").exists()
+    (tmp_path / "x.jsonl").write_text('{"text": "hello"}\n')
+    both = run(BASE + ["--gpu-budget", "10GiB", "--out", str(tmp_path / "both"), "--lengths", "uniform:16-64",
+                       "--dataset", str(tmp_path / "x.jsonl")])
+    assert both.exit_code == 2 and "give one of them" in both.stderr and not (tmp_path / "both").exists()

@@ -165,6 +165,7 @@ def command(
     mode: str = typer.Option("full", "--mode", help="full | lora | qlora."),
     space: str = typer.Option("default", "--space", help="Search space: a name in search_spaces/ (default, lora, cpu, multi-gpu) or a YAML path."),
     dataset: str | None = typer.Option(None, "--dataset", help="jsonl/parquet to probe with (default: synthetic tokens)."),
+    lengths: str = typer.Option("fixed", "--lengths", help="Synthetic sequence lengths when there is no --dataset: fixed | lognormal:MU,SIGMA | uniform:LO-HI | histogram:FILE.json."),
     max_trials: int = typer.Option(40, "--max-trials", help="Most probes the search runs (inferred and skipped ones are free)."),
     time_budget: str | None = typer.Option(None, "--time-budget", help="Wall-clock budget of the search: 20m, 1h30m, 90s."),
     gpus: str | None = typer.Option(None, "--gpus", help="GPU indices to use, e.g. 0,1,2,3 (default: all visible)."),
@@ -192,7 +193,7 @@ def command(
     try:
         result = tune(
             model, gpu_budget=gpu_budget, seq_len=seq_len, effective_batch=effective_batch, mode=mode,
-            space=space, dataset=dataset, max_trials=max_trials, time_budget=time_budget, gpus=gpus,
+            space=space, dataset=dataset, lengths=lengths, max_trials=max_trials, time_budget=time_budget, gpus=gpus,
             ray_address=ray_address, device=device, storage=storage, out=out, seed=seed, resume=resume,
             fresh=fresh, progress=printer, gpus_per_trial=gpus_per_trial, top_k=top_k, steps=steps,
             probe_timeout_s=probe_timeout, trust_remote_code=trust_remote_code,

@@ -128,8 +128,10 @@ class FollowUps:
         """``cand`` with one searched knob changed (not the micro-batch: the boundary moves own it)."""
         out: list[Candidate] = []
         for d, choices in self.choices.items():
-            if d in ("micro_batch", "gpus_per_trial") or (d == "grad_ckpt" and cand.grad_ckpt):
-                continue  # checkpointing off is a boundary move
+            if d in ("micro_batch", "gpus_per_trial", "grad_ckpt"):
+                # checkpointing off is a boundary move; on, at the same micro-batch, it only adds the
+                # recomputed forward (it pays through the larger micro-batch it lets fit: step-downs)
+                continue
             if d in ("offload", "sharding") and cand.zero_stage == 0:
                 continue
             current = getattr(cand, d)

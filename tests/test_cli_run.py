@@ -196,7 +196,7 @@ def test_documented_flags_reach_tune(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert res.exit_code == 2
     assert seen == {
         "model": "m", "gpu_budget": "24GB", "seq_len": 4096, "effective_batch": 32, "mode": "lora", "space": "lora",
-        "dataset": "d.jsonl", "max_trials": 7, "time_budget": "20m", "gpus": "0,1", "ray_address": "ray://h:10001",
+        "dataset": "d.jsonl", "lengths": "fixed", "max_trials": 7, "time_budget": "20m", "gpus": "0,1", "ray_address": "ray://h:10001",
         "device": "cuda", "storage": "sqlite:///x.db", "out": "o", "seed": 3, "resume": True, "fresh": False,
         "progress": seen["progress"], "gpus_per_trial": 2, "top_k": 2, "steps": 4, "probe_timeout_s": 60.0,
         "trust_remote_code": False, "verify_loss": 0,

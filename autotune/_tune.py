@@ -17,6 +17,7 @@ import dataclasses
 import json
 import re
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -287,11 +288,9 @@ def _build_summary(
     summary["skipped_choices"] = outcome.skipped_choices
     summary["stop_reason"] = outcome.stop_reason
     summary["distinct_candidates"] = outcome.distinct_candidates
-    origins: dict[str, int] = {}  # probes run, by what proposed them (TrialRecord.origin)
-    for r in outcome.records:
-        if r.phase == "search" and r.probed:
-            origins[r.origin or "unknown"] = origins.get(r.origin or "unknown", 0) + 1
-    summary["probes_by_origin"] = origins
+    # probes run, by what proposed them (TrialRecord.origin)
+    summary["probes_by_origin"] = dict(Counter(r.origin or "unknown" for r in outcome.records
+                                               if r.phase == "search" and r.probed))
     summary["top"] = [
         {k: e[k] for k in ("label", "status", "median_tokens_per_s", "measurements", "spread", "step_time_spread",
                            "peak_mem_bytes", "candidate", "reason")}
@@ -492,8 +491,7 @@ def tune(
             run_dir.write_json("run.json", {"cache_key": key, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
                                             "request": {k: base_summary[k] for k in (
                                                 "model", "mode", "seq_len", "lengths", "effective_batch", "device",
-                                                "gpu_budget",
-                                                "seed", "space", "search")}})
+                                                "gpu_budget", "seed", "space", "search")}})
         if progress is not None:
             progress("run_dir", {"run_dir": str(run_dir.path), "resumed": resumed, "restored": len(history)})
 

@@ -18,6 +18,7 @@ from autotune.spec.space import DIMENSIONS, SearchSpace
 
 __all__ = [
     "MEMORY_INFEASIBLE",
+    "ORDERED_KNOBS",
     "FAILED",
     "Skip",
     "TrialRecord",
@@ -98,6 +99,11 @@ class TrialRecord:
     def probed(self) -> bool:
         """A probe actually ran (not inferred, not skipped)."""
         return self.result is not None and not self.inferred
+
+
+# knobs whose choices are ordered (8 lies between 4 and 16): the Searcher may suggest them as an
+# index, and the neighbourhood walk steps to the next value rather than to every other one
+ORDERED_KNOBS = ("micro_batch", "workers", "zero_stage", "gpus_per_trial")
 
 
 def derive_grad_accum(effective_batch: int, micro_batch: int, world: int) -> int | None:

@@ -32,6 +32,7 @@ from autotune.probe.result import ProbeResult
 from autotune.search._logic import (
     FAILED,
     MEMORY_INFEASIBLE,
+    ORDERED_KNOBS,
     Skip,
     TrialRecord,
     candidate_from_choice,
@@ -59,11 +60,10 @@ ProgressFn = Callable[[str, dict[str, Any]], None]
 _CONSTRAINT = "memory"
 _MAX_IDLE_ASKS = 120  # asks in a row that yield nothing new before the space counts as exhausted
 _NUDGE_EVERY = 8  # after this many such asks in a row, enqueue an unseen configuration
-# Knobs whose choices are ordered. ``ordinal=True`` suggests them as an index into the sorted
+# Knobs whose choices are ordered (ORDERED_KNOBS). ``ordinal=True`` suggests them as an index into the sorted
 # choices (TPE then sees that 8 lies between 4 and 16). Measured on synthetic landscapes (24 seeds,
 # 20-40 trials), categorical + multivariate TPE found >= 97 % of the optimum more often than
 # ordinal + multivariate, and both beat independent TPE; so the defaults are categorical, multivariate.
-ORDINAL = ("micro_batch", "workers", "zero_stage", "gpus_per_trial")
 
 
 @dataclass
@@ -144,7 +144,6 @@ class Searcher:
         self.poll_interval_s = poll_interval_s
         self.baseline = baseline
         self.follow_ups = follow_ups
-        self.neighbours = neighbours
         self.records: list[TrialRecord] = []
         self._durations: list[float] = []
         self._all_choices: list[dict[str, Any]] | None = None
@@ -170,7 +169,7 @@ class Searcher:
         for d in DIMENSIONS:
             choices = mbs if d == "micro_batch" else worlds if d == "gpus_per_trial" else list(space.choices(d))
             if len(choices) > 1:
-                if d in ORDINAL and ordinal:
+                if d in ORDERED_KNOBS and ordinal:
                     choices = sorted(choices)
                     self.distributions[d] = IntDistribution(0, len(choices) - 1)
                 else:

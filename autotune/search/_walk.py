@@ -36,6 +36,7 @@ from typing import Any
 
 from autotune.search._logic import (
     MEMORY_INFEASIBLE,
+    ORDERED_KNOBS,
     TrialRecord,
     candidate_id,
     derive_grad_accum,
@@ -46,8 +47,6 @@ from autotune.spec.space import DIMENSIONS
 
 __all__ = ["FollowUps", "one_knob_change"]
 
-# knobs whose choices are ordered: a neighbour is the next value up or down, not every other value
-ORDERED = ("micro_batch", "workers", "zero_stage", "gpus_per_trial")
 Change = tuple[str, Any]
 
 
@@ -137,7 +136,7 @@ class FollowUps:
             current = getattr(cand, d)
             if current not in choices:
                 continue
-            if d in ORDERED:
+            if d in ORDERED_KNOBS:  # the next value up or down, not every other value
                 ordered = sorted(choices)
                 i = ordered.index(current)
                 others = [ordered[j] for j in (i + 1, i - 1) if 0 <= j < len(ordered)]
@@ -161,7 +160,7 @@ class FollowUps:
             key = candidate_id(cand)
             if key in cache or key in in_flight:
                 continue
-            if not self.in_space(cand) or infer_infeasible(cand, known) is not None:
+            if infer_infeasible(cand, known) is not None:  # (every queued one passed _runnable)
                 # provably over budget (a smaller micro-batch of it was): not a neighbour to wait for
                 self._nbrs.discard(key)
                 self._boundary.discard(key)

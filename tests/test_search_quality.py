@@ -94,3 +94,18 @@ def test_recorded_landscapes_load_and_have_a_feasible_optimum() -> None:
     for f in files:
         p = sq.problem(f)
         assert p.optimum > 0 and len(p.grid) == p.landscape["grid_size"]
+
+
+def test_knob_effects_are_the_ratios_of_one_knob_pairs() -> None:
+    import knob_effects
+
+    def entry(packing: bool, attn: str, tps: float) -> dict:
+        return {"candidate": {"micro_batch": 2, "packing": packing, "attn": attn}, "tokens_per_s": tps}
+
+    land = {"space": {"micro_batch": [1, 2], "packing": [False, True], "attn": ["eager", "sdpa"]},
+            "entries": [entry(False, "eager", 100.0), entry(True, "eager", 200.0), entry(False, "sdpa", 110.0),
+                        entry(True, "sdpa", 330.0)]}
+    eff = knob_effects.effects(land)
+    assert eff["packing=True vs False"] == (2.5, 2.0, 3.0, 2)
+    assert eff["attn=sdpa vs eager"][1:] == (1.1, 1.65, 2)
+    assert not any(k.startswith("micro_batch") for k in eff)

@@ -689,11 +689,12 @@ def _speedup_summary(outcome: SearchOutcome, baseline: Candidate) -> dict[str, A
     if base is None or best is None or base["status"] not in ("confirmed", "noisy"):
         return {"speedup_vs_baseline": None,
                 "speedup_note": "the HF default was not re-measured beside the winner (it did not run, or failed)"}
-    s = speedup(best["measurements"], base["measurements"])
+    s = speedup(best["measurements"], base["measurements"], best_by_round=best.get("by_round"),
+                base_by_round=base.get("by_round"))
     if s is None:
         return {"speedup_vs_baseline": None}
     return {"speedup_vs_baseline": s["ratio"], "speedup_range": s["range"],
-            "speedup_distinguishable": s["distinguishable"]}
+            "speedup_distinguishable": s["distinguishable"], "speedup_paired_rounds": s["paired_rounds"]}
 
 
 def trust_verdict(summary: dict[str, Any]) -> dict[str, Any]:

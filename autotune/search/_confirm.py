@@ -12,8 +12,10 @@ A candidate is ``confirmed`` when at least ``min_rounds`` re-measurements agree 
 of memory makes it ``failed_confirm`` (it does not really fit); one with no value at all (crash,
 timeout) leaves it ``unconfirmed``.
 
-Candidates whose measured ranges [min, max] overlap the leader's are *indistinguishable within the
-measured noise*: the tie goes to the fewer numerics-changing levers (the configuration that trains
+Comparisons are paired: candidates re-measured in the same round saw the same load, so the leader
+is the best median per-round ratio to the HF default (re-measured every round), and a candidate
+that beat the leader in at least one round is *indistinguishable within the measured noise* from
+it (without rounds in common: overlapping ranges [min, max]). The tie goes to the fewer numerics-changing levers (the configuration that trains
 most like what was asked), then the smaller memory footprint (more headroom), then the higher
 median.
 
@@ -55,14 +57,16 @@ NUMERICS_LEVERS = ("precision", "optim", "liger", "torch_compile", "attn")
 class ConfirmPolicy:
     """How candidates are re-measured before a figure is reported.
 
-    ``include_search``: count the search measurement in the reported median too (what autotune did
-    before; kept as a policy so ``benchmarks/noise.py`` can score it against the new one).
+    ``include_search``: count the search measurement in the reported median too, and ``ties``
+    False: the higher median wins whatever the ranges (what autotune did before; kept as a policy so
+    ``benchmarks/noise.py`` can score it against the new one).
     """
 
     min_rounds: int = 2
     max_rounds: int = 4
     tolerance: float = 0.25
     include_search: bool = False
+    ties: bool = True  # overlapping ranges are a tie (False: the higher median wins, as before)
 
     def __post_init__(self) -> None:
         if self.min_rounds < 0 or self.max_rounds < self.min_rounds:
@@ -129,36 +133,79 @@ def overlaps(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bo
     return a is not None and b is not None and a[0] <= b[1] and b[0] <= a[1]
 
 
-def choose_winner(entries: list[dict[str, Any]], reference: dict[str, Any] | None = None
-                  ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+def _paired(a: dict[Any, float] | None, b: dict[Any, float] | None) -> list[float]:
+    """a/b in every round where both were measured (the same load hit both)."""
+    if not a or not b:
+        return []
+    return [a[r] / b[r] for r in a if r in b and b[r] > 0]
+
+
+def choose_winner(entries: list[dict[str, Any]], reference: dict[str, Any] | None = None, *, ties: bool = True,
+                  baseline_key: str | None = None) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """The winner among ranked entries and the entries indistinguishable from the leader.
 
     An entry needs ``status`` in (confirmed, noisy), ``median_tokens_per_s``, ``range`` and
-    ``peak_mem_bytes``. Returns (winner, tie group incl. the winner; empty when there is no tie).
+    ``peak_mem_bytes``; with ``by_round`` ({round: tok/s}) comparisons are *paired*: candidates
+    measured in the same round saw the same load, so the leader is the best median of the per-round
+    ratios to the baseline (``baseline_key``, re-measured every round), and another candidate ties
+    with it when it beat the leader in at least one round. Without rounds in common, ranges
+    [min, max] that overlap are a tie. Returns (winner, tie group incl. the winner; empty if no tie).
     """
     eligible = [e for e in entries if e.get("status") in ("confirmed", "noisy") and e.get("median_tokens_per_s")]
     if not eligible:
         return None, []
-    leader = max(eligible, key=lambda e: e["median_tokens_per_s"])
-    tied = [e for e in eligible if e is leader or overlaps(tuple(e["range"]) if e.get("range") else None,
-                                                           tuple(leader["range"]) if leader.get("range") else None)]
+    base = next((e for e in entries if baseline_key is not None and e.get("key") == baseline_key), None)
+
+    def strength(e: dict[str, Any]) -> float:
+        ratios = _paired(e.get("by_round"), base.get("by_round") if base else None)
+        return median(ratios) if ratios else float(e["median_tokens_per_s"]) / _base_median(base)
+
+    leader = max(eligible, key=lambda e: (strength(e), e["median_tokens_per_s"]))
+    if not ties:
+        return leader, []
+
+    def tied_with_leader(e: dict[str, Any]) -> bool:
+        if e is leader:
+            return True
+        ratios = _paired(e.get("by_round"), leader.get("by_round"))
+        if ratios:
+            return max(ratios) >= 1.0
+        return overlaps(tuple(e["range"]) if e.get("range") else None,
+                        tuple(leader["range"]) if leader.get("range") else None)
+
+    tied = [e for e in eligible if tied_with_leader(e)]
     if len(tied) == 1:
         return leader, []
 
     def key(e: dict[str, Any]) -> tuple[int, float, float]:
         peak = e.get("peak_mem_bytes")
         return (numerics_levers(e.get("candidate"), reference), float(peak) if peak is not None else float("inf"),
-                -float(e["median_tokens_per_s"]))
+                -strength(e))
 
     winner = min(tied, key=key)
     return winner, tied
 
 
-def speedup(best_values: Sequence[float], base_values: Sequence[float]) -> dict[str, Any] | None:
-    """best / baseline from re-measured medians, with the range the measured values allow."""
+def _base_median(base: dict[str, Any] | None) -> float:
+    v = base.get("median_tokens_per_s") if base else None
+    return float(v) if v else 1.0
+
+
+def speedup(best_values: Sequence[float], base_values: Sequence[float], *,
+            best_by_round: dict[Any, float] | None = None, base_by_round: dict[Any, float] | None = None
+            ) -> dict[str, Any] | None:
+    """best / baseline, with the range the measurements allow.
+
+    With values per round (measured side by side), the ratio is the median of the per-round ratios
+    and the range their min..max; otherwise the ratio of the medians and min/max over max/min.
+    """
+    ratios = _paired(best_by_round, base_by_round)
+    if ratios:
+        return {"ratio": median(ratios), "range": [min(ratios), max(ratios)], "paired_rounds": len(ratios),
+                "distinguishable": min(ratios) > 1.0 or max(ratios) < 1.0}
     b, r = [float(v) for v in best_values if v], [float(v) for v in base_values if v]
     if not b or not r:
         return None
     ratio = median(b) / median(r)
     lo, hi = min(b) / max(r), max(b) / min(r)
-    return {"ratio": ratio, "range": [lo, hi], "distinguishable": lo > 1.0 or hi < 1.0}
+    return {"ratio": ratio, "range": [lo, hi], "paired_rounds": 0, "distinguishable": lo > 1.0 or hi < 1.0}

@@ -747,7 +747,7 @@ class Searcher:
             start += self.top_k
             entries = self._confirm_group(group)
             ranking += entries
-            winner, tied = choose_winner(ranking, reference)
+            winner, tied = choose_winner(ranking, reference, ties=self.confirm.ties, baseline_key=bkey)
             if winner is not None:
                 if tied:
                     self._tie = [e["label"] for e in tied if e is not winner]
@@ -779,7 +779,11 @@ def _rank_entry(search: TrialRecord, confirms: list[TrialRecord], policy: Confir
                 rounds_done: int) -> dict[str, Any]:
     """A candidate's confirmed figure: the median of its re-measurements (never the search value,
     unless the policy says so), their spread and range, and its status (see search._confirm)."""
-    confirmed_ok = [c for c in confirms if c.status == "ok" and c.tokens_per_s]
+    measured = [c for c in confirms if c.status == "ok" and c.tokens_per_s]
+    # a re-measurement during which the load monitor saw other work is set aside while clean ones
+    # exist: another round replaces it (up to the cap), so a passing burst does not become the figure
+    clean = [c for c in measured if not c.warnings]
+    confirmed_ok = clean or measured
     values = [float(c.tokens_per_s) for c in confirmed_ok if c.tokens_per_s]
     failed_fit = [c for c in confirms if c.status in MEMORY_INFEASIBLE]
     other = [c for c in confirms if c.status != "ok" and c.status not in MEMORY_INFEASIBLE]
@@ -788,6 +792,12 @@ def _rank_entry(search: TrialRecord, confirms: list[TrialRecord], policy: Confir
         memory_failure=f"{failed_fit[0].status}: {failed_fit[0].reason}" if failed_fit else "",
         other_failure=f"{other[0].status}: {other[0].reason}" if other else "",
     )
+    if measured and not clean and status in ("confirmed", "pending") and rounds_done >= policy.max_rounds:
+        status, reason = "noisy", f"every re-measurement ran while other work loaded the machine ({len(measured)})"
+    elif measured and not clean and status == "confirmed":
+        status = "pending"
+    elif len(clean) < len(measured) and status == "confirmed":
+        reason = f"{len(measured) - len(clean)} re-measurement(s) under other load set aside"
     measurements = ([float(search.tokens_per_s or 0.0)] if policy.include_search else []) + values
     peaks = [p for p in [search.peak_mem_bytes] + [c.peak_mem_bytes for c in confirms] if p is not None]
     spreads = [c.step_time_spread for c in confirmed_ok if c.step_time_spread is not None]
@@ -804,6 +814,7 @@ def _rank_entry(search: TrialRecord, confirms: list[TrialRecord], policy: Confir
         "median_tokens_per_s": median(measurements) if measurements else None,
         "spread": relative_spread(measurements),
         "range": list(measured_range(measurements)) if measurements else None,
+        "by_round": {int(c.repeat): float(c.tokens_per_s) for c in confirmed_ok if c.tokens_per_s},
         "rounds": rounds_done,
         "step_time_spread": max(spreads) if spreads else search.step_time_spread,
         "peak_mem_bytes": max(peaks) if peaks else None,

@@ -472,7 +472,7 @@ def test_jsonl_text_with_tokenizer_then_cache_hit(
     assert all(0 <= t < 20 for s in seqs for t in s)
     assert list(cache.glob("*.npz")) and not list(cache.glob("*.tmp"))
 
-    def boom(path: str) -> None:
+    def boom(path: str, **kw: object) -> None:
         raise AssertionError("re-tokenized although cached")
 
     monkeypatch.setattr(D, "_load_tokenizer", boom)

@@ -511,13 +511,17 @@ def measured_trainer_class(base: Any = None) -> Any:
     :class:`SequenceDataset` in its sampler's order and pops the collator's counts per optimizer step.
 
     ``trainer.step_counts`` holds, per optimizer step of this process, ``(real tokens, sequences,
-    rows, slots)`` summed over its micro-batches.
+    rows, slots)`` summed over its micro-batches; with ``record_losses = True``, ``step_losses`` the
+    step's summed micro-batch losses (call ``flush_loss()`` after ``train()`` for the last one).
     """
     if base is None:
         from transformers import Trainer as base
 
     class MeasuredTrainer(base):  # type: ignore[misc, valid-type]
         step_counts: list[tuple[int, int, int, int]]
+        step_losses: list[float]
+        record_losses = False  # set True to keep each optimizer step's loss (one host sync per step)
+        _loss_acc: Any = None
 
         def _get_train_sampler(self, train_dataset: Any = None) -> Any:
             ds = self.train_dataset if train_dataset is None else train_dataset
@@ -526,6 +530,7 @@ def measured_trainer_class(base: Any = None) -> Any:
             return super()._get_train_sampler(train_dataset)
 
         def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> Any:
+            self.flush_loss()
             batches, n_items = super().get_batch_samples(epoch_iterator, num_batches, device)
             tokens = seqs = rows = slots = 0
             for b in batches:
@@ -536,5 +541,20 @@ def measured_trainer_class(base: Any = None) -> Any:
             if batches:
                 self.step_counts.append((tokens, seqs, rows, slots))
             return batches, n_items
+
+        def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:
+            loss = super().training_step(model, inputs, num_items_in_batch)
+            if self.record_losses:
+                d = loss.detach()
+                self._loss_acc = d if self._loss_acc is None else self._loss_acc + d
+            return loss
+
+        def flush_loss(self) -> None:
+            """Close the current optimizer step's loss (called before the next step; once after train)."""
+            if not hasattr(self, "step_losses"):
+                self.step_losses = []
+            if self._loss_acc is not None:
+                self.step_losses.append(float(self._loss_acc.float().item()))
+                self._loss_acc = None
 
     return MeasuredTrainer

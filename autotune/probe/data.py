@@ -128,14 +128,14 @@ def _tokenizer_identity(tokenizer: str) -> str:
     return f"files:{h.hexdigest()}"
 
 
-def _load_tokenizer(path: str) -> Any:
-    """Load a tokenizer from a local directory (or the local HF cache), never the network."""
+def _load_tokenizer(path: str, *, local_files_only: bool = True) -> Any:
+    """Load a tokenizer from a local directory or the local HF cache (the network only when allowed)."""
     try:
         from transformers import AutoTokenizer
     except ImportError as e:  # pragma: no cover - transformers is a hard dependency
         raise DatasetError(f"transformers is needed to tokenize a text dataset ({e})") from None
     try:
-        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+        return AutoTokenizer.from_pretrained(path, local_files_only=local_files_only)
     except Exception as e:
         raise DatasetError(
             f"cannot load a tokenizer from {path!r} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
@@ -311,10 +311,13 @@ def load_token_sequences(
     tokenizer: str | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     use_cache: bool = True,
+    local_files_only: bool = True,
 ) -> LoadedDataset:
     """Read a ``.jsonl``/``.parquet`` dataset into token lists (tokenizing ``text`` once, cached).
 
-    ``cache_dir`` defaults to ``default_cache_dir()``. Raises DatasetError with the fix.
+    ``cache_dir`` defaults to ``default_cache_dir()``. ``local_files_only=False`` lets the tokenizer
+    come from the Hub (``train.py`` on a new machine); the probe never touches the network.
+    Raises DatasetError with the fix.
     """
     p = Path(path).expanduser()
     if not p.exists():
@@ -357,7 +360,7 @@ def load_token_sequences(
                 f"dataset {str(p)!r} has a 'text' column but no tokenizer was found: pass --tokenizer DIR "
                 "(or use a model directory that contains tokenizer files), or give an 'input_ids' column"
             )
-        tok = _load_tokenizer(tokenizer)
+        tok = _load_tokenizer(tokenizer, local_files_only=local_files_only)
         ids: list[list[int]] = []
         for start in range(0, len(values), 1000):
             chunk = values[start : start + 1000]

@@ -192,3 +192,31 @@ def test_training_args_json_is_accepted_and_equals_the_probes_values(tmp_path: P
             assert args.get_warmup_steps(1000) == round(1000 * targs["warmup_steps"])
         else:
             assert args.get_warmup_steps(1000) == round(1000 * targs["warmup_ratio"])
+
+
+def test_summary_and_report_show_what_each_step_held() -> None:
+    from autotune._tune import _effective_batch_parts
+    from autotune.emit.training_args import hf_default_candidate
+    from autotune.report.markdown import render_report_md, step_counts_text
+
+    cand = Candidate(micro_batch=4, grad_accum=2, packing=True)
+    m = {"tokens_per_s": 900.0, "peak_mem_bytes": 2**30, "sequences_per_step_mean": 8.0,
+         "sequences_per_step_min": 8, "sequences_per_step_max": 8, "tokens_per_step_mean": 1234.5}  # fmt: skip
+    eb = _effective_batch_parts(cand, m)
+    assert eb["value"] == 8 and eb["sequences_per_step"] == {"mean": 8.0, "min": 8, "max": 8}
+    assert eb["tokens_per_step"] == {"mean": 1234.5}
+    assert _effective_batch_parts(cand)["sequences_per_step"] is None  # not recorded: said so, not invented
+
+    def result(c: Candidate, **metrics: object) -> ProbeResult:
+        req = ProbeRequest(workload=Workload(model="tiny-llama"), candidate=c)
+        return ProbeResult(status="ok", request=req.to_dict(), metrics=metrics)
+
+    best = result(cand, **m)
+    base = result(hf_default_candidate(8), tokens_per_s=500.0, peak_mem_bytes=2**30, sequences_per_step_mean=8.0,
+                  sequences_per_step_min=8, sequences_per_step_max=8, tokens_per_step_mean=1234.5)  # fmt: skip
+    assert step_counts_text(best) == "8 sequences, 1,234 real tokens"
+    assert step_counts_text(result(cand, sequences_per_step_mean=7.5, sequences_per_step_min=6,
+                                   sequences_per_step_max=8)) == "7.5 sequences (6–8)"  # fmt: skip
+    md = render_report_md({"run_id": "r", "budget_bytes": 2 * 2**30}, [best, base], baseline=base, best=best)
+    row = next(line for line in md.splitlines() if line.startswith("| per optimizer step"))
+    assert row.count("8 sequences, 1,234 real tokens") == 2

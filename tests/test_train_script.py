@@ -220,3 +220,20 @@ def test_summary_and_report_show_what_each_step_held() -> None:
     md = render_report_md({"run_id": "r", "budget_bytes": 2 * 2**30}, [best, base], baseline=base, best=best)
     row = next(line for line in md.splitlines() if line.startswith("| per optimizer step"))
     assert row.count("8 sequences, 1,234 real tokens") == 2
+
+
+def test_distributed_merge_adds_the_ranks_per_step_counts() -> None:
+    from autotune.probe.launch import merge_rank_results
+    from autotune.probe.stats import per_step_counts
+
+    def rank(seqs: list[int], toks: list[int]) -> ProbeResult:
+        m = {"real_tokens": sum(toks), "token_slots": sum(toks), "window_s": 1.0, "tokens_per_s": float(sum(toks)),
+             **per_step_counts(seqs, toks)}  # fmt: skip
+        return ProbeResult(status="ok", request={}, metrics=m)
+
+    m = merge_rank_results({}, [rank([4, 4], [100, 90]), rank([4, 4], [80, 120])], exit_codes=[0, 0]).metrics
+    assert m["step_sequences"] == [8, 8] and m["step_real_tokens"] == [180, 210]
+    assert (m["sequences_per_step_mean"], m["sequences_per_step_min"], m["sequences_per_step_max"]) == (8, 8, 8)
+    assert m["tokens_per_step_mean"] == 195
+    partial = merge_rank_results({}, [rank([4], [10]), None], exit_codes=[0, 1], first_failed=1).metrics
+    assert "sequences_per_step_mean" not in partial  # half a step is not a step

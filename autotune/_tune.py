@@ -265,13 +265,20 @@ def nothing_fits_message(
     )
 
 
-def _effective_batch_parts(c: Candidate) -> dict[str, Any]:
+def _effective_batch_parts(c: Candidate, metrics: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The requested effective batch, and what the measured optimizer steps held (sequences: mean/min/max,
+    real tokens: mean), packed or not; None where the probe did not record them."""
+    m = metrics or {}
+    seqs = {k: m.get(f"sequences_per_step_{k}") for k in ("mean", "min", "max")}
+    tokens = m.get("tokens_per_step_mean")
     return {
         "value": c.micro_batch * c.grad_accum * c.world_size,
         "micro_batch": c.micro_batch,
         "grad_accum": c.grad_accum,
         "world_size": c.world_size,
         "text": f"{c.micro_batch} × {c.grad_accum} × {c.world_size}",
+        "sequences_per_step": seqs if seqs["mean"] is not None else None,
+        "tokens_per_step": {"mean": tokens} if tokens is not None else None,
     }
 
 
@@ -315,7 +322,7 @@ def _build_summary(
             "peak_mem_bytes": peak,
             "peak_vs_budget": (peak / budget_bytes) if peak and budget_bytes else None,
             "peak_vs_usable": (peak / usable) if peak and usable else None,
-            "effective_batch": _effective_batch_parts(c),
+            "effective_batch": _effective_batch_parts(c, best.metrics),
             "origin": rec.origin,
         }
     return summary

@@ -389,8 +389,11 @@ def estimate_memory(
     step["optimizer_temp"] = temp
 
     # activations
-    # packing without a flattening kernel: the collator's 4D block-causal mask (b, 1, s, s) in the
-    # hidden states' dtype, live for the whole step
+    # packing without a flattening kernel: the collator's 4D block-causal mask (rows, 1, W, W) in the
+    # hidden states' dtype, live for the whole step. micro_batch counts sequences, packed or not, and
+    # the probe's first micro-batch holds the longest ones (autotune.probe.collate): at worst b
+    # sequences of s tokens, one per row, so b x s tokens and a (b, 1, s, s) mask, as for padding.
+    # Shorter sequences pack into fewer, narrower rows: the same terms bound them.
     masked = c.packing and c.attn not in _FLATTEN_ATTN
     layer = layer_activation_bytes_per_token(
         arch, s, trainable_base=full, adapted=adapted, wb=wb, cb=cb, attn=c.attn, device=device,

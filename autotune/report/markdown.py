@@ -10,7 +10,7 @@ from autotune.probe.result import ProbeResult
 from autotune.spec.budget import format_bytes
 from autotune.spec.probe_request import STATUSES, Candidate
 
-__all__ = ["HF_DEFAULT_DESCRIPTION", "render_report_md", "levers", "effective_batch_text"]
+__all__ = ["HF_DEFAULT_DESCRIPTION", "render_report_md", "levers", "effective_batch_text", "step_counts_text"]
 
 HF_DEFAULT_DESCRIPTION = (
     f"per_device_train_batch_size {HF_DEFAULT_MICRO_BATCH} with accumulation keeping the same effective batch, "
@@ -41,6 +41,20 @@ def effective_batch_text(c: Candidate) -> str:
     return (
         f"{c.micro_batch} × {c.grad_accum} × {c.world_size} = {c.micro_batch * c.grad_accum * c.world_size}"
     )
+
+
+def step_counts_text(r: ProbeResult | None) -> str:
+    """What the measured optimizer steps held: ``16 sequences (16–16), 1,234 real tokens`` (means)."""
+    m = r.metrics if r is not None else {}
+    mean = m.get("sequences_per_step_mean")
+    if mean is None:
+        return "n/a"
+    lo, hi = m.get("sequences_per_step_min"), m.get("sequences_per_step_max")
+    text = f"{mean:,.4g} sequences" + (f" ({lo}–{hi})" if lo != hi else "")
+    tokens = m.get("tokens_per_step_mean")
+    if tokens is not None:
+        text += f", {tokens:,.0f} real tokens"
+    return text
 
 
 def levers(c: Candidate) -> str:
@@ -199,6 +213,7 @@ def render_report_md(
                 ]
             )
         )
+        out.append(_row(["per optimizer step (measured)", step_counts_text(best), step_counts_text(baseline)]))
         out.append(_row(["levers", levers(bc) if bc else "n/a", levers(hc) if hc else "n/a"]))
         out.append("")
         ratio = summary.get("speedup_vs_baseline")

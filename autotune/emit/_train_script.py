@@ -33,7 +33,8 @@ The batches are assembled by the installed autotune (autotune.probe.collate), th
 probe ran: sequences truncated to SEQ_LEN tokens, read in seeded permutations (the longest first
 when the probe measured the worst case first), micro-batch x accumulation sequences per optimizer
 step, padded per micro-batch or, with packing, packed whole into rows with per-sequence attention.
---log-batches FILE writes what each optimizer step held (real tokens, sequences) as JSON lines.
+--log-batches FILE writes what each optimizer step held (real tokens, sequences) and when it
+started (time.perf_counter) as JSON lines.
 """
 
 from __future__ import annotations
@@ -165,10 +166,13 @@ def main(argv=None):
         trainer.flush_loss()
         log = Path(a.log_batches if args.world_size <= 1 else f"{a.log_batches}.rank{args.process_index}")
         losses = trainer.step_losses + [None] * (len(trainer.step_counts) - len(trainer.step_losses))
+        started = list(getattr(trainer, "step_started", []))
+        started += [None] * (len(trainer.step_counts) - len(started))
         with log.open("w", encoding="utf-8") as fh:
-            for step, ((tokens, seqs, rows, slots), loss) in enumerate(zip(trainer.step_counts, losses), 1):
+            for step, ((tokens, seqs, rows, slots), loss, t0) in enumerate(
+                    zip(trainer.step_counts, losses, started), 1):
                 fh.write(json.dumps({"step": step, "real_tokens": tokens, "sequences": seqs,
-                                     "rows": rows, "token_slots": slots, "loss": loss}) + "\\n")
+                                     "rows": rows, "token_slots": slots, "loss": loss, "started": t0}) + "\\n")
     trainer.save_model(a.output_dir)
 
 

@@ -37,6 +37,7 @@ into DataLoader workers.
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -511,7 +512,8 @@ def measured_trainer_class(base: Any = None) -> Any:
     :class:`SequenceDataset` in its sampler's order and pops the collator's counts per optimizer step.
 
     ``trainer.step_counts`` holds, per optimizer step of this process, ``(real tokens, sequences,
-    rows, slots)`` summed over its micro-batches; with ``record_losses = True``, ``step_losses`` the
+    rows, slots)`` summed over its micro-batches; ``step_started`` the ``time.perf_counter()`` at which
+    each step began fetching its data (so step k took ``step_started[k+1] - step_started[k]``); with ``record_losses = True``, ``step_losses`` the
     step's summed micro-batch losses (call ``flush_loss()`` after ``train()`` for the last one).
     """
     if base is None:
@@ -531,6 +533,9 @@ def measured_trainer_class(base: Any = None) -> Any:
 
         def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> Any:
             self.flush_loss()
+            if not hasattr(self, "step_started"):
+                self.step_started = []
+            self.step_started.append(time.perf_counter())  # an optimizer step starts by fetching its data
             batches, n_items = super().get_batch_samples(epoch_iterator, num_batches, device)
             tokens = seqs = rows = slots = 0
             for b in batches:

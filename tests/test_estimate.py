@@ -404,9 +404,18 @@ def test_story4_qwen7b_full_needs_zero_over_8_gpus() -> None:
         assert row.hours and row.hours > 0 and row.cost_usd
         assert row.cost_usd == pytest.approx(row.hours * 8 * row.gpu.price_per_hour_usd)
         assert row.option.speed.mfu and 0.05 < row.option.speed.mfu < 0.7
-    # full fine-tuning of 7.6B params on one GPU without sharding or offload cannot fit (16 B/param)
+    # full fine-tuning of 7.6B params on one GPU with AdamW and neither sharding nor offload cannot fit
+    # (16 B/param); the plan finds offload or a smaller optimizer state (Adafactor: ~8 B/param)
     solo = plan(cfg("qwen2.5-7b"), gpus=[find_gpu("A100-80GB")], gpus_per_node=1)
-    assert solo.rows[0].option is None or solo.rows[0].option.candidate.offload != "none"
+    o = solo.rows[0].option
+    assert (
+        o is None
+        or o.candidate.offload != "none"
+        or o.candidate.optim not in ("adamw_torch", "adamw_torch_fused")
+    )
+    pinned = plan(cfg("qwen2.5-7b"), gpus=[find_gpu("A100-80GB")], gpus_per_node=1,
+                  pin={"optim": "adamw_torch_fused", "offload": "none"})  # fmt: skip
+    assert pinned.rows[0].option is None or pinned.rows[0].option.mode != "full"
     d = r.to_dict()
     json.dumps(d)
     assert d["gpus"][0]["option"]["candidate"]["world_size"] == 8
@@ -444,8 +453,11 @@ def test_plan_small_model_fits_everywhere_and_validates() -> None:
     with pytest.raises(SpecError, match="mode must be one of") as e:
         plan(cfg("gpt2"), gpus=[find_gpu("L4")], mode="dora", seq_len=0)
     assert "seq_len must be a positive integer" in str(e.value)
-    long = plan(cfg("gpt2"), gpus=[find_gpu("L4")], seq_len=4096)
-    assert any("max_position_embeddings" in n for n in long.notes)
+    # learned positions stop at 1024: refused, with the fix; RoPE models extend, with a note
+    with pytest.raises(SpecError, match="learned positions.*max_position_embeddings 1024.*--seq-len 1024"):
+        plan(cfg("gpt2"), gpus=[find_gpu("L4")], seq_len=4096)
+    rope = plan(cfg("qwen2.5-0.5b"), gpus=[find_gpu("L4")], seq_len=65536, mode="lora", effective_batch=8)
+    assert any("max_position_embeddings" in n and "RoPE" in n for n in rope.notes)
 
 
 @pytest.mark.parametrize(("text", "n"), [("1B", 10**9), ("500M", 5 * 10**8), ("2e9", 2 * 10**9), ("1.5b", 1_500_000_000),

@@ -104,7 +104,12 @@ def test_pinned_flags_are_not_searched_and_show_in_json() -> None:
     d = json.loads(r.output)
     c = d["gpus"][0]["option"]["candidate"]
     assert (c["micro_batch"], c["grad_ckpt"], c["zero_stage"], c["world_size"]) == (2, True, 3, 4)
-    assert (c["offload"], c["optim"], c["precision"], c["attn"]) == ("optimizer", "adamw_torch_fused", "bf16", "sdpa")
+    assert (c["offload"], c["optim"], c["precision"], c["attn"]) == (
+        "optimizer",
+        "adamw_torch_fused",
+        "bf16",
+        "sdpa",
+    )
     assert d["pinned"]["world_size"] == 4 and "liger" not in d["pinned"]
     g = d["gpus"][0]
     assert g["host_bytes"] > 0 and g["host_memory_per_gpu_bytes"] > 0  # offload says what host RAM it needs
@@ -130,8 +135,12 @@ def test_bad_pins_exit_2_with_one_line() -> None:
     assert "offload params needs ZeRO stage 3" in _one_line_error(
         run("--model", "gpt2", "--seq-len", "512", "--zero-stage", "2", "--offload", "params")
     )
-    assert "optim must be one of" in _one_line_error(run("--model", "gpt2", "--seq-len", "512", "--optim", "lion"))
-    assert "world_size 16 exceeds gpus_per_node 8" in _one_line_error(run("--model", "gpt2", "--world-size", "16"))
+    assert "optim must be one of" in _one_line_error(
+        run("--model", "gpt2", "--seq-len", "512", "--optim", "lion")
+    )
+    assert "world_size 16 exceeds gpus_per_node 8" in _one_line_error(
+        run("--model", "gpt2", "--world-size", "16")
+    )
     assert "--lora-targets" in _one_line_error(run("--model", "gpt2", "--lora-targets", " , "))
     line = _one_line_error(run("--model", "gpt2", "--seq-len", "4096"))
     assert "learned positions" in line and "--seq-len 1024" in line

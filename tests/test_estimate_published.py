@@ -113,7 +113,10 @@ def test_zero_model_states_within_15_percent_of_deepspeed(model: str, gpus: int)
     tables = {
         2: _deepspeed_table(z2, total_params=arch.params_total, num_gpus_per_node=gpus),
         3: _deepspeed_table(
-            z3, total_params=arch.params_total, largest_layer_params=arch.largest_param, num_gpus_per_node=gpus
+            z3,
+            total_params=arch.params_total,
+            largest_layer_params=arch.largest_param,
+            num_gpus_per_node=gpus,
         ),
     }
     report = []
@@ -123,7 +126,9 @@ def test_zero_model_states_within_15_percent_of_deepspeed(model: str, gpus: int)
         br = estimate_memory(arch, Workload("m", seq_len=2048), c)
         ours = br.model_states / 2**30
         ratio = ours / ds_gpu
-        report.append(f"ZeRO-{stage} {offload}: DeepSpeed {ds_gpu:.2f} GiB, autotune {ours:.2f} ({ratio:.3f})")
+        report.append(
+            f"ZeRO-{stage} {offload}: DeepSpeed {ds_gpu:.2f} GiB, autotune {ours:.2f} ({ratio:.3f})"
+        )
         assert abs(ratio - 1) <= TOLERANCE, "; ".join(report)
         if offload != "none":
             # DeepSpeed prints per-node CPU memory (its 1.5x buffer included) for offload

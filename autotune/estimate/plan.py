@@ -67,7 +67,17 @@ _OPTIM_TEXT = {
 # this much faster than the best with transformers' default (or the default does not fit).
 OPTIM_SWITCH_MARGIN = 1.05
 # Candidate fields ``plan(pin=...)`` accepts: what is pinned is not searched.
-PIN_FIELDS = ("micro_batch", "grad_ckpt", "zero_stage", "world_size", "offload", "optim", "precision", "attn")
+PIN_FIELDS = (
+    "micro_batch",
+    "grad_ckpt",
+    "zero_stage",
+    "world_size",
+    "offload",
+    "optim",
+    "precision",
+    "attn",
+    "liger",
+)
 # What shrinks each memory term (the text output names it for the dominant term).
 LEVER_FOR_TERM = {
     "weights": "ZeRO-3 sharding, LoRA, or QLoRA's 4-bit base",
@@ -312,7 +322,7 @@ def _search(
         for zero, offload in _sharding(workload.mode, world, pin):
             for optim in _optims(workload.mode, offload, pin):
                 for ckpt in (pin["grad_ckpt"],) if "grad_ckpt" in pin else (False, True):
-                    for liger in (False, True):
+                    for liger in (pin["liger"],) if "liger" in pin else (False, True):
                         for mb in (pin["micro_batch"],) if "micro_batch" in pin else MICRO_BATCHES:
                             if effective_batch % (mb * world):
                                 continue
@@ -361,8 +371,9 @@ def _check_pins(pin: Mapping[str, Any], gpus_per_node: int, effective_batch: int
             problems.append(f"{name} must be one of {', '.join(choices)}; got {pin[name]!r}")
     if "zero_stage" in pin and pin["zero_stage"] not in (0, 1, 2, 3):
         problems.append(f"zero_stage must be 0, 1, 2 or 3; got {pin['zero_stage']!r}")
-    if "grad_ckpt" in pin and not isinstance(pin["grad_ckpt"], bool):
-        problems.append(f"grad_ckpt must be true or false; got {pin['grad_ckpt']!r}")
+    for name in ("grad_ckpt", "liger"):
+        if name in pin and not isinstance(pin[name], bool):
+            problems.append(f"{name} must be true or false; got {pin[name]!r}")
     if problems:
         return problems
     z, o = pin.get("zero_stage"), pin.get("offload")
@@ -463,9 +474,7 @@ def plan(
         if unsupported:
             note = unsupported
         elif option is None:
-            note = (
-                f"nothing fits on {n_text}x {gpu.name} (tried {', '.join((mode, *_FALLBACK[mode]))})"
-            )
+            note = f"nothing fits on {n_text}x {gpu.name} (tried {', '.join((mode, *_FALLBACK[mode]))})"
         if host_notes and (option is None or option.mode != mode):
             note += " (" + "; ".join(host_notes) + ")"
         hours = cost = None

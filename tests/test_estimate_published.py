@@ -174,3 +174,49 @@ def test_published_benchmark_runs_and_reports_ratios() -> None:
     assert summary["median"] == pytest.approx(sorted(ratios)[len(ratios) // 2], rel=0.5)
     table = bench.markdown(rows)
     assert table.count("\n") >= len(rows) + 1 and "| source |" in table.splitlines()[0].replace("  ", " ")
+
+
+# ---------------------------------------------------------------- eager attention with dropout (item 7)
+
+
+def test_eager_dropout_term_matches_what_autograd_saves_on_cpu() -> None:
+    """GPT-2's eager attention, fp32 on CPU: the s² part of what autograd saves is 4 B per score
+    element without dropout (the softmax output) and 12 B with it (+ fp32 noise mask + dropped
+    probabilities); the estimator's term must say the same. On CUDA under autocast the reading is
+    4 (fp32 softmax out) + 1 (bool mask) + 2 (16-bit dropped probabilities) = 7, not 11."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    spec = importlib.util.spec_from_file_location(
+        "eager_dropout_saved", ROOT / "benchmarks" / "eager_dropout_saved.py"
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    a, b, s1, s2 = 4, 2, 128, 256
+
+    def per_element(p: float) -> float:
+        d = mod.saved_bytes(p, False, s=s2, b=b, a=a) - 2 * mod.saved_bytes(p, False, s=s1, b=b, a=a)
+        return d / (a * b * (s2 * s2 - 2 * s1 * s1))
+
+    measured_drop, measured_plain = per_element(0.1), per_element(0.0)
+    from autotune.estimate.memory import layer_activation_bytes_per_token
+
+    g2 = dict(json.loads((PRESETS / "gpt2" / "config.json").read_text()), n_layer=1)
+    arch = arch_from_config(g2)
+    kw = dict(trainable_base=True, adapted=frozenset(), wb=4, cb=4, attn="eager", device="cpu")
+
+    def s2_term(arch_, s: int, **k) -> float:  # noqa: ANN001, ANN003
+        # the part of the per-token bytes that grows with s, per head and score element
+        return (
+            layer_activation_bytes_per_token(arch_, 2 * s, **k)
+            - layer_activation_bytes_per_token(arch_, s, **k)
+        ) / (arch_.heads * s)
+
+    import dataclasses
+
+    no_drop = dataclasses.replace(arch, attn_dropout=0.0)
+    assert s2_term(arch, 512, **kw) == pytest.approx(measured_drop, abs=0.5)
+    assert s2_term(no_drop, 512, **kw) == pytest.approx(measured_plain, abs=0.5)
+    cuda = dict(kw, cb=2, wb=4, device="cuda")
+    assert s2_term(arch, 512, **cuda) == 4 + 1 + 2
+    assert s2_term(no_drop, 512, **cuda) == 4 + 2

@@ -294,9 +294,15 @@ def layer_activation_bytes_per_token(
     else:
         # eager (or the math fallback): repeat_kv copies, s² scores, fp32 softmax and its cast
         total += cb * 3 * qw + cb * qw
-        total += a * s * (4 + (cb if cb < 4 else 0))
         if arch.attn_dropout > 0:
-            total += a * s * (1 + 4)  # mask + dropped probabilities
+            # softmax saves its fp32 output; dropout saves its mask and the matmul with v the dropped
+            # probabilities (16-bit under autocast: the cast feeds dropout and is not saved itself).
+            # CUDA's fused dropout keeps a bool mask; CPU multiplies by a noise tensor of the input's
+            # dtype. Measured by benchmarks/eager_dropout_saved.py (CPU fp32: 12 B per score element)
+            mask = 1 if device == "cuda" else 4
+            total += a * s * (4 + mask + cb)
+        else:
+            total += a * s * (4 + (cb if cb < 4 else 0))
     # MLP
     k = arch.experts_per_token
     if arch.gated_mlp:

@@ -24,7 +24,8 @@ Conventions (autotune's, see ``autotune/emit/training_args.py::model_dtype``):
   docs: with ``overlap_comm`` buckets take 4.5x their size; DeepSpeed's default bucket is 5e8
   elements for stages 1/2; HF's ``auto`` for stage 3 is ``hidden²``). FSDP keeps fp32 shards.
 * LoRA/QLoRA hold the frozen base in the 16-bit type (2 B/param) or NF4 (QLoRA ≈ 0.516 B/param for
-  the blocks' linears, embeddings and ``lm_head`` stay 16-bit); adapters are fp32 with fp32 grads and
+  the blocks' linears; embeddings, ``lm_head`` and norms are cast to fp32 by peft's
+  ``prepare_model_for_kbit_training``, so the residual stream is fp32 too); adapters are fp32 with fp32 grads and
   states (16 B per adapter param).
 * Activations are counted tensor by tensor for HF's Llama-style blocks (RMSNorm computed in fp32,
   autocast casts per consuming linear, fused attention keeping q, k, v, output and the fp32
@@ -35,8 +36,13 @@ Conventions (autotune's, see ``autotune/emit/training_args.py::model_dtype``):
 * Logits/loss: transformers upcasts the logits to fp32 and runs log_softmax + nll; at the start of
   backward the saved log-probabilities, the nll gradient and the log_softmax gradient are live:
   ``LOGITS_BYTES_PER_ELEMENT`` (12) x s·b·V. A fused linear+cross-entropy (Liger) keeps O(s·b·h).
-* GPU only: ``CUDA_CONTEXT_BYTES`` for the context and ``ALLOCATOR_RESERVE`` of the allocated peak
-  for the caching allocator's reserve (fragmentation). ``device="cpu"`` leaves both out: the CPU
+* ZeRO-Offload (DeepSpeed's own estimators, checked in tests/test_estimate_published.py): the fp32
+  master weights, optimizer states and (stage 2/3) gradient partitions go to the host; ``host_bytes``
+  is the host RAM per node. ``MemoryBreakdown.model_states`` is what those estimators count.
+* Optimizers (``OPTIMIZERS``): fused, foreach, 8-bit, paged (states counted at the step only),
+  Adafactor, SGD.
+* GPU only: ``CUDA_CONTEXT_BYTES`` for the context and ``ALLOCATOR_RESERVE`` of the dynamic part of
+  the peak (not the weights and states allocated once) for the caching allocator's reserve. ``device="cpu"`` leaves both out: the CPU
   figure is what a CPU probe measures as peak RSS growth (model built after the baseline, fp32),
   so it adds ``CPU_RUNTIME_OVERHEAD_BYTES`` (library pages, the Trainer's lazy imports, thread
   state; calibrated by ``benchmarks/estimator_accuracy.py``, figures in ``benchmarks/README.md``).
@@ -85,7 +91,7 @@ CUDA_CONTEXT_BYTES = 1 << 30
 # and optimizer states allocated once, STATIC_TERMS): fragmentation grows with the size of the blocks
 # freed and re-requested, the largest of which scale with the sequence. No published allocator figure;
 # 15% reproduces the slope (bytes per extra token) of the HF + FA2 context lengths Unsloth published
-# for Llama-3.1-8B QLoRA at 12-80 GB together with the terms below (2.65 MB/token measured, 2.66
+# for Llama-3.1-8B QLoRA at 12-80 GB together with the terms below (2.65 MB/token measured, 2.69
 # modelled). Recalibrate with GPU probes (benchmarks/estimator_accuracy.py --device cuda).
 ALLOCATOR_RESERVE = 0.15
 # What a CPU probe's RSS growth holds besides tensors (fp32, torch 2.13 / transformers 5.24, 2 threads,

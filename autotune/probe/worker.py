@@ -75,8 +75,8 @@ def _precheck(req: ProbeRequest, device: str) -> None:
         raise _Unsupported("bf16 is not supported by this GPU (needs sm80+); use fp16")
     if c.precision == "tf32" and device == "cuda" and torch.cuda.get_device_capability()[0] < 8:
         raise _Unsupported("tf32 needs an Ampere or newer GPU (sm80+)")
-    if w.mode == "qlora" or c.optim == "adamw_8bit":
-        what = "qlora" if w.mode == "qlora" else "adamw_8bit"
+    if w.mode == "qlora" or c.optim in ("adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit"):
+        what = "qlora" if w.mode == "qlora" else c.optim
         if device != "cuda":
             raise _Unsupported(f"{what} needs bitsandbytes on a CUDA GPU")
         if importlib.util.find_spec("bitsandbytes") is None:

@@ -15,7 +15,7 @@ train.py  the files ``autotune`` emits for that probe (``emit_all``: training_ar
           tokens/s is the real tokens of steps W+1..W+S over the time from the start of step W+1 to
           the start of step W+S+1 (``--log-batches`` records when each step starts fetching its
           data), the probe's own window. Its peak memory is taken the probe's way by a wrapper that
-          imports the same libraries, takes the RSS baseline, samples RSS every 5 ms and then runs
+          imports the same libraries before its baseline (the model's modeling module included), takes the RSS baseline, samples RSS every 5 ms and then runs
           train.py with ``runpy`` (the script itself is unchanged).
 
 Printed: medians, spreads and every value of both, the ratio probe / train.py (goal: within
@@ -41,7 +41,12 @@ import json, resource, runpy, sys, threading
 import psutil
 import torch, transformers, peft, accelerate  # what train.py imports: counted in the baseline, as in a probe
 from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+from transformers import AutoConfig
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 import autotune.probe.collate
+# the model's modeling module too, as the probe imports it before its baseline (_preload_libraries)
+MODEL_FOR_CAUSAL_LM_MAPPING[type(AutoConfig.from_pretrained(sys.argv[sys.argv.index("--model") + 1]))]
+import accelerate, torch.utils.data, torch.optim
 proc = psutil.Process()
 base = proc.memory_info().rss
 base_max = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -1,0 +1,39 @@
+"""The probe times the program the user runs: `autotune probe` vs the emitted train.py (issue 12).
+
+Runs ``benchmarks/fidelity.py`` (interleaved repeats of both, on a tiny model, CPU): the probe's
+median tok/s must be within ±15 % of a plain Trainer process running the emitted files, and the peak
+memory the probe reports must bound that process's. Timing-based, so it wants a quiet machine (CI
+runs alone); when the first three repeats disagree, three more are taken and the medians of all six
+decide (a ratio outside the band twice in a row is not noise).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+pytestmark = pytest.mark.slow
+
+
+def test_probe_and_emitted_train_py_agree_on_speed_and_memory() -> None:
+    import statistics
+
+    import fidelity
+
+    args = fidelity.parse(["--model", "tiny-qwen2", "--device", "cpu", "--seq-len", "128", "--micro-batch", "4",
+                           "--repeats", "3"])
+    res = fidelity.measure(args)
+    p, t = res["probe"]["tokens_per_s"], res["train_py"]["tokens_per_s"]
+    if not res["within_15pct"]:
+        more = fidelity.measure(args)
+        p, t = p + more["probe"]["tokens_per_s"], t + more["train_py"]["tokens_per_s"]
+        res["peak_bounds_train_py"] = res["peak_bounds_train_py"] and more["peak_bounds_train_py"]
+    ratio = statistics.median(p) / statistics.median(t)
+    assert 0.85 <= ratio <= 1.15, f"probe {p} vs train.py {t}: ratio {ratio:.3f}"
+    assert res["peak_bounds_train_py"], res
+    # the emitted script holds the effective batch the probe held
+    assert res["train_py"]["sequences_per_step"] == [4] * args.steps

@@ -59,12 +59,12 @@ PLAN=(
 )
 if [ $MODE = cpu ]; then
     MODEL=tiny-llama; DEVICE=cpu; SEQ=64; EB=4; MB=2; PREC=fp32; WARMUP=1; STEPS=2; THREADS=1
-    PROBE_TIMEOUT=120; PROBE_S=10; REPEATS=2; EST="--only llama-s128-b1"; EST_JOBS=1
+    PROBE_TIMEOUT=120; PROBE_S=20; REPEATS=2; EST="--only llama-s128-b1"; EST_JOBS=1
     SPACE=landscape-cpu-a; LAND_BUDGET=200MiB; LONG="lognormal:3.5,1.0"; ZERO_SHARDING=fsdp
     ZERO_ARGS="--dry-run"
 else
     MODEL=llama-3.2-1b; DEVICE=cuda; SEQ=2048; EB=16; MB=4; PREC=bf16; WARMUP=2; STEPS=5; THREADS=0
-    PROBE_TIMEOUT=150; PROBE_S=20; REPEATS=3; EST=""; EST_JOBS=4
+    PROBE_TIMEOUT=150; PROBE_S=30; REPEATS=3; EST=""; EST_JOBS=4
     SPACE=landscape-gpu-1b; LAND_BUDGET=40GB; LONG="lognormal:5.0,1.0"; ZERO_SHARDING=both
     ZERO_ARGS="--model $MODEL --seq-len $SEQ --micro-batch $MB --steps $STEPS --warmup $WARMUP --timeout $PROBE_TIMEOUT"
 fi

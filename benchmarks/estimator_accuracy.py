@@ -23,11 +23,20 @@ both. ``--split``/``--only`` select a subset; ``--jobs N`` runs N probes at once
 cores/N threads; memory is per process, so concurrent probes do not disturb each other's figure).
 The column ``implied overhead`` is measured minus the prediction without the CPU runtime-overhead
 terms: on the ``fit`` split its median is how those constants were derived.
+
+On a GPU the rows also carry ``non_torch_bytes`` (NVML's per-process peak less torch's max reserved:
+the context, cuBLAS and NCCL, what ``CUDA_CONTEXT_BYTES`` stands for) and ``reserve_ratio``
+(reserved / allocated - 1, what ``ALLOCATOR_RESERVE`` stands for); ``gpu_constants`` in the output
+fits both from them (:func:`fit_gpu_constants`). ``--jsonl FILE`` appends every row to FILE the
+moment it is measured and ``--out`` is rewritten after every row, so a run cut short keeps every
+row it finished. ``--jobs`` works on a GPU too: each probe's memory figures are its own process's
+(torch's allocator peaks, NVML's per-process figure), and tok/s is not used here.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -151,7 +160,9 @@ def evaluate(cfg: Config, device: str, *, threads: int | None = None) -> dict[st
         "memory_source": m.get("memory_source"),
     }  # fmt: skip
     for k in ("mem_rss_growth_bytes", "rss_baseline_bytes", "mem_torch_allocated_bytes",
-              "mem_torch_reserved_bytes", "mem_nvml_process_bytes", "cuda_context_bytes", "tokens_per_s"):  # fmt: skip
+              "mem_torch_reserved_bytes", "mem_nvml_process_bytes", "mem_nvml_device_used_bytes",
+              "cuda_context_bytes", "cuda_context_source", "non_torch_bytes", "nvml_process_visible",
+              "nvml_errors", "tokens_per_s"):  # fmt: skip
         if m.get(k) is not None:
             row[k] = m[k]
     meas = row["measured_bytes"]
@@ -171,6 +182,36 @@ def evaluate(cfg: Config, device: str, *, threads: int | None = None) -> dict[st
             ]
             row["reserve_ratio"] = m["mem_torch_reserved_bytes"] / m["mem_torch_allocated_bytes"] - 1
     return row
+
+
+def fit_gpu_constants(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """``CUDA_CONTEXT_BYTES`` and ``ALLOCATOR_RESERVE`` fitted from GPU rows.
+
+    Context: the largest ``non_torch_bytes`` seen (NVML process peak - max reserved), so that the
+    estimate is not under the worst measured process; where NVML could not see the process, the
+    context measured after the first cuBLAS matmul (``cuda_context_bytes``) stands in and the fit
+    says so. Reserve: the median of reserved / allocated - 1 (its max is reported beside it).
+    """
+    ok = [r for r in rows if r.get("status") == "ok" and r.get("mem_torch_allocated_bytes")]
+    non_torch = [int(r["non_torch_bytes"]) for r in ok if r.get("non_torch_bytes") is not None]
+    source = "non_torch_bytes (NVML process peak - torch max reserved)"
+    if not non_torch:
+        non_torch = [int(r["cuda_context_bytes"]) for r in ok if r.get("cuda_context_bytes") is not None]
+        source = "cuda_context_bytes (NVML did not see the process: the context after the first matmul)"
+    ratios = [r["mem_torch_reserved_bytes"] / r["mem_torch_allocated_bytes"] - 1 for r in ok]
+    out: dict[str, Any] = {"n": len(ok), "context_source": source if non_torch else None}
+    if non_torch:
+        out.update(non_torch_median_bytes=int(statistics.median(non_torch)), non_torch_min_bytes=min(non_torch),
+                   non_torch_max_bytes=max(non_torch))  # fmt: skip
+    if ratios:
+        out.update(reserve_ratio_median=statistics.median(ratios), reserve_ratio_max=max(ratios))
+    proposed: dict[str, Any] = {}
+    if non_torch:
+        proposed["CUDA_CONTEXT_BYTES"] = -(-max(non_torch) // MiB) * MiB  # rounded up to a MiB
+    if ratios:
+        proposed["ALLOCATOR_RESERVE"] = round(statistics.median(ratios), 3)
+    out["proposed"] = proposed
+    return out
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -245,16 +286,25 @@ def format_summary(label: str, s: dict[str, Any]) -> str:
     )
 
 
-def run(configs: list[Config], device: str, jobs: int = 1) -> list[dict[str, Any]]:
-    """Probe ``configs`` (``jobs`` at a time) and return one row each, in the given order."""
+def run(
+    configs: list[Config], device: str, jobs: int = 1, *, on_row: Any = None
+) -> list[dict[str, Any]]:
+    """Probe ``configs`` (``jobs`` at a time) and return one row each, in the given order.
+
+    ``on_row(row)`` is called (under a lock) as each row lands, in completion order.
+    """
+    import threading
+
     threads = None
     if device == "cpu":
         threads = max(1, (os.cpu_count() or 1) // max(1, jobs))
-    if device == "cuda":
-        jobs = 1  # one GPU: probes would share (and disturb) its memory
+    lock = threading.Lock()
 
     def one(cfg: Config) -> dict[str, Any]:
         row = evaluate(cfg, device, threads=threads)
+        if on_row is not None:
+            with lock:
+                on_row(row)
         err = row.get("error")
         print(
             f"  {cfg.name}: {row['status']}"
@@ -275,8 +325,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--split", choices=("all", "fit", "holdout"), default="all")
     ap.add_argument("--only", default="", help="comma-separated configuration names")
-    ap.add_argument("--jobs", type=int, default=1, help="probes at once (cpu only)")
-    ap.add_argument("--out", type=Path, help="write the rows and summary as JSON here")
+    ap.add_argument("--jobs", type=int, default=1, help="probes at once (memory figures are per process)")
+    ap.add_argument("--out", type=Path, help="write the rows and summary as JSON here (after every row)")
+    ap.add_argument("--jsonl", type=Path, help="append every row here as it lands (one JSON object a line)")
+    ap.add_argument("--tag", default="estimator", help="the 'step' value of the --jsonl lines")
     ap.add_argument("--list", action="store_true", help="list the configurations and exit")
     a = ap.parse_args(argv)
 
@@ -296,8 +348,56 @@ def main(argv: list[str] | None = None) -> int:
     command = "python " + " ".join([Path(sys.argv[0]).as_posix(), *(sys.argv[1:] if argv is None else argv)])
     print(f"probing {len(configs)} configurations on {a.device} ...", file=sys.stderr, flush=True)
     t0 = time.time()
-    rows = run(configs, a.device, jobs=a.jobs)
+    landed: list[dict[str, Any]] = []
+
+    def on_row(row: dict[str, Any]) -> None:
+        landed.append(row)
+        if a.jsonl:
+            append_jsonl(a.jsonl, {"step": a.tag, "device": a.device, **row})
+        if a.out:
+            _write_out(a.out, _record(command, a.device, t0, landed, partial=True))
+
+    rows = run(configs, a.device, jobs=a.jobs, on_row=on_row)
     by_name = {c.name: c for c in CONFIGS}
+    out = _record(command, a.device, t0, rows, partial=False)
+    summary = out["summary"]
+    implied = [
+        r["implied_overhead_bytes"] for r in rows if r["split"] == "fit" and "implied_overhead_bytes" in r
+    ]
+    print(format_table(rows, by_name))
+    print()
+    for label in ("all", "fit", "holdout"):
+        print(format_summary(label, summary[label]))
+    if implied:
+        print(f"fit split: median implied runtime overhead {statistics.median(implied) / MiB:.1f} MiB")
+    if out.get("gpu_constants", {}).get("proposed"):
+        print(f"GPU constants fitted: {out['gpu_constants']['proposed']} ({out['gpu_constants']['context_source']})")
+    print(f"command: {command}  ({out['wall_s']:.0f} s)")
+    if a.out:
+        _write_out(a.out, out)
+        print(f"wrote {a.out}")
+    failed = [r["name"] for r in rows if r["status"] != "ok"]
+    if failed:
+        print(f"not measured: {', '.join(failed)}", file=sys.stderr)
+    return 0
+
+
+def append_jsonl(path: Path, obj: dict[str, Any]) -> None:
+    """One line, written with a single write and flushed: a killed run leaves whole lines."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(obj, default=str) + "\n")
+        fh.flush()
+
+
+def _write_out(path: Path, out: dict[str, Any]) -> None:
+    from autotune.store.atomic import write_json_atomic
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, out)
+
+
+def _record(command: str, device: str, t0: float, rows: list[dict[str, Any]], *, partial: bool) -> dict[str, Any]:
     summary = {
         "all": summarize(rows),
         "fit": summarize([r for r in rows if r["split"] == "fit"]),
@@ -309,10 +409,11 @@ def main(argv: list[str] | None = None) -> int:
     from autotune.env import fingerprint
     from autotune.estimate import memory as mem
 
-    out = {
+    out: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d"),
         "command": command,
-        "device": a.device,
+        "device": device,
+        "partial": partial,
         "wall_s": round(time.time() - t0, 1),
         "environment": fingerprint(),
         "constants": {
@@ -329,23 +430,9 @@ def main(argv: list[str] | None = None) -> int:
         "fit_median_implied_overhead_bytes": statistics.median(implied) if implied else None,
         "rows": rows,
     }
-    print(format_table(rows, by_name))
-    print()
-    for label in ("all", "fit", "holdout"):
-        print(format_summary(label, summary[label]))
-    if implied:
-        print(f"fit split: median implied runtime overhead {statistics.median(implied) / MiB:.1f} MiB")
-    print(f"command: {command}  ({out['wall_s']:.0f} s)")
-    if a.out:
-        from autotune.store.atomic import write_json_atomic
-
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(a.out, out)
-        print(f"wrote {a.out}")
-    failed = [r["name"] for r in rows if r["status"] != "ok"]
-    if failed:
-        print(f"not measured: {', '.join(failed)}", file=sys.stderr)
-    return 0
+    if device == "cuda":
+        out["gpu_constants"] = fit_gpu_constants(rows)
+    return out
 
 
 if __name__ == "__main__":

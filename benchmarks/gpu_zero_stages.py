@@ -10,6 +10,12 @@ where it is equivalent (ZeRO-3 ~ full_shard, ZeRO-1/2 ~ shard_grad_op, ZeRO-3 pa
 CPU offload); optimizer-only offload has no FSDP twin and is recorded as unsupported. Every row is
 written to the JSON file as soon as it is measured, so a run cut short keeps what it measured.
 
+``--sharding both`` probes each stage under DeepSpeed and under FSDP (the one-pass GPU check
+carries a deepspeed wheel, so the two engines are compared rather than FSDP standing in twice for
+ZeRO-1 and ZeRO-2, which made one configuration run twice). ``--order pass`` puts the rows in the
+order the pass values them (stage 0, ZeRO-2, ZeRO-3, offload; ZeRO-1 last), ``--jsonl FILE``
+appends each row to FILE as it lands, ``--time-box S`` stops starting rows after S seconds.
+
 ``run_zero_stages(out, dry_run=...)`` is the entry point the one-pass GPU script calls.
 """
 
@@ -69,6 +75,39 @@ ROW_METRICS = (
 )
 
 
+# (zero stage, offload, engine) in the order the one-pass GPU check values them: the baseline, the
+# ZeRO stages users ask about (2, 3) under both engines, the offloads, then ZeRO-1
+PASS_ORDER: tuple[tuple[int, str, str], ...] = (
+    (0, "none", "none"),
+    (2, "none", "deepspeed"),
+    (3, "none", "deepspeed"),
+    (3, "none", "fsdp"),
+    (3, "params", "fsdp"),
+    (3, "params", "deepspeed"),
+    (2, "optimizer", "deepspeed"),
+    (2, "none", "fsdp"),
+    (1, "none", "deepspeed"),
+    (3, "optimizer", "deepspeed"),
+)
+
+
+def _rows_plan(
+    stages: tuple[tuple[int, str], ...], sharding: str, order: str
+) -> list[tuple[int, str, str]]:
+    """(stage, offload, engine) rows: engine is deepspeed, fsdp (stand-in or compared), or none."""
+    if order == "pass":
+        engines = {"deepspeed", "fsdp"} if sharding == "both" else {sharding}
+        return [r for r in PASS_ORDER if r[2] == "none" or r[2] in engines]
+    engines_list = ["deepspeed", "fsdp"] if sharding == "both" else [sharding]
+    out: list[tuple[int, str, str]] = []
+    for stage, offload in stages:
+        if stage == 0:
+            out.append((0, offload, "none"))
+        else:
+            out.extend((stage, offload, e) for e in engines_list)
+    return out
+
+
 def _request(cfg: dict[str, Any], candidate: Candidate) -> ProbeRequest:
     from autotune.models import resolve_model
 
@@ -93,12 +132,16 @@ def run_zero_stages(
     world_size: int = 1,
     stages: tuple[tuple[int, str], ...] = STAGES,
     overrides: dict[str, Any] | None = None,
+    order: str = "stages",
+    jsonl: str | Path | None = None,
+    time_box: float = 0.0,
 ) -> dict[str, Any]:
     """Probe every (stage, offload) in ``stages``; write ``out`` after each row; return the record."""
     cfg = dict(DRY_DEFAULTS if dry_run else GPU_DEFAULTS)
     cfg.update(overrides or {})
     has_ds = importlib.util.find_spec("deepspeed") is not None
-    if sharding == "auto":
+    if sharding == "auto" or (sharding == "both" and not has_ds):
+        # without deepspeed its rows would only be refused, one process each
         sharding = "deepspeed" if has_ds else "fsdp"
     record: dict[str, Any] = {
         "benchmark": "gpu_zero_stages",
@@ -117,16 +160,28 @@ def run_zero_stages(
     base = Candidate(
         micro_batch=cfg["micro_batch"], precision=cfg["precision"], attn=cfg["attn"], world_size=world_size
     )
-    for stage, offload in stages:
+    t_start = time.monotonic()
+
+    def land(row: dict[str, Any]) -> None:
+        record["rows"].append(row)
+        write_json_atomic(out, record)
+        if jsonl:
+            with open(jsonl, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps({"step": "zero", "model": cfg["model"], "seq_len": cfg["seq_len"],
+                                     "device": cfg["device"], **row}, default=str) + "\n")  # fmt: skip
+
+    for stage, offload, engine in _rows_plan(stages, sharding, order):
+        if time_box and time.monotonic() - t_start > time_box:
+            print(f"time box of {time_box:.0f}s reached", flush=True)
+            break
         cand = replace(base, zero_stage=stage, offload=offload, sharding="deepspeed")
         row: dict[str, Any] = {"zero_stage": stage, "offload": offload}
-        if stage > 0 and sharding == "fsdp":
+        if stage > 0 and engine == "fsdp":
             stand_in = fsdp_stand_in(cand)
             if stand_in is None:
                 row.update(status="unsupported", sharding="fsdp",
-                           reason="no FSDP equivalent of optimizer-only offload (deepspeed not installed)")  # fmt: skip
-                record["rows"].append(row)
-                write_json_atomic(out, record)
+                           reason="no FSDP equivalent of optimizer-only offload")  # fmt: skip
+                land(row)
                 print(f"ZeRO-{stage} offload={offload}: unsupported (no FSDP equivalent)", flush=True)
                 continue
             cand = stand_in
@@ -139,8 +194,7 @@ def run_zero_stages(
             record["env"] = {k: v for k, v in res.env.items() if k != "stderr_tail"}
         if res.status == "crash" and res.env.get("stderr_tail"):
             row["stderr_tail"] = res.env["stderr_tail"][-1500:]
-        record["rows"].append(row)
-        write_json_atomic(out, record)
+        land(row)
         tps = row.get("tokens_per_s")
         peak = row.get("peak_mem_bytes")
         print(
@@ -159,8 +213,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", help="JSON file to write (rewritten after every row)")
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny-llama, seq 64: the same code, small")
-    ap.add_argument("--sharding", choices=("auto", "deepspeed", "fsdp"), default="auto",
-                    help="auto: deepspeed if installed, else the FSDP stand-ins")  # fmt: skip
+    ap.add_argument("--sharding", choices=("auto", "deepspeed", "fsdp", "both"), default="auto",
+                    help="auto: deepspeed if installed, else the FSDP stand-ins; both: each stage under each")  # fmt: skip
+    ap.add_argument("--order", choices=("stages", "pass"), default="stages",
+                    help="pass: the one-pass check's order (baseline, ZeRO-2/3 both engines, offloads, ZeRO-1)")
+    ap.add_argument("--jsonl", help="append every row here as it lands")
+    ap.add_argument("--time-box", type=float, default=0.0, help="seconds; stop starting rows after it")
+    ap.add_argument("--warmup", type=int)
     ap.add_argument("--world-size", type=int, default=1)
     ap.add_argument("--model")
     ap.add_argument("--seq-len", type=int)
@@ -176,11 +235,13 @@ def main(argv: list[str] | None = None) -> int:
             "micro_batch": a.micro_batch,
             "steps": a.steps,
             "timeout_s": a.timeout,
+            "warmup_steps": a.warmup,
         }.items()
         if v is not None
     }
     record = run_zero_stages(
-        a.out, dry_run=a.dry_run, sharding=a.sharding, world_size=a.world_size, overrides=overrides
+        a.out, dry_run=a.dry_run, sharding=a.sharding, world_size=a.world_size, overrides=overrides,
+        order=a.order, jsonl=a.jsonl, time_box=a.time_box,
     )
     print(json.dumps({"out": a.out, "rows": len(record["rows"])}))
     return 0

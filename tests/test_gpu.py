@@ -24,20 +24,31 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _cuda(), reason="needs a C
 
 
 def gpu_request(model: str = "tiny-llama", **kw: object) -> ProbeRequest:
+    """A cuda probe request; each keyword goes to the Workload, the ProbeSettings or the Candidate
+    that has a field of that name (``lengths=`` is a Workload field: passing it to the Candidate
+    was a TypeError)."""
     from autotune.models import resolve_model
 
     r = resolve_model(model)
-    wl = {"model": r.name, "model_path": r.path, "seq_len": int(kw.pop("seq_len", 512))}  # type: ignore[call-overload]
-    sett = {"device": "cuda", "warmup_steps": 2, "steps": 5, "timeout_s": 300.0}
-    for k in list(kw):
-        if k in ProbeSettings.__dataclass_fields__:
-            sett[k] = kw.pop(k)
-    cand = {"micro_batch": 4, "precision": "bf16", "attn": "sdpa", **kw}
-    return ProbeRequest(Workload(**wl), Candidate(**cand), ProbeSettings(**sett))  # type: ignore[arg-type]
+    wl: dict[str, object] = {"model": r.name, "model_path": r.path, "seq_len": 512}
+    sett: dict[str, object] = {"device": "cuda", "warmup_steps": 2, "steps": 5, "timeout_s": 300.0}
+    cand: dict[str, object] = {"micro_batch": 4, "precision": "bf16", "attn": "sdpa"}
+    for k, v in kw.items():
+        if k in Workload.__dataclass_fields__ and k not in ("model", "model_path"):
+            wl[k] = v
+        elif k in ProbeSettings.__dataclass_fields__:
+            sett[k] = v
+        elif k in Candidate.__dataclass_fields__:
+            cand[k] = v
+        else:
+            raise TypeError(f"gpu_request: no Workload, ProbeSettings or Candidate field {k!r}")
+    return ProbeRequest(Workload(**wl), Candidate(**cand), ProbeSettings(**sett)).validate()  # type: ignore[arg-type]
 
 
 def test_gpu_probe_measures_memory_with_context_and_utilisation() -> None:
-    r = run_probe_process(gpu_request())
+    # a timed window of well over a second: NVML is sampled at 10 Hz, and tiny-llama's 5 steps at
+    # seq 512 took ~0.1 s, a window that could hold no sample at all
+    r = run_probe_process(gpu_request("smollm2-135m", seq_len=1024, micro_batch=16, steps=40))
     assert r.status == "ok", r.reason
     m = r.metrics
     assert m["tokens_per_s"] > 0
@@ -46,7 +57,13 @@ def test_gpu_probe_measures_memory_with_context_and_utilisation() -> None:
     assert m["peak_mem_bytes"] >= m["mem_torch_reserved_bytes"]
     assert m["cuda_context_bytes"] is not None and m["cuda_context_bytes"] > 50 * 2**20
     assert r.env["device"] and r.env["compute_capability"]
-    assert m.get("gpu_util_samples") is not None
+    assert m["nvml_process_visible"] in (True, False), m.get("nvml_errors")
+    if m["nvml_process_visible"]:
+        assert m["non_torch_bytes"] > 0 and "NVML per-process" in m["memory_source"]
+    else:
+        assert "not visible" in m["memory_source"]
+    assert m["window_s"] >= 0.5, m["window_s"]
+    assert m.get("gpu_util_samples"), "no NVML utilisation sample in a window of {:.2f} s".format(m["window_s"])
 
 
 def test_budget_cap_makes_a_config_fail_like_on_a_smaller_card() -> None:

@@ -8,7 +8,13 @@ and MFU with one stated convention.  [pure: no torch, ray, pynvml; no disk]
 
 from __future__ import annotations
 
-from autotune.diagnose._mfu import MFU_CONVENTION, gpu_for_device_name, gpu_for_result, probe_mfu
+from autotune.diagnose._mfu import (
+    MFU_CONVENTION,
+    attention_span,
+    gpu_for_device_name,
+    gpu_for_result,
+    probe_mfu,
+)
 from autotune.diagnose._rules import (
     DATA_WAIT_THRESHOLD,
     HIGH_UTIL_PERCENT,
@@ -35,6 +41,7 @@ __all__ = [
     "LOW_MEMORY_SHARE",
     "LOW_UTIL_PERCENT",
     "MFU_CONVENTION",
+    "attention_span",
     "PADDING_THRESHOLD",
     "SCALING_OK",
     "SWING_IDLE_SHARE",

@@ -6,8 +6,11 @@ Convention (the only one autotune reports):
 
 * model FLOPs per token = ``6N + 12·L·H·Q·T`` for full fine-tuning, ``4N + 12·L·H·Q·T`` for
   LoRA/QLoRA (``autotune.estimate.model_flops_per_token``: N = parameters in matmuls, the attention
-  term is PaLM's with T = the workload's sequence length); the recompute of activation
-  checkpointing is not counted (that would be HFU).
+  term is PaLM's with T = the span a real token attends over: the sequence length when every
+  sequence fills it, and ``E[l²] / E[l]`` over the workload's length distribution when lengths
+  vary, since a sequence of length l costs l² and holds l tokens; packed documents attend within
+  themselves, so the same holds with packing); the recompute of activation checkpointing is not
+  counted (that would be HFU).
 * tokens/s counts real tokens only (padding excluded), divided by the probe's world size.
 * the denominator is the catalog's dense bf16 peak (fp16 where the GPU has no bf16), whatever
   precision the probe trained in, so an fp32 probe shows the tensor cores it left idle and every
@@ -25,11 +28,12 @@ from autotune.errors import SpecError
 from autotune.estimate import GPU, arch_from_config, find_gpu, mfu
 from autotune.probe.result import ProbeResult
 
-__all__ = ["MFU_CONVENTION", "gpu_for_device_name", "gpu_for_result", "probe_mfu"]
+__all__ = ["MFU_CONVENTION", "attention_span", "gpu_for_device_name", "gpu_for_result", "probe_mfu"]
 
 MFU_CONVENTION = (
     "MFU = (6N + 12·L·H·Q·T) FLOPs per token (4N + attention for LoRA/QLoRA; N = parameters in "
-    "matmuls, T = sequence length; checkpoint recompute not counted) × real tokens/s per GPU ÷ the "
+    "matmuls, T = sequence length, or E[l²]/E[l] over the length distribution when lengths vary; "
+    "checkpoint recompute not counted) × real tokens/s per GPU ÷ the "
     "GPU's dense bf16 peak (fp16 where no bf16) from the catalog, whatever precision the probe used. "
     "Unknown GPU or CPU: no MFU."
 )
@@ -72,12 +76,35 @@ def gpu_for_result(result: ProbeResult, catalog: Iterable[GPU] | None = None) ->
     return gpu_for_device_name(env.get("device"), catalog)
 
 
-def _request_parts(result: ProbeResult) -> tuple[int, str, int] | None:
+# lengths drawn to estimate E[l²]/E[l] (deterministic: the same spec gives the same span)
+_SPAN_SAMPLES = 4096
+
+
+def attention_span(lengths: str, seq_len: int) -> float:
+    """T of the attention term: what a real token attends over, on average over tokens.
+
+    ``seq_len`` for fixed lengths; ``E[l²] / E[l]`` over ``lengths`` (clipped to ``seq_len``)
+    otherwise: a sequence of length l does l² attention work for its l tokens, so long sequences
+    weigh by their tokens. Using ``seq_len`` for a long-tailed distribution counted work that was
+    never done (padding, or attention across the whole packed row) and inflated MFU.
+    """
+    from autotune.spec.lengths import parse_lengths, sample_lengths
+
+    dist = parse_lengths(lengths)
+    if dist.kind == "fixed":
+        return float(seq_len)
+    ls = sample_lengths(dist, _SPAN_SAMPLES, seq_len, 0)
+    total = sum(ls)
+    return sum(x * x for x in ls) / total if total else float(seq_len)
+
+
+def _request_parts(result: ProbeResult) -> tuple[float, str, int] | None:
     try:
         req = result.probe_request()
+        span = attention_span(req.workload.lengths, req.workload.seq_len)
     except Exception:  # a malformed stored request gives no MFU rather than a crash
         return None
-    return req.workload.seq_len, req.workload.mode, max(1, req.candidate.world_size)
+    return span, req.workload.mode, max(1, req.candidate.world_size)
 
 
 def probe_mfu(
@@ -106,10 +133,10 @@ def probe_mfu(
     parts = _request_parts(result)
     if parts is None:
         return None
-    seq_len, mode, world = parts
+    span, mode, world = parts
     try:
         arch = arch_from_config(config)
     except SpecError:
         return None
     # estimate.mfu's default denominator is the GPU's half-precision (bf16, else fp16) peak
-    return mfu(tps / world, arch, seq_len, g, mode)
+    return mfu(tps / world, arch, span, g, mode)  # type: ignore[arg-type]  (a mean span, not an int)

@@ -131,6 +131,11 @@ def performance_kwargs(
         fsdp_cfg: dict[str, Any] = {"version": 2}
         if c.offload != "none":
             kw["fsdp"] += " offload"
+            if device == "cuda":
+                # offloaded parameters are CPU DTensors: clip_grad_norm_ (and any collective on them)
+                # needs a gloo backend beside NCCL. `accelerate launch` picks this pair itself from its
+                # FSDP_OFFLOAD_PARAMS variable; TrainingArguments alone gave an NCCL-only group.
+                kw["ddp_backend"] = "cuda:nccl,cpu:gloo"
         kw["fsdp_config"] = fsdp_cfg
     unknown = sorted(k for k in kw if k not in fields)
     if unknown:
@@ -205,7 +210,9 @@ LORA_DROPOUT = 0.05
 # The configuration a user would type without tuning ("HF default"), defined here and only here:
 # TrainingArguments' defaults (per-device batch 8, no checkpointing, no workers, fused AdamW), the
 # model's default attention (sdpa in transformers 5), no packing, fp32 unless the user chose a
-# precision, and accumulation chosen to keep the effective batch the search held fixed.
+# precision, and accumulation chosen to keep the effective batch the search held fixed. A speedup
+# over it at another precision mixes in the precision's own gain: pass ``precision=`` to compare
+# like with like (benchmarks/gpu_check.sh uses the tuned configuration's precision).
 HF_DEFAULT_MICRO_BATCH = 8
 
 

@@ -5,7 +5,10 @@ Run as ``python -m autotune.probe.launch REQUEST.json RESULT.json`` by
 ``zero_stage > 0``. The launcher itself never imports torch. It starts ``world_size`` processes of
 ``python -m autotune.probe.worker REQUEST.json RESULT.json.rank{r}.json`` with the usual
 ``torch.distributed`` environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
-``MASTER_ADDR=127.0.0.1``, ``MASTER_PORT`` = a free port); ``LOCAL_RANK`` picks the GPU among the
+``MASTER_ADDR=127.0.0.1``, ``MASTER_PORT`` = a free port, chosen afresh and the ranks started
+again, up to ``PORT_ATTEMPTS`` times, when rank 0's store finds it taken: a port found free by
+bind-then-close can be taken by another probe's launcher, or anything, before rank 0 binds it,
+which Ray's concurrent probes make likely); ``LOCAL_RANK`` picks the GPU among the
 visible ones (``CUDA_VISIBLE_DEVICES`` is inherited, never narrowed per rank). The ranks are the
 launcher's children in the launcher's process group, so the parent's timeout (which kills that
 group) ends every rank.
@@ -48,11 +51,16 @@ __all__ = [
     "rank_result_path",
     "rank_stderr_path",
     "launch",
+    "port_was_taken",
+    "PORT_ATTEMPTS",
     "main",
 ]
 
 # seconds the other ranks get to report their own failure after one rank failed
 FAILURE_GRACE_S = 5.0
+# launches with a fresh MASTER_PORT when the previous one was taken between choosing and binding
+PORT_ATTEMPTS = 3
+_PORT_TAKEN = ("address already in use", "eaddrinuse", "errno: 98", "errno 98")
 _POLL_S = 0.1
 _TAIL_LINES = 15
 # the worse status wins when ranks disagree (a rank killed by the launcher reports nothing)
@@ -293,15 +301,42 @@ def rank_env(rank: int, world_size: int, port: int, *, cpu_threads: int | None) 
     return env
 
 
+def port_was_taken(result: ProbeResult) -> bool:
+    """Whether a failed launch failed because MASTER_PORT was taken (rank 0's TCPStore could not bind)."""
+    if result.status == "ok":
+        return False
+    text = " ".join([result.reason or "", str((result.env or {}).get("stderr_tail") or "")]).lower()
+    return any(k in text for k in _PORT_TAKEN)
+
+
 def launch(
-    request: ProbeRequest, result_path: str | os.PathLike[str], *, python: str | None = None
+    request: ProbeRequest,
+    result_path: str | os.PathLike[str],
+    *,
+    python: str | None = None,
+    free_port: Any = None,
 ) -> ProbeResult:
-    """Run the request's ranks to completion (or first failure) and return the merged result."""
+    """Run the request's ranks to completion (or first failure) and return the merged result.
+
+    A launch that failed because its MASTER_PORT was taken is repeated on a fresh port (at most
+    ``PORT_ATTEMPTS`` launches; ``metrics["port_attempts"]`` says how many ran).
+    """
+    pick = free_port or _free_port
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        res = _launch_once(request, result_path, port=pick(), python=python)
+        if not port_was_taken(res) or attempt == PORT_ATTEMPTS:
+            break
+    res.metrics["port_attempts"] = attempt
+    return res
+
+
+def _launch_once(
+    request: ProbeRequest, result_path: str | os.PathLike[str], *, port: int, python: str | None
+) -> ProbeResult:
     req_dict = request.to_dict()
     world = request.candidate.world_size
     request_path = Path(f"{result_path}.request.json")
     request_path.write_text(json.dumps(req_dict), encoding="utf-8")
-    port = _free_port()
     threads = request.settings.cpu_threads
     if not threads and request.settings.device == "cpu":
         threads = max(1, (os.cpu_count() or 1) // world)

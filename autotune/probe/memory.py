@@ -13,6 +13,7 @@ import resource
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import psutil
 
@@ -98,13 +99,25 @@ class RssSampler:
 class NvmlSampler:
     """Samples NVML memory for this process (and device utilisation) at about 10 Hz.
 
-    Silently inactive without NVML (no driver, no library): figures are then ``None``.
+    Silently inactive without NVML (no driver, no library): figures are then ``None``. The three
+    queries (this process's memory, the device's memory, utilisation) are independent: a driver
+    that refuses one (per-process accounting is often unavailable in containers and VMs) loses
+    that figure only, and ``query_errors`` says which failed and why.
+
+    ``process_visible``: None while the process query has never answered; False when it answered
+    but never listed this PID (in a PID namespace NVML reports the host's PIDs, so ours never
+    matches and ``peak_process_bytes`` stays None: the caller must not claim an NVML figure);
+    True once this process was seen.
     """
 
-    def __init__(self, device_index: int = 0, interval_s: float = 0.1) -> None:
+    def __init__(self, device_index: int = 0, interval_s: float = 0.1, *, nvml: Any = None) -> None:
         self.interval_s = interval_s
         self.peak_process_bytes: int | None = None
         self.peak_device_used_bytes: int | None = None
+        self.process_visible: bool | None = None
+        # the most compute processes NVML listed on the device at once (others' included)
+        self.max_processes_listed = 0
+        self.query_errors: dict[str, str] = {}
         # (perf_counter time, GPU utilisation %) pairs
         self.util_samples: list[tuple[float, int]] = []
         self._pid = os.getpid()
@@ -113,34 +126,56 @@ class NvmlSampler:
         self._nvml = None
         self._handle = None
         try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self._nvml = pynvml
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
-        except Exception:
+            if nvml is None:
+                import pynvml as nvml
+            nvml.nvmlInit()
+            self._nvml = nvml
+            self._handle = nvml.nvmlDeviceGetHandleByIndex(device_index)
+        except Exception as exc:
+            self.query_errors["init"] = repr(exc)[:200]
             self._nvml = None
 
     @property
     def active(self) -> bool:
         return self._nvml is not None
 
+    def _failed(self, what: str, exc: Exception) -> None:
+        self.query_errors.setdefault(what, repr(exc)[:200])
+
     def sample_once(self) -> None:
         if self._nvml is None:
             return
         nv = self._nvml
+        now = time.perf_counter()
         try:
-            for p in nv.nvmlDeviceGetComputeRunningProcesses(self._handle):
-                if p.pid == self._pid and p.usedGpuMemory is not None:
+            procs = list(nv.nvmlDeviceGetComputeRunningProcesses(self._handle))
+        except Exception as exc:
+            self._failed("processes", exc)
+        else:
+            self.max_processes_listed = max(self.max_processes_listed, len(procs))
+            mine = [p for p in procs if p.pid == self._pid]
+            if mine:
+                self.process_visible = True
+            elif self.process_visible is None:
+                self.process_visible = False
+            for p in mine:
+                if p.usedGpuMemory is not None:
                     used = int(p.usedGpuMemory)
                     if self.peak_process_bytes is None or used > self.peak_process_bytes:
                         self.peak_process_bytes = used
+        try:
             mem = nv.nvmlDeviceGetMemoryInfo(self._handle)
+        except Exception as exc:
+            self._failed("memory", exc)
+        else:
             if self.peak_device_used_bytes is None or mem.used > self.peak_device_used_bytes:
                 self.peak_device_used_bytes = int(mem.used)
-            self.util_samples.append((time.perf_counter(), int(nv.nvmlDeviceGetUtilizationRates(self._handle).gpu)))
-        except Exception:
-            pass
+        try:
+            util = int(nv.nvmlDeviceGetUtilizationRates(self._handle).gpu)
+        except Exception as exc:
+            self._failed("utilisation", exc)
+        else:
+            self.util_samples.append((now, util))
 
     def start(self) -> NvmlSampler:
         if self._nvml is not None:

@@ -36,6 +36,22 @@ from autotune.store.atomic import write_json_atomic
 
 __all__ = ["run_probe_in_process", "main"]
 
+# warm-up steps of a torch.compile probe at least: the first steps compile (and the first
+# optimizer step, or the last partial micro-batch shape, can recompile)
+COMPILE_WARMUP_STEPS = 3
+
+
+def compiled_graphs() -> int:
+    """Graphs torch.compile (dynamo) has compiled in this process so far (0 without dynamo loaded)."""
+    mod = sys.modules.get("torch._dynamo.utils")
+    if mod is None:
+        return 0
+    try:
+        return int(mod.counters["stats"]["unique_graphs"])
+    except Exception:
+        return 0
+
+
 def _resolve_device(requested: str) -> str:
     import torch
 
@@ -63,6 +79,11 @@ def _precheck(req: ProbeRequest, device: str) -> None:
         major, _ = torch.cuda.get_device_capability()
         if major < 8:
             raise _Unsupported(f"flash_attention_2 needs sm80+; this GPU is sm{major}x")
+        if c.precision not in ("bf16", "fp16"):
+            raise _Unsupported(
+                f"flash_attention_2 runs in fp16/bf16 only; precision {c.precision} keeps the attention inputs"
+                " in fp32: use precision bf16 (or fp16), or attn sdpa"
+            )
         if importlib.util.find_spec("flash_attn") is None:
             raise _Unsupported("flash_attention_2 needs the flash-attn package: pip install flash-attn")
     if c.attn == "flex_attention" and device == "cpu":
@@ -71,8 +92,9 @@ def _precheck(req: ProbeRequest, device: str) -> None:
         raise _Unsupported("fp16 mixed precision needs a GPU (torch AMP fp16 is CUDA-only in the Trainer)")
     if c.precision == "tf32" and device == "cpu":
         raise _Unsupported("tf32 is a CUDA matmul mode; use fp32 on cpu")
-    if c.precision in ("bf16",) and device == "cuda" and not torch.cuda.is_bf16_supported():
-        raise _Unsupported("bf16 is not supported by this GPU (needs sm80+); use fp16")
+    if c.precision == "bf16" and device == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
+        # torch's default counts emulation (bf16 on a T4/V100 runs, several times slower than fp16)
+        raise _Unsupported("bf16 is not supported natively by this GPU (needs sm80+); use fp16")
     if c.precision == "tf32" and device == "cuda" and torch.cuda.get_device_capability()[0] < 8:
         raise _Unsupported("tf32 needs an Ampere or newer GPU (sm80+)")
     if w.mode == "qlora" or c.optim in ("adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit"):
@@ -186,9 +208,14 @@ def _build_qlora_base(cfg: Any, mk: dict[str, Any], w: Any) -> Any:
             ),
             dtype=compute,
             attn_implementation=mk["attn_implementation"],
-            device_map={"": 0},
+            device_map={"": qlora_device_index()},
             local_files_only=True,
         )
+
+
+def qlora_device_index() -> int:
+    """The GPU a 4-bit base is loaded on: this rank's (LOCAL_RANK), as the Trainer will use it."""
+    return int(os.environ.get("LOCAL_RANK", "0") or 0)
 
 
 def _apply_peft(model: Any, req: ProbeRequest) -> Any:
@@ -281,6 +308,9 @@ class _Meter:
         self.rows: list[int] = []
         self.slots: list[int] = []
         self.losses: list[float] = []
+        # compiled graphs so far, at the end of each step: a rise inside the timed window is a
+        # recompile that the window's time includes
+        self.graphs: list[int] = []
         self._t_fetch = 0.0
         self._loss_acc: Any = None
 
@@ -305,6 +335,7 @@ class _Meter:
     def step_end(self) -> None:
         self.sync()
         self.step_end_t.append(time.perf_counter())
+        self.graphs.append(compiled_graphs())
         if self._loss_acc is not None:
             self.losses.append(float(self._loss_acc.float().item()))
             self._loss_acc = None
@@ -330,6 +361,13 @@ def run_probe_in_process(
     metrics: dict[str, Any] = {}
     env: dict[str, Any] = {}
     reqd = req.to_dict()
+    if req.candidate.torch_compile and req.settings.warmup_steps < COMPILE_WARMUP_STEPS:
+        import dataclasses
+
+        req = dataclasses.replace(
+            req, settings=dataclasses.replace(req.settings, warmup_steps=COMPILE_WARMUP_STEPS)
+        )
+        metrics["warmup_steps_extended_to"] = COMPILE_WARMUP_STEPS
 
     def result(status: str, reason: str = "") -> ProbeResult:
         metrics["wall_s"] = time.time() - launch_time
@@ -397,14 +435,17 @@ def run_probe_in_process(
         device_used_before = nvml.peak_device_used_bytes
         nvml.peak_device_used_bytes = None
         torch.cuda.init()
-        torch.zeros(1, device="cuda")
-        torch.cuda.synchronize()
+        _load_cuda_libraries(torch)
         nvml.sample_once()
         context = None
         if nvml.peak_process_bytes is not None:
             context = nvml.peak_process_bytes - torch.cuda.memory_reserved()
+            metrics["cuda_context_source"] = "NVML process memory - torch reserved, after a cuBLAS matmul"
         elif nvml.peak_device_used_bytes is not None and device_used_before is not None:
+            # the process is not visible to NVML (a PID namespace): the device's growth, exact only
+            # while nothing else allocates on this GPU
             context = nvml.peak_device_used_bytes - device_used_before - torch.cuda.memory_reserved()
+            metrics["cuda_context_source"] = "NVML device used growth - torch reserved, after a cuBLAS matmul"
         metrics["cuda_context_bytes"] = context
         total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
         metrics["device_memory_bytes"] = int(total)
@@ -412,7 +453,9 @@ def run_probe_in_process(
             cap = budget - (context or 0)
             torch.cuda.set_per_process_memory_fraction(max(0.01, min(1.0, cap / total)))
             metrics["allocator_cap_bytes"] = int(cap)
-        torch.backends.cuda.matmul.allow_tf32 = req.candidate.precision in ("tf32", "bf16", "fp16")
+        # TF32 is decided in one place only, TrainingArguments(tf32=...) from probe_kwargs (what the
+        # emitted run does too); setting torch's legacy allow_tf32 flag here as well contradicted it
+        # for fp16 and mixes torch's two TF32 APIs (transformers sets torch.backends.fp32_precision)
 
         def sync() -> None:
             torch.cuda.synchronize()
@@ -556,11 +599,46 @@ def _training_args(req: ProbeRequest, out_dir: str, device: str) -> Any:
     return TrainingArguments(output_dir=out_dir, **kw)
 
 
-def _nvml_index(torch_index: int) -> int:
-    """NVML counts physical GPUs; torch counts the visible ones (CUDA_VISIBLE_DEVICES, as Ray sets it)."""
-    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-    if torch_index < len(visible) and visible[torch_index].isdigit():
-        return int(visible[torch_index])
+def _load_cuda_libraries(torch: Any) -> None:
+    """Create the CUDA context and load cuBLAS/cuBLASLt (one small matmul per 16/32-bit dtype).
+
+    The context measured right after ``torch.zeros(1)`` left out the cuBLAS handles and kernels
+    that the first matmul loads, so ``reserved + context`` under-counted the process.
+    """
+    for dtype in (torch.float32, torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False)
+                  else torch.float16):
+        a = torch.ones(64, 64, device="cuda", dtype=dtype)
+        (a @ a).sum().item()
+    torch.cuda.synchronize()
+
+
+def _nvml_index(torch_index: int, *, visible: str | None = None, nvml: Any = None) -> int:
+    """NVML counts physical GPUs; torch counts the visible ones (CUDA_VISIBLE_DEVICES, as Ray sets it).
+
+    Entries of CUDA_VISIBLE_DEVICES are indices or UUIDs (``GPU-8932f937-...``, or a unique prefix
+    of one, as CUDA accepts): a UUID is looked up among NVML's devices. An entry that cannot be
+    resolved (a MIG UUID, NVML missing) falls back to ``torch_index``.
+    """
+    raw = os.environ.get("CUDA_VISIBLE_DEVICES", "") if visible is None else visible
+    entries = [v.strip() for v in raw.split(",") if v.strip()]
+    if torch_index >= len(entries):
+        return torch_index
+    entry = entries[torch_index]
+    if entry.isdigit():
+        return int(entry)
+    if not entry.upper().startswith("GPU-"):
+        return torch_index
+    try:
+        if nvml is None:
+            import pynvml as nvml
+        nvml.nvmlInit()
+        for i in range(nvml.nvmlDeviceGetCount()):
+            uuid = nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i))
+            uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+            if uuid.lower().startswith(entry.lower()):
+                return i
+    except Exception:
+        pass
     return torch_index
 
 
@@ -629,6 +707,16 @@ def _record_window(
         )
     )
     metrics.update(per_step_counts(meter.sequences[w : w + s.steps], meter.tokens[w : w + s.steps]))
+    if req.candidate.torch_compile and len(meter.graphs) >= w + s.steps:
+        before = meter.graphs[w - 1] if w > 0 else 0
+        recompiles = meter.graphs[w + s.steps - 1] - before
+        metrics["compiled_graphs"] = meter.graphs[-1]
+        metrics["recompiles_in_window"] = recompiles
+        if recompiles:
+            metrics.setdefault("warnings", []).append(
+                f"torch.compile compiled {recompiles} graph(s) inside the timed window: its tok/s includes"
+                " compilation; more warm-up steps (or packing / fixed lengths, which keep shapes static) fix it"
+            )
     slots = sum(meter.slots[w : w + s.steps])
     metrics["token_slots"] = slots
     if slots:
@@ -684,12 +772,28 @@ def _record_memory(metrics: dict[str, Any], device: str, sampler: Any, nvml: Any
     if nvml is not None:
         nvml.sample_once()
         metrics["mem_nvml_process_bytes"] = nvml.peak_process_bytes
+        metrics["mem_nvml_device_used_bytes"] = nvml.peak_device_used_bytes
+        # False: NVML answered but never listed this PID (a PID namespace); None: it never answered
+        metrics["nvml_process_visible"] = nvml.process_visible
+        metrics["nvml_processes_listed"] = nvml.max_processes_listed
+        if nvml.query_errors:
+            metrics["nvml_errors"] = dict(nvml.query_errors)
     context = metrics.get("cuda_context_bytes") or 0
     candidates = [reserved + context]
-    if metrics.get("mem_nvml_process_bytes"):
-        candidates.append(int(metrics["mem_nvml_process_bytes"]))
+    nvml_peak = metrics.get("mem_nvml_process_bytes")
+    if nvml_peak:
+        candidates.append(int(nvml_peak))
+        # what the process held outside torch's allocator at its peak (context, cuBLAS, NCCL):
+        # the figure CUDA_CONTEXT_BYTES estimates
+        metrics["non_torch_bytes"] = int(nvml_peak) - reserved
+        metrics["memory_source"] = "max(torch max_memory_reserved + CUDA context, NVML per-process peak)"
+    else:
+        metrics["memory_source"] = (
+            "torch max_memory_reserved + CUDA context (NVML per-process figure unavailable: "
+            + ("this process is not visible to NVML)" if metrics.get("nvml_process_visible") is False
+               else "NVML did not answer)")
+        )
     metrics["peak_mem_bytes"] = max(candidates)
-    metrics["memory_source"] = "max(torch max_memory_reserved + CUDA context, NVML per-process peak)"
 
 
 def main(argv: list[str] | None = None) -> int:

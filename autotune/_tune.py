@@ -549,7 +549,7 @@ def tune(
                 max_world = int(ex_gpus) if ray_address is not None else min(max_world or ex_gpus, int(ex_gpus))
             if pruner is None and (prune if prune is not None else dev == "cuda"):
                 pruner = _estimate_pruner(resolved.config, workload, dev, budget_bytes)
-            baseline_cand = _baseline_candidate(space_obj, effective_batch) if baseline else None
+            baseline_cand = _baseline_candidate(space_obj, effective_batch, dev) if baseline else None
             searcher = Searcher(
                 space=space_obj, workload=workload, settings=settings, effective_batch=effective_batch,
                 executor=executor, max_trials=max_trials, time_budget_s=time_budget_s, seed=seed,
@@ -716,13 +716,18 @@ def trust_verdict(summary: dict[str, Any]) -> dict[str, Any]:
     return {"doubtful": bool(reasons), "reasons": reasons}
 
 
-def _baseline_candidate(space: SearchSpace, effective_batch: int) -> Candidate | None:
-    """The "HF default" (what a user would type) for this effective batch, on the fewest GPUs."""
+def _baseline_candidate(space: SearchSpace, effective_batch: int, device: str = "cpu") -> Candidate | None:
+    """The "HF default" (what a user would type) for this effective batch, on the fewest GPUs.
+
+    Compared like with like: on a GPU at bf16 when the space searches bf16 (everyone fine-tunes in
+    bf16 there; an fp32 default would fold bf16-vs-fp32 into the speedup and often not fit), else fp32.
+    """
     from autotune.emit.training_args import hf_default_candidate
 
     world = 1 if 1 in space.gpus_per_trial else min(space.gpus_per_trial)
+    precision = "bf16" if device == "cuda" and "bf16" in space.precision else "fp32"
     try:
-        cand = hf_default_candidate(effective_batch, world_size=world)
+        cand = hf_default_candidate(effective_batch, world_size=world, precision=precision)
     except ValueError:
         return None
     if cand.micro_batch * cand.grad_accum * cand.world_size != effective_batch:

@@ -207,6 +207,7 @@ def test_a_compile_probe_gets_more_warmup_and_its_window_recompiles_are_counted(
     meter.first_fetch_t = 0.0
     meter.step_end_t = [1.0, 2.0, 3.0, 3.5, 4.0, 4.9]
     meter.tokens, meter.rows, meter.slots = [64] * 6, [1] * 6, [64] * 6
+    meter.sequences = [1] * 6
     meter.fetch_wait = [0.0] * 6
     meter.graphs = [1, 1, 2, 2, 3, 3]  # one recompile in warm-up step 3, one in timed step 5
     m: dict[str, Any] = {}

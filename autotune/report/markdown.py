@@ -14,7 +14,8 @@ __all__ = ["HF_DEFAULT_DESCRIPTION", "render_report_md", "levers", "effective_ba
 
 HF_DEFAULT_DESCRIPTION = (
     f"per_device_train_batch_size {HF_DEFAULT_MICRO_BATCH} with accumulation keeping the same effective batch, "
-    "no activation checkpointing, sdpa attention, fp32 unless a precision was asked for, "
+    "no activation checkpointing, sdpa attention, bf16 on a GPU whose search space has it (like with like) and "
+    "fp32 otherwise, "
     "0 data-loader workers, no packing, fused AdamW (TrainingArguments' defaults; "
     "see autotune.emit.training_args.hf_default_candidate)"
 )

@@ -43,7 +43,7 @@ def test_expected_differences_name_the_knobs_and_what_they_do() -> None:
     ref = hf_default_candidate(8)
     diffs = expected_differences(dataclasses.replace(ref, micro_batch=2, grad_accum=4, packing=True), ref)
     assert [d["knob"] for d in diffs] == ["micro_batch", "grad_accum", "packing"]
-    assert "identical math" in diffs[0]["expected"] and "changes the trajectory" in diffs[2]["expected"]
+    assert "identical math" in diffs[0]["expected"] and "the same sequences per step" in diffs[2]["expected"]
     assert {"micro_batch", "grad_accum", "grad_ckpt", "workers"} <= set(IDENTICAL_KNOBS)
 
 
@@ -65,12 +65,12 @@ def test_verify_requests_share_seed_data_and_window_without_warmup_or_ceiling() 
 
 
 class LossExecutor(FakeExecutor):
-    """The fake landscape, plus a loss trajectory: packing changes it, everything else does not."""
+    """The fake landscape, plus a loss trajectory: bf16 changes it (here: a lot), everything else does not."""
 
     def result_for(self, request: ProbeRequest) -> ProbeResult:
         r = super().result_for(request)
         c = request.candidate
-        r.metrics["losses"] = [7.0 - 0.1 * i + (0.05 * i if c.packing else 0.0) + 1e-7 * c.micro_batch
+        r.metrics["losses"] = [7.0 - 0.1 * i + (0.05 * i if c.precision == "bf16" else 0.0) + 1e-7 * c.micro_batch
                                for i in range(request.settings.steps)]
         return r
 
@@ -83,10 +83,10 @@ def test_run_verify_runs_both_probes_and_flags_only_a_real_difference() -> None:
                     reference=ref, workload=wl, settings=st, steps=6)
     assert ok["verdict"].startswith("ok: max |dloss|") and not ok["exceeds"] and ok["expected_identical"]
     assert len(ok["chosen"]["losses"]) == 6 and ex.max_concurrent == 2
-    flagged = run_verify(ex, chosen=dataclasses.replace(ref, packing=True), reference=ref, workload=wl,
+    flagged = run_verify(ex, chosen=dataclasses.replace(ref, precision="bf16"), reference=ref, workload=wl,
                          settings=st, steps=6)
     assert flagged["exceeds"] and flagged["max_abs_diff"] == pytest.approx(0.25)
-    assert flagged["verdict"].startswith("FLAG") and "packing: changes the trajectory" in flagged["verdict"]
+    assert flagged["verdict"].startswith("FLAG") and "precision: small numerical difference" in flagged["verdict"]
     assert flagged["tolerance"] == DEFAULT_TOLERANCE
 
 

@@ -62,6 +62,12 @@ def probe_table_rows(result: ProbeResult) -> list[tuple[str, str]]:
         rows += [
             ("tokens/s (real tokens)", f"{m['tokens_per_s']:,.1f}"),
             ("samples/s", _fmt(m.get("samples_per_s"), ",.2f")),
+        ]
+        if m.get("sequences_per_step_mean") is not None:
+            from autotune.report.markdown import step_counts_text
+
+            rows.append(("per optimizer step", step_counts_text(result)))
+        rows += [
             (
                 "step time",
                 f"median {m['step_time_median_s'] * 1000:.1f} ms "

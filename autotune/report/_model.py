@@ -231,8 +231,8 @@ LEVER_ROWS: tuple[tuple[str, str | None, bool, str], ...] = (
     ("fused vs plain AdamW", "optim", True, "adamw_torch and adamw_torch_fused are the same algorithm "
      "(adamw_8bit and adafactor are NOT: they change the optimizer state)"),
     ("precision", "precision", False, "bf16/fp16 autocast or TF32 matmuls round differently than fp32"),
-    ("packing", "packing", False, "changes which sequences share a batch and the per-token loss weighting; "
-     "needs per-sequence attention masks"),
+    ("packing", "packing", False, "the same sequences and loss terms per step (micro-batch counts sequences), "
+     "laid out in rows with per-sequence attention masks: rounding differs slightly, as for attention"),
     ("attention implementation", "attn", False, "same maths, different kernels: results differ slightly (rounding)"),
     ("torch.compile / Liger kernels", "torch_compile", False, "fused kernels: results differ slightly (rounding)"),
 )  # fmt: skip

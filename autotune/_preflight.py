@@ -192,7 +192,7 @@ def check_model_config(config: Any, config_path: str) -> None:
 def _compute_capability(index: int) -> list[int] | None:
     """(major, minor) of GPU ``index`` from NVML, None when NVML cannot say."""
     try:
-        import pynvml  # noqa: TID251 - effectful on purpose (this module is not a pure one)
+        import pynvml  # type: ignore[import-untyped]  # noqa: TID251 - effectful on purpose (not a pure module)
     except ImportError:
         return None
     try:

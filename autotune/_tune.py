@@ -265,13 +265,20 @@ def nothing_fits_message(
     )
 
 
-def _effective_batch_parts(c: Candidate) -> dict[str, Any]:
+def _effective_batch_parts(c: Candidate, metrics: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The requested effective batch, and what the measured optimizer steps held (sequences: mean/min/max,
+    real tokens: mean), packed or not; None where the probe did not record them."""
+    m = metrics or {}
+    seqs = {k: m.get(f"sequences_per_step_{k}") for k in ("mean", "min", "max")}
+    tokens = m.get("tokens_per_step_mean")
     return {
         "value": c.micro_batch * c.grad_accum * c.world_size,
         "micro_batch": c.micro_batch,
         "grad_accum": c.grad_accum,
         "world_size": c.world_size,
         "text": f"{c.micro_batch} × {c.grad_accum} × {c.world_size}",
+        "sequences_per_step": seqs if seqs["mean"] is not None else None,
+        "tokens_per_step": {"mean": tokens} if tokens is not None else None,
     }
 
 
@@ -292,10 +299,13 @@ def _build_summary(
     summary["probes_by_origin"] = dict(Counter(r.origin or "unknown" for r in outcome.records
                                                if r.phase == "search" and r.probed))
     summary["top"] = [
-        {k: e[k] for k in ("label", "status", "median_tokens_per_s", "measurements", "spread", "step_time_spread",
-                           "peak_mem_bytes", "candidate", "reason")}
+        {k: e.get(k) for k in ("label", "status", "median_tokens_per_s", "measurements", "spread", "range", "rounds",
+                               "search_tokens_per_s", "step_time_spread", "peak_mem_bytes", "candidate", "reason",
+                               "indistinguishable", "load_warnings")}
         for e in outcome.ranking
     ]
+    summary["warnings"] = outcome.warnings
+    summary["tie"] = outcome.tie
     if best is not None and rec is not None:
         c = best.probe_request().candidate
         peak = best.metrics.get("peak_mem_bytes_max") or best.peak_mem_bytes
@@ -304,13 +314,15 @@ def _build_summary(
             "candidate": dataclasses.asdict(c),
             "tokens_per_s": best.metrics.get("confirmed_tokens_per_s", best.tokens_per_s),
             "tokens_per_s_measurements": best.metrics.get("tokens_per_s_measurements"),
+            "tokens_per_s_range": best.metrics.get("tokens_per_s_range"),
+            "search_tokens_per_s": best.metrics.get("search_tokens_per_s"),
             "spread": best.metrics.get("measurement_spread"),
             "step_time_spread": best.metrics.get("step_time_spread"),
             "confirm_status": best.metrics.get("confirm_status"),
             "peak_mem_bytes": peak,
             "peak_vs_budget": (peak / budget_bytes) if peak and budget_bytes else None,
             "peak_vs_usable": (peak / usable) if peak and usable else None,
-            "effective_batch": _effective_batch_parts(c),
+            "effective_batch": _effective_batch_parts(c, best.metrics),
             "origin": rec.origin,
         }
     return summary
@@ -352,6 +364,9 @@ def tune(
     prune: bool | None = None,
     verify_loss: int = 0,
     verify_loss_tolerance: float | None = None,
+    confirm_rounds: tuple[int, int] | None = None,
+    confirm_tolerance: float | None = None,
+    load_monitor: bool | None = None,
 ) -> TuneResult:
     """Find the fastest configuration of ``model`` that fits ``gpu_budget``, by measuring.
 
@@ -366,6 +381,9 @@ def tune(
     ``space`` None is the device's own: ``cpu`` on a CPU (also when ``device="auto"`` finds no GPU),
     ``default`` on a GPU. Choices the device or installation cannot run are dropped before any
     probe (``summary["dropped_choices"]``, one ``note``).
+    ``confirm_rounds`` (min, max) and ``confirm_tolerance`` set the confirmation policy (default:
+    ``ConfirmPolicy.for_device``). ``load_monitor`` (default: on when autotune runs its own probes on
+    this machine) watches for other load and fills ``summary["warnings"]``.
     """
     t0 = time.monotonic()
     problems = _validate(seq_len=seq_len, effective_batch=effective_batch, mode=mode, max_trials=max_trials,
@@ -383,6 +401,11 @@ def tune(
     space_obj: SearchSpace | None = None
     try:
         space_obj = space if isinstance(space, SearchSpace) or space is None else load_space(space)
+    except SpecError as exc:
+        problems += exc.problems
+    confirm_policy = None
+    try:
+        confirm_policy = _confirm_policy(device, confirm_rounds, confirm_tolerance)
     except SpecError as exc:
         problems += exc.problems
     if problems:
@@ -404,6 +427,7 @@ def tune(
     space_obj, dropped, caps, notes = _space_for_device(space_obj, dev, gpu_infos, device, ray_address, mode)
     if gpus_per_trial is not None:
         space_obj = dataclasses.replace(space_obj, gpus_per_trial=(gpus_per_trial,))
+    confirm_policy = _confirm_policy(dev, confirm_rounds, confirm_tolerance)
     budget_bytes = budget.resolve(_device_total_bytes(dev, gpu_infos) if budget.fraction is not None else None)
     settings = ProbeSettings(device=dev, budget_bytes=budget_bytes, budget_text=budget.text,
                              warmup_steps=warmup_steps, steps=steps, timeout_s=probe_timeout_s)
@@ -451,7 +475,10 @@ def tune(
                        "time_budget_s": time_budget_s, "gpus": gpu_list, "baseline": baseline,
                        "prune": (f"custom:{getattr(pruner, '__qualname__', type(pruner).__name__)}"
                                  if pruner is not None else bool(prune if prune is not None else dev == "cuda")),
-                       "verify_loss": verify_loss, "verify_loss_tolerance": verify_loss_tolerance}
+                       "verify_loss": verify_loss, "verify_loss_tolerance": verify_loss_tolerance,
+                       "confirm": confirm_policy.to_dict(),
+                       "load_monitor": bool(load_monitor if load_monitor is not None else (
+                           executor is None and ray_address is None))}
     key = cache_key(model_config=resolved.config, space=space_obj.to_dict(), budget_bytes=budget_bytes,
                     seq_len=seq_len, effective_batch=effective_batch, mode=mode, hardware=hardware,
                     software=software, dataset=dataset_identity(dataset), search=search_settings,
@@ -500,7 +527,8 @@ def tune(
             "space": {"name": space_obj.name, "source": space_obj.source, "dimensions": space_obj.to_dict()},
             "dropped_choices": [d.to_dict() for d in dropped],
             "search": {"max_trials": max_trials, "time_budget_s": time_budget_s, "top_k": top_k, "steps": steps,
-                       "confirm_steps": steps * 2, "storage": storage_url, "study_name": run_dir.run_id},
+                       "confirm_steps": steps * 2, "confirm": confirm_policy.to_dict(), "storage": storage_url,
+                       "study_name": run_dir.run_id},
             "environment": {"hardware": hardware, "software": software},
         }
         if not resumed:
@@ -514,6 +542,11 @@ def tune(
                 progress("note", {"text": text})
 
         own_executor = executor is None
+        monitor = None
+        if load_monitor if load_monitor is not None else (own_executor and ray_address is None):
+            from autotune.executors.load import LoadMonitor
+
+            monitor = LoadMonitor(device=dev).start()
         try:
             import optuna
         except ImportError:  # e.g. a GPU box with only the training stack installed
@@ -543,6 +576,7 @@ def tune(
                 executor=executor, max_trials=max_trials, time_budget_s=time_budget_s, seed=seed,
                 storage=open_storage(storage_url), study_name=run_dir.run_id, top_k=top_k, device=dev, max_world=max_world,
                 history=history, sink=journal, pruner=pruner, progress=progress, baseline=baseline_cand,
+                confirm=confirm_policy, load_check=monitor.check if monitor is not None else None,
             )
             outcome = searcher.run()
             verified = _verify_loss(verify_loss, verify_loss_tolerance, outcome, baseline_cand, executor, workload,
@@ -556,6 +590,8 @@ def tune(
             raise
         finally:
             optuna.logging.set_verbosity(prev_verbosity)
+            if monitor is not None:
+                monitor.close()
             if own_executor and executor is not None:
                 executor.close()
 
@@ -563,9 +599,8 @@ def tune(
         summary = _build_summary(outcome=outcome, base=base_summary, usable=usable, budget_bytes=budget_bytes)
         if baseline_cand is not None:
             _, summary["baseline"] = _baseline_summary(outcome, baseline_cand)
-            b_tps, best_tps = summary["baseline"].get("tokens_per_s"), summary.get("best", {}).get("tokens_per_s")
-            if summary["baseline"].get("status") == "ok" and b_tps and best_tps:
-                summary["speedup_vs_baseline"] = best_tps / b_tps
+            summary.update(_speedup_summary(outcome, baseline_cand))
+        summary["trust"] = trust_verdict(summary)
         if outcome.best is None:
             message = nothing_fits_message(outcome.records, budget_text=budget.text, usable_bytes=usable,
                                            space=space_obj, mode=mode, seq_len=seq_len,
@@ -680,6 +715,51 @@ def _space_for_device(
     if dropped:
         notes.append(dropped_line(dropped, dev))
     return space, dropped, caps, notes
+def _confirm_policy(device: str, rounds: tuple[int, int] | None, tolerance: float | None) -> Any:
+    """The confirmation policy for ``device`` with the user's overrides (SpecError when they make no sense)."""
+    from autotune.search import ConfirmPolicy
+
+    overrides: dict[str, Any] = {}
+    if rounds is not None:
+        overrides.update(min_rounds=rounds[0], max_rounds=rounds[1])
+    if tolerance is not None:
+        overrides["tolerance"] = tolerance
+    try:
+        return ConfirmPolicy.for_device(device, **overrides)
+    except (ValueError, TypeError) as exc:
+        raise SpecError(f"confirmation: {exc}") from None
+
+
+def _speedup_summary(outcome: SearchOutcome, baseline: Candidate) -> dict[str, Any]:
+    """best vs the HF default from the medians of their side-by-side re-measurements, with the range."""
+    from autotune.search import speedup
+
+    if outcome.best_record is None:
+        return {}
+    key = candidate_id(baseline)
+    base = next((e for e in outcome.ranking if e["key"] == key), None)
+    best = next((e for e in outcome.ranking if e["key"] == outcome.best_record.key), None)
+    if base is None or best is None or base["status"] not in ("confirmed", "noisy"):
+        return {"speedup_vs_baseline": None,
+                "speedup_note": "the HF default was not re-measured beside the winner (it did not run, or failed)"}
+    s = speedup(best["measurements"], base["measurements"], best_by_round=best.get("by_round"),
+                base_by_round=base.get("by_round"))
+    if s is None:
+        return {"speedup_vs_baseline": None}
+    return {"speedup_vs_baseline": s["ratio"], "speedup_range": s["range"],
+            "speedup_distinguishable": s["distinguishable"], "speedup_paired_rounds": s["paired_rounds"]}
+
+
+def trust_verdict(summary: dict[str, Any]) -> dict[str, Any]:
+    """Whether the answer is doubtful (``--strict`` exits 5 on it), and why."""
+    reasons: list[str] = []
+    status = (summary.get("best") or {}).get("confirm_status")
+    if summary.get("best") and status != "confirmed":
+        reasons.append(f"the winner's re-measurements are {status}")
+    kinds = sorted({str(w.get("kind")) for w in summary.get("warnings") or []})
+    if kinds:
+        reasons.append(f"{len(summary['warnings'])} load warning(s) ({', '.join(kinds)})")
+    return {"doubtful": bool(reasons), "reasons": reasons}
 
 
 def _baseline_candidate(space: SearchSpace, effective_batch: int) -> Candidate | None:
@@ -708,8 +788,9 @@ def _baseline_summary(outcome: SearchOutcome, cand: Candidate) -> tuple[ProbeRes
     info.update(status=rec.status, reason=rec.reason, tokens_per_s=rec.tokens_per_s,
                 peak_mem_bytes=rec.peak_mem_bytes, confirmed=False)
     entry = next((e for e in outcome.ranking if e["key"] == key), None)
-    if entry is not None and entry["status"] == "confirmed":
-        info.update(tokens_per_s=entry["median_tokens_per_s"], measurements=entry["measurements"], confirmed=True)
+    if entry is not None and entry["status"] in ("confirmed", "noisy"):
+        info.update(tokens_per_s=entry["median_tokens_per_s"], measurements=entry["measurements"],
+                    range=entry["range"], confirm_status=entry["status"], confirmed=entry["status"] == "confirmed")
     return result, info
 
 

@@ -37,7 +37,8 @@ def plain_loop(req: ProbeRequest) -> dict[str, Any]:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from autotune.emit.training_args import model_dtype
-    from autotune.probe.data import REAL_TOKENS_KEY, build_train_data
+    from autotune.probe.collate import pop_counts
+    from autotune.probe.data import build_train_data
 
     w, c, s = req.workload, req.candidate, req.settings
     device = "cuda" if s.device in ("auto", "cuda") and torch.cuda.is_available() else "cpu"
@@ -55,7 +56,7 @@ def plain_loop(req: ProbeRequest) -> dict[str, Any]:
     n_steps = s.warmup_steps + s.steps
     data = build_train_data(w, c, num_optimizer_steps=n_steps, vocab_size=cfg.vocab_size, pad_token_id=0)
     loader = torch.utils.data.DataLoader(
-        data.dataset, batch_size=c.micro_batch, collate_fn=data.collator, shuffle=False
+        data.dataset, batch_size=c.micro_batch, collate_fn=data.collator, sampler=data.sampler
     )
     opt = torch.optim.AdamW(model.parameters(), lr=2e-5)
     amp = c.precision == "bf16"
@@ -73,7 +74,7 @@ def plain_loop(req: ProbeRequest) -> dict[str, Any]:
         step_tokens = 0
         for _ in range(c.grad_accum):
             batch = next(it)
-            step_tokens += int(batch.pop(REAL_TOKENS_KEY))
+            step_tokens += pop_counts(batch).real_tokens
             batch = {k: v.to(device) if hasattr(v, "to") else v for k, v in batch.items()}
             with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=amp):
                 loss = model(**batch).loss / c.grad_accum

@@ -94,3 +94,65 @@ def test_plan_does_not_import_torch() -> None:
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "LOADED:" in p.stderr and p.stderr.strip().endswith("LOADED:"), p.stderr
     json.loads(p.stdout)
+
+
+def test_pinned_flags_are_not_searched_and_show_in_json() -> None:
+    r = run("--model", "llama-3.1-8b", "--gpu", "A100-80GB", "--micro-batch", "2", "--grad-ckpt", "--zero-stage", "3",
+            "--world-size", "4", "--offload", "optimizer", "--optim", "adamw_torch_fused", "--precision", "bf16",
+            "--attn", "sdpa", "--json")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    c = d["gpus"][0]["option"]["candidate"]
+    assert (c["micro_batch"], c["grad_ckpt"], c["zero_stage"], c["world_size"]) == (2, True, 3, 4)
+    assert (c["offload"], c["optim"], c["precision"], c["attn"]) == (
+        "optimizer",
+        "adamw_torch_fused",
+        "bf16",
+        "sdpa",
+    )
+    assert d["pinned"]["world_size"] == 4 and "liger" not in d["pinned"]
+    g = d["gpus"][0]
+    assert g["host_bytes"] > 0 and g["host_memory_per_gpu_bytes"] > 0  # offload says what host RAM it needs
+    b = g["breakdown"]
+    shares = [t["share"] for t in b["terms"]]
+    assert shares == sorted(shares, reverse=True) and abs(sum(shares) - 1) < 1e-9
+    assert b["dominant"] == b["terms"][0]["term"] and b["lever"]
+
+
+def test_no_grad_ckpt_and_lora_targets_pins() -> None:
+    r = run("--model", "llama-3.1-8b", "--gpu", "H100", "--gpus-per-node", "1", "--mode", "qlora", "--lora-r", "32",
+            "--lora-targets", "all-linear", "--no-grad-ckpt", "--seq-len", "1024", "--json")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    o = json.loads(r.output)["gpus"][0]["option"]
+    assert o["candidate"]["grad_ckpt"] is False and "QLoRA r=32" in o["levers"]
+    # all-linear adapts 7 linears per layer: more trainable parameters than the attention default
+    attn = json.loads(run("--model", "llama-3.1-8b", "--gpu", "H100", "--gpus-per-node", "1", "--mode", "qlora",
+                          "--lora-r", "32", "--seq-len", "1024", "--json").output)["gpus"][0]["option"]  # fmt: skip
+    assert o["memory"]["trainable_params"] > 2 * attn["memory"]["trainable_params"]
+
+
+def test_bad_pins_exit_2_with_one_line() -> None:
+    assert "offload params needs ZeRO stage 3" in _one_line_error(
+        run("--model", "gpt2", "--seq-len", "512", "--zero-stage", "2", "--offload", "params")
+    )
+    assert "optim must be one of" in _one_line_error(
+        run("--model", "gpt2", "--seq-len", "512", "--optim", "lion")
+    )
+    assert "world_size 16 exceeds gpus_per_node 8" in _one_line_error(
+        run("--model", "gpt2", "--world-size", "16")
+    )
+    assert "--lora-targets" in _one_line_error(run("--model", "gpt2", "--lora-targets", " , "))
+    line = _one_line_error(run("--model", "gpt2", "--seq-len", "4096"))
+    assert "learned positions" in line and "--seq-len 1024" in line
+
+
+def test_text_shows_breakdown_dominant_term_and_zero_wording() -> None:
+    r = run("--model", "llama-3.1-8b", "--gpu", "A100-80GB", "--zero-stage", "3", "--world-size", "1",
+            "--offload", "params", "--gpus-per-node", "1")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    out = " ".join(r.output.split())
+    assert "ZeRO-3, 1 GPU" in out and "over 1 GPUs" not in out
+    assert "dominant:" in out and "memory at the" in out and "optimizer adamw_torch_fused" in out
+    assert "host RAM per node" in out
+    default = gather(model="gpt2", gpu="L4", environ={})
+    assert default.seq_len == 1024 and any("learned positions" in n for n in default.notes)

@@ -279,6 +279,8 @@ def _save_tiny_model_and_tokenizer(path: Path) -> None:
 
 @pytest.mark.parametrize("mode,packing", [("lora", True)])
 def test_train_py_runs_two_steps(tmp_path, fields, mode, packing):
+    """A text dataset, tokenized by the model directory's tokenizer (pre-tokenized rows and the
+    probe comparison: tests/test_train_script.py). One file holds one column, as for the probe."""
     pytest.importorskip("peft")
     best_dir = tmp_path / "best"
     emit_all(
@@ -297,7 +299,6 @@ def test_train_py_runs_two_steps(tmp_path, fields, mode, packing):
             fh.write(
                 json.dumps({"text": " ".join(f"w{(i * 7 + j) % 100}" for j in range(5 + i % 11))}) + "\n"
             )
-        fh.write(json.dumps({"input_ids": list(range(4, 20))}) + "\n")  # a pre-tokenized row
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(
         [sys.executable, str(best_dir / "train.py"), "--model", str(model_dir), "--dataset", str(data),

@@ -15,13 +15,14 @@ from autotune.probe import data as D
 from autotune.probe.data import (
     IGNORE_INDEX,
     REAL_TOKENS_KEY,
+    SEQUENCES_KEY,
     PackingCollator,
     PaddingCollator,
     build_train_data,
     count_real_tokens,
     length_histogram_from_dataset,
     load_token_sequences,
-    pack_greedy,
+    pack_first_fit,
 )
 from autotune.spec.lengths import (
     LengthDistribution,
@@ -166,20 +167,28 @@ def test_padding_collator_counts_real_tokens() -> None:
 
 
 def test_packing_collator_4d_mask_and_labels() -> None:
-    a, b = torch.arange(1, 6), torch.arange(11, 14)
-    item = {"input_ids": torch.cat([a, b]), "position_ids": torch.tensor([0, 1, 2, 3, 4, 0, 1, 2])}
-    batch = PackingCollator(seq_len=10, pad_token_id=0, attn="sdpa", mask_dtype=torch.float16)([item])
+    a, b, c = torch.arange(1, 6), torch.arange(11, 14), torch.arange(21, 25)
+    feats = [{"input_ids": a}, {"input_ids": b}, {"input_ids": c}]
+    batch = PackingCollator(seq_len=10, pad_token_id=0, attn="sdpa", mask_dtype=torch.float16)(feats)
+    # first-fit decreasing: a (5) + c (4) share row 0 (9 <= 10), b (3) opens row 1; width = longest row
     m = batch["attention_mask"]
-    assert m.shape == (1, 1, 10, 10) and m.dtype == torch.float16
-    allowed = m[0, 0] == 0
-    assert allowed[4, :5].all() and not allowed[4, 5:].any()  # seq a: causal within itself
-    assert allowed[7, 5:8].all() and not allowed[7, :5].any()  # seq b never sees seq a
-    assert not allowed[2, 3]  # causal
-    assert allowed[8, 8] and allowed[9, 9] and not allowed[9, :9].any()  # padding: itself only
-    assert (m[0, 0][~allowed] == torch.finfo(torch.float16).min).all()
-    assert batch["position_ids"][0, :8].tolist() == [0, 1, 2, 3, 4, 0, 1, 2]
-    assert batch["labels"][0].tolist() == [-100, 2, 3, 4, 5, -100, 12, 13, -100, -100]
-    assert int(batch[REAL_TOKENS_KEY]) == 8
+    assert m.shape == (2, 1, 9, 9) and m.dtype == torch.float16
+    assert batch["input_ids"][0].tolist() == [*a.tolist(), *c.tolist()]
+    assert batch["input_ids"][1].tolist() == [*b.tolist(), 0, 0, 0, 0, 0, 0]
+    allowed = m[:, 0] == 0
+    assert allowed[0, 4, :5].all() and not allowed[0, 4, 5:].any()  # seq a: causal within itself
+    assert allowed[0, 8, 5:9].all() and not allowed[0, 8, :5].any()  # seq c never sees seq a
+    assert not allowed[0, 2, 3]  # causal
+    assert allowed[1, 5, 5] and not allowed[1, 5, :5].any()  # padding: itself only
+    assert (m[:, 0][~allowed] == torch.finfo(torch.float16).min).all()
+    assert batch["position_ids"][0].tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 3]
+    assert batch["labels"][0].tolist() == [-100, 2, 3, 4, 5, -100, 22, 23, 24]
+    assert batch["labels"][1].tolist() == [-100, 12, 13] + [-100] * 6
+    assert int(batch[REAL_TOKENS_KEY]) == 12 and int(batch[SEQUENCES_KEY]) == 3
+    # the loss terms the Trainer counts (labels[..., 1:] != -100) equal the padded batch's
+    padded = PaddingCollator(0)(feats)
+    assert int((batch["labels"][..., 1:] != -100).sum()) == int((padded["labels"][..., 1:] != -100).sum()) == 9
+    assert int(padded[SEQUENCES_KEY]) == 3
 
 
 @pytest.mark.parametrize("attn", ["flash_attention_2", "flex_attention"])
@@ -193,7 +202,8 @@ def test_packing_collator_flat(attn: str) -> None:
     assert batch["position_ids"][0].tolist() == [0, 1, 2, 0, 1, 2, 3, 0, 1, 2, 3, 4]
     assert (batch["labels"][0] == -100).nonzero().reshape(-1).tolist() == [0, 3, 7]
     assert batch["use_cache"] is False
-    assert count_real_tokens(batch) == 12
+    assert int(batch[SEQUENCES_KEY]) == 3  # a feature that is already packed counts its sequences
+    assert count_real_tokens(batch) == 12 and SEQUENCES_KEY not in batch
 
 
 def test_collators_and_dataset_pickle() -> None:
@@ -264,40 +274,50 @@ def test_padding_worst_case_first() -> None:
 
 
 @pytest.mark.parametrize("spec", ["lognormal:3.5,1.0", "uniform:1-64", "fixed", "uniform:30-34"])
-def test_packing_rows_hold_whole_sequences(spec: str) -> None:
-    seq_len = 64
-    td = build_train_data(
-        Workload(model="m", seq_len=seq_len, lengths=spec, seed=11),
-        Candidate(micro_batch=4, grad_accum=2, packing=True),
-        num_optimizer_steps=3,
-        vocab_size=101,
-        pad_token_id=0,
-    )
+@pytest.mark.parametrize("attn", ["sdpa", "flash_attention_2"])
+def test_packing_keeps_micro_batch_sequences_whole(spec: str, attn: str) -> None:
+    """micro_batch counts sequences when packing: each micro-batch holds exactly its sequences, whole."""
+    seq_len, mb = 64, 4
+    wl = Workload(model="m", seq_len=seq_len, lengths=spec, seed=11)
+    kw = {"num_optimizer_steps": 3, "vocab_size": 101, "pad_token_id": 0}
+    td = build_train_data(wl, Candidate(micro_batch=mb, grad_accum=2, packing=True, attn=attn), **kw)
+    padded = build_train_data(wl, Candidate(micro_batch=mb, grad_accum=2), **kw)
+    order = td.dataset.order(td.num_items)
+    assert order == padded.dataset.order(padded.num_items)  # the same sequences as unpacked
     src = td.dataset.source
-    seen: set[int] = set()
-    for i in range(len(td.dataset)):
-        item = td.dataset[i]
-        refs = td.dataset.rows[i]
-        assert len(item["input_ids"]) <= seq_len
-        assert not seen & set(refs)  # every sequence used once
-        seen |= set(refs)
-        pos = item["position_ids"].tolist()
-        starts = [k for k, p in enumerate(pos) if p == 0]
-        seg_lens = [e - s for s, e in zip(starts, [*starts[1:], len(pos)], strict=True)]
-        assert seg_lens == [src.length(j) for j in refs]  # whole sequences, in order
-        assert torch.equal(item["input_ids"], torch.cat([src.get(j) for j in refs]))
-    if spec in ("fixed", "uniform:30-34"):
-        assert td.info["fill"] > 0.85
-    batch = td.collator([td.dataset[i] for i in range(4)])
-    assert batch["input_ids"].shape == (4, seq_len)
-    assert int(batch[REAL_TOKENS_KEY]) == sum(len(td.dataset[i]["input_ids"]) for i in range(4))
+    for i in range(0, td.num_items, mb):
+        ids = order[i : i + mb]
+        feats = [td.dataset[j] for j in ids]
+        batch = td.collator(feats)
+        assert int(batch[SEQUENCES_KEY]) == mb
+        assert int(batch[REAL_TOKENS_KEY]) == sum(src.length(j) for j in ids)
+        lens = [src.length(j) for j in ids]
+        layout = pack_first_fit(lens, seq_len=seq_len) if attn == "sdpa" else [list(range(len(ids)))]
+        assert batch["input_ids"].shape[0] == len(layout)
+        segments: list[list[int]] = []
+        for r, members in enumerate(layout):
+            n = sum(lens[k] for k in members)
+            assert n <= (seq_len if attn == "sdpa" else seq_len * mb)
+            pos = batch["position_ids"][r, :n].tolist()
+            starts = [k for k, p in enumerate(pos) if p == 0]
+            for s, e in zip(starts, [*starts[1:], n], strict=True):
+                segments.append(batch["input_ids"][r, s:e].tolist())
+        # every sequence of the micro-batch appears once, whole
+        assert sorted(segments) == sorted(src.get(j).tolist() for j in ids)
+        if attn == "sdpa":
+            assert batch["input_ids"].shape[1] <= seq_len
+        else:
+            assert batch["input_ids"].shape == (1, sum(src.length(j) for j in ids))
+    if spec == "fixed":
+        assert td.info["rows_per_micro_batch"] == (mb if attn == "sdpa" else 1)
 
 
-def test_pack_greedy_first_fit() -> None:
-    rows = pack_greedy(iter([5, 5, 8, 2, 10, 1, 9, 3]), seq_len=10, num_rows=4, open_rows=2)
-    assert rows == [[0, 1], [2, 3], [4], [5, 6]]
+def test_pack_first_fit_decreasing() -> None:
+    assert pack_first_fit([5, 5, 8, 2, 10, 1, 9, 3], seq_len=10) == [[4], [6, 5], [2, 3], [0, 1], [7]]
+    assert pack_first_fit([3, 3, 3], seq_len=10) == [[0, 1, 2]]
+    assert pack_first_fit([], seq_len=10) == []
     with pytest.raises(ValueError, match="> seq_len"):
-        pack_greedy(iter([11]), seq_len=10, num_rows=1)
+        pack_first_fit([11], seq_len=10)
 
 
 def test_build_rejects_bad_arguments() -> None:
@@ -339,16 +359,14 @@ def test_packed_sequences_are_isolated(attn: str) -> None:
     model = _tiny_llama(attn)
     g = torch.Generator().manual_seed(1)
     seqs = [torch.randint(0, 128, (n,), generator=g) for n in (11, 7, 5)]
-    rows = [
-        {"input_ids": torch.cat(seqs[:2]), "position_ids": torch.cat([torch.arange(11), torch.arange(7)])},
-        {"input_ids": seqs[2], "position_ids": torch.arange(5)},
-    ]
-    # the 4D-mask mode (sdpa/eager) and the flattened position_ids mode (what FA2/flex get)
+    feats = [{"input_ids": x} for x in seqs]
+    # the 4D-mask mode (sdpa/eager: 11 + 7 share a row of 20, 5 opens another) and the flattened
+    # position_ids mode (what FA2/flex get)
     for collator in (
-        PackingCollator(seq_len=24, attn=attn),
-        PackingCollator(seq_len=24, attn="flash_attention_2"),
+        PackingCollator(seq_len=20, attn=attn),
+        PackingCollator(seq_len=20, attn="flash_attention_2"),
     ):
-        batch = collator(rows)
+        batch = collator(feats)
         count_real_tokens(batch)
         batch.pop("labels")
         with torch.no_grad():
@@ -364,7 +382,9 @@ def test_packed_sequences_are_isolated(attn: str) -> None:
 
 
 def test_trainer_dataloader_with_a_worker_and_a_training_step(tmp_path: Path) -> None:
-    from transformers import Trainer, TrainingArguments
+    from transformers import TrainingArguments
+
+    from autotune.probe.collate import measured_trainer_class
 
     model = _tiny_llama("sdpa").train()
     td = build_train_data(
@@ -376,9 +396,10 @@ def test_trainer_dataloader_with_a_worker_and_a_training_step(tmp_path: Path) ->
     )
     seen: list[int] = []
 
-    class ProbeTrainer(Trainer):
+    class ProbeTrainer(measured_trainer_class()):  # type: ignore[misc]
         def training_step(self, model, inputs, num_items_in_batch=None):  # type: ignore[no-untyped-def]
-            seen.append(count_real_tokens(inputs))
+            assert REAL_TOKENS_KEY not in inputs and SEQUENCES_KEY not in inputs  # popped per step
+            seen.append(int(inputs["input_ids"].shape[0]))
             return super().training_step(model, inputs, num_items_in_batch)
 
     args = TrainingArguments(
@@ -390,18 +411,22 @@ def test_trainer_dataloader_with_a_worker_and_a_training_step(tmp_path: Path) ->
         report_to=[],
         save_strategy="no",
         logging_strategy="no",
-        train_sampling_strategy="sequential",
+        remove_unused_columns=False,
     )
     trainer = ProbeTrainer(model=model, args=args, train_dataset=td.dataset, data_collator=td.collator)
-    batches = list(trainer.get_train_dataloader())  # remove_unused_columns wrapper + a worker process
+    batches = list(trainer.get_train_dataloader())  # the dataset's sampler + a worker process
+    order = td.dataset.order(4)
     assert len(batches) == 2
-    assert all(b["attention_mask"].shape == (2, 1, 32, 32) for b in batches)
+    assert all(b["attention_mask"].dim() == 4 for b in batches)
     assert [int(b[REAL_TOKENS_KEY]) for b in batches] == [
-        td.dataset.real_tokens(0) + td.dataset.real_tokens(1),
-        td.dataset.real_tokens(2) + td.dataset.real_tokens(3),
+        sum(td.dataset.source.length(j) for j in order[0:2]),
+        sum(td.dataset.source.length(j) for j in order[2:4]),
     ]
+    assert [int(b[SEQUENCES_KEY]) for b in batches] == [2, 2]
     trainer.train()
-    assert sum(seen) == td.real_tokens_total
+    assert [c[1] for c in trainer.step_counts] == [2, 2]  # sequences per optimizer step
+    assert sum(c[0] for c in trainer.step_counts) == td.real_tokens_total
+    assert len(seen) == 2
 
 
 # ------------------------------------------------------------------ datasets
@@ -447,7 +472,7 @@ def test_jsonl_text_with_tokenizer_then_cache_hit(
     assert all(0 <= t < 20 for s in seqs for t in s)
     assert list(cache.glob("*.npz")) and not list(cache.glob("*.tmp"))
 
-    def boom(path: str) -> None:
+    def boom(path: str, **kw: object) -> None:
         raise AssertionError("re-tokenized although cached")
 
     monkeypatch.setattr(D, "_load_tokenizer", boom)
@@ -473,7 +498,8 @@ def test_default_cache_dir_and_model_dir_tokenizer(tmp_path: Path, tokdir: Path,
         pad_token_id=0,
     )
     assert td.info["column"] == "text" and (tmp_path / "c" / "datasets").is_dir()
-    assert all(len(td.dataset[i]["input_ids"]) == 5 for i in range(4))
+    assert len(td.dataset) == 3 and td.num_items == 4
+    assert all(len(td.dataset[i]["input_ids"]) == 5 for i in td.dataset.order(td.num_items))
 
 
 def test_jsonl_input_ids_build(tmp_path: Path) -> None:
@@ -482,13 +508,16 @@ def test_jsonl_input_ids_build(tmp_path: Path) -> None:
     wl = Workload(model="m", seq_len=10, dataset=str(ds), seed=5)
     kw = {"num_optimizer_steps": 3, "vocab_size": 20, "pad_token_id": 0, "cache_dir": tmp_path / "c"}
     td = build_train_data(wl, Candidate(micro_batch=2), **kw)
-    assert len(td.dataset) == 6 and td.info["column"] == "input_ids"
-    assert [len(td.dataset[i]["input_ids"]) for i in range(2)] == [10, 9]  # longest first (12 truncated)
+    assert len(td.dataset) == 5 and td.num_items == 6 and td.info["column"] == "input_ids"
+    order = td.dataset.order(td.num_items)
+    assert [len(td.dataset[i]["input_ids"]) for i in order[:2]] == [10, 9]  # longest first (12 truncated)
+    assert sorted(order[:5]) == list(range(5))  # moved to the front: each sequence once per epoch
     for i in range(len(td.dataset)):
         n = len(td.dataset[i]["input_ids"])
         assert td.dataset[i]["input_ids"].tolist() == list(range(1, n + 1))
     tp = build_train_data(wl, Candidate(micro_batch=2, packing=True), **kw)
-    assert all(len(tp.dataset[i]["input_ids"]) <= 10 for i in range(len(tp.dataset)))
+    assert tp.dataset.order(tp.num_items) == order  # packing reads the same sequences
+    assert tp.collator([tp.dataset[i] for i in order[:2]])["input_ids"].shape == (2, 10)  # 10 + 9 > 10
     with pytest.raises(DatasetError, match="token id 10 but the model's vocabulary has 8"):
         build_train_data(wl, Candidate(), **{**kw, "vocab_size": 8})
 

@@ -49,7 +49,7 @@ def test_top_configs_baseline_and_counts():
     assert "ZeRO-2" in rows[1]
     vs = md.split("## Best vs the HF default")[1].split("## Probes")[0]
     assert HF_DEFAULT_DESCRIPTION in vs
-    assert "**3.00×**" in vs and "8 × 4 × 1 = 32" in vs
+    assert "3.00× the HF default's throughput (single measurements" in vs and "8 × 4 × 1 = 32" in vs
     counts = md.split("## Probes by status")[1]
     assert "| oom | 2 |" in counts and "| over_budget | 1 |" in counts and "| ok | 3 |" in counts
     assert "| total | 6 | 1 inferred without running |" in counts
@@ -68,3 +68,26 @@ def test_nothing_fits():
     md = render_report_md(SUMMARY, [res(Candidate(), status="oom", tok=None, peak=None)], baseline=None)
     assert "No configuration fits the budget." in md
     assert "| oom | 1 |" in md
+
+
+def test_confirmed_speedup_with_its_range_ties_and_load_warnings():
+    best = res(Candidate(micro_batch=4, grad_accum=8, precision="bf16"), tok=3000.0)
+    baseline = res(hf_default_candidate(32), tok=1000.0, peak=20 * GiB)
+    summary = {
+        **SUMMARY, "speedup_vs_baseline": 2.9, "speedup_range": [2.5, 3.3], "speedup_distinguishable": True,
+        "search": {"confirm": {"min_rounds": 2, "max_rounds": 4, "tolerance": 0.25}},
+        "top": [{"label": "mb4x8 bf16", "status": "confirmed", "median_tokens_per_s": 2900.0, "range": [2800, 3000],
+                 "measurements": [2800.0, 3000.0], "search_tokens_per_s": 3400.0, "indistinguishable": True}],
+        "tie": ["mb8x4 bf16"],
+        "warnings": [{"kind": "cpu", "message": "other processes used 1.2 of 2 CPU cores during the probe",
+                      "label": "mb4x8 bf16"}],
+        "trust": {"doubtful": True, "reasons": ["1 load warning(s) (cpu)"]},
+    }
+    md = render_report_md(summary, [best, baseline], best=best, baseline=baseline)
+    vs = md.split("## Best vs the HF default")[1].split("## Confirmation")[0]
+    assert "**2.90×**" in vs and "2.50–3.30×" in vs
+    conf = md.split("## Confirmation")[1].split("## Probes")[0]
+    assert "2 to 4" in conf and "25%" in conf and "confirmed (tie)" in conf and "2,800, 3,000" in conf
+    assert "3,400" in conf  # the search value is shown, apart from the figure
+    assert "mb8x4 bf16" in conf and "other processes used 1.2 of 2 CPU cores" in conf
+    assert "Doubtful answer" in conf and "--strict" in conf

@@ -119,6 +119,9 @@ def test_the_budget_is_keyed_in_bytes_not_as_typed(stored, monkeypatch) -> None:
         ("baseline", {"baseline": False}),
         ("estimator pruning", {"prune": True}),
         ("trust_remote_code", {"trust_remote_code": True}),
+        ("confirmation rounds", {"confirm_rounds": (1, 2)}),
+        ("confirmation tolerance", {"confirm_tolerance": 0.5}),
+        ("load monitor", {"load_monitor": True}),
     ],
 )
 def test_each_setting_that_changes_the_answer_is_in_the_key(stored, monkeypatch, field, changes) -> None:

@@ -7,22 +7,25 @@ Imports neither torch nor transformers.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
 from collections.abc import Mapping
+from typing import Any
 
 import typer
 
 from autotune.errors import SpecError
 from autotune.estimate.catalog import catalog_paths_from_env, find_gpus, load_catalog
-from autotune.estimate.plan import PlanResult, parse_tokens, plan
+from autotune.estimate.plan import PlanResult, breakdown, parse_tokens, plan
 from autotune.spec.budget import format_bytes
 from autotune.spec.probe_request import MODE_CHOICES
 
-__all__ = ["command", "gather", "render", "DEFAULT_GPUS"]
+__all__ = ["command", "gather", "parse_lora_targets", "render", "DEFAULT_GPUS"]
 
 DEFAULT_GPUS = "A10G,L4,A100-80GB,H100-SXM"
+DEFAULT_SEQ_LEN = 2048
 
 
 def gather(
@@ -30,21 +33,32 @@ def gather(
     model: str,
     gpu: str = DEFAULT_GPUS,
     gpus_per_node: int = 8,
-    seq_len: int = 2048,
+    seq_len: int | None = None,
     effective_batch: int = 64,
     mode: str = "full",
     tokens: str | int | None = None,
     lora_r: int = 16,
+    lora_targets: str = "attn",
     catalog: list[str] | None = None,
     environ: Mapping[str, str] | None = None,
+    pin: Mapping[str, Any] | None = None,
 ) -> PlanResult:
-    """Validate the flags, resolve the model and plan. Raises SpecError with one line."""
+    """Validate the flags, resolve the model and plan. Raises SpecError with one line.
+
+    ``pin``: Candidate fields fixed from the command line (``PIN_FIELDS``; None values are ignored).
+    """
     from autotune.models import resolve_model
 
     problems: list[str] = []
+    pinned = {k: v for k, v in (pin or {}).items() if v is not None}
+    targets = parse_lora_targets(lora_targets)
+    if not targets:
+        problems.append(
+            f"--lora-targets must be attn, all-linear or a comma-separated module list; got {lora_targets!r}"
+        )
     if mode not in MODE_CHOICES:
         problems.append(f"--mode must be one of {', '.join(MODE_CHOICES)}; got {mode!r}")
-    for flag, v in (("--gpus-per-node", gpus_per_node), ("--seq-len", seq_len), ("--effective-batch", effective_batch),
+    for flag, v in (("--gpus-per-node", gpus_per_node), ("--seq-len", 1 if seq_len is None else seq_len), ("--effective-batch", effective_batch),
                     ("--lora-r", lora_r)):  # fmt: skip
         if v < 1:
             problems.append(f"{flag} must be a positive integer; got {v}")
@@ -64,10 +78,38 @@ def gather(
         raise SpecError(problems)
     resolved = resolve_model(model)
     assert gpus is not None
-    return plan(
-        resolved.config, gpus=gpus, gpus_per_node=gpus_per_node, seq_len=seq_len,
+    from autotune.estimate import arch_from_config
+
+    arch = arch_from_config(resolved.config)
+    default_note = ""
+    if seq_len is None:
+        seq_len = DEFAULT_SEQ_LEN
+        if arch.learned_positions and arch.max_positions and arch.max_positions < seq_len:
+            seq_len = arch.max_positions
+            default_note = (
+                f"--seq-len not given: {seq_len}, the model's learned positions (default {DEFAULT_SEQ_LEN})"
+            )
+    result = plan(
+        arch, gpus=gpus, gpus_per_node=gpus_per_node, seq_len=seq_len,
         effective_batch=effective_batch, mode=mode, tokens=n_tokens, model_name=resolved.name, lora_r=lora_r,
+        lora_targets=targets, pin=pinned,
     )  # fmt: skip
+    if default_note:
+        result = dataclasses.replace(result, notes=(*result.notes, default_note))
+    return result
+
+
+ATTN_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def parse_lora_targets(text: str) -> tuple[str, ...]:
+    """``attn`` (q/k/v/o), ``all-linear``, or a comma-separated list of module names; () if empty."""
+    t = (text or "").strip()
+    if t == "attn":
+        return ATTN_TARGETS
+    if t == "all-linear":
+        return ("all-linear",)
+    return tuple(x.strip() for x in t.split(",") if x.strip())
 
 
 def _count(n: float) -> str:
@@ -130,10 +172,44 @@ def render(result: PlanResult, *, width: int = 160, color: bool = False) -> str:
     for r in result.rows:
         if r.note and r.option is not None:
             lines.append(f"{r.gpu.name}: {r.note}.")
+    if result.pinned:
+        lines.append(
+            "Pinned (not searched): " + ", ".join(f"{k}={v}" for k, v in result.pinned.items()) + "."
+        )
+    for r in result.rows:
+        if r.option is not None:
+            lines.extend(_breakdown_lines(r))
     lines.extend(result.notes)
     for line in lines:
         con.print(line)
     return buf.getvalue()
+
+
+def _breakdown_lines(row: Any) -> list[str]:
+    """The chosen configuration's memory, sorted by share of the peak, with the dominant term's lever."""
+    o = row.option
+    b = breakdown(o)
+    c = o.candidate
+    shown = [t for t in b["terms"] if t["share"] >= 0.02][:7]
+    rest = sum(t["bytes"] for t in b["terms"][len(shown) :])
+    parts = [f"{t['term']} {format_bytes(t['bytes'])} ({100 * t['share']:.0f}%)" for t in shown]
+    if rest:
+        parts.append(f"other {format_bytes(rest)}")
+    out = [
+        f"{row.gpu.name} memory at the {b['phase'].replace('_', ' ')} peak ({format_bytes(b['total'])}, optimizer "
+        f"{c.optim}{', micro-batch ' + str(c.micro_batch)}): " + ", ".join(parts) + ".",
+        f"  dominant: {b['dominant']} -> {b['lever']}.",
+    ]
+    if o.memory.host_bytes:
+        host = row.gpu.host_memory_bytes_per_gpu
+        avail = (
+            f"; the catalog's node has {format_bytes(host * c.world_size)} for {c.world_size} GPU(s)"
+            f" ({row.gpu.host_memory_source})"
+            if host
+            else "; host RAM of this GPU's nodes unknown (add host_memory_per_gpu to the catalog)"
+        )
+        out.append(f"  offload needs {format_bytes(o.memory.host_bytes)} of host RAM per node{avail}.")
+    return out
 
 
 def command(
@@ -142,22 +218,51 @@ def command(
     ),
     gpu: str = typer.Option(DEFAULT_GPUS, "--gpu", help="Comma-separated GPU names from the catalog."),
     gpus_per_node: int = typer.Option(8, "--gpus-per-node", help="Most GPUs the plan may use (one node)."),
-    seq_len: int = typer.Option(2048, "--seq-len", help="Training sequence length."),
+    seq_len: int | None = typer.Option(
+        None,
+        "--seq-len",
+        help="Training sequence length (default 2048, or a learned-position model's limit).",
+    ),
     effective_batch: int = typer.Option(64, "--effective-batch", help="Sequences per optimizer step."),
     mode: str = typer.Option("full", "--mode", help="full | lora | qlora"),
     tokens: str | None = typer.Option(
         None, "--tokens", help="Training tokens for time and cost: 1B, 500M, 2e9."
     ),
     lora_r: int = typer.Option(16, "--lora-r", help="LoRA rank (modes lora and qlora)."),
+    lora_targets: str = typer.Option(
+        "attn", "--lora-targets", help="attn (q/k/v/o) | all-linear | comma-separated module names."
+    ),
+    micro_batch: int | None = typer.Option(None, "--micro-batch", help="Pin the micro-batch (not searched)."),
+    grad_ckpt: bool | None = typer.Option(
+        None, "--grad-ckpt/--no-grad-ckpt", help="Pin gradient checkpointing on or off."
+    ),
+    zero_stage: int | None = typer.Option(None, "--zero-stage", help="Pin the ZeRO stage 0-3."),
+    world_size: int | None = typer.Option(None, "--world-size", help="Pin the number of GPUs."),
+    offload: str | None = typer.Option(None, "--offload", help="Pin offload: none | optimizer | params."),
+    optim: str | None = typer.Option(
+        None,
+        "--optim",
+        help="Pin the optimizer (adamw_torch_fused, adamw_torch, adamw_8bit, paged_adamw_8bit, ...).",
+    ),
+    precision: str | None = typer.Option(
+        None, "--precision", help="Pin the precision: bf16 | fp16 | fp32 | tf32."
+    ),
+    attn: str | None = typer.Option(
+        None, "--attn", help="Pin attention: flash_attention_2 | sdpa | eager | flex_attention."
+    ),
     catalog: list[str] | None = typer.Option(  # noqa: B008
         None, "--catalog", help="Extra GPU catalog YAML (repeatable); also $AUTOTUNE_GPU_CATALOG."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON only."),
 ) -> None:
     """Plan capacity without a GPU: does it fit, with which levers, how fast, how long, what cost."""
+    pin = {
+        "micro_batch": micro_batch, "grad_ckpt": grad_ckpt, "zero_stage": zero_stage, "world_size": world_size,
+        "offload": offload, "optim": optim, "precision": precision, "attn": attn,
+    }  # fmt: skip
     result = gather(
         model=model, gpu=gpu, gpus_per_node=gpus_per_node, seq_len=seq_len, effective_batch=effective_batch,
-        mode=mode, tokens=tokens, lora_r=lora_r, catalog=catalog,
+        mode=mode, tokens=tokens, lora_r=lora_r, lora_targets=lora_targets, catalog=catalog, pin=pin,
     )  # fmt: skip
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=2))

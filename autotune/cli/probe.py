@@ -154,7 +154,7 @@ def command(
     precision: str = typer.Option("auto", "--precision", help="auto | fp32 | tf32 | bf16 | fp16 (auto: bf16 on a GPU, fp32 on cpu)."),
     mode: str = typer.Option("full", "--mode", help="full | lora | qlora."),
     packing: bool = typer.Option(False, "--packing/--no-packing", help="Pack sequences (padding-free) instead of padding."),
-    optim: str = typer.Option("adamw_torch", "--optim", help="adamw_torch | adamw_torch_fused | adamw_8bit | adafactor | sgd."),
+    optim: str = typer.Option("adamw_torch", "--optim", help="adamw_torch | adamw_torch_fused | adamw_8bit | paged_adamw_8bit | paged_adamw_32bit | adafactor | sgd."),
     torch_compile: bool = typer.Option(False, "--compile/--no-compile", help="TrainingArguments.torch_compile."),
     liger: bool = typer.Option(False, "--liger/--no-liger", help="Liger kernels (GPU, liger-kernel installed)."),
     lengths: str = typer.Option("fixed", "--lengths", help="Synthetic length distribution: fixed | lognormal:MU,SIGMA | uniform:LO-HI | histogram:FILE.json."),

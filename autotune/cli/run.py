@@ -76,7 +76,11 @@ class ProgressPrinter:
             self.time_left = data.get("time_left", self.time_left)
             self._refresh()
         elif event == "confirm":
-            con.print(f"[dim]re-measuring the top {data['count']} probe(s) with {data['steps']} timed steps ...[/dim]")
+            con.print(f"[dim]confirmation round {data.get('round', 1)} (of at most {data.get('max_rounds', 1)}): "
+                      f"re-measuring {data['count']} configuration(s) side by side, {data['steps']} timed steps "
+                      f"each ...[/dim]")
+        elif event == "warning":
+            con.print(f"[yellow]warning:[/yellow] {data.get('message')}", highlight=False)
         elif event == "record":
             rec = data["record"]
             self.in_flight = max(0, self.in_flight - (0 if rec.inferred or rec.status == "skipped" else 1))
@@ -146,9 +150,19 @@ def render_summary(summary: dict[str, Any], con: Console) -> None:
         con.print(table)
     base = summary.get("baseline")
     if base and summary.get("speedup_vs_baseline"):
-        con.print(f"vs the HF default ({base['label']}): {summary['speedup_vs_baseline']:.2f}× the tokens/s")
+        lo, hi = summary.get("speedup_range") or (None, None)
+        rng = f" (measured range {lo:.2f}–{hi:.2f}×)" if lo is not None else ""
+        verdict = "" if summary.get("speedup_distinguishable", True) else "; not distinguishable within the noise"
+        con.print(f"vs the HF default ({base['label']}): {summary['speedup_vs_baseline']:.2f}× the tokens/s"
+                  f"{rng}{verdict}")
     elif base:
         con.print(f"HF default ({base['label']}): {base['status']}")
+    if summary.get("tie"):
+        con.print(f"indistinguishable within the measured noise: {', '.join(summary['tie'])} (the tie went to "
+                  "fewer numerics-changing levers, then less memory)")
+    trust = summary.get("trust") or {}
+    if trust.get("doubtful"):
+        con.print(f"[yellow]doubtful answer:[/yellow] {'; '.join(trust.get('reasons') or [])}", highlight=False)
     if summary.get("from_cache"):
         con.print(f"(from the stored run {summary.get('run_dir')}; --fresh searches again)")
     vl = summary.get("verify_loss")
@@ -183,6 +197,9 @@ def command(
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow model code from the model dir."),
     verify_loss: bool = typer.Option(False, "--verify-loss", help="After the search, train the chosen config and the HF-default reference from the same seed and data and compare their losses (verify_loss.json)."),
     verify_loss_steps: int = typer.Option(20, "--verify-loss-steps", help="Optimizer steps of each --verify-loss run."),
+    confirm_rounds: str | None = typer.Option(None, "--confirm-rounds", help="Confirmation rounds MIN:MAX (default 2:4): more rounds run while the repeats disagree."),
+    confirm_tolerance: float | None = typer.Option(None, "--confirm-tolerance", help="Relative spread at which repeats agree (default 0.25 on CPU, 0.10 on a GPU)."),
+    strict: bool = typer.Option(False, "--strict", help="Exit 5 when the answer is doubtful: the winner's repeats are noisy, or other load was seen."),
     as_json: bool = typer.Option(False, "--json", help="Print only summary.json to stdout."),
 ) -> None:
     """Search for the fastest fine-tuning configuration that fits the budget, by measuring it."""
@@ -198,10 +215,31 @@ def command(
             fresh=fresh, progress=printer, gpus_per_trial=gpus_per_trial, top_k=top_k, steps=steps,
             probe_timeout_s=probe_timeout, trust_remote_code=trust_remote_code,
             verify_loss=verify_loss_steps if verify_loss else 0,
+            confirm_rounds=_rounds(confirm_rounds), confirm_tolerance=confirm_tolerance,
         )  # fmt: skip
     finally:
         printer.close()
     if as_json:
         sys.stdout.write(json.dumps(result.summary, indent=2, default=str) + "\n")
-        return
-    render_summary(result.summary, console())
+    else:
+        render_summary(result.summary, console())
+    trust = result.summary.get("trust") or {}
+    if strict and trust.get("doubtful"):
+        err.print(f"--strict: the answer is doubtful ({'; '.join(trust.get('reasons') or [])}); exit 5",
+                  highlight=False)
+        raise typer.Exit(5)
+
+
+def _rounds(text: str | None) -> tuple[int, int] | None:
+    """``--confirm-rounds``: ``MIN:MAX`` or ``N`` (MIN = MAX = N)."""
+    if text is None:
+        return None
+    from autotune.errors import SpecError
+
+    lo, _, hi = text.partition(":")
+    try:
+        a = int(lo)
+        b = int(hi) if hi else a
+    except ValueError:
+        raise SpecError(f"--confirm-rounds must be MIN:MAX or N (integers), e.g. 2:4; got {text!r}") from None
+    return a, b

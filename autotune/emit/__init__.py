@@ -9,7 +9,8 @@ Files (in ``best/``):
 - ``lora_config.json`` (lora/qlora): ``peft.LoraConfig(**json)``
 - ``accelerate_config.yaml``: ``accelerate launch --config_file accelerate_config.yaml train.py ...``
 - ``deepspeed.json`` (ZeRO through DeepSpeed): DeepSpeed's own config format, concrete values
-- ``train.py``: a minimal script that uses them
+- ``train.py``: a minimal script that uses them and feeds the Trainer the batches the probe measured
+  (it imports ``autotune.probe.collate`` from the installed autotune)
 """
 
 from __future__ import annotations
@@ -102,7 +103,15 @@ def build_files(
     )
     if ds is not None:
         files["deepspeed.json"] = _json(ds)
-    files["train.py"] = render_train_script(seq_len=wl.seq_len, packing=cand.packing)
+    measured = {
+        "seed": wl.seed,
+        "lengths": wl.lengths,
+        "dataset": wl.dataset,
+        "tokenizer": wl.tokenizer,
+        "worst_case_first": req.settings.usable_bytes() is not None,  # as the probe (worker.py)
+        "precision": cand.precision,
+    }
+    files["train.py"] = render_train_script(seq_len=wl.seq_len, packing=cand.packing, measured=measured)
     return files
 
 

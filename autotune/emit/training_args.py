@@ -21,6 +21,7 @@ __all__ = [
     "checkpointing_field",
     "LEARNING_RATES",
     "RUN_DEFAULTS",
+    "RUN_ONLY_KEYS",
     "hf_default_candidate",
     "emitted_training_args",
     "emitted_model_kwargs",
@@ -138,6 +139,15 @@ def performance_kwargs(
     return kw
 
 
+# Arguments where the probe's value is its own (a short measured run) and ``training_args.json``
+# carries a real run's: the schedule and the bookkeeping. Speed and memory depend on none of them;
+# every other argument is emitted with the probe's value (tests/test_train_script.py checks it).
+RUN_ONLY_KEYS = frozenset({
+    "max_steps", "lr_scheduler_type", "warmup_steps", "warmup_ratio", "save_strategy", "logging_strategy",
+    "report_to", "disable_tqdm", "train_sampling_strategy",
+})  # fmt: skip
+
+
 def probe_kwargs(request: ProbeRequest, *, fields: set[str], device: str) -> dict[str, Any]:
     """Everything a probe passes to ``TrainingArguments`` (besides ``output_dir``)."""
     kw = performance_kwargs(request.candidate, request.workload, fields=fields, device=device)
@@ -154,7 +164,8 @@ def probe_kwargs(request: ProbeRequest, *, fields: set[str], device: str) -> dic
         }
     )
     if "train_sampling_strategy" in fields:
-        # the probe's data puts its longest sequences first, so the measured peak is the worst case
+        # the probe's Trainer reads its dataset in the dataset's own sampler order anyway
+        # (autotune.probe.collate.measured_trainer_class); sequential is the plain Trainer's nearest
         kw["train_sampling_strategy"] = "sequential"
     return kw
 

@@ -84,6 +84,7 @@ class Arch:
     resid_dropout: float = 0.0
     attn_dropout: float = 0.0
     logit_softcap: bool = False
+    learned_positions: bool = False  # a learned position table (GPT-2) ends at max_positions; RoPE extends
     linears: tuple[tuple[str, int, int], ...] = ()
     notes: tuple[str, ...] = field(default=())
 
@@ -187,6 +188,7 @@ def _gpt2(cfg: Mapping[str, Any]) -> Arch:
         params_per_layer=per_layer, params_layer_linear=linear_w, params_final_norm=final,
         linears=linears, act_saved=_act_saved(cfg.get("activation_function", "gelu_new")),
         resid_dropout=float(cfg.get("resid_pdrop", 0.1) or 0.0), attn_dropout=float(cfg.get("attn_pdrop", 0.1) or 0.0),
+        learned_positions=True,
     )  # fmt: skip
 
 

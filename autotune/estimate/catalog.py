@@ -46,7 +46,7 @@ _REQUIRED = (
 )
 _OPTIONAL = (
     "aliases", "bf16_tflops", "tf32_tflops", "compute_capability", "vendor", "efficiency",
-    "price_date", "price_source",
+    "price_date", "price_source", "host_memory_per_gpu", "host_memory_source",
 )  # fmt: skip
 _KNOWN = set(_REQUIRED) | set(_OPTIONAL)
 
@@ -70,6 +70,8 @@ class GPU:
     price_date: str | None = None
     price_source: str | None = None
     aliases: tuple[str, ...] = field(default=())
+    host_memory_bytes_per_gpu: int | None = None  # host RAM of a typical node, per GPU (offload)
+    host_memory_source: str | None = None
 
     def peak_flops(self, precision: str) -> float:
         """Peak FLOP/s for a training precision (``bf16``, ``fp16``, ``tf32``, ``fp32``)."""
@@ -158,6 +160,17 @@ def parse_catalog(data: Any, *, source: str = "<catalog>") -> list[GPU]:
             )
         except SpecError as exc:
             problems.append(str(exc))
+        host_raw = entry.get("host_memory_per_gpu")
+        host: int | None = None
+        if host_raw is not None:
+            try:
+                host = (
+                    int(host_raw)
+                    if isinstance(host_raw, int) and not isinstance(host_raw, bool)
+                    else parse_size(str(host_raw), what=f"{where}: host_memory_per_gpu")
+                )
+            except SpecError as exc:
+                problems.append(str(exc))
         fp16 = _num(problems, where, "fp16_tflops", entry["fp16_tflops"])
         fp32 = _num(problems, where, "fp32_tflops", entry["fp32_tflops"])
         bf16_t = _num(problems, where, "bf16_tflops", entry.get("bf16_tflops"), optional=True)
@@ -201,7 +214,8 @@ def parse_catalog(data: Any, *, source: str = "<catalog>") -> list[GPU]:
                 tf32_tflops=tf32_t, compute_capability=None if cc is None else str(cc),
                 vendor=str(entry.get("vendor", "nvidia")), efficiency=None if eff is None else float(eff),
                 price_date=None if date is None else str(date), price_source=entry.get("price_source"),
-                aliases=tuple(aliases),
+                aliases=tuple(aliases), host_memory_bytes_per_gpu=host,
+                host_memory_source=entry.get("host_memory_source"),
             )
         )  # fmt: skip
     if problems:

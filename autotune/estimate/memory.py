@@ -24,7 +24,8 @@ Conventions (autotune's, see ``autotune/emit/training_args.py::model_dtype``):
   docs: with ``overlap_comm`` buckets take 4.5x their size; DeepSpeed's default bucket is 5e8
   elements for stages 1/2; HF's ``auto`` for stage 3 is ``hidden²``). FSDP keeps fp32 shards.
 * LoRA/QLoRA hold the frozen base in the 16-bit type (2 B/param) or NF4 (QLoRA ≈ 0.516 B/param for
-  the blocks' linears, embeddings and ``lm_head`` stay 16-bit); adapters are fp32 with fp32 grads and
+  the blocks' linears; embeddings, ``lm_head`` and norms are cast to fp32 by peft's
+  ``prepare_model_for_kbit_training``, so the residual stream is fp32 too); adapters are fp32 with fp32 grads and
   states (16 B per adapter param).
 * Activations are counted tensor by tensor for HF's Llama-style blocks (RMSNorm computed in fp32,
   autocast casts per consuming linear, fused attention keeping q, k, v, output and the fp32
@@ -35,8 +36,13 @@ Conventions (autotune's, see ``autotune/emit/training_args.py::model_dtype``):
 * Logits/loss: transformers upcasts the logits to fp32 and runs log_softmax + nll; at the start of
   backward the saved log-probabilities, the nll gradient and the log_softmax gradient are live:
   ``LOGITS_BYTES_PER_ELEMENT`` (12) x s·b·V. A fused linear+cross-entropy (Liger) keeps O(s·b·h).
-* GPU only: ``CUDA_CONTEXT_BYTES`` for the context and ``ALLOCATOR_RESERVE`` of the allocated peak
-  for the caching allocator's reserve (fragmentation). ``device="cpu"`` leaves both out: the CPU
+* ZeRO-Offload (DeepSpeed's own estimators, checked in tests/test_estimate_published.py): the fp32
+  master weights, optimizer states and (stage 2/3) gradient partitions go to the host; ``host_bytes``
+  is the host RAM per node. ``MemoryBreakdown.model_states`` is what those estimators count.
+* Optimizers (``OPTIMIZERS``): fused, foreach, 8-bit, paged (states counted at the step only),
+  Adafactor, SGD.
+* GPU only: ``CUDA_CONTEXT_BYTES`` for the context and ``ALLOCATOR_RESERVE`` of the dynamic part of
+  the peak (not the weights and states allocated once) for the caching allocator's reserve. ``device="cpu"`` leaves both out: the CPU
   figure is what a CPU probe measures as peak RSS growth (model built after the baseline, fp32),
   so it adds ``CPU_RUNTIME_OVERHEAD_BYTES`` (library pages, the Trainer's lazy imports, thread
   state; calibrated by ``benchmarks/estimator_accuracy.py``, figures in ``benchmarks/README.md``).
@@ -62,6 +68,13 @@ __all__ = [
     "CPU_TRAINER_IMPORTS_BYTES",
     "CUDA_CONTEXT_BYTES",
     "DEEPSPEED_BUCKET_ELEMENTS",
+    "DEEPSPEED_SUB_GROUP_ELEMENTS",
+    "DEFAULT_OPTIM",
+    "HOST_BUFFER_FACTOR",
+    "MODEL_STATE_TERMS",
+    "OPTIMIZERS",
+    "STATIC_TERMS",
+    "LOGITS_16BIT_BYTES",
     "LOGITS_BYTES_PER_ELEMENT",
     "OVERLAP_COMM_FACTOR",
     "QLORA_BYTES_PER_PARAM",
@@ -73,9 +86,14 @@ __all__ = [
 # CUDA context + cuBLAS/cuDNN workspaces, outside torch's allocator: transformers'
 # model_memory_anatomy measured 1,343 MB after one tiny op; 300 MiB–2 GiB reported elsewhere.
 CUDA_CONTEXT_BYTES = 1 << 30
-# Caching-allocator reserve above the allocated peak (max_memory_reserved / max_memory_allocated - 1).
-# No published figure: calibrate against GPU probes.
-ALLOCATOR_RESERVE = 0.08
+# Caching-allocator reserve (max_memory_reserved / max_memory_allocated - 1) on the part of the peak
+# allocated and freed within each step (activations, logits, gradients, temporaries; not the weights
+# and optimizer states allocated once, STATIC_TERMS): fragmentation grows with the size of the blocks
+# freed and re-requested, the largest of which scale with the sequence. No published allocator figure;
+# 15% reproduces the slope (bytes per extra token) of the HF + FA2 context lengths Unsloth published
+# for Llama-3.1-8B QLoRA at 12-80 GB together with the terms below (2.65 MB/token measured, 2.69
+# modelled). Recalibrate with GPU probes (benchmarks/estimator_accuracy.py --device cuda).
+ALLOCATOR_RESERVE = 0.15
 # What a CPU probe's RSS growth holds besides tensors (fp32, torch 2.13 / transformers 5.24, 2 threads,
 # MALLOC_MMAP_THRESHOLD_=65536), measured 2026-11-30 by reading /proc/self/status around each stage of
 # the probe (tiny-llama, smollm2-135m, gpt2) and fitted on the ``fit`` split of
@@ -97,10 +115,27 @@ CPU_OVERHEAD_TERMS = ("runtime_overhead",)
 QLORA_BYTES_PER_PARAM = 0.5 + 0.127 / 8
 # fp32 log-probs saved by log_softmax + nll grad + log_softmax grad at the start of backward.
 LOGITS_BYTES_PER_ELEMENT = 12
+# 16-bit training: the 16-bit logits the model computed, counted live beside the fp32 working set.
+# transformers 5.x frees them before backward (its peak is 12 B at the start of backward), but
+# versions before 4.48 also held a shifted fp32 copy; with these 2 B the plan's longest context for
+# Llama-3.1-8B QLoRA stays at or under the HF + FA2 lengths Unsloth measured (conservative where the
+# stack is not known; benchmarks/estimator_vs_published.py).
+LOGITS_16BIT_BYTES = 2
 # attention implementations that take packed sequences flattened (no 4D mask)
 _FLATTEN_ATTN = ("flash_attention_2", "flex_attention")
+# Host RAM per offloaded byte: DeepSpeed's estimators' ``additional_buffer_factor`` (pinned buffers).
+HOST_BUFFER_FACTOR = 1.5
+# Terms allocated once and kept for the whole run; the allocator reserve applies to the others.
+STATIC_TERMS = ("weights", "master_weights", "optimizer_states", "lora_adapters", "zero_buffers", "ddp_buckets",
+                "runtime_overhead")  # fmt: skip
+# Terms DeepSpeed's model-state estimators count (parameters, gradients, optimizer states, ZeRO-3's
+# gathered layers).
+MODEL_STATE_TERMS = ("weights", "gradients", "gradients_fp32", "master_weights", "optimizer_states",
+                     "gathered_params", "lora_adapters")  # fmt: skip
 # DeepSpeed's default reduce/allgather bucket (elements) and the overlap_comm multiplier (HF docs).
 DEEPSPEED_BUCKET_ELEMENTS = 500_000_000
+# ZeRO-3's optimizer sub-group (``sub_group_size``, DeepSpeed's default): the step walks them in turn.
+DEEPSPEED_SUB_GROUP_ELEMENTS = 1_000_000_000
 OVERLAP_COMM_FACTOR = 4.5
 
 
@@ -122,6 +157,14 @@ class MemoryBreakdown:
     offloaded_bytes: int = 0
     notes: tuple[str, ...] = field(default=())
     phase_terms: dict[str, dict[str, int]] = field(default_factory=dict)  # allocated terms of each phase
+    host_bytes: int = 0  # host RAM one node needs for what is offloaded (0: nothing offloaded)
+
+    @property
+    def model_states(self) -> int:
+        """Model-state bytes at the optimizer step (``MODEL_STATE_TERMS``): what DeepSpeed's
+        ``estimate_zero*_model_states_mem_needs`` count per GPU, activations and buffers excluded."""
+        opt = self.phase_terms.get("optimizer_step", self.terms)
+        return sum(opt.get(k, 0) for k in MODEL_STATE_TERMS)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -134,14 +177,42 @@ class MemoryBreakdown:
             "offloaded_bytes": self.offloaded_bytes,
             "notes": list(self.notes),
             "phase_terms": {k: dict(v) for k, v in self.phase_terms.items()},
+            "host_bytes": self.host_bytes,
+            "model_states": self.model_states,
         }
 
 
+# The optimizers the Trainer can be given (``TrainingArguments.optim``), as the estimator models them:
+# name -> (state bytes per trainable parameter, step temporaries, paged).
+# * adamw_torch: torch.optim.AdamW with foreach=None, which picks the multi-tensor (foreach) path on
+#   CUDA: ``_foreach_sqrt(exp_avg_sq)`` materialises one fp32 copy of every state tensor (4 B/param);
+#   on CPU the single-tensor path, temporaries of one tensor at a time.
+# * adamw_torch_fused: one fused kernel per tensor group, no temporaries. transformers 5.x's default
+#   (``TrainingArguments.optim`` is ``adamw_torch_fused`` with torch >= 2.8).
+# * adamw_8bit / paged_adamw_8bit: bitsandbytes block-wise 8-bit m and v (2 B/param), updated in place.
+# * paged_adamw_32bit: fp32 m and v (8 B/param) in CUDA unified memory.
+# * paged_*: the states live in unified memory that the driver evicts to host RAM under pressure
+#   (QLoRA, arXiv:2305.14314 §3): they are counted at the optimizer step, not during forward/backward.
+# * adafactor: factored second moment (rows + columns per matrix), no first moment by default.
+# * sgd: the Trainer's plain SGD (no momentum): no state.
+OPTIMIZERS: dict[str, tuple[float, str, bool]] = {
+    "adamw_torch": (8.0, "foreach", False),
+    "adamw_torch_fused": (8.0, "none", False),
+    "adamw_8bit": (2.0, "none", False),
+    "paged_adamw_8bit": (2.0, "none", True),
+    "paged_adamw_32bit": (8.0, "none", True),
+    "adafactor": (0.0, "per_tensor", False),
+    "sgd": (0.0, "none", False),
+}
+# transformers 5.x's default optimizer (TrainingArguments.optim with torch >= 2.8)
+DEFAULT_OPTIM = "adamw_torch_fused"
+
+
 def optimizer_state_bytes_per_param(optim: str) -> float:
-    """Optimizer state bytes per trainable parameter (AdamW: m and v in fp32)."""
-    return {"adamw_torch": 8.0, "adamw_torch_fused": 8.0, "adamw_8bit": 2.0, "adafactor": 0.0, "sgd": 0.0}[
-        optim
-    ]
+    """Optimizer state bytes per trainable parameter (AdamW: m and v in fp32; 8-bit: 2 B)."""
+    if optim not in OPTIMIZERS:
+        raise SpecError(f"optim must be one of {', '.join(OPTIMIZERS)}; got {optim!r}")
+    return OPTIMIZERS[optim][0]
 
 
 def _adafactor_bytes(arch: Arch) -> int:
@@ -229,9 +300,15 @@ def layer_activation_bytes_per_token(
     else:
         # eager (or the math fallback): repeat_kv copies, s² scores, fp32 softmax and its cast
         total += cb * 3 * qw + cb * qw
-        total += a * s * (4 + (cb if cb < 4 else 0))
         if arch.attn_dropout > 0:
-            total += a * s * (1 + 4)  # mask + dropped probabilities
+            # softmax saves its fp32 output; dropout saves its mask and the matmul with v the dropped
+            # probabilities (16-bit under autocast: the cast feeds dropout and is not saved itself).
+            # CUDA's fused dropout keeps a bool mask; CPU multiplies by a noise tensor of the input's
+            # dtype. Measured by benchmarks/eager_dropout_saved.py (CPU fp32: 12 B per score element)
+            mask = 1 if device == "cuda" else 4
+            total += a * s * (4 + mask + cb)
+        else:
+            total += a * s * (4 + (cb if cb < 4 else 0))
     # MLP
     k = arch.experts_per_token
     if arch.gated_mlp:
@@ -243,10 +320,10 @@ def layer_activation_bytes_per_token(
     return total
 
 
-def _logits_bytes(arch: Arch, tokens: int, liger: bool) -> int:
+def _logits_bytes(arch: Arch, tokens: int, liger: bool, cb: int = 4) -> int:
     if liger:
         return int(8 * tokens * arch.hidden)
-    per = LOGITS_BYTES_PER_ELEMENT + (8 if arch.logit_softcap else 0)
+    per = LOGITS_BYTES_PER_ELEMENT + (8 if arch.logit_softcap else 0) + (LOGITS_16BIT_BYTES if cb < 4 else 0)
     return int(per * tokens * arch.vocab)
 
 
@@ -292,6 +369,11 @@ def estimate_memory(
     offloaded = 0.0
     full = w.mode == "full"
     adapted: frozenset[str] = frozenset()
+    gb = 2 if half else 4  # bytes per element of a gathered (ZeRO-3) or autocast copy of a weight
+    # ZeRO-Offload of stage 2/3 also moves the gradient partitions to the host: the 16-bit gradients
+    # are reduced bucket by bucket and copied out (DeepSpeed's own estimators count 2Ψ on the GPU
+    # for ZeRO-2 and 2Ψ/N for ZeRO-3 with the optimizer offloaded). ZeRO-1 keeps whole gradients.
+    grads_off = off_opt and c.zero_stage >= 2
 
     if full:
         trainable = psi
@@ -302,8 +384,11 @@ def estimate_memory(
             t["gradients"] = 2 * psi / (n if c.zero_stage >= 2 else 1)
             master, st = 4 * psi / n, states / n
             if off_opt:
+                # fp32 master weights, optimizer states and the fp32 gradient partition on the host
                 offloaded += master + st + 4 * psi / n
                 master = st = 0
+            if grads_off:
+                t["gradients"] = 0
             t["master_weights"], t["optimizer_states"] = master, st
             persistent_grads = True
         elif ds or fsdp:
@@ -314,6 +399,9 @@ def estimate_memory(
             if off_opt:
                 offloaded += st
                 st = 0
+            if grads_off or fsdp and off_par:
+                offloaded += t["gradients"]
+                t["gradients"] = 0
             t["optimizer_states"] = st
             persistent_grads = True
             if fsdp and half:
@@ -338,10 +426,16 @@ def estimate_memory(
         wb = 2 if half else 4
         base_div = n if c.zero_stage == 3 else 1
         if w.mode == "qlora":
+            # peft's prepare_model_for_kbit_training (the probe and the HF recipe call it) casts every
+            # parameter bitsandbytes did not quantize (embeddings, lm_head, norms) to fp32, so the
+            # residual stream is fp32 too, and autocast keeps a 16-bit copy of the fp32 lm_head
             linear = arch.params_linear_total
-            t["weights"] = (QLORA_BYTES_PER_PARAM * linear + 2 * (psi - linear)) / base_div
+            t["weights"] = (QLORA_BYTES_PER_PARAM * linear + 4 * (psi - linear)) / base_div
             largest_linear = max((i * o for _, i, o in arch.linears), default=0)
             t["qlora_dequant"] = 2 * 2 * largest_linear
+            wb = 4
+            if half:
+                t["weight_copies"] = 2 * arch.vocab * arch.hidden
         else:
             t["weights"] = wb * psi / base_div
         t["lora_adapters"] = 4 * trainable
@@ -350,13 +444,16 @@ def estimate_memory(
         if off_opt:
             offloaded += st
             st = 0
+        if grads_off:
+            offloaded += t["gradients"]
+            t["gradients"] = 0
         t["optimizer_states"] = st
         if c.zero_stage > 0 or c.world_size > 1:
             persistent_grads = True
         if c.world_size > 1 and c.zero_stage == 0:
             t["ddp_buckets"] = 4 * trainable
 
-    # communication buffers of DeepSpeed ZeRO
+    # communication buffers of DeepSpeed ZeRO, and ZeRO-3's gathered parameters
     if ds:
         ov = OVERLAP_COMM_FACTOR
         if c.zero_stage in (1, 2):
@@ -364,8 +461,10 @@ def estimate_memory(
             t["zero_buffers"] = 2 * 2 * bucket * ov
         else:
             h2 = arch.hidden**2
-            gathered = 0 if w.mode != "full" else 2 * (arch.vocab * arch.hidden + 2 * arch.params_per_layer)
-            t["zero_buffers"] = 2 * h2 * ov + 2 * 0.9 * h2 + gathered
+            t["zero_buffers"] = 2 * h2 * ov + 2 * 0.9 * h2
+            # the module being computed and the one prefetched, gathered in 16-bit: DeepSpeed's
+            # estimator counts 4 B x the largest module's parameters (the embedding, for LLMs)
+            t["gathered_params"] = 2 * gb * arch.largest_param
             if off_par:
                 offloaded += t["weights"]
                 t["weights"] = 0
@@ -375,22 +474,40 @@ def estimate_memory(
     largest = (
         arch.largest_param if full else w.lora_r * max((max(i, o) for _, i, o in arch.linears), default=0)
     )
+    kind = OPTIMIZERS[c.optim][1]
     if off_opt:
         temp = 0.0
-    elif c.optim == "adamw_torch":
+    elif kind == "foreach":
         # foreach (CUDA; DeepSpeed's flat partition): one fp32 copy; single-tensor (CPU): per tensor
         temp = 4 * tr_shard if device == "cuda" or ds else 2 * 4 * largest
-    elif c.optim == "adafactor":
+    elif kind == "per_tensor":
         temp = 2 * 4 * largest
     else:
         temp = 0.0
-    if ds and half and not off_opt:
-        temp += 4 * tr_shard  # fp32 gradient partition built for the step
     step["optimizer_temp"] = temp
+    if ds and half and not off_opt:
+        # the fp32 gradient partition built for the step; ZeRO-3 builds it one optimizer sub-group
+        # at a time (DeepSpeed's estimator leaves it out for ZeRO-3: a stated difference)
+        sub = tr_shard if c.zero_stage < 3 else min(tr_shard, DEEPSPEED_SUB_GROUP_ELEMENTS)
+        step["gradients_fp32"] = 4 * sub
+    if OPTIMIZERS[c.optim][2] and "optimizer_states" in t:
+        # paged: evicted to host RAM under pressure during forward/backward, paged in for the step
+        step["optimizer_states"] = t.pop("optimizer_states")
+    host = 0.0
+    if offloaded:
+        # host RAM per node (all ranks of one node), as DeepSpeed's estimators count it: the offloaded
+        # partitions of every rank, or (ZeRO-1/2) each rank's fp32 copy while it builds the model,
+        # whichever is larger, x HOST_BUFFER_FACTOR for pinned buffers
+        ranks = c.world_size
+        load = 0.0 if c.zero_stage == 3 else (4 if full else wb) * psi * ranks
+        host = HOST_BUFFER_FACTOR * max(offloaded * ranks, load)
 
     # activations
-    # packing without a flattening kernel: the collator's 4D block-causal mask (b, 1, s, s) in the
-    # hidden states' dtype, live for the whole step
+    # packing without a flattening kernel: the collator's 4D block-causal mask (rows, 1, W, W) in the
+    # hidden states' dtype, live for the whole step. micro_batch counts sequences, packed or not, and
+    # the probe's first micro-batch holds the longest ones (autotune.probe.collate): at worst b
+    # sequences of s tokens, one per row, so b x s tokens and a (b, 1, s, s) mask, as for padding.
+    # Shorter sequences pack into fewer, narrower rows: the same terms bound them.
     masked = c.packing and c.attn not in _FLATTEN_ATTN
     layer = layer_activation_bytes_per_token(
         arch, s, trainable_base=full, adapted=adapted, wb=wb, cb=cb, attn=c.attn, device=device,
@@ -402,6 +519,14 @@ def estimate_memory(
     # backward through a recomputed layer frees its saved tensors as their gradients are made: one
     # f-sized gradient (CPU probes: 0.6-0.7x the 3-gradient figure was live, tiny-llama/qwen2/gpt2)
     recompute_transient = (cb * f_k + 8 * arch.hidden) * tokens
+    if device == "cuda" and c.attn in ("sdpa", "flash_attention_2", "flex_attention"):
+        # backward through a fused attention kernel: the output gradient, dq/dk/dv, FlashAttention's
+        # fp32 dq accumulator and softmax statistics, and (GQA) dk/dv expanded to every head
+        qw, kvw = arch.q_width, arch.kv_width
+        expanded = 2 * cb * qw if kvw < qw else 0
+        attn_ws = (cb * qw + cb * (qw + 2 * kvw) + 4 * qw + 4 * arch.heads + expanded) * tokens
+        transient = max(transient, attn_ws)
+        recompute_transient = max(recompute_transient, attn_ws)
     if c.attn == "eager" or device == "cpu" and arch.attn_dropout > 0:
         # backward through an eager softmax: the fp32 gradient of the s² probabilities
         s2_grad = 4 * arch.heads * s * tokens
@@ -412,7 +537,7 @@ def estimate_memory(
     elif c.attn == "eager" and c.grad_ckpt:
         # transformers materialises the causal mask for eager attention; checkpointed layers keep it
         t["attention_mask"] = wb * b * s * s
-    logits = _logits_bytes(arch, tokens, c.liger)
+    logits = _logits_bytes(arch, tokens, c.liger, cb)
     saved: float
     working: float
     if c.grad_ckpt:
@@ -439,24 +564,26 @@ def estimate_memory(
         bwd.pop("gradients", None)
     opt = {**static, **step}
     phases = {"backward_start": bwd, "optimizer_step": opt}
-    totals = {k: sum(v.values()) for k, v in phases.items()}
+
+    def _overhead(ts: dict[str, float]) -> dict[str, float]:
+        """The allocator's reserve on the part allocated and freed within a step, and the context."""
+        if device != "cuda":
+            return {}
+        dynamic = sum(v for k, v in ts.items() if k not in STATIC_TERMS)
+        return {"allocator_reserve": dynamic * ALLOCATOR_RESERVE, "cuda_context": CUDA_CONTEXT_BYTES}
+
+    totals = {k: sum(v.values()) + sum(_overhead(v).values()) for k, v in phases.items()}
     phase = max(totals, key=lambda k: totals[k])
-    terms = {k: int(round(v)) for k, v in phases[phase].items() if v}
-
-    def _overhead(allocated: float) -> int:
-        return int(allocated * ALLOCATOR_RESERVE) + CUDA_CONTEXT_BYTES if device == "cuda" else 0
-
-    if device == "cuda":
-        terms["allocator_reserve"] = int(sum(terms.values()) * ALLOCATOR_RESERVE)
-        terms["cuda_context"] = CUDA_CONTEXT_BYTES
+    terms = {k: int(round(v)) for k, v in {**phases[phase], **_overhead(phases[phase])}.items() if v}
     return MemoryBreakdown(
         total=sum(terms.values()),
         terms=terms,
         phase=phase,
-        phases={k: int(round(v)) + _overhead(v) for k, v in totals.items()},
+        phases={k: int(round(v)) for k, v in totals.items()},
         device=device,
         trainable_params=int(trainable),
         offloaded_bytes=int(offloaded),
         notes=tuple(notes + list(arch.notes)),
         phase_terms={p: {k: int(round(v)) for k, v in ts.items() if v} for p, ts in phases.items()},
+        host_bytes=int(host),
     )

@@ -20,17 +20,28 @@ from typing import Any
 from autotune.errors import SpecError
 from autotune.estimate.arch import Arch, arch_from_config
 from autotune.estimate.catalog import GPU
-from autotune.estimate.memory import MemoryBreakdown, estimate_memory
+from autotune.estimate.memory import DEFAULT_OPTIM, MemoryBreakdown, estimate_memory
 from autotune.estimate.speed import SpeedEstimate, predict_speed
-from autotune.spec.probe_request import MODE_CHOICES, Candidate, Workload
+from autotune.spec.probe_request import (
+    ATTN_CHOICES,
+    MODE_CHOICES,
+    OFFLOAD_CHOICES,
+    OPTIM_CHOICES,
+    PRECISION_CHOICES,
+    Candidate,
+    Workload,
+)
 
 __all__ = [
     "HEADROOM",
+    "LEVER_FOR_TERM",
     "MICRO_BATCHES",
+    "PIN_FIELDS",
     "PRUNE_FACTOR",
     "GPUPlan",
     "PlanOption",
     "PlanResult",
+    "breakdown",
     "fits",
     "parse_tokens",
     "plan",
@@ -44,6 +55,50 @@ PRUNE_FACTOR = 1.25
 HEADROOM = 0.05
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 _FALLBACK = {"full": ("lora", "qlora"), "lora": ("qlora",), "qlora": ()}
+# Optimizers the plan may choose for full fine-tuning (LoRA's states are small: the default only;
+# ZeRO-Offload runs DeepSpeed's CPU Adam). The first is transformers 5.x's default.
+OPTIM_LEVERS = (DEFAULT_OPTIM, "adamw_8bit", "paged_adamw_8bit", "adafactor")
+_OPTIM_TEXT = {
+    "adamw_torch": "foreach AdamW (adamw_torch)", "adamw_8bit": "8-bit AdamW",
+    "paged_adamw_8bit": "paged 8-bit AdamW", "paged_adamw_32bit": "paged AdamW", "adafactor": "Adafactor",
+    "sgd": "SGD",
+}  # fmt: skip
+# An optimizer that changes the update (8-bit, paged, Adafactor) is chosen only when it makes the plan
+# this much faster than the best with transformers' default (or the default does not fit).
+OPTIM_SWITCH_MARGIN = 1.05
+# Candidate fields ``plan(pin=...)`` accepts: what is pinned is not searched.
+PIN_FIELDS = (
+    "micro_batch",
+    "grad_ckpt",
+    "zero_stage",
+    "world_size",
+    "offload",
+    "optim",
+    "precision",
+    "attn",
+    "liger",
+)
+# What shrinks each memory term (the text output names it for the dominant term).
+LEVER_FOR_TERM = {
+    "weights": "ZeRO-3 sharding, LoRA, or QLoRA's 4-bit base",
+    "gradients": "ZeRO-2 (sharded gradients) or ZeRO-Offload",
+    "gradients_fp32": "ZeRO sharding over more GPUs, or ZeRO-Offload",
+    "master_weights": "ZeRO sharding over more GPUs, or ZeRO-Offload",
+    "optimizer_states": "an 8-bit or paged optimizer, ZeRO sharding, or ZeRO-Offload",
+    "optimizer_temp": "fused AdamW (adamw_torch_fused) has no foreach temporary",
+    "activations": "gradient checkpointing or a smaller micro-batch",
+    "logits_loss": "Liger's fused linear+cross-entropy, or a smaller micro-batch / sequence",
+    "recompute_working_set": "a smaller micro-batch",
+    "weight_copies": "gradient checkpointing (autocast's 16-bit copies are remade in the recompute)",
+    "attention_mask": "flash_attention_2 (packed batches need no 4D mask)",
+    "zero_buffers": "smaller DeepSpeed buckets (reduce_bucket_size / allgather_bucket_size)",
+    "gathered_params": "parameter offload does not shrink it; a smaller stage3_max_live_parameters does",
+    "ddp_buckets": "ZeRO-1/2 instead of DDP",
+    "lora_adapters": "a lower LoRA rank or fewer target modules",
+    "qlora_dequant": "none (one layer's dequantized weight)",
+    "allocator_reserve": "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+    "cuda_context": "none (fixed per process)",
+}
 
 
 def _arch(arch_or_config: Arch | Mapping[str, Any]) -> Arch:
@@ -132,6 +187,9 @@ class GPUPlan:
             "price_per_hour_usd": self.gpu.price_per_hour_usd,
             "price_date": self.gpu.price_date,
             "note": self.note,
+            "breakdown": breakdown(self.option) if self.option else None,
+            "host_bytes": self.option.memory.host_bytes if self.option else None,
+            "host_memory_per_gpu_bytes": self.gpu.host_memory_bytes_per_gpu,
         }
 
 
@@ -146,6 +204,7 @@ class PlanResult:
     tokens: int | None
     rows: tuple[GPUPlan, ...]
     notes: tuple[str, ...] = field(default=())
+    pinned: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         a = self.arch
@@ -164,7 +223,29 @@ class PlanResult:
             "tokens": self.tokens,
             "gpus": [r.to_dict() for r in self.rows],
             "notes": list(self.notes),
+            "pinned": dict(self.pinned),
         }  # fmt: skip
+
+
+def breakdown(option: PlanOption) -> dict[str, Any]:
+    """The chosen configuration's memory terms sorted by share of the peak, the dominant term and
+    the lever that shrinks it."""
+    mem = option.memory
+    total = max(mem.total, 1)
+    terms = sorted(mem.terms.items(), key=lambda kv: -kv[1])
+    top = terms[0][0] if terms else ""
+    return {
+        "phase": mem.phase,
+        "total": mem.total,
+        "terms": [{"term": k, "bytes": v, "share": v / total} for k, v in terms],
+        "dominant": top,
+        "lever": LEVER_FOR_TERM.get(top, ""),
+        "optimizer": option.candidate.optim,
+    }
+
+
+def _gpus_text(n: int) -> str:
+    return f"{n} GPU" if n == 1 else f"{n} GPUs"
 
 
 def _levers(c: Candidate, mode: str, workload: Workload) -> tuple[str, ...]:
@@ -178,13 +259,15 @@ def _levers(c: Candidate, mode: str, workload: Workload) -> tuple[str, ...]:
     if c.liger:
         out.append("Liger fused loss")
     if c.zero_stage:
-        out.append(f"ZeRO-{c.zero_stage} over {c.world_size} GPUs")
+        out.append(f"ZeRO-{c.zero_stage}, {_gpus_text(c.world_size)}")
     elif c.world_size > 1:
-        out.append(f"DDP over {c.world_size} GPUs")
+        out.append(f"DDP, {_gpus_text(c.world_size)}")
     if c.offload == "optimizer":
         out.append("optimizer offload")
     elif c.offload == "params":
         out.append("param+optimizer offload")
+    if c.optim != DEFAULT_OPTIM and c.offload == "none":
+        out.append(_OPTIM_TEXT.get(c.optim, c.optim))
     return tuple(out)
 
 
@@ -195,12 +278,24 @@ def _world_sizes(gpus_per_node: int) -> list[int]:
     return sizes
 
 
-def _sharding(mode: str, world: int) -> list[tuple[int, str]]:
+def _sharding(mode: str, world: int, pin: Mapping[str, Any]) -> list[tuple[int, str]]:
+    if "zero_stage" in pin or "offload" in pin:
+        opts = [(z, o) for z in (0, 1, 2, 3) for o in OFFLOAD_CHOICES
+                if not (o == "params" and z != 3) and not (o == "optimizer" and z == 0)]  # fmt: skip
+        return [(z, o) for z, o in opts if pin.get("zero_stage", z) == z and pin.get("offload", o) == o]
     if mode != "full":
         return [(0, "none")]
     opts = [(0, "none")] if world == 1 else [(0, "none"), (1, "none"), (2, "none"), (3, "none")]
     opts += [(2, "optimizer"), (3, "optimizer"), (3, "params")]
     return opts
+
+
+def _optims(mode: str, offload: str, pin: Mapping[str, Any]) -> tuple[str, ...]:
+    if "optim" in pin:
+        return (pin["optim"],)
+    if mode != "full" or offload != "none":
+        return (DEFAULT_OPTIM,)
+    return OPTIM_LEVERS
 
 
 def _search(
@@ -212,34 +307,89 @@ def _search(
     gpus_per_node: int,
     effective_batch: int,
     efficiency: float | None,
-) -> tuple[PlanOption | None, int | None]:
-    """Fastest fitting option for one GPU and mode, and the fewest GPUs that fit at all."""
-    precision = gpu.half_precision
-    attn = "flash_attention_2" if gpu.flash_attention_2 else "sdpa"
+    pin: Mapping[str, Any],
+) -> tuple[PlanOption | None, int | None, str]:
+    """Fastest fitting option for one GPU and mode, the fewest GPUs that fit at all, and why the
+    host's RAM ruled offload out (empty when it did not)."""
+    precision = pin.get("precision", gpu.half_precision)
+    attn = pin.get("attn", "flash_attention_2" if gpu.flash_attention_2 else "sdpa")
+    host_per_gpu = gpu.host_memory_bytes_per_gpu
     best: tuple[tuple[float, int, int], PlanOption] | None = None
     min_gpus: int | None = None
-    for world in _world_sizes(gpus_per_node):
-        for zero, offload in _sharding(workload.mode, world):
-            for ckpt in (False, True):
-                for liger in (False, True):
-                    for mb in MICRO_BATCHES:
-                        if effective_batch % (mb * world):
-                            continue
-                        cand = Candidate(
-                            micro_batch=mb, grad_accum=effective_batch // (mb * world), grad_ckpt=ckpt,
-                            attn=attn, precision=precision, liger=liger, world_size=world, zero_stage=zero,
-                            offload=offload,
-                        )  # fmt: skip
-                        mem = estimate_memory(arch, workload, cand, device="cuda", gpu=gpu)
-                        if mem.total > usable:
-                            break  # larger micro-batches need more memory still
-                        min_gpus = world if min_gpus is None else min(min_gpus, world)
-                        speed = predict_speed(arch, workload, cand, gpu, efficiency=efficiency)
-                        levers = _levers(cand, workload.mode, workload)
-                        key = (round(speed.tokens_per_s, 6), -len(levers), -world)
-                        if best is None or key > best[0]:
-                            best = (key, PlanOption(workload.mode, cand, mem, speed, levers))
-    return (best[1] if best else None), min_gpus
+    host_note = ""
+    worlds = [pin["world_size"]] if "world_size" in pin else _world_sizes(gpus_per_node)
+    for world in worlds:
+        for zero, offload in _sharding(workload.mode, world, pin):
+            for optim in _optims(workload.mode, offload, pin):
+                for ckpt in (pin["grad_ckpt"],) if "grad_ckpt" in pin else (False, True):
+                    for liger in (pin["liger"],) if "liger" in pin else (False, True):
+                        for mb in (pin["micro_batch"],) if "micro_batch" in pin else MICRO_BATCHES:
+                            if effective_batch % (mb * world):
+                                continue
+                            cand = Candidate(
+                                micro_batch=mb, grad_accum=effective_batch // (mb * world), grad_ckpt=ckpt,
+                                attn=attn, precision=precision, liger=liger, world_size=world, zero_stage=zero,
+                                offload=offload, optim=optim,
+                            )  # fmt: skip
+                            mem = estimate_memory(arch, workload, cand, device="cuda", gpu=gpu)
+                            if mem.total > usable:
+                                break  # larger micro-batches need more memory still
+                            if (
+                                offload != "none"
+                                and host_per_gpu is not None
+                                and mem.host_bytes > host_per_gpu * world
+                            ):
+                                host_note = (
+                                    f"offload needs {mem.host_bytes / 2**30:.0f} GiB of host RAM, more than "
+                                    f"{world} x {host_per_gpu / 2**30:.0f} GiB ({gpu.host_memory_source or 'catalog'})"
+                                )
+                                break
+                            min_gpus = world if min_gpus is None else min(min_gpus, world)
+                            speed = predict_speed(arch, workload, cand, gpu, efficiency=efficiency)
+                            levers = _levers(cand, workload.mode, workload)
+                            score = speed.tokens_per_s
+                            if optim not in ("adamw_torch", "adamw_torch_fused") and "optim" not in pin:
+                                score /= OPTIM_SWITCH_MARGIN  # it changes the numerics: worth it only when clearly faster
+                            key = (round(score, 6), -len(levers), -world)
+                            if best is None or key > best[0]:
+                                best = (key, PlanOption(workload.mode, cand, mem, speed, levers))
+    return (best[1] if best else None), min_gpus, host_note
+
+
+def _check_pins(pin: Mapping[str, Any], gpus_per_node: int, effective_batch: int) -> list[str]:
+    problems: list[str] = []
+    unknown = sorted(set(pin) - set(PIN_FIELDS))
+    if unknown:
+        problems.append(f"cannot pin {', '.join(unknown)}; pinnable: {', '.join(PIN_FIELDS)}")
+    for name in ("micro_batch", "world_size"):
+        v = pin.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            problems.append(f"{name} must be a positive integer; got {v!r}")
+    for name, choices in (("offload", OFFLOAD_CHOICES), ("optim", OPTIM_CHOICES), ("precision", PRECISION_CHOICES),
+                          ("attn", ATTN_CHOICES)):  # fmt: skip
+        if name in pin and pin[name] not in choices:
+            problems.append(f"{name} must be one of {', '.join(choices)}; got {pin[name]!r}")
+    if "zero_stage" in pin and pin["zero_stage"] not in (0, 1, 2, 3):
+        problems.append(f"zero_stage must be 0, 1, 2 or 3; got {pin['zero_stage']!r}")
+    for name in ("grad_ckpt", "liger"):
+        if name in pin and not isinstance(pin[name], bool):
+            problems.append(f"{name} must be true or false; got {pin[name]!r}")
+    if problems:
+        return problems
+    z, o = pin.get("zero_stage"), pin.get("offload")
+    if o == "params" and z is not None and z != 3:
+        problems.append("offload params needs ZeRO stage 3 (parameters are only sharded by ZeRO-3)")
+    if o == "optimizer" and z == 0:
+        problems.append("offload optimizer needs ZeRO stage 1 or more")
+    w = pin.get("world_size")
+    if w is not None and w > gpus_per_node:
+        problems.append(f"world_size {w} exceeds gpus_per_node {gpus_per_node}")
+    mb = pin.get("micro_batch")
+    if mb is not None and effective_batch % (mb * (w or 1)):
+        problems.append(
+            f"effective_batch {effective_batch} is not a multiple of micro_batch {mb} x world_size {w or 1}"
+        )
+    return problems
 
 
 def plan(
@@ -255,12 +405,17 @@ def plan(
     lora_r: int = 16,
     lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj"),
     efficiency: Mapping[str, float] | None = None,
+    pin: Mapping[str, Any] | None = None,
 ) -> PlanResult:
     """Plan ``mode`` fine-tuning of a model (Arch or config.json dict) on each of ``gpus``.
 
     ``efficiency`` maps GPU names to a calibrated base efficiency (from :func:`speed.calibrate`);
-    others use the catalog default. ``tokens`` (training tokens) gives hours and cost.
+    others use the catalog default. ``tokens`` (training tokens) gives hours and cost. ``pin`` fixes
+    Candidate fields (``PIN_FIELDS``: micro_batch, grad_ckpt, zero_stage, world_size, offload, optim,
+    precision, attn); what is pinned is not searched. A sequence longer than a learned-position
+    model's ``max_position_embeddings`` (GPT-2) is refused; RoPE models get a note.
     """
+    pin = dict(pin or {})
     problems: list[str] = []
     if mode not in MODE_CHOICES:
         problems.append(f"mode must be one of {', '.join(MODE_CHOICES)}; got {mode!r}")
@@ -268,6 +423,7 @@ def plan(
         ("gpus_per_node", gpus_per_node),
         ("seq_len", seq_len),
         ("effective_batch", effective_batch),
+        ("lora_r", lora_r),
     ):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             problems.append(f"{name} must be a positive integer; got {v!r}")
@@ -275,12 +431,22 @@ def plan(
         problems.append(f"tokens must be a positive integer; got {tokens!r}")
     if not gpus:
         problems.append("at least one GPU is needed")
+    if not problems:
+        problems += _check_pins(pin, gpus_per_node, effective_batch)
     if problems:
         raise SpecError(problems)
     arch = _arch(arch_or_config)
     notes: list[str] = list(arch.notes)
     if arch.max_positions and seq_len > arch.max_positions:
-        notes.append(f"seq_len {seq_len} exceeds the model's max_position_embeddings {arch.max_positions}")
+        if arch.learned_positions:
+            raise SpecError(
+                f"seq_len {seq_len} exceeds {model_name or arch.model_type}'s learned positions "
+                f"(max_position_embeddings {arch.max_positions}); use --seq-len {arch.max_positions} or less"
+            )
+        notes.append(
+            f"seq_len {seq_len} exceeds the model's max_position_embeddings {arch.max_positions}: RoPE extends, "
+            "but quality past the trained length needs rope_scaling and long-context data"
+        )
     rows: list[GPUPlan] = []
     for gpu in gpus:
         usable = int(gpu.memory_bytes * (1 - HEADROOM))
@@ -288,21 +454,29 @@ def plan(
         option: PlanOption | None = None
         min_gpus: int | None = None
         note = ""
-        for m in (mode, *_FALLBACK[mode]):
+        host_notes: list[str] = []
+        unsupported = _unsupported(gpu, pin)
+        n_text = pin.get("world_size", gpus_per_node)
+        modes = (mode, *_FALLBACK[mode]) if not unsupported else ()
+        for m in modes:
             wl = Workload(model=model_name or arch.model_type, seq_len=seq_len, mode=m, lora_r=lora_r,
                           lora_targets=tuple(lora_targets))  # fmt: skip
-            option, min_gpus = _search(
+            option, min_gpus, host_note = _search(
                 arch, wl, gpu, usable=usable, gpus_per_node=gpus_per_node, effective_batch=effective_batch,
-                efficiency=eff,
+                efficiency=eff, pin=pin,
             )  # fmt: skip
+            if host_note:
+                host_notes.append(f"{m}: {host_note}")
             if option is not None:
                 if m != mode:
-                    note = f"{mode} does not fit on {gpus_per_node}x {gpu.name}; {m} does"
+                    note = f"{mode} does not fit on {n_text}x {gpu.name}; {m} does"
                 break
-        if option is None:
-            note = (
-                f"nothing fits on {gpus_per_node}x {gpu.name} (tried {', '.join((mode, *_FALLBACK[mode]))})"
-            )
+        if unsupported:
+            note = unsupported
+        elif option is None:
+            note = f"nothing fits on {n_text}x {gpu.name} (tried {', '.join((mode, *_FALLBACK[mode]))})"
+        if host_notes and (option is None or option.mode != mode):
+            note += " (" + "; ".join(host_notes) + ")"
         hours = cost = None
         if option is not None and tokens:
             hours = tokens / option.speed.tokens_per_s / 3600.0
@@ -318,8 +492,17 @@ def plan(
     return PlanResult(
         model=model_name or arch.model_type, arch=arch, mode=mode, seq_len=seq_len,
         effective_batch=effective_batch, gpus_per_node=gpus_per_node, tokens=tokens, rows=tuple(rows),
-        notes=tuple(notes),
+        notes=tuple(notes), pinned=pin,
     )  # fmt: skip
+
+
+def _unsupported(gpu: GPU, pin: Mapping[str, Any]) -> str:
+    """Why a pinned setting cannot run on this GPU at all ("" when it can)."""
+    if pin.get("precision") == "bf16" and not gpu.bf16:
+        return f"{gpu.name} has no bf16 (pinned precision); use fp16"
+    if pin.get("attn") == "flash_attention_2" and not gpu.flash_attention_2:
+        return f"{gpu.name} cannot run FlashAttention-2 (pinned attn); use sdpa"
+    return ""
 
 
 _TOKEN_SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}

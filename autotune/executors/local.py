@@ -56,11 +56,11 @@ def worker_env(request: ProbeRequest, launch_time: float) -> dict[str, str]:
         # the ranks of a distributed CPU probe share the cores
         n = str(threads or max(1, (os.cpu_count() or 1) // request.candidate.world_size))
         env.setdefault("OMP_NUM_THREADS", n)
-        # glibc keeps freed large blocks in its heap, so a CPU probe's RSS would drift upwards step
-        # after step (2428 -> 2997 MiB over 3 identical steps of smollm2-135m). Returning blocks of
-        # 64 KiB and more to the OS at once makes RSS follow the live tensors, as torch's
-        # max_memory_reserved does on a GPU.
-        env.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")
+    # No allocator tuning: the probe's timed window must run with the allocator the user's training
+    # will have. (MALLOC_MMAP_THRESHOLD_=65536, set here before, made RSS follow the live tensors but
+    # slowed CPU steps 1.7x and not alike for every candidate: STACK-NOTES "Allocator and CPU
+    # throughput".) Peak memory on CPU is the peak RSS growth under glibc's defaults, which is what
+    # the user's process will hold, heap retention included.
     return env
 
 

@@ -1,35 +1,22 @@
-"""The probe's training data: synthetic or real sequences, padded or packed.  [worker side]
+"""The probe's training data: which sequences, from where, in what order.  [worker side]
 
-``build_train_data`` returns a map-style torch ``Dataset`` holding exactly the items the Trainer
-will consume (``num_optimizer_steps x grad_accum x micro_batch x world_size``), deterministic by
-the workload's seed, and the matching collator:
+``build_train_data`` returns the probe's ``TrainData``: a :class:`~autotune.probe.collate.SequenceDataset`
+(one sequence per item, read in its sampler's order) and the collator for the candidate (padding,
+or packing the micro-batch's sequences into rows). How a batch is assembled lives in
+:mod:`autotune.probe.collate`, which the emitted ``train.py`` imports too, so both feed the Trainer
+the same batches. ``micro_batch`` counts sequences, packed or not: every optimizer step sees
+``micro_batch x grad_accum x world_size`` sequences.
 
-* **padding** (``candidate.packing=False``): one sequence per item; the batch is right-padded to
-  its longest sequence (``input_ids``, 2D ``attention_mask``, ``labels`` with -100 on padding).
-* **packing** (``candidate.packing=True``): whole sequences are packed greedily into rows of at
-  most ``seq_len`` tokens (never split); ``position_ids`` restart at 0 for each sequence and
-  ``labels`` are -100 on the first token of every sequence (no cross-sequence prediction) and on
-  padding. With ``sdpa`` and ``eager`` rows are padded to ``seq_len`` and carry an explicit 4D
-  block-causal float mask ``(b, 1, L, L)`` (0 attended, dtype-min elsewhere) plus the restarted
-  ``position_ids``. With ``flash_attention_2`` and ``flex_attention`` the rows are flattened into
-  one ``(1, T)`` padding-free sequence with ``position_ids`` only, and the batch carries
-  ``use_cache=False``: transformers finds the boundaries from ``position_ids`` (FA2 varlen; a
-  document BlockMask for flex) but skips that detection when a KV cache exists, which a model
-  with ``config.use_cache=True`` creates even in training. (Measured on 5.24 CPU: position_ids
-  alone isolate sequences with use_cache=False and leak with use_cache=True; a 4D float tensor
-  mask with flex_attention corrupted the heap on CPU, and flex has no CPU backward anyway.)
+* Synthetic data (no ``--dataset``): ``num_optimizer_steps x micro_batch x grad_accum x world_size``
+  sequences whose lengths follow ``Workload.lengths`` (seeded), random token ids, read in order.
+* Real datasets (``--dataset``): ``.jsonl`` or ``.parquet`` with a ``text`` column (tokenized with
+  ``Workload.tokenizer`` or the model's own tokenizer files) or an ``input_ids`` column, truncated
+  to ``seq_len``; read as seeded permutations, epoch by epoch. Token lists are cached by content
+  (``.npz``, no pickle) under ``$AUTOTUNE_CACHE/datasets`` or ``~/.cache/autotune/datasets``.
 
-Every batch also carries ``autotune_real_tokens`` (a 0-dim int64 tensor, the number of real,
-non-padding tokens in it). The probe pops it before the forward pass (``count_real_tokens``).
-
-Dataset items only use keys that are arguments of a causal LM's ``forward`` (``input_ids``, and
-``position_ids`` when packing), so Trainer's ``remove_unused_columns`` keeps them. Collators and
-datasets are module-level classes with plain attributes: they pickle into DataLoader workers.
-
-Real datasets (``--dataset``): ``.jsonl`` or ``.parquet`` with a ``text`` column (tokenized with
-``Workload.tokenizer`` or the model's own tokenizer files) or an ``input_ids`` column. Token lists
-are cached by content (``.npz``, no pickle) under ``$AUTOTUNE_CACHE/datasets`` or
-``~/.cache/autotune/datasets``.
+``worst_case_first``: the first micro-batch of every rank holds the longest sequences (synthetic:
+the distribution's maximum length; a dataset: its longest sequences, moved to the front of the
+first epoch), so the measured peak memory is the worst case, packed or not.
 """
 
 from __future__ import annotations
@@ -38,28 +25,43 @@ import hashlib
 import io
 import json
 import os
-import random
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
 
 from autotune.errors import DatasetError
-from autotune.spec.lengths import histogram_from_lengths, iter_lengths, parse_lengths
+from autotune.probe.collate import (
+    FLATTEN_ATTN,
+    IGNORE_INDEX,
+    REAL_TOKENS_KEY,
+    SEQUENCES_KEY,
+    PackingCollator,
+    PaddingCollator,
+    SequenceDataset,
+    StreamSampler,
+    SyntheticSequences,
+    TokenSequences,
+    count_real_tokens,
+    longest_first,
+    make_collator,
+    pack_first_fit,
+    synthetic_lengths,
+)
+from autotune.spec.lengths import histogram_from_lengths
 from autotune.spec.probe_request import Candidate, Workload
 
 __all__ = [
     "REAL_TOKENS_KEY",
+    "SEQUENCES_KEY",
     "IGNORE_INDEX",
     "FLATTEN_ATTN",
     "TokenSequences",
     "SyntheticSequences",
-    "ProbeDataset",
+    "SequenceDataset",
     "PaddingCollator",
     "PackingCollator",
     "TrainData",
@@ -69,13 +71,9 @@ __all__ = [
     "find_tokenizer",
     "load_token_sequences",
     "length_histogram_from_dataset",
-    "pack_greedy",
+    "pack_first_fit",
 ]
 
-REAL_TOKENS_KEY = "autotune_real_tokens"
-IGNORE_INDEX = -100
-# attention implementations that take packed rows flattened, padding-free, with position_ids only
-FLATTEN_ATTN = ("flash_attention_2", "flex_attention")
 CACHE_FORMAT = 1
 DATASET_EXTENSIONS = (".jsonl", ".parquet")
 TOKENIZER_FILES = (
@@ -90,256 +88,6 @@ TOKENIZER_FILES = (
     "added_tokens.json",
     "chat_template.jinja",
 )
-# how many packing rows stay open for first-fit before the oldest is emitted
-OPEN_ROWS = 8
-
-
-# ---------------------------------------------------------------------------------------------
-# Sequence sources (picklable, plain attributes)
-# ---------------------------------------------------------------------------------------------
-
-
-class TokenSequences:
-    """Token lists stored flat: sequence ``i`` is ``tokens[offsets[i]:offsets[i+1]]``."""
-
-    def __init__(self, tokens: np.ndarray, offsets: np.ndarray) -> None:
-        self.tokens = tokens
-        self.offsets = offsets
-
-    @classmethod
-    def from_lists(cls, seqs: Sequence[Sequence[int]]) -> TokenSequences:
-        lengths = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))
-        offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        flat = np.fromiter((t for s in seqs for t in s), dtype=np.int64, count=int(offsets[-1]))
-        dtype = np.int32 if flat.size == 0 or int(flat.max()) < 2**31 else np.int64
-        return cls(flat.astype(dtype), offsets)
-
-    def __len__(self) -> int:
-        return len(self.offsets) - 1
-
-    def lengths(self) -> np.ndarray:
-        return np.diff(self.offsets)
-
-    def length(self, i: int) -> int:
-        return int(self.offsets[i + 1] - self.offsets[i])
-
-    def get(self, i: int) -> torch.Tensor:
-        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
-        return torch.from_numpy(self.tokens[a:b].astype(np.int64))
-
-    def max_token(self) -> int:
-        return int(self.tokens.max()) if self.tokens.size else -1
-
-    def to_lists(self) -> list[list[int]]:
-        return [self.tokens[self.offsets[i] : self.offsets[i + 1]].tolist() for i in range(len(self))]
-
-
-class SyntheticSequences:
-    """Random token ids in ``[0, vocab_size)``, generated on demand, deterministic by (seed, index)."""
-
-    def __init__(self, lengths: Sequence[int], vocab_size: int, seed: int) -> None:
-        self.lengths_ = [int(x) for x in lengths]
-        self.vocab_size = int(vocab_size)
-        self.seed = int(seed)
-
-    def __len__(self) -> int:
-        return len(self.lengths_)
-
-    def lengths(self) -> np.ndarray:
-        return np.asarray(self.lengths_, dtype=np.int64)
-
-    def length(self, i: int) -> int:
-        return self.lengths_[i]
-
-    def get(self, i: int) -> torch.Tensor:
-        g = torch.Generator().manual_seed((self.seed * 1_000_003 + i) % (2**63))
-        return torch.randint(0, self.vocab_size, (self.lengths_[i],), generator=g, dtype=torch.int64)
-
-
-class ProbeDataset(Dataset):  # type: ignore[type-arg]
-    """Items the probe trains on: each item is one sequence, or (packing) several whole ones.
-
-    An item is ``{"input_ids": LongTensor(n)}``; a packed item adds ``position_ids`` restarting
-    at 0 for each sequence (which is also how the collator finds the boundaries).
-    """
-
-    def __init__(
-        self, rows: Sequence[Sequence[int]], source: TokenSequences | SyntheticSequences, *, packed: bool
-    ):
-        self.rows = [tuple(int(j) for j in r) for r in rows]
-        self.source = source
-        self.packed = packed
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, idx: int) -> dict[str, torch.Tensor]:
-        refs = self.rows[idx]
-        if not self.packed:
-            return {"input_ids": self.source.get(refs[0])}
-        parts = [self.source.get(j) for j in refs]
-        return {
-            "input_ids": torch.cat(parts),
-            "position_ids": torch.cat([torch.arange(len(p), dtype=torch.int64) for p in parts]),
-        }
-
-    def item_lengths(self, idx: int) -> list[int]:
-        """Lengths of the sequences in item ``idx`` (without building it)."""
-        return [self.source.length(j) for j in self.rows[idx]]
-
-    def real_tokens(self, idx: int) -> int:
-        return sum(self.item_lengths(idx))
-
-
-# ---------------------------------------------------------------------------------------------
-# Collators
-# ---------------------------------------------------------------------------------------------
-
-
-def _as_long(x: Any) -> torch.Tensor:
-    return torch.as_tensor(x, dtype=torch.int64).reshape(-1)
-
-
-class PaddingCollator:
-    """Right-pads a batch to its longest sequence (rounded up to ``pad_to_multiple_of``).
-
-    Returns ``input_ids``, ``attention_mask`` (2D), ``labels`` (input ids, -100 on padding) and
-    ``autotune_real_tokens``.
-    """
-
-    def __init__(self, pad_token_id: int | None = 0, pad_to_multiple_of: int | None = None) -> None:
-        self.pad_token_id = 0 if pad_token_id is None else int(pad_token_id)
-        self.pad_to_multiple_of = pad_to_multiple_of
-
-    def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
-        seqs = [_as_long(f["input_ids"]) for f in features]
-        width = max(len(s) for s in seqs)
-        m = self.pad_to_multiple_of
-        if m:
-            width = -(-width // m) * m
-        b = len(seqs)
-        input_ids = torch.full((b, width), self.pad_token_id, dtype=torch.int64)
-        attention_mask = torch.zeros((b, width), dtype=torch.int64)
-        labels = torch.full((b, width), IGNORE_INDEX, dtype=torch.int64)
-        for i, s in enumerate(seqs):
-            n = len(s)
-            input_ids[i, :n] = s
-            attention_mask[i, :n] = 1
-            labels[i, :n] = s
-        real = sum(len(s) for s in seqs)
-        return {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "labels": labels,
-            REAL_TOKENS_KEY: torch.tensor(real, dtype=torch.int64),
-        }
-
-
-class PackingCollator:
-    """Collates packed rows (items with ``input_ids`` + restarting ``position_ids``).
-
-    ``attn`` in ``FLATTEN_ATTN`` (flash_attention_2, flex_attention): rows are concatenated into one
-    ``(1, T)`` padding-free batch with ``position_ids`` only, plus ``use_cache=False`` (a Python
-    bool; without it transformers skips packed-sequence detection when the model's config has
-    use_cache=True). Other attention implementations: rows are right-padded to ``seq_len``
-    and get a 4D block-causal ``attention_mask`` ``(b, 1, seq_len, seq_len)`` in ``mask_dtype``
-    (0 where attended, ``finfo(mask_dtype).min`` elsewhere; a padding token attends only to itself,
-    so no row of the mask is fully masked). ``mask_dtype`` should be the dtype of the model's
-    hidden states (its parameter dtype; fp32 when mixed precision runs under autocast).
-    """
-
-    def __init__(
-        self,
-        *,
-        seq_len: int,
-        pad_token_id: int | None = 0,
-        attn: str = "sdpa",
-        mask_dtype: torch.dtype = torch.float32,
-    ) -> None:
-        self.seq_len = int(seq_len)
-        self.pad_token_id = 0 if pad_token_id is None else int(pad_token_id)
-        self.attn = attn
-        self.mask_dtype = mask_dtype
-
-    @property
-    def flatten(self) -> bool:
-        return self.attn in FLATTEN_ATTN
-
-    def _row(self, f: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        ids = _as_long(f["input_ids"])
-        if "position_ids" in f and f["position_ids"] is not None:
-            pos = _as_long(f["position_ids"])
-        else:  # a plain sequence: one segment
-            pos = torch.arange(len(ids), dtype=torch.int64)
-        if len(pos) != len(ids):
-            raise ValueError(f"position_ids ({len(pos)}) and input_ids ({len(ids)}) differ in length")
-        return ids, pos
-
-    def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        rows = [self._row(f) for f in features]
-        real = sum(len(ids) for ids, _ in rows)
-        if self.flatten:
-            ids = torch.cat([r[0] for r in rows]).unsqueeze(0)
-            pos = torch.cat([r[1] for r in rows]).unsqueeze(0)
-            labels = ids.clone()
-            labels[pos == 0] = IGNORE_INDEX
-            return {
-                "input_ids": ids,
-                "position_ids": pos,
-                "labels": labels,
-                "use_cache": False,
-                REAL_TOKENS_KEY: torch.tensor(real, dtype=torch.int64),
-            }
-        width = max(self.seq_len, max(len(ids) for ids, _ in rows))
-        b = len(rows)
-        input_ids = torch.full((b, width), self.pad_token_id, dtype=torch.int64)
-        labels = torch.full((b, width), IGNORE_INDEX, dtype=torch.int64)
-        position_ids = torch.zeros((b, width), dtype=torch.int64)
-        minv = torch.finfo(self.mask_dtype).min
-        mask = torch.full((b, 1, width, width), minv, dtype=self.mask_dtype)
-        causal = torch.full((width, width), minv, dtype=self.mask_dtype).triu_(1)  # 0 on/below diagonal
-        for i, (ids, pos) in enumerate(rows):
-            n = len(ids)
-            input_ids[i, :n] = ids
-            position_ids[i, :n] = pos
-            position_ids[i, n:] = torch.arange(width - n, dtype=torch.int64)
-            lab = ids.clone()
-            lab[pos == 0] = IGNORE_INDEX
-            labels[i, :n] = lab
-            starts = (pos == 0).nonzero().reshape(-1).tolist()
-            if not starts or starts[0] != 0:
-                starts = [0, *starts]
-            for s, e in zip(starts, [*starts[1:], n], strict=True):
-                mask[i, 0, s:e, s:e] = causal[: e - s, : e - s]  # a causal block per sequence
-            tail = torch.arange(n, width)
-            mask[i, 0, tail, tail] = 0  # a padding token attends to itself only
-        return {
-            "input_ids": input_ids,
-            "attention_mask": mask,
-            "position_ids": position_ids,
-            "labels": labels,
-            REAL_TOKENS_KEY: torch.tensor(real, dtype=torch.int64),
-        }
-
-
-def count_real_tokens(batch: dict[str, Any], *, pop: bool = True) -> int:
-    """Real (non-padding) tokens of a collated batch; removes ``autotune_real_tokens`` by default.
-
-    Falls back, for batches not made by these collators, to the 2D attention mask, then to the
-    labels (``!= -100``), then to the number of input ids.
-    """
-    if REAL_TOKENS_KEY in batch:
-        v = batch.pop(REAL_TOKENS_KEY) if pop else batch[REAL_TOKENS_KEY]
-        return int(v.sum()) if hasattr(v, "sum") else int(v)
-    am = batch.get("attention_mask")
-    if am is not None and getattr(am, "ndim", 0) == 2:
-        return int(am.sum())
-    labels = batch.get("labels")
-    if labels is not None:
-        return int((labels != IGNORE_INDEX).sum())
-    ids = batch.get("input_ids")
-    return int(ids.numel()) if ids is not None else 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -380,14 +128,14 @@ def _tokenizer_identity(tokenizer: str) -> str:
     return f"files:{h.hexdigest()}"
 
 
-def _load_tokenizer(path: str) -> Any:
-    """Load a tokenizer from a local directory (or the local HF cache), never the network."""
+def _load_tokenizer(path: str, *, local_files_only: bool = True) -> Any:
+    """Load a tokenizer from a local directory or the local HF cache (the network only when allowed)."""
     try:
         from transformers import AutoTokenizer
     except ImportError as e:  # pragma: no cover - transformers is a hard dependency
         raise DatasetError(f"transformers is needed to tokenize a text dataset ({e})") from None
     try:
-        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+        return AutoTokenizer.from_pretrained(path, local_files_only=local_files_only)
     except Exception as e:
         raise DatasetError(
             f"cannot load a tokenizer from {path!r} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
@@ -563,10 +311,13 @@ def load_token_sequences(
     tokenizer: str | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     use_cache: bool = True,
+    local_files_only: bool = True,
 ) -> LoadedDataset:
     """Read a ``.jsonl``/``.parquet`` dataset into token lists (tokenizing ``text`` once, cached).
 
-    ``cache_dir`` defaults to ``default_cache_dir()``. Raises DatasetError with the fix.
+    ``cache_dir`` defaults to ``default_cache_dir()``. ``local_files_only=False`` lets the tokenizer
+    come from the Hub (``train.py`` on a new machine); the probe never touches the network.
+    Raises DatasetError with the fix.
     """
     p = Path(path).expanduser()
     if not p.exists():
@@ -609,7 +360,7 @@ def load_token_sequences(
                 f"dataset {str(p)!r} has a 'text' column but no tokenizer was found: pass --tokenizer DIR "
                 "(or use a model directory that contains tokenizer files), or give an 'input_ids' column"
             )
-        tok = _load_tokenizer(tokenizer)
+        tok = _load_tokenizer(tokenizer, local_files_only=local_files_only)
         ids: list[list[int]] = []
         for start in range(0, len(values), 1000):
             chunk = values[start : start + 1000]
@@ -679,59 +430,19 @@ def length_histogram_from_dataset(
 # ---------------------------------------------------------------------------------------------
 
 
-def pack_greedy(
-    lengths: Iterator[int], *, seq_len: int, num_rows: int, open_rows: int = OPEN_ROWS
-) -> list[list[int]]:
-    """Pack a stream of sequence lengths into ``num_rows`` rows of at most ``seq_len`` tokens.
-
-    First fit over the ``open_rows`` most recent rows (a sequence goes into the first open row with
-    room, else opens a new one; the oldest open row is emitted when too many are open, a full row
-    at once). Sequences are never split. Returns, per row, the indices (in stream order) of the
-    sequences it holds.
-    """
-    rows: list[list[int]] = []
-    open_: list[tuple[list[int], int]] = []  # (sequence indices, used tokens)
-    for idx, n in enumerate(lengths):
-        if len(rows) >= num_rows:
-            break
-        if n > seq_len:
-            raise ValueError(f"sequence {idx} has {n} tokens > seq_len {seq_len}")
-        for k, (members, used) in enumerate(open_):
-            if used + n <= seq_len:
-                members.append(idx)
-                open_[k] = (members, used + n)
-                if used + n == seq_len:
-                    rows.append(open_.pop(k)[0])
-                break
-        else:
-            if n == seq_len:
-                rows.append([idx])
-            else:
-                open_.append(([idx], n))
-                if len(open_) > open_rows:
-                    rows.append(open_.pop(0)[0])
-    return rows[:num_rows]
-
-
-def _shuffled_forever(n: int, seed: int) -> Iterator[int]:
-    rng = random.Random(seed)
-    while True:
-        perm = list(range(n))
-        rng.shuffle(perm)
-        yield from perm
-
-
 @dataclass
 class TrainData:
     """What the probe's Trainer gets: ``train_dataset=dataset``, ``data_collator=collator``.
 
+    The dataset carries its sampler (``dataset.sampler``); the Trainer made by
+    :func:`~autotune.probe.collate.measured_trainer_class` reads it in that order.
     ``mode`` is ``padding``, ``packing`` (4D mask) or ``packing_flat`` (FA2/flex, padding-free).
+    ``num_items`` sequences are consumed by ``num_optimizer_steps`` steps (``items_per_step`` each);
     ``token_slots_per_step`` is the padded upper bound micro_batch x grad_accum x world_size x
-    seq_len; ``real_tokens_total`` the real tokens over all items (the per-batch figure rides in
-    each batch as ``autotune_real_tokens``).
+    seq_len; ``real_tokens_total`` the real tokens of the consumed sequences.
     """
 
-    dataset: ProbeDataset
+    dataset: SequenceDataset
     collator: PaddingCollator | PackingCollator
     mode: str
     num_items: int
@@ -739,6 +450,10 @@ class TrainData:
     token_slots_per_step: int
     real_tokens_total: int
     info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def sampler(self) -> StreamSampler:
+        return self.dataset.sampler
 
     @property
     def mean_real_tokens_per_step(self) -> float:
@@ -767,11 +482,10 @@ def build_train_data(
     """The probe's dataset and collator for this workload and candidate (see the module doc).
 
     ``world_size``: data-parallel ranks sharing the dataset (default ``candidate.world_size``); every
-    rank builds the same dataset and the distributed sampler hands each its share.
-    ``mask_dtype``: dtype of the 4D packing mask (the model's hidden-state dtype; default fp32).
-    ``worst_case_first``: in padding mode the first micro-batch of every rank holds the longest
-    sequences the workload can produce, so peak memory covers the worst case (this holds when the
-    Trainer reads items in order: ``train_sampling_strategy="sequential"``).
+    rank builds the same dataset and the sampler's batches are shared out among them.
+    ``mask_dtype``: dtype of the 4D packing mask (the model's compute dtype; default fp32).
+    ``worst_case_first``: the first micro-batch of every rank holds the longest sequences, packed
+    or not (the Trainer must read in the sampler's order, which ``measured_trainer_class`` does).
     """
     _positive_int("num_optimizer_steps", num_optimizer_steps)
     _positive_int("vocab_size", vocab_size, 2)
@@ -782,10 +496,10 @@ def build_train_data(
     mb = candidate.micro_batch
     per_step = mb * candidate.grad_accum * world_size
     n_items = num_optimizer_steps * per_step
-    first_batch = mb * world_size
+    first_batch = mb * world_size if worst_case_first else 0
     info: dict[str, Any] = {"seq_len": seq_len, "seed": seed, "num_optimizer_steps": num_optimizer_steps}
 
-    loaded: LoadedDataset | None = None
+    source: TokenSequences | SyntheticSequences
     if workload.dataset:
         loaded = load_token_sequences(
             workload.dataset, seq_len=seq_len, tokenizer=find_tokenizer(workload), cache_dir=cache_dir
@@ -807,92 +521,62 @@ def build_train_data(
         )
         if workload.lengths != "fixed":
             info["lengths_ignored"] = workload.lengths
+        source = loaded.sequences
+        sampler = StreamSampler(len(source), seed=seed, front=longest_first(source.lengths(), first_batch))
     else:
-        dist = parse_lengths(workload.lengths)
+        lengths = synthetic_lengths(
+            workload.lengths, seq_len=seq_len, seed=seed, count=n_items, worst_first=first_batch
+        )
         info.update(source="synthetic", lengths=workload.lengths, vocab_size=vocab_size)
-
-    source: TokenSequences | SyntheticSequences
-    rows: list[list[int]]
+        source = SyntheticSequences(lengths, vocab_size, seed)
+        sampler = StreamSampler(len(source), seed=seed, shuffle=False)
+    dataset = SequenceDataset(source, sampler)
+    collator = make_collator(
+        packing=candidate.packing,
+        seq_len=seq_len,
+        pad_token_id=pad_token_id,
+        attn=candidate.attn,
+        mask_dtype=mask_dtype if mask_dtype is not None else torch.float32,
+    )
     if not candidate.packing:
-        if loaded is not None:
-            source = loaded.sequences
-            order_it = _shuffled_forever(len(source), seed)
-            order = [next(order_it) for _ in range(n_items)]
-            if worst_case_first:
-                lens = source.lengths()
-                longest = sorted(range(len(source)), key=lambda j: (-int(lens[j]), j))[:first_batch]
-                longest = (longest * first_batch)[:first_batch]
-                order[:first_batch] = longest
-            rows = [[j] for j in order]
-        else:
-            lengths = _take(iter_lengths(dist, seq_len, seed), n_items)
-            if worst_case_first:
-                worst = dist.max_length(seq_len)
-                lengths[:first_batch] = [worst] * min(first_batch, n_items)
-            source = SyntheticSequences(lengths, vocab_size, seed)
-            rows = [[j] for j in range(n_items)]
-        dataset = ProbeDataset(rows, source, packed=False)
-        collator: PaddingCollator | PackingCollator = PaddingCollator(pad_token_id)
         mode = "padding"
-        # padded slots if the Trainer reads items in order (sequential sampling)
-        item_lens = [dataset.real_tokens(i) for i in range(n_items)]
-        info["padded_slots_sequential"] = sum(
-            max(item_lens[i : i + mb]) * len(item_lens[i : i + mb]) for i in range(0, n_items, mb)
-        )
     else:
-        if loaded is not None:
-            seqs = loaded.sequences
-            lens_all = seqs.lengths()
-            stream_ids: list[int] = []
+        mode = "packing_flat" if isinstance(collator, PackingCollator) and collator.flatten else "packing"
 
-            def ds_lengths() -> Iterator[int]:
-                for j in _shuffled_forever(len(seqs), seed):
-                    stream_ids.append(j)
-                    yield int(lens_all[j])
-
-            packed = pack_greedy(ds_lengths(), seq_len=seq_len, num_rows=n_items)
-            source = seqs
-            rows = [[stream_ids[k] for k in r] for r in packed]
+    # what the consumed sequences make, micro-batch by micro-batch (the Trainer reads in this order)
+    order = dataset.order(n_items)
+    lens = [source.length(j) for j in order]
+    real_total = sum(lens)
+    slots = rows = 0
+    for i in range(0, len(lens), mb):
+        chunk = lens[i : i + mb]
+        if mode == "padding":
+            rows += len(chunk)
+            slots += max(chunk) * len(chunk)
+        elif mode == "packing":
+            layout = pack_first_fit(chunk, seq_len=seq_len)
+            rows += len(layout)
+            slots += max(sum(chunk[j] for j in r) for r in layout) * len(layout)
         else:
-            consumed: list[int] = []
-
-            def syn_lengths() -> Iterator[int]:
-                for n in iter_lengths(dist, seq_len, seed):
-                    consumed.append(n)
-                    yield n
-
-            rows = pack_greedy(syn_lengths(), seq_len=seq_len, num_rows=n_items)
-            source = SyntheticSequences(consumed, vocab_size, seed)
-        dataset = ProbeDataset(rows, source, packed=True)
-        collator = PackingCollator(
-            seq_len=seq_len,
-            pad_token_id=pad_token_id,
-            attn=candidate.attn,
-            mask_dtype=mask_dtype if mask_dtype is not None else torch.float32,
-        )
-        mode = "packing_flat" if collator.flatten else "packing"
-        info["sequences_per_row"] = sum(len(r) for r in rows) / max(1, len(rows))
-
-    real_total = sum(dataset.real_tokens(i) for i in range(len(dataset)))
-    slots = per_step * seq_len
+            rows += 1
+            slots += sum(chunk)
+    n_batches = max(1, -(-len(lens) // mb))
     info.update(
         mode=mode,
-        num_sequences=sum(len(r) for r in dataset.rows),
-        mean_seq_len=real_total / max(1, sum(len(r) for r in dataset.rows)),
-        fill=real_total / (n_items * seq_len),
-        worst_case_first=bool(worst_case_first and not candidate.packing),
+        num_sequences=len(order),
+        mean_seq_len=real_total / max(1, len(order)),
+        rows_per_micro_batch=rows / n_batches,
+        padded_slots=slots,
+        fill=real_total / slots if slots else 0.0,
+        worst_case_first=bool(worst_case_first),
     )
     return TrainData(
         dataset=dataset,
         collator=collator,
         mode=mode,
-        num_items=len(dataset),
+        num_items=n_items,
         items_per_step=per_step,
-        token_slots_per_step=slots,
+        token_slots_per_step=per_step * seq_len,
         real_tokens_total=real_total,
         info=info,
     )
-
-
-def _take(it: Iterator[int], n: int) -> list[int]:
-    return [next(it) for _ in range(n)]

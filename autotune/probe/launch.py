@@ -38,6 +38,7 @@ from typing import Any
 
 from autotune.env import tail_lines
 from autotune.probe.result import ProbeResult
+from autotune.probe.stats import per_step_counts
 from autotune.spec.probe_request import Candidate, ProbeRequest
 
 __all__ = [
@@ -197,8 +198,17 @@ def merge_rank_results(
             if slots:
                 metrics["padding_fraction"] = max(0.0, 1.0 - metrics["real_tokens"] / slots)
             metrics["step_time_max_median_s"] = _max([m.get("step_time_median_s") for m in ms])
+            # an optimizer step holds every rank's micro-batches: add the ranks' per-step counts
+            seqs = [m.get("step_sequences") for m in ms]
+            toks = [m.get("step_real_tokens") for m in ms]
+            if all(seqs) and all(toks) and len({len(x) for x in seqs + toks}) == 1:
+                metrics.update(
+                    per_step_counts([sum(v) for v in zip(*seqs, strict=True)], [sum(v) for v in zip(*toks, strict=True)])
+                )
         else:
-            for key in ("tokens_per_s", "samples_per_s", "real_tokens", "token_slots", "padding_fraction"):
+            for key in ("tokens_per_s", "samples_per_s", "real_tokens", "token_slots", "padding_fraction",
+                        "step_sequences", "step_real_tokens", "sequences_per_step_mean", "sequences_per_step_min",
+                        "sequences_per_step_max", "tokens_per_step_mean"):
                 metrics.pop(key, None)
 
     failures = [(r, res) for r, res in enumerate(results) if res is not None and res.status != "ok"]

@@ -6,7 +6,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["percentile", "summarize_window"]
+__all__ = ["percentile", "per_step_counts", "summarize_window"]
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -56,3 +56,22 @@ def summarize_window(
         out["data_wait_s"] = float(sum(data_wait))
         out["data_wait_fraction"] = float(sum(data_wait)) / total_t
     return out
+
+
+def per_step_counts(sequences: Sequence[int], real_tokens: Sequence[int]) -> dict[str, Any]:
+    """What each optimizer step of the timed window held: sequences (mean/min/max), real tokens (mean).
+
+    The per-step lists are kept too (``step_sequences``, ``step_real_tokens``), so the ranks of a
+    distributed probe can be added step by step.
+    """
+    if not sequences or len(sequences) != len(real_tokens):
+        return {}
+    n = len(sequences)
+    return {
+        "step_sequences": [int(x) for x in sequences],
+        "step_real_tokens": [int(x) for x in real_tokens],
+        "sequences_per_step_mean": sum(sequences) / n,
+        "sequences_per_step_min": int(min(sequences)),
+        "sequences_per_step_max": int(max(sequences)),
+        "tokens_per_step_mean": sum(real_tokens) / n,
+    }

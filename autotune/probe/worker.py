@@ -36,9 +36,6 @@ from autotune.store.atomic import write_json_atomic
 
 __all__ = ["run_probe_in_process", "main"]
 
-REAL_TOKENS_KEY = "autotune_real_tokens"
-
-
 def _resolve_device(requested: str) -> str:
     import torch
 
@@ -78,8 +75,8 @@ def _precheck(req: ProbeRequest, device: str) -> None:
         raise _Unsupported("bf16 is not supported by this GPU (needs sm80+); use fp16")
     if c.precision == "tf32" and device == "cuda" and torch.cuda.get_device_capability()[0] < 8:
         raise _Unsupported("tf32 needs an Ampere or newer GPU (sm80+)")
-    if w.mode == "qlora" or c.optim == "adamw_8bit":
-        what = "qlora" if w.mode == "qlora" else "adamw_8bit"
+    if w.mode == "qlora" or c.optim in ("adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit"):
+        what = "qlora" if w.mode == "qlora" else c.optim
         if device != "cuda":
             raise _Unsupported(f"{what} needs bitsandbytes on a CUDA GPU")
         if importlib.util.find_spec("bitsandbytes") is None:
@@ -217,35 +214,13 @@ def _apply_peft(model: Any, req: ProbeRequest) -> Any:
     return get_peft_model(model, cfg)
 
 
-def count_batch(batch: dict[str, Any]) -> tuple[int, int, int]:
-    """(real tokens, rows, token slots) of one collated batch; pops the collator's real-token count.
-
-    The collator reports real tokens under ``autotune_real_tokens`` (padding excluded). Without it,
-    a 2-D attention mask is counted, and failing that every input position.
-    """
-    real = batch.pop(REAL_TOKENS_KEY, None)
-    ids = batch.get("input_ids")
-    if real is not None:
-        tokens = int(real.sum().item()) if hasattr(real, "sum") else int(real)
-    elif ids is not None:
-        mask = batch.get("attention_mask")
-        tokens = int(mask.sum().item()) if mask is not None and mask.dim() == 2 else int(ids.numel())
-    else:
-        tokens = 0
-    rows = int(ids.shape[0]) if ids is not None else 0
-    slots = int(ids.numel()) if ids is not None else 0
-    return tokens, rows, slots
-
-
 def _make_trainer_class() -> Any:
-    from transformers import Trainer
+    from autotune.probe.collate import measured_trainer_class
 
-    class ProbeTrainer(Trainer):
-        """The stock Trainer, plus counters: real tokens per optimizer step and data-wait time.
-
-        ``get_batch_samples`` fetches the micro-batches of one optimizer step; timing it gives the
-        time spent waiting for data. The collator's real-token count is popped here so the model
-        never sees it.
+    class ProbeTrainer(measured_trainer_class()):  # type: ignore[misc]
+        """The Trainer ``train.py`` runs (the data's sampler order, the collator's counts popped per
+        optimizer step), plus timing: ``get_batch_samples`` fetches the micro-batches of one
+        optimizer step, so timing it gives the time spent waiting for data.
         """
 
         probe_meter: _Meter
@@ -253,12 +228,10 @@ def _make_trainer_class() -> Any:
         def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> Any:
             meter = self.probe_meter
             meter.fetch_started()
+            n_before = len(getattr(self, "step_counts", ()))
             batches, n_items = super().get_batch_samples(epoch_iterator, num_batches, device)
-            tokens = rows = slots = 0
-            for b in batches:
-                real, n_rows, n_slots = count_batch(b)
-                tokens, rows, slots = tokens + real, rows + n_rows, slots + n_slots
-            meter.fetch_done(tokens, rows, slots)
+            counts = self.step_counts[-1] if len(self.step_counts) > n_before else (0, 0, 0, 0)
+            meter.fetch_done(*counts)
             return batches, n_items
 
         def create_accelerator_and_postprocess(self) -> Any:
@@ -304,6 +277,7 @@ class _Meter:
         self.step_end_t: list[float] = []
         self.fetch_wait: list[float] = []
         self.tokens: list[int] = []
+        self.sequences: list[int] = []
         self.rows: list[int] = []
         self.slots: list[int] = []
         self.losses: list[float] = []
@@ -318,9 +292,10 @@ class _Meter:
             self.first_fetch_t = now
         self._t_fetch = now
 
-    def fetch_done(self, tokens: int, rows: int, slots: int) -> None:
+    def fetch_done(self, tokens: int, sequences: int, rows: int, slots: int) -> None:
         self.fetch_wait.append(time.perf_counter() - self._t_fetch)
         self.tokens.append(tokens)
+        self.sequences.append(sequences)
         self.rows.append(rows)
         self.slots.append(slots)
 
@@ -487,18 +462,12 @@ def run_probe_in_process(
         )
 
         from autotune.emit.training_args import model_dtype
+        from autotune.probe.collate import packing_mask_dtype, pad_token_id_of
         from autotune.probe.data import build_train_data
 
         cfg = model.config
-        pad_id = getattr(cfg, "pad_token_id", None)
-        if pad_id is None:
-            pad_id = getattr(cfg, "eos_token_id", None)
-        if isinstance(pad_id, list):
-            pad_id = pad_id[0]
-        compute_dtype = {
-            "bf16": torch.bfloat16,
-            "fp16": torch.float16,
-        }.get(req.candidate.precision, _torch_dtype(model_dtype(req.candidate, req.workload)))
+        pad_id = pad_token_id_of(cfg)
+        compute_dtype = packing_mask_dtype(req.candidate.precision, model_dtype(req.candidate, req.workload))
         n_steps = settings.warmup_steps + settings.steps
         try:
             data = build_train_data(
@@ -506,7 +475,7 @@ def run_probe_in_process(
                 req.candidate,
                 num_optimizer_steps=n_steps,
                 vocab_size=int(cfg.vocab_size),
-                pad_token_id=int(pad_id or 0),
+                pad_token_id=pad_id,
                 mask_dtype=compute_dtype,
                 # longest sequences first make the measured peak the worst case: only a probe held
                 # to a budget needs that; one without (autotune.verify's loss comparison) needs the
@@ -628,7 +597,7 @@ def _preload_libraries(req: ProbeRequest) -> None:
 def _record_window(
     metrics: dict[str, Any], meter: _Meter, req: ProbeRequest, launch_time: float, wall0: float, t0: float
 ) -> None:
-    from autotune.probe.stats import summarize_window
+    from autotune.probe.stats import per_step_counts, summarize_window
 
     s = req.settings
     if meter.first_fetch_t is None:
@@ -655,10 +624,11 @@ def _record_window(
         summarize_window(
             window,
             meter.tokens[w : w + s.steps],
-            meter.rows[w : w + s.steps],
+            meter.sequences[w : w + s.steps],
             meter.fetch_wait[w : w + s.steps],
         )
     )
+    metrics.update(per_step_counts(meter.sequences[w : w + s.steps], meter.tokens[w : w + s.steps]))
     slots = sum(meter.slots[w : w + s.steps])
     metrics["token_slots"] = slots
     if slots:

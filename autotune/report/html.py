@@ -26,7 +26,7 @@ from autotune.report._model import (
     short_label,
 )
 from autotune.report.diagnosis import fmt_mfu, fmt_util
-from autotune.report.markdown import HF_DEFAULT_DESCRIPTION, effective_batch_text, levers
+from autotune.report.markdown import HF_DEFAULT_DESCRIPTION, effective_batch_text, levers, step_counts_text
 from autotune.spec.budget import format_bytes
 
 __all__ = ["render_report_html", "render_html", "STATUS_COLORS"]
@@ -265,6 +265,7 @@ def _chosen_section(model: ReportModel) -> str:
     rows = [
         ["configuration", short_label(c)],
         ["effective batch (micro-batch × accumulation × GPUs)", effective_batch_text(c) if c else "n/a"],
+        ["per optimizer step (measured: sequences, real tokens)", step_counts_text(chosen)],
         ["tokens/s (real tokens)", _tps(float(tps) if tps else None)],
         ["peak memory", mem],
         ["MFU", fmt_mfu(mfu)],
@@ -307,6 +308,7 @@ def _baseline_section(model: ReportModel) -> str:
             effective_batch_text(bc) if bc else "n/a",
             effective_batch_text(hc) if hc else "n/a",
         ],
+        ["per optimizer step (measured)", step_counts_text(best), step_counts_text(base)],
         ["levers", levers(bc) if bc else "n/a", levers(hc) if hc else "n/a"],
     ]
     out.append(_table(["", "best", "HF default"], rows))

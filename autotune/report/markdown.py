@@ -10,7 +10,7 @@ from autotune.probe.result import ProbeResult
 from autotune.spec.budget import format_bytes
 from autotune.spec.probe_request import STATUSES, Candidate
 
-__all__ = ["HF_DEFAULT_DESCRIPTION", "render_report_md", "levers", "effective_batch_text"]
+__all__ = ["HF_DEFAULT_DESCRIPTION", "render_report_md", "levers", "effective_batch_text", "step_counts_text"]
 
 HF_DEFAULT_DESCRIPTION = (
     f"per_device_train_batch_size {HF_DEFAULT_MICRO_BATCH} with accumulation keeping the same effective batch, "
@@ -41,6 +41,20 @@ def effective_batch_text(c: Candidate) -> str:
     return (
         f"{c.micro_batch} × {c.grad_accum} × {c.world_size} = {c.micro_batch * c.grad_accum * c.world_size}"
     )
+
+
+def step_counts_text(r: ProbeResult | None) -> str:
+    """What the measured optimizer steps held: ``16 sequences (16–16), 1,234 real tokens`` (means)."""
+    m = r.metrics if r is not None else {}
+    mean = m.get("sequences_per_step_mean")
+    if mean is None:
+        return "n/a"
+    lo, hi = m.get("sequences_per_step_min"), m.get("sequences_per_step_max")
+    text = f"{mean:,.4g} sequences" + (f" ({lo}–{hi})" if lo != hi else "")
+    tokens = m.get("tokens_per_step_mean")
+    if tokens is not None:
+        text += f", {tokens:,.0f} real tokens"
+    return text
 
 
 def levers(c: Candidate) -> str:
@@ -199,14 +213,25 @@ def render_report_md(
                 ]
             )
         )
+        out.append(_row(["per optimizer step (measured)", step_counts_text(best), step_counts_text(baseline)]))
         out.append(_row(["levers", levers(bc) if bc else "n/a", levers(hc) if hc else "n/a"]))
         out.append("")
-        if baseline.fits and base_tps and best_tps:
-            out.append(f"**{best_tps / base_tps:.2f}×** the HF default's throughput.")
+        ratio = summary.get("speedup_vs_baseline")
+        if baseline.fits and isinstance(ratio, (int, float)):
+            lo, hi = summary.get("speedup_range") or (None, None)
+            rng = f" (measured range {lo:.2f}–{hi:.2f}×)" if lo is not None else ""
+            out.append(f"**{ratio:.2f}×** the HF default's throughput{rng}, from medians re-measured side by side."
+                       + ("" if summary.get("speedup_distinguishable", True)
+                          else " The ranges overlap: not distinguishable within the measured noise."))
+        elif baseline.fits and base_tps and best_tps:
+            out.append(f"{best_tps / base_tps:.2f}× the HF default's throughput (single measurements, not "
+                       "re-measured side by side: treat as indicative).")
         elif not baseline.fits:
             out.append(
                 f"The HF default does not run within the budget ({baseline.status}); the best config does."
             )
+
+    out += _confirmation_section(summary)
 
     counts = Counter(r.status for r in results)
     inferred = sum(1 for r in results if r.metrics.get("inferred"))
@@ -222,3 +247,49 @@ def render_report_md(
         out += ["", f"Proposed by: {parts} (seed: expert defaults; boundary/neighbour/combination: the "
                     f"neighbourhood walk; tpe: Optuna's sampler)" + (f"; the answer came from: {found}." if found else ".")]
     return "\n".join(out) + "\n"
+
+
+def _confirmation_section(summary: dict[str, Any]) -> list[str]:
+    """How the figures were confirmed: rounds, every value, verdicts, ties, load warnings."""
+    top = summary.get("top") or []
+    policy = (summary.get("search") or {}).get("confirm") or {}
+    warnings = summary.get("warnings") or []
+    trust = summary.get("trust") or {}
+    if not top and not warnings:
+        return []
+    out = ["", "## Confirmation", ""]
+    if policy:
+        out.append(
+            f"The top configurations and the HF default were re-measured in interleaved rounds "
+            f"({policy.get('min_rounds')} to {policy.get('max_rounds')}); a figure is the median of its "
+            f"re-measurements only (the search measurement that selected it is left out) and is *confirmed* "
+            f"when they agree within {100 * float(policy.get('tolerance') or 0):.0f}% (max − min over median)."
+        )
+        out.append("")
+    if top:
+        out.append(_row(["config", "status", "median tok/s", "range", "values", "search value"]))
+        out.append(_row(["---"] * 6))
+        for e in top:
+            rng = e.get("range")
+            vals = ", ".join(f"{float(v):,.0f}" for v in e.get("measurements") or [])
+            st = str(e.get("status", "")) + (" (tie)" if e.get("indistinguishable") else "")
+            out.append(_row([
+                str(e.get("label", "")), st,
+                f"{float(e['median_tokens_per_s']):,.0f}" if e.get("median_tokens_per_s") else "n/a",
+                f"{float(rng[0]):,.0f}–{float(rng[1]):,.0f}" if rng else "n/a", vals or "n/a",
+                f"{float(e['search_tokens_per_s']):,.0f}" if e.get("search_tokens_per_s") else "n/a",
+            ]))
+    if summary.get("tie"):
+        out += ["", f"Indistinguishable within the measured noise from the chosen one: {', '.join(summary['tie'])}; "
+                    "the tie went to fewer numerics-changing levers, then the smaller memory footprint."]
+    if warnings:
+        out += ["", f"**Load warnings** ({len(warnings)}): other work shared the machine while probes ran, so "
+                    "these figures may be low or spread:", ""]
+        for w in warnings[:20]:
+            out.append(f"- {w.get('message', '')}" + (f" ({w['label']})" if w.get("label") else ""))
+        if len(warnings) > 20:
+            out.append(f"- ... and {len(warnings) - 20} more (summary.json)")
+    if trust.get("doubtful"):
+        out += ["", f"**Doubtful answer**: {'; '.join(trust.get('reasons') or [])}. `autotune run --strict` exits 5 "
+                    "on such an answer."]
+    return out

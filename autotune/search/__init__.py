@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from autotune.search._confirm import ConfirmPolicy, choose_winner, speedup
 from autotune.search._logic import (
     FAILED,
     MEMORY_INFEASIBLE,
@@ -29,9 +30,9 @@ from autotune.search._logic import (
 )
 
 if TYPE_CHECKING:
-    from autotune.search._searcher import ProgressFn, Pruner, Searcher, SearchOutcome
+    from autotune.search._searcher import LoadCheck, ProgressFn, Pruner, Searcher, SearchOutcome
 
-_LAZY = ("ProgressFn", "Pruner", "Searcher", "SearchOutcome")
+_LAZY = ("LoadCheck", "ProgressFn", "Pruner", "Searcher", "SearchOutcome")
 
 
 def __getattr__(name: str) -> Any:
@@ -43,7 +44,9 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'autotune.search' has no attribute {name!r}")
 
 __all__ = [
+    "ConfirmPolicy",
     "FAILED",
+    "LoadCheck",
     "MEMORY_INFEASIBLE",
     "ProgressFn",
     "Pruner",
@@ -52,6 +55,7 @@ __all__ = [
     "Skip",
     "TrialRecord",
     "candidate_from_choice",
+    "choose_winner",
     "candidate_id",
     "candidate_label",
     "constraint_value",
@@ -63,6 +67,7 @@ __all__ = [
     "median",
     "relative_spread",
     "same_except_micro_batch",
+    "speedup",
     "usable_micro_batches",
     "usable_worlds",
 ]

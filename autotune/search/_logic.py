@@ -65,6 +65,7 @@ class TrialRecord:
     ``baseline`` (the HF default), ``boundary`` (a memory-boundary follow-up), ``neighbour`` or
     ``combination`` (the neighbourhood walk), ``coverage`` (an unseen configuration handed to TPE
     when it kept repeating itself) or ``tpe``; empty in journals written before it existed.
+    ``session`` marks a confirmation's process; ``warnings`` what the load monitor saw during the probe.
     """
 
     key: str
@@ -83,6 +84,10 @@ class TrialRecord:
     number: int = -1
     label: str = ""
     origin: str = ""
+    # the process that measured a confirmation (values of an interrupted run are not mixed with later ones)
+    session: str = ""
+    # what the load monitor found while this probe ran (other processes on the CPU or GPU, throttling)
+    warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
+import uuid
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +30,13 @@ from optuna.trial import Trial, TrialState
 from autotune.errors import SpecError
 from autotune.executors.base import Executor
 from autotune.probe.result import ProbeResult
+from autotune.search._confirm import (
+    ConfirmPolicy,
+    choose_winner,
+    confirmation_status,
+    interleaved_order,
+    measured_range,
+)
 from autotune.search._logic import (
     FAILED,
     MEMORY_INFEASIBLE,
@@ -52,11 +60,15 @@ from autotune.search._walk import FollowUps
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
 from autotune.spec.space import DIMENSIONS, SearchSpace
 
-__all__ = ["Searcher", "SearchOutcome", "Pruner", "ProgressFn"]
+__all__ = ["Searcher", "SearchOutcome", "Pruner", "ProgressFn", "LoadCheck"]
 
 # pruner(candidate) -> reason it is predicted not to fit (recorded as inferred), or None to probe it
 Pruner = Callable[[Candidate], "str | None"]
 ProgressFn = Callable[[str, dict[str, Any]], None]
+# load_check(phase, since) -> findings about other load on the machine ({"kind", "message", ...}):
+# phase "before" just before a probe is submitted (since None), "during" when one lands (since = its
+# submit time on the same clock as time.monotonic)
+LoadCheck = Callable[[str, "float | None"], "list[dict[str, Any]]"]
 _CONSTRAINT = "memory"
 _MAX_IDLE_ASKS = 120  # asks in a row that yield nothing new before the space counts as exhausted
 _NUDGE_EVERY = 8  # after this many such asks in a row, enqueue an unseen configuration
@@ -77,7 +89,9 @@ class SearchOutcome:
     wall_s: float
     stop_reason: str
     distinct_candidates: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    warnings: list[dict[str, Any]] = field(default_factory=list)
+    tie: list[str] = field(default_factory=list)  # labels indistinguishable from the winner
+    confirm_policy: dict[str, Any] = field(default_factory=dict)
 
 
 class Searcher:
@@ -98,7 +112,7 @@ class Searcher:
         study_name: str = "autotune",
         top_k: int = 3,
         confirm_steps: int | None = None,
-        confirm_repeats: int = 1,
+        confirm: ConfirmPolicy | None = None,
         device: str = "cuda",
         max_world: int | None = None,
         history: list[TrialRecord] | None = None,
@@ -113,6 +127,7 @@ class Searcher:
         baseline: Candidate | None = None,
         follow_ups: bool = True,
         neighbours: bool = True,
+        load_check: LoadCheck | None = None,
     ) -> None:
         problems = []
         if isinstance(effective_batch, bool) or not isinstance(effective_batch, int) or effective_batch < 1:
@@ -121,8 +136,8 @@ class Searcher:
             problems.append(f"max trials must be an integer >= 1; got {max_trials!r}")
         if time_budget_s is not None and time_budget_s <= 0:
             problems.append(f"time budget must be positive; got {time_budget_s!r} s")
-        if top_k < 0 or confirm_repeats < 0:
-            problems.append(f"top_k and confirm_repeats must be >= 0; got {top_k}, {confirm_repeats}")
+        if top_k < 0:
+            problems.append(f"top_k must be >= 0; got {top_k}")
         if problems:
             raise SpecError(problems)
         self.space = space
@@ -135,7 +150,12 @@ class Searcher:
         self.seed = seed
         self.top_k = top_k
         self.confirm_steps = confirm_steps or settings.steps * 2
-        self.confirm_repeats = confirm_repeats
+        self.confirm = confirm if confirm is not None else ConfirmPolicy.for_device(device)
+        self.load_check = load_check
+        self.warnings: list[dict[str, Any]] = []
+        self._tie: list[str] = []
+        # confirmation values of one process only: a resumed run re-measures its rounds as a block
+        self.session = uuid.uuid4().hex[:12]
         self.device = device
         self.sink = sink
         self.pruner = pruner
@@ -146,6 +166,7 @@ class Searcher:
         self.follow_ups = follow_ups
         self.records: list[TrialRecord] = []
         self._durations: list[float] = []
+        self._submitted_wall: dict[str, float] = {}
         self._all_choices: list[dict[str, Any]] | None = None
         self._history = list(history or [])
 
@@ -384,6 +405,28 @@ class Searcher:
             self._origins.setdefault(key, self.walk.origins.get(key, "boundary"))
             self.study.enqueue_trial(self._optuna_params_of(cand), skip_if_exists=False)
 
+    def _submit(self, cand: Candidate, *, confirm: bool = False) -> str:
+        self._check_load("before", None, candidate_label(cand))
+        ticket = self.executor.submit(self._request(cand, confirm=confirm))
+        self._submitted_wall[ticket] = time.monotonic()
+        return ticket
+
+    def _check_load(self, phase: str, since: float | None, label: str) -> list[str]:
+        """Ask the load monitor; each finding is a progress event and an entry of ``warnings``."""
+        if self.load_check is None:
+            return []
+        try:
+            found = list(self.load_check(phase, since))
+        except Exception as exc:  # a monitor must never stop a search
+            found = [{"kind": "monitor", "message": f"the load check failed: {exc!r}"}]
+        out = []
+        for f in found:
+            entry = {**f, "phase": phase, "label": label}
+            self.warnings.append(entry)
+            self._emit("warning", **entry)
+            out.append(str(entry.get("message", "")))
+        return out
+
     def _origin(self, key: str) -> str:
         return self._origins.get(key, "tpe")
 
@@ -474,7 +517,8 @@ class Searcher:
             left = time_left()
             if left is not None:
                 per_probe = self._median_probe_wall() or 0.0
-                reserve = per_probe * self.top_k * self.confirm_repeats * 1.5 / max(1, self.executor.slots)
+                rounds = self.confirm.min_rounds if self.top_k else 0
+                reserve = per_probe * (self.top_k + 1) * rounds * 1.5 / max(1, self.executor.slots)
                 if left <= per_probe + reserve:
                     return "time budget reached"
             return ""
@@ -492,7 +536,7 @@ class Searcher:
                     key = candidate_id(cand)
                     if key in cache or key in in_flight_keys:
                         continue
-                    ticket = self.executor.submit(self._request(cand))
+                    ticket = self._submit(cand)
                     in_flight[ticket] = (None, cand, key, {})
                     in_flight_keys[key] = ticket
                     submitted_at[ticket] = self.clock()
@@ -560,7 +604,7 @@ class Searcher:
                                time_left=time_left())
                     continue
                 idle_asks = 0
-                ticket = self.executor.submit(self._request(cand))
+                ticket = self._submit(cand)
                 in_flight[ticket] = (trial, cand, key, params)
                 in_flight_keys[key] = ticket
                 submitted_at[ticket] = self.clock()
@@ -580,6 +624,7 @@ class Searcher:
                 probes += 1
                 rec = self._record_from_result(key, cand, params, result)
                 rec.origin = self._origin(key)
+                rec.warnings = self._check_load("during", self._submitted_wall.pop(ticket, None), rec.label)
                 rec = self._add(rec)
                 cache[key] = rec
                 if asked is not None:
@@ -609,70 +654,112 @@ class Searcher:
             wall_s=wall,
             stop_reason=stop_reason,
             distinct_candidates=self.distinct,
+            warnings=self.warnings,
+            tie=self._tie,
+            confirm_policy=self.confirm.to_dict(),
         )
 
     # ---------------------------------------------------------------- confirmation
 
-    def _run_confirms(self, todo: list[tuple[TrialRecord, int]]) -> None:
-        queue = list(todo)
-        in_flight: dict[str, tuple[TrialRecord, int, Candidate]] = {}
+    def _confirm_values(self, key: str) -> list[TrialRecord]:
+        """This process's re-measurements of ``key`` (a resumed run re-measures them as a block)."""
+        return [r for r in self.records if r.phase == "confirm" and r.key == key and r.session == self.session]
+
+    def _run_round(self, group: list[TrialRecord], round_index: int) -> None:
+        """Re-measure every candidate of ``group`` once, in this round's interleaved order."""
+        by_key = {r.key: r for r in group}
+        queue = interleaved_order([r.key for r in group], round_index)
+        in_flight: dict[str, TrialRecord] = {}
         while queue or in_flight:
             while queue and len(in_flight) < max(1, self.executor.slots):
-                rec, rep = queue.pop(0)
+                rec = by_key[queue.pop(0)]
                 cand = rec.candidate_obj()
                 assert cand is not None
-                ticket = self.executor.submit(self._request(cand, confirm=True))
-                in_flight[ticket] = (rec, rep, cand)
-                self._emit("submit", label=rec.label, key=rec.key, phase="confirm", in_flight=len(in_flight))
+                ticket = self._submit(cand, confirm=True)
+                in_flight[ticket] = rec
+                self._emit("submit", label=rec.label, key=rec.key, phase="confirm", round=round_index + 1,
+                           in_flight=len(in_flight))
             for ticket, result in self.executor.poll(timeout=self.poll_interval_s):
                 if ticket not in in_flight:
                     continue
-                rec, rep, cand = in_flight.pop(ticket)
-                new = self._add(self._record_from_result(rec.key, cand, rec.params, result, phase="confirm",
-                                                         repeat=rep))
+                rec = in_flight.pop(ticket)
+                cand = rec.candidate_obj()
+                assert cand is not None
+                new = self._record_from_result(rec.key, cand, rec.params, result, phase="confirm",
+                                               repeat=round_index)
+                new.session = self.session
+                new.origin = rec.origin
+                new.warnings = self._check_load("during", self._submitted_wall.pop(ticket, None), rec.label)
+                self._add(new)
                 self._emit("record", record=new, best=self._best_so_far(), counts=self._counts(), time_left=None)
 
+    def _entry(self, rec: TrialRecord, rounds_done: int) -> dict[str, Any]:
+        return _rank_entry(rec, self._confirm_values(rec.key), self.confirm, rounds_done)
+
+    def _confirm_group(self, group: list[TrialRecord]) -> list[dict[str, Any]]:
+        """Interleaved rounds over ``group`` until every candidate is settled or the cap is reached."""
+        earlier = [r for r in self.records if r.phase == "confirm" and r.session != self.session
+                   and r.key in {g.key for g in group}]
+        if earlier:
+            self._emit("note", text=f"confirmation re-measured as a block: {len(earlier)} value(s) from before "
+                                    "the interruption are kept in the journal, not in the figures")
+        rounds = 0
+        active = list(group)
+        while active and rounds < self.confirm.max_rounds:
+            self._emit("confirm", count=len(active), steps=self.confirm_steps, round=rounds + 1,
+                       max_rounds=self.confirm.max_rounds, tolerance=self.confirm.tolerance)
+            self._run_round(active, rounds)
+            rounds += 1
+            entries = {r.key: self._entry(r, rounds) for r in active}
+            # a candidate that does not fit drops out; the others stay together while any is pending,
+            # so that every round measures them side by side
+            active = [r for r in active if entries[r.key]["status"] != "failed_confirm"]
+            if not any(entries[r.key]["status"] == "pending" for r in active):
+                break
+        return [self._entry(r, max(rounds, 1) if self.confirm.max_rounds else 0) for r in group]
+
     def _confirm(self) -> tuple[list[dict[str, Any]], ProbeResult | None, TrialRecord | None]:
+        self._tie = []
         ok = sorted(
             (r for r in self.records if r.phase == "search" and r.probed and r.status == "ok" and r.tokens_per_s),
             key=lambda r: -(r.tokens_per_s or 0.0),
         )
         if not ok:
             return [], None, None
-        if self.top_k == 0 or self.confirm_repeats == 0:
+        if self.top_k == 0 or self.confirm.max_rounds == 0:
             first = ok[0]
-            return [_rank_entry(first, [])], ProbeResult.from_dict(first.result or {}), first
+            entry = _rank_entry(first, [], dataclasses.replace(self.confirm, include_search=True, min_rounds=0,
+                                                                max_rounds=0), 0)
+            entry["status"] = "unconfirmed"
+            entry["reason"] = "confirmation is off (top_k 0 or no rounds)"
+            return [entry], _best_result(first, [], entry), first
+        bkey = candidate_id(self.baseline) if self.baseline is not None else None
+        reference = dataclasses.asdict(self.baseline) if self.baseline is not None else None
         ranking: list[dict[str, Any]] = []
         start = 0
+        winner: dict[str, Any] | None = None
         while start < len(ok):
             group = ok[start : start + self.top_k]
-            if start == 0 and self.baseline is not None:
-                # the baseline is re-measured too, so "best vs baseline" compares confirmed medians
-                bkey = candidate_id(self.baseline)
+            if start == 0 and bkey is not None:
+                # the baseline is re-measured in the same rounds, so "best vs baseline" compares
+                # medians measured side by side
                 group += [r for r in ok if r.key == bkey and r not in group]
             start += self.top_k
-            done = {(r.key, r.repeat) for r in self.records if r.phase == "confirm"}
-            todo = [(r, rep) for r in group for rep in range(self.confirm_repeats) if (r.key, rep) not in done]
-            if todo:
-                self._emit("confirm", count=len(todo), steps=self.confirm_steps)
-                self._run_confirms(todo)
-            entries = []
-            for r in group:
-                confirms = [c for c in self.records if c.phase == "confirm" and c.key == r.key]
-                entries.append(_rank_entry(r, confirms))
+            entries = self._confirm_group(group)
             ranking += entries
-            eligible = [e for e in entries if e["status"] != "failed_confirm"]
-            if eligible:
+            winner, tied = choose_winner(ranking, reference, ties=self.confirm.ties, baseline_key=bkey)
+            if winner is not None:
+                if tied:
+                    self._tie = [e["label"] for e in tied if e is not winner]
+                    for e in tied:
+                        e["indistinguishable"] = True
                 break
-        eligible = [e for e in ranking if e["status"] != "failed_confirm"]
-        if not eligible:
+        if winner is None:
             return ranking, None, None
-        winner = max(eligible, key=lambda e: (e["status"] == "confirmed", e["median_tokens_per_s"]))
-        ranking.sort(key=lambda e: (e["status"] != "failed_confirm", e["status"] == "confirmed",
-                                    e["median_tokens_per_s"]), reverse=True)
+        order = {"confirmed": 0, "noisy": 1, "unconfirmed": 2, "failed_confirm": 3}
+        ranking.sort(key=lambda e: (e is not winner, order.get(e["status"], 4), -(e["median_tokens_per_s"] or 0.0)))
         best_record = next(r for r in ok if r.key == winner["key"])
-        best = _best_result(best_record, [c for c in self.records if c.phase == "confirm" and c.key == winner["key"]],
-                            winner)
+        best = _best_result(best_record, self._confirm_values(winner["key"]), winner)
         return ranking, best, best_record
 
 
@@ -688,20 +775,33 @@ def _choice_label(choice: dict[str, Any]) -> str:
                                                                       "offload", "sharding"))
 
 
-def _rank_entry(search: TrialRecord, confirms: list[TrialRecord]) -> dict[str, Any]:
-    measurements = [float(search.tokens_per_s or 0.0)]
-    measurements += [float(c.tokens_per_s) for c in confirms if c.status == "ok" and c.tokens_per_s]
+def _rank_entry(search: TrialRecord, confirms: list[TrialRecord], policy: ConfirmPolicy,
+                rounds_done: int) -> dict[str, Any]:
+    """A candidate's confirmed figure: the median of its re-measurements (never the search value,
+    unless the policy says so), their spread and range, and its status (see search._confirm)."""
+    measured = [c for c in confirms if c.status == "ok" and c.tokens_per_s]
+    # a re-measurement during which the load monitor saw other work is set aside while clean ones
+    # exist: another round replaces it (up to the cap), so a passing burst does not become the figure
+    clean = [c for c in measured if not c.warnings]
+    confirmed_ok = clean or measured
+    values = [float(c.tokens_per_s) for c in confirmed_ok if c.tokens_per_s]
     failed_fit = [c for c in confirms if c.status in MEMORY_INFEASIBLE]
-    confirmed_ok = [c for c in confirms if c.status == "ok" and c.tokens_per_s]
-    if failed_fit:
-        status = "failed_confirm"
-        reason = f"re-measurement was {failed_fit[0].status}: {failed_fit[0].reason}"
-    elif confirmed_ok or not confirms:
-        status, reason = ("confirmed" if confirmed_ok else "unconfirmed"), ""
-    else:
-        status, reason = "unconfirmed", f"re-measurement was {confirms[0].status}: {confirms[0].reason}"
+    other = [c for c in confirms if c.status != "ok" and c.status not in MEMORY_INFEASIBLE]
+    status, reason = confirmation_status(
+        values, rounds_done=rounds_done, policy=policy,
+        memory_failure=f"{failed_fit[0].status}: {failed_fit[0].reason}" if failed_fit else "",
+        other_failure=f"{other[0].status}: {other[0].reason}" if other else "",
+    )
+    if measured and not clean and status in ("confirmed", "pending") and rounds_done >= policy.max_rounds:
+        status, reason = "noisy", f"every re-measurement ran while other work loaded the machine ({len(measured)})"
+    elif measured and not clean and status == "confirmed":
+        status = "pending"
+    elif len(clean) < len(measured) and status == "confirmed":
+        reason = f"{len(measured) - len(clean)} re-measurement(s) under other load set aside"
+    measurements = ([float(search.tokens_per_s or 0.0)] if policy.include_search else []) + values
     peaks = [p for p in [search.peak_mem_bytes] + [c.peak_mem_bytes for c in confirms] if p is not None]
     spreads = [c.step_time_spread for c in confirmed_ok if c.step_time_spread is not None]
+    load = sorted({w for c in confirms for w in (c.warnings or [])})
     return {
         "key": search.key,
         "label": search.label,
@@ -709,27 +809,34 @@ def _rank_entry(search: TrialRecord, confirms: list[TrialRecord]) -> dict[str, A
         "status": status,
         "reason": reason,
         "search_tokens_per_s": search.tokens_per_s,
-        "confirm_tokens_per_s": [c.tokens_per_s for c in confirmed_ok],
+        "confirm_tokens_per_s": values,
         "measurements": measurements,
-        "median_tokens_per_s": median(measurements),
+        "median_tokens_per_s": median(measurements) if measurements else None,
         "spread": relative_spread(measurements),
+        "range": list(measured_range(measurements)) if measurements else None,
+        "by_round": {int(c.repeat): float(c.tokens_per_s) for c in confirmed_ok if c.tokens_per_s},
+        "rounds": rounds_done,
         "step_time_spread": max(spreads) if spreads else search.step_time_spread,
         "peak_mem_bytes": max(peaks) if peaks else None,
+        "load_warnings": load,
     }
 
 
 def _best_result(search: TrialRecord, confirms: list[TrialRecord], entry: dict[str, Any]) -> ProbeResult:
     ok = [c for c in confirms if c.status == "ok" and c.tokens_per_s and c.result]
     med = entry["median_tokens_per_s"]
-    chosen = min(ok, key=lambda c: abs((c.tokens_per_s or 0.0) - med)) if ok else search
+    chosen = min(ok, key=lambda c: abs((c.tokens_per_s or 0.0) - med)) if ok and med is not None else search
     result = ProbeResult.from_dict(chosen.result or {})
     result.metrics = dict(result.metrics)
     result.metrics.update(
         {
             "confirmed_tokens_per_s": med,
             "tokens_per_s_measurements": entry["measurements"],
+            "tokens_per_s_range": entry["range"],
+            "search_tokens_per_s": entry["search_tokens_per_s"],
             "measurement_spread": entry["spread"],
             "confirm_status": entry["status"],
+            "confirm_rounds": entry["rounds"],
         }
     )
     if entry["peak_mem_bytes"] is not None:

@@ -147,7 +147,7 @@ def filter_space(
     if problem:
         raise SpecError(problem)
     dropped: list[DroppedChoice] = []
-    kept: dict[str, tuple[Any, ...]] = {}
+    kept: dict[str, Any] = {}
     for knob in DIMENSIONS:
         values = []
         for v in space.choices(knob):

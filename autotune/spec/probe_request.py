@@ -31,7 +31,9 @@ __all__ = [
 ATTN_CHOICES = ("eager", "sdpa", "flash_attention_2", "flex_attention")
 PRECISION_CHOICES = ("fp32", "bf16", "fp16", "tf32")
 MODE_CHOICES = ("full", "lora", "qlora")
-OPTIM_CHOICES = ("adamw_torch", "adamw_torch_fused", "adamw_8bit", "adafactor", "sgd")
+OPTIM_CHOICES = (
+    "adamw_torch", "adamw_torch_fused", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit", "adafactor", "sgd",
+)  # fmt: skip
 OFFLOAD_CHOICES = ("none", "optimizer", "params")
 SHARDING_CHOICES = ("deepspeed", "fsdp")
 DEVICE_CHOICES = ("auto", "cuda", "cpu")

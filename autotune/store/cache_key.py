@@ -12,9 +12,9 @@ is the same. The key is the sha256 of the canonical JSON of:
   tokenizer, trust_remote_code, seed); a ``histogram:`` lengths file by its content;
 * ``probe``: how each probe measures (timed steps, warm-up steps, probe timeout, headroom, CPU
   threads);
-* ``search``: what the search does with the probes (max trials, time budget, top-k, confirmation
-  steps, seed, GPUs, the HF-default baseline, estimator pruning, ``--verify-loss`` steps and
-  tolerance);
+* ``search``: what the search does with the probes (max trials, time budget, top-k, the
+  confirmation's steps and policy (rounds, tolerance), whether the load monitor watches, seed,
+  GPUs, the HF-default baseline, estimator pruning, ``--verify-loss`` steps and tolerance);
 * ``dataset``: the dataset file's content (sha256 and size), not its path or modification time;
 * ``hardware``: device, platform, CPU model and core count, and per GPU its name, memory, driver
   and compute capability; the Ray address when one is given;

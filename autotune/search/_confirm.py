@@ -1,0 +1,211 @@
+"""Confirmation: how re-measurements become a reported figure, a status and a winner.  [pure]
+
+The search measures each configuration once, and the measurement that put a candidate on top is
+the one most likely to be lucky (the winner's curse). So the reported figure never uses it: the
+top candidates and the HF-default baseline are re-measured in interleaved rounds (A, B, base,
+B, base, A, ...: drifting load then hits all of them alike), and each candidate's figure is the
+median of its re-measurements alone, reported with its spread and every value.
+
+A candidate is ``confirmed`` when at least ``min_rounds`` re-measurements agree within
+``tolerance`` (relative spread, (max - min) / median). Until then more rounds run, up to
+``max_rounds``; a candidate whose values still disagree is ``noisy``. A re-measurement that runs out
+of memory makes it ``failed_confirm`` (it does not really fit); one with no value at all (crash,
+timeout) leaves it ``unconfirmed``.
+
+Comparisons are paired: candidates re-measured in the same round saw the same load, so the leader
+is the best median per-round ratio to the HF default (re-measured every round), and a candidate
+that beat the leader in at least one round is *indistinguishable within the measured noise* from
+it (without rounds in common: overlapping ranges [min, max]). The tie goes to the fewer numerics-changing levers (the configuration that trains
+most like what was asked), then the smaller memory footprint (more headroom), then the higher
+median.
+
+Default tolerances (``ConfirmPolicy.for_device``): 25 % on CPU, where the same configuration spans
+17-36 % over repeats on a quiet 2-core machine (median repeat spread 14-16 % over the recorded
+landscapes, benchmarks/README.md), and 10 % on a GPU, where repeated probes of one configuration are
+steady to a few per cent unless the card is shared or throttling (to be re-set from the GPU pass's
+measured spread, benchmarks/gpu_check.sh).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.search._logic import median, relative_spread
+
+__all__ = [
+    "ConfirmPolicy",
+    "NUMERICS_LEVERS",
+    "confirmation_status",
+    "interleaved_order",
+    "measured_range",
+    "numerics_levers",
+    "overlaps",
+    "choose_winner",
+    "speedup",
+]
+
+# Candidate fields whose change alters the numbers a training run computes (not just its speed or
+# memory): precision, TF32 matmuls, the optimizer's arithmetic, fused kernels, compiled graphs and the
+# attention kernel (mathematically equal, numerically not bit-identical).
+NUMERICS_LEVERS = ("precision", "optim", "liger", "torch_compile", "attn")
+
+
+@dataclass(frozen=True)
+class ConfirmPolicy:
+    """How candidates are re-measured before a figure is reported.
+
+    ``include_search``: count the search measurement in the reported median too, and ``ties``
+    False: the higher median wins whatever the ranges (what autotune did before; kept as a policy so
+    ``benchmarks/noise.py`` can score it against the new one).
+    """
+
+    min_rounds: int = 2
+    max_rounds: int = 4
+    tolerance: float = 0.25
+    include_search: bool = False
+    ties: bool = True  # overlapping ranges are a tie (False: the higher median wins, as before)
+
+    def __post_init__(self) -> None:
+        if self.min_rounds < 0 or self.max_rounds < self.min_rounds:
+            raise ValueError(f"confirmation rounds must satisfy 0 <= min <= max; got {self.min_rounds}, "
+                             f"{self.max_rounds}")
+        if not self.tolerance > 0:
+            raise ValueError(f"confirmation tolerance must be > 0; got {self.tolerance!r}")
+
+    @classmethod
+    def for_device(cls, device: str, **overrides: Any) -> ConfirmPolicy:
+        base = cls(tolerance=0.10) if device == "cuda" else cls(tolerance=0.25)
+        return dataclasses.replace(base, **overrides) if overrides else base
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def measured_range(values: Sequence[float]) -> tuple[float, float] | None:
+    vals = [float(v) for v in values]
+    return (min(vals), max(vals)) if vals else None
+
+
+def confirmation_status(values: Sequence[float], *, rounds_done: int, policy: ConfirmPolicy,
+                        memory_failure: str = "", other_failure: str = "") -> tuple[str, str]:
+    """(status, reason) of a candidate after ``rounds_done`` rounds with these re-measured values.
+
+    ``pending`` means another round would help (fewer than ``min_rounds`` values, or values that
+    disagree while rounds are left).
+    """
+    if memory_failure:
+        return "failed_confirm", f"re-measurement was {memory_failure}"
+    n = len(values)
+    spread = relative_spread([float(v) for v in values])
+    # one value confirms only under a one-round policy (n >= min_rounds): nothing to disagree with
+    if n >= max(1, policy.min_rounds) and (n == 1 or spread <= policy.tolerance):
+        return "confirmed", ""
+    if rounds_done < policy.max_rounds:
+        return "pending", ""
+    if n == 0:
+        return "unconfirmed", (f"re-measurement was {other_failure}" if other_failure else "no re-measurement")
+    if n == 1:
+        return "noisy", f"only one re-measurement succeeded ({other_failure or 'the others failed'})"
+    return "noisy", (f"re-measurements disagree: spread {spread:.0%} > tolerance {policy.tolerance:.0%} "
+                     f"after {rounds_done} rounds")
+
+
+def interleaved_order(keys: Sequence[str], round_index: int) -> list[str]:
+    """The order of one round: the list rotated by the round number (each candidate leads a round)."""
+    if not keys:
+        return []
+    k = round_index % len(keys)
+    return list(keys[k:]) + list(keys[:k])
+
+
+def numerics_levers(candidate: dict[str, Any] | None, reference: dict[str, Any] | None) -> int:
+    """How many numerics-changing levers differ from ``reference`` (the baseline)."""
+    if not candidate:
+        return 0
+    ref = reference or {}
+    return sum(1 for k in NUMERICS_LEVERS if k in ref and candidate.get(k) != ref.get(k))
+
+
+def overlaps(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bool:
+    return a is not None and b is not None and a[0] <= b[1] and b[0] <= a[1]
+
+
+def _paired(a: dict[Any, float] | None, b: dict[Any, float] | None) -> list[float]:
+    """a/b in every round where both were measured (the same load hit both)."""
+    if not a or not b:
+        return []
+    return [a[r] / b[r] for r in a if r in b and b[r] > 0]
+
+
+def choose_winner(entries: list[dict[str, Any]], reference: dict[str, Any] | None = None, *, ties: bool = True,
+                  baseline_key: str | None = None) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """The winner among ranked entries and the entries indistinguishable from the leader.
+
+    An entry needs ``status`` in (confirmed, noisy), ``median_tokens_per_s``, ``range`` and
+    ``peak_mem_bytes``; with ``by_round`` ({round: tok/s}) comparisons are *paired*: candidates
+    measured in the same round saw the same load, so the leader is the best median of the per-round
+    ratios to the baseline (``baseline_key``, re-measured every round), and another candidate ties
+    with it when it beat the leader in at least one round. Without rounds in common, ranges
+    [min, max] that overlap are a tie. Returns (winner, tie group incl. the winner; empty if no tie).
+    """
+    eligible = [e for e in entries if e.get("status") in ("confirmed", "noisy") and e.get("median_tokens_per_s")]
+    if not eligible:
+        return None, []
+    base = next((e for e in entries if baseline_key is not None and e.get("key") == baseline_key), None)
+
+    def strength(e: dict[str, Any]) -> float:
+        ratios = _paired(e.get("by_round"), base.get("by_round") if base else None)
+        return median(ratios) if ratios else float(e["median_tokens_per_s"]) / _base_median(base)
+
+    leader = max(eligible, key=lambda e: (strength(e), e["median_tokens_per_s"]))
+    if not ties:
+        return leader, []
+
+    def tied_with_leader(e: dict[str, Any]) -> bool:
+        if e is leader:
+            return True
+        ratios = _paired(e.get("by_round"), leader.get("by_round"))
+        if ratios:
+            return max(ratios) >= 1.0
+        return overlaps(tuple(e["range"]) if e.get("range") else None,
+                        tuple(leader["range"]) if leader.get("range") else None)
+
+    tied = [e for e in eligible if tied_with_leader(e)]
+    if len(tied) == 1:
+        return leader, []
+
+    def key(e: dict[str, Any]) -> tuple[int, float, float]:
+        peak = e.get("peak_mem_bytes")
+        return (numerics_levers(e.get("candidate"), reference), float(peak) if peak is not None else float("inf"),
+                -strength(e))
+
+    winner = min(tied, key=key)
+    return winner, tied
+
+
+def _base_median(base: dict[str, Any] | None) -> float:
+    v = base.get("median_tokens_per_s") if base else None
+    return float(v) if v else 1.0
+
+
+def speedup(best_values: Sequence[float], base_values: Sequence[float], *,
+            best_by_round: dict[Any, float] | None = None, base_by_round: dict[Any, float] | None = None
+            ) -> dict[str, Any] | None:
+    """best / baseline, with the range the measurements allow.
+
+    With values per round (measured side by side), the ratio is the median of the per-round ratios
+    and the range their min..max; otherwise the ratio of the medians and min/max over max/min.
+    """
+    ratios = _paired(best_by_round, base_by_round)
+    if ratios:
+        return {"ratio": median(ratios), "range": [min(ratios), max(ratios)], "paired_rounds": len(ratios),
+                "distinguishable": min(ratios) > 1.0 or max(ratios) < 1.0}
+    b, r = [float(v) for v in best_values if v], [float(v) for v in base_values if v]
+    if not b or not r:
+        return None
+    ratio = median(b) / median(r)
+    lo, hi = min(b) / max(r), max(b) / min(r)
+    return {"ratio": ratio, "range": [lo, hi], "paired_rounds": 0, "distinguishable": lo > 1.0 or hi < 1.0}

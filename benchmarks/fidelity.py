@@ -1,0 +1,209 @@
+"""Does the probe time the program the user runs? `autotune probe` vs the emitted train.py.
+
+    python benchmarks/fidelity.py --model tiny-qwen2 --device cpu --seq-len 128 --micro-batch 4 --repeats 3
+    python benchmarks/fidelity.py --model tiny-llama --device cpu --seq-len 256 --micro-batch 8 \\
+        --packing --lengths lognormal:4.0,1.0 --repeats 3 --json-out fidelity.json
+
+Interleaved repeats (probe, train.py, probe, train.py, ...) so that drifting load hits both alike:
+
+probe     ``autotune probe ... --json``: its tokens/s (real tokens over the timed window) and peak
+          memory (CPU: peak RSS growth over the post-import baseline).
+train.py  the files ``autotune`` emits for that probe (``emit_all``: training_args.json,
+          model_kwargs.json, train.py, ...) run as a user runs them: ``python train.py --model DIR
+          --synthetic --max-steps W+S+1 --log-batches F`` in a fresh process with the user's
+          environment (no allocator variables), the model saved once with random weights. Its
+          tokens/s is the real tokens of steps W+1..W+S over the time from the start of step W+1 to
+          the start of step W+S+1 (``--log-batches`` records when each step starts fetching its
+          data), the probe's own window. Its peak memory is taken the probe's way by a wrapper that
+          imports the same libraries, takes the RSS baseline, samples RSS every 5 ms and then runs
+          train.py with ``runpy`` (the script itself is unchanged).
+
+Printed: medians, spreads and every value of both, the ratio probe / train.py (goal: within
+±15 % on a quiet machine) and whether the probe's peak bounds train.py's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+_WRAPPER = r"""
+import json, resource, runpy, sys, threading
+import psutil
+import torch, transformers, peft, accelerate  # what train.py imports: counted in the baseline, as in a probe
+from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+import autotune.probe.collate
+proc = psutil.Process()
+base = proc.memory_info().rss
+base_max = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+peak = [base]
+stop = threading.Event()
+def sample():
+    while not stop.is_set():
+        r = proc.memory_info().rss
+        if r > peak[0]:
+            peak[0] = r
+        stop.wait(0.005)
+t = threading.Thread(target=sample, daemon=True)
+t.start()
+out, script = sys.argv[1], sys.argv[2]
+sys.argv = sys.argv[2:]
+try:
+    runpy.run_path(script, run_name="__main__")
+finally:
+    stop.set()
+    t.join(1.0)
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    p = max(peak[0], maxrss) if maxrss > base_max else peak[0]
+    json.dump({"baseline_rss": base, "peak_rss": p, "growth": p - base}, open(out, "w"))
+"""
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    return env
+
+
+def probe_cmd(a: argparse.Namespace) -> list[str]:
+    cmd = [sys.executable, "-m", "autotune", "probe", "--model", a.model, "--device", a.device,
+           "--seq-len", str(a.seq_len), "--micro-batch", str(a.micro_batch), "--grad-accum", str(a.grad_accum),
+           "--precision", a.precision, "--attn", a.attn, "--lengths", a.lengths, "--steps", str(a.steps),
+           "--warmup-steps", str(a.warmup_steps), "--json"]
+    cmd.append("--packing" if a.packing else "--no-packing")
+    return cmd
+
+
+def run_probe(a: argparse.Namespace) -> dict[str, Any]:
+    proc = subprocess.run(probe_cmd(a), capture_output=True, text=True, env=_env(), timeout=a.timeout)
+    if not proc.stdout.strip():
+        raise SystemExit(f"autotune probe printed nothing (exit {proc.returncode}): {proc.stderr[-800:]}")
+    data = json.loads(proc.stdout)
+    if data.get("status") != "ok":
+        raise SystemExit(f"the probe did not measure: {data.get('status')}: {data.get('reason')}")
+    return data
+
+
+def prepare(a: argparse.Namespace, probe: dict[str, Any], work: Path) -> tuple[Path, Path]:
+    """The emitted files for the probe's configuration, and the model saved with random weights."""
+    import dataclasses
+
+    import torch
+    import transformers
+
+    from autotune.emit import emit_all
+    from autotune.models import resolve_model
+    from autotune.probe.result import ProbeResult
+
+    best = work / "best"
+    fields = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
+    emit_all(ProbeResult.from_dict(probe), best, fields=fields, device=a.device)
+    model_dir = work / "model"
+    cfg = transformers.AutoConfig.from_pretrained(resolve_model(a.model).path, local_files_only=True)
+    torch.manual_seed(42)
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(model_dir)
+    return best, model_dir
+
+
+def run_train(a: argparse.Namespace, best: Path, model_dir: Path, work: Path, i: int) -> dict[str, Any]:
+    log, mem = work / f"batches{i}.jsonl", work / f"mem{i}.json"
+    cmd = [sys.executable, "-c", _WRAPPER, str(mem), str(best / "train.py"), "--model", str(model_dir),
+           "--synthetic", "--max-steps", str(a.warmup_steps + a.steps + 1), "--log-batches", str(log),
+           "--output-dir", str(work / f"out{i}"), "--config-dir", str(best), "--report-to", "none"]
+    if a.device == "cpu":
+        cmd.append("--use-cpu")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=a.timeout)
+    if proc.returncode != 0:
+        raise SystemExit(f"train.py failed (exit {proc.returncode}): {proc.stderr[-1500:]}")
+    steps = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    w, s = a.warmup_steps, a.steps
+    window = steps[w : w + s]
+    end = steps[w + s]["started"]
+    tokens = sum(int(x["real_tokens"]) for x in window)
+    m = json.loads(mem.read_text())
+    return {"tokens_per_s": tokens / (end - window[0]["started"]), "peak_mem_bytes": int(m["growth"]),
+            "sequences_per_step": [x["sequences"] for x in window], "real_tokens_per_step": [x["real_tokens"] for x in window]}
+
+
+def spread(vals: list[float]) -> float:
+    return (max(vals) - min(vals)) / statistics.median(vals) if len(vals) > 1 else 0.0
+
+
+def measure(a: argparse.Namespace) -> dict[str, Any]:
+    probes: list[dict[str, Any]] = []
+    trains: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="autotune-fidelity-") as tmp:
+        work = Path(tmp)
+        best = model_dir = None
+        for i in range(a.repeats):
+            p = run_probe(a)
+            probes.append(p)
+            if best is None:
+                best, model_dir = prepare(a, p, work)
+            trains.append(run_train(a, best, model_dir, work, i))
+            print(f"repeat {i + 1}: probe {p['metrics']['tokens_per_s']:,.0f} tok/s, peak "
+                  f"{p['metrics']['peak_mem_bytes'] / 2**20:.0f} MiB | train.py {trains[-1]['tokens_per_s']:,.0f} "
+                  f"tok/s, peak {trains[-1]['peak_mem_bytes'] / 2**20:.0f} MiB", file=sys.stderr)
+    p_tps = [float(p["metrics"]["tokens_per_s"]) for p in probes]
+    t_tps = [float(t["tokens_per_s"]) for t in trains]
+    p_mem = [int(p["metrics"]["peak_mem_bytes"]) for p in probes]
+    t_mem = [int(t["peak_mem_bytes"]) for t in trains]
+    ratio = statistics.median(p_tps) / statistics.median(t_tps)
+    return {
+        "config": {k: getattr(a, k) for k in ("model", "device", "seq_len", "micro_batch", "grad_accum", "packing",
+                                              "lengths", "precision", "attn", "steps", "warmup_steps", "repeats")},
+        "probe": {"tokens_per_s": p_tps, "median": statistics.median(p_tps), "spread": spread(p_tps),
+                  "peak_mem_bytes": p_mem},
+        "train_py": {"tokens_per_s": t_tps, "median": statistics.median(t_tps), "spread": spread(t_tps),
+                     "peak_mem_bytes": t_mem, "sequences_per_step": trains[0]["sequences_per_step"]},
+        "ratio": ratio,
+        "within_15pct": abs(ratio - 1.0) <= 0.15,
+        "peak_bounds_train_py": max(p_mem) >= max(t_mem) and min(p_mem) >= 0.95 * max(t_mem),
+        "peak_ratio": max(p_mem) / max(t_mem) if max(t_mem) else None,
+    }
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="tiny-qwen2")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--micro-batch", type=int, default=4)
+    ap.add_argument("--grad-accum", type=int, default=1)
+    ap.add_argument("--packing", action="store_true")
+    ap.add_argument("--lengths", default="fixed")
+    ap.add_argument("--precision", default="fp32")
+    ap.add_argument("--attn", default="sdpa")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup-steps", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--json-out", default="")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    a = parse(argv)
+    res = measure(a)
+    p, t = res["probe"], res["train_py"]
+    print(f"probe    {p['median']:>10,.0f} tok/s (spread {p['spread']:.0%}; {', '.join(f'{v:,.0f}' for v in p['tokens_per_s'])})")
+    print(f"train.py {t['median']:>10,.0f} tok/s (spread {t['spread']:.0%}; {', '.join(f'{v:,.0f}' for v in t['tokens_per_s'])})")
+    print(f"probe / train.py = {res['ratio']:.3f} ({'within' if res['within_15pct'] else 'OUTSIDE'} ±15 %); "
+          f"peak memory probe {max(p['peak_mem_bytes']) / 2**20:.0f} MiB vs train.py "
+          f"{max(t['peak_mem_bytes']) / 2**20:.0f} MiB ({'bounds' if res['peak_bounds_train_py'] else 'does NOT bound'})")
+    if a.json_out:
+        Path(a.json_out).write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")
+    return res
+
+
+if __name__ == "__main__":
+    main()

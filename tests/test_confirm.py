@@ -1,0 +1,238 @@
+"""Confirmation under noise: interleaved rounds, the search value left out, noisy/tie verdicts."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import optuna
+import pytest
+from _fakes import FakeExecutor, GiB
+
+from autotune.search import ConfirmPolicy, Searcher, TrialRecord, candidate_id, choose_winner, speedup
+from autotune.search._confirm import confirmation_status, interleaved_order, numerics_levers
+from autotune.spec.probe_request import Candidate, ProbeSettings, Workload
+from autotune.spec.space import parse_space
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+SPACE = parse_space({"micro_batch": [2, 4, 8], "grad_ckpt": [False], "attn": ["sdpa", "eager"],
+                     "precision": ["fp32"], "packing": [False], "workers": [0], "pin_memory": [False],
+                     "optim": ["adamw_torch"]})
+WL = Workload(model="tiny-llama", seq_len=128)
+SETTINGS = ProbeSettings(device="cpu", budget_bytes=10 * GiB, steps=5)
+BASE = Candidate(micro_batch=2, grad_accum=4, attn="sdpa", precision="fp32", workers=0, pin_memory=False,
+                 optim="adamw_torch")
+
+
+class Scripted(FakeExecutor):
+    """tok/s from ``speed(candidate, confirm, n)``: n counts that candidate's probes so far."""
+
+    def __init__(self, speed, peak=lambda c: c.micro_batch * GiB // 4):
+        super().__init__()
+        self.speed = speed
+        self.peak = peak
+        self.seen: dict[str, int] = {}
+        self.order: list[tuple[str, bool]] = []
+
+    def result_for(self, request):
+        from autotune.probe.result import ProbeResult
+
+        c = request.candidate
+        confirm = request.settings.steps == SETTINGS.steps * 2
+        key = candidate_id(c)
+        n = self.seen.get(key, 0)
+        self.seen[key] = n + 1
+        self.order.append((key, confirm))
+        metrics = {"peak_mem_bytes": self.peak(c), "tokens_per_s": self.speed(c, confirm, n), "wall_s": 1.0}
+        return ProbeResult(status="ok", request=request.to_dict(), metrics=metrics)
+
+
+def run(ex, **kw):
+    args = dict(space=SPACE, workload=WL, settings=SETTINGS, effective_batch=8, executor=ex, max_trials=6,
+                device="cpu", seed=3, top_k=2, baseline=BASE)
+    args.update(kw)
+    return Searcher(**args).run()
+
+
+def steady(c: Candidate) -> float:
+    return {2: 1000.0, 4: 1500.0, 8: 1700.0}[c.micro_batch] * (0.8 if c.attn == "eager" else 1.0)
+
+
+# ------------------------------------------------------------------------------------- pure rules
+
+
+def test_status_needs_min_rounds_that_agree() -> None:
+    p = ConfirmPolicy(min_rounds=2, max_rounds=4, tolerance=0.25)
+    assert confirmation_status([100.0], rounds_done=1, policy=p)[0] == "pending"
+    assert confirmation_status([100.0, 110.0], rounds_done=2, policy=p)[0] == "confirmed"
+    assert confirmation_status([100.0, 200.0], rounds_done=2, policy=p)[0] == "pending"
+    status, reason = confirmation_status([100.0, 200.0, 90.0, 210.0], rounds_done=4, policy=p)
+    assert status == "noisy" and "spread" in reason and "25%" in reason
+    assert confirmation_status([], rounds_done=4, policy=p, other_failure="crash: x")[0] == "unconfirmed"
+    assert confirmation_status([100.0], rounds_done=1, policy=p, memory_failure="oom: y")[0] == "failed_confirm"
+
+
+def test_rounds_rotate_so_each_candidate_leads_one() -> None:
+    assert interleaved_order(["a", "b", "base"], 0) == ["a", "b", "base"]
+    assert interleaved_order(["a", "b", "base"], 1) == ["b", "base", "a"]
+    assert interleaved_order(["a", "b", "base"], 3) == ["a", "b", "base"]
+
+
+def test_tie_goes_to_fewer_numerics_levers_then_smaller_memory() -> None:
+    ref = {"precision": "fp32", "optim": "adamw_torch", "liger": False, "torch_compile": False, "attn": "sdpa"}
+    fast_bf16 = {"label": "bf16", "status": "confirmed", "median_tokens_per_s": 1050.0, "range": [1000, 1100],
+                 "peak_mem_bytes": 3 * GiB, "candidate": {**ref, "precision": "bf16"}}
+    fp32_big = {"label": "fp32 big", "status": "confirmed", "median_tokens_per_s": 1000.0, "range": [950, 1060],
+                "peak_mem_bytes": 4 * GiB, "candidate": dict(ref)}
+    fp32_small = {"label": "fp32 small", "status": "noisy", "median_tokens_per_s": 980.0, "range": [700, 1200],
+                  "peak_mem_bytes": 2 * GiB, "candidate": dict(ref)}
+    slow = {"label": "slow", "status": "confirmed", "median_tokens_per_s": 500.0, "range": [480, 520],
+            "peak_mem_bytes": GiB, "candidate": dict(ref)}
+    winner, tied = choose_winner([fast_bf16, fp32_big, fp32_small, slow], ref)
+    assert winner is fp32_small
+    assert {e["label"] for e in tied} == {"bf16", "fp32 big", "fp32 small"}
+    # apart, the faster wins whatever its levers
+    winner, tied = choose_winner([dict(fast_bf16, range=[1040, 1060]), dict(fp32_big, range=[990, 1010])], ref)
+    assert winner["label"] == "bf16" and tied == []
+    assert numerics_levers(fast_bf16["candidate"], ref) == 1
+
+
+def test_speedup_has_a_range_from_the_measured_values() -> None:
+    s = speedup([2000.0, 2200.0], [1000.0, 1100.0])
+    assert s["ratio"] == pytest.approx(2100 / 1050)
+    assert s["range"] == pytest.approx([2000 / 1100, 2200 / 1000])
+    assert s["distinguishable"]
+    assert not speedup([1000.0, 1300.0], [1100.0, 1200.0])["distinguishable"]
+    assert speedup([], [1.0]) is None
+
+
+# ------------------------------------------------------------------------------------- the searcher
+
+
+def test_lucky_search_measurement_does_not_win() -> None:
+    # eager mb8 measured 3x too fast once in the search (the winner's curse), then its real speed
+    def speed(c, confirm, n):
+        if c.micro_batch == 8 and c.attn == "eager" and n == 0:
+            return 5000.0
+        return steady(c)
+
+    ex = Scripted(speed)
+    out = run(ex)
+    assert out.best_record.candidate["attn"] == "sdpa" and out.best_record.candidate["micro_batch"] == 8
+    lucky = next(e for e in out.ranking if e["search_tokens_per_s"] == 5000.0)
+    assert 5000.0 not in lucky["measurements"]
+    assert out.best.metrics["confirm_status"] == "confirmed"
+    assert out.best.metrics["search_tokens_per_s"] == pytest.approx(1700.0)
+
+
+def test_rounds_interleave_the_top_candidates_and_the_baseline() -> None:
+    ex = Scripted(lambda c, confirm, n: steady(c))
+    out = run(ex, confirm=ConfirmPolicy(min_rounds=2, max_rounds=2))
+    confirms = [k for k, confirm in ex.order if confirm]
+    assert len(confirms) == 6  # (top 2 + baseline) x 2 rounds
+    first, second = confirms[:3], confirms[3:]
+    assert set(first) == set(second) and candidate_id(BASE) in first
+    assert second == first[1:] + first[:1]  # rotated
+    base = next(e for e in out.ranking if e["key"] == candidate_id(BASE))
+    assert base["status"] == "confirmed" and len(base["measurements"]) == 2
+
+
+def test_disagreeing_repeats_run_more_rounds_then_say_noisy() -> None:
+    def speed(c, confirm, n):
+        if confirm and c.micro_batch == 8 and c.attn == "sdpa":
+            return 3000.0 if n % 2 else 900.0
+        return steady(c)
+
+    ex = Scripted(speed)
+    policy = ConfirmPolicy(min_rounds=2, max_rounds=3, tolerance=0.25)
+    out = run(ex, confirm=policy)
+    confirms = [k for k, confirm in ex.order if confirm]
+    assert len(confirms) == 9  # three rounds of three: the noisy one kept the round going
+    e = next(e for e in out.ranking if e["candidate"]["micro_batch"] == 8 and e["candidate"]["attn"] == "sdpa")
+    assert e["status"] == "noisy" and e["rounds"] == 3 and len(e["measurements"]) == 3
+
+
+def test_agreeing_repeats_stop_at_min_rounds() -> None:
+    ex = Scripted(lambda c, confirm, n: steady(c) * (1.0 + 0.02 * n))
+    out = run(ex, confirm=ConfirmPolicy(min_rounds=2, max_rounds=5))
+    assert sum(1 for _, confirm in ex.order if confirm) == 6
+    assert all(e["status"] == "confirmed" for e in out.ranking)
+
+
+def test_indistinguishable_candidates_are_a_tie_that_goes_to_less_memory() -> None:
+    # mb4 and mb8 measure alike within the noise (each beats the other in one round); mb4 holds half
+    # the memory
+    def speed(c, confirm, n):
+        if c.micro_batch == 8 and c.attn == "sdpa":
+            return 1600.0 * (1.0 + 0.05 * (n % 2))
+        if c.micro_batch == 4 and c.attn == "sdpa":
+            return 1550.0 * (1.0 + 0.05 * ((n + 1) % 2))
+        return steady(c) * 0.5
+
+    out = run(Scripted(speed), confirm=ConfirmPolicy(min_rounds=2, max_rounds=2))
+    assert out.best_record.candidate["micro_batch"] == 4
+    assert out.tie and "mb8" in out.tie[0].replace(" ", "")
+    assert sum(1 for e in out.ranking if e.get("indistinguishable")) >= 2
+
+
+def test_a_burst_of_load_in_one_round_hits_all_candidates_alike() -> None:
+    # round 2 runs while another job takes 70 % of the machine: the raw values disagree (noisy), but
+    # the paired comparison still ranks correctly and the speedup keeps its size
+    state = {"confirms": 0}
+
+    def speed(c, confirm, n):
+        if not confirm:
+            return steady(c)
+        state["confirms"] += 1
+        return steady(c) * (0.3 if 4 <= state["confirms"] <= 6 else 1.0)
+
+    out = run(Scripted(speed), confirm=ConfirmPolicy(min_rounds=2, max_rounds=2))
+    assert out.best_record.candidate["micro_batch"] == 8 and out.best_record.candidate["attn"] == "sdpa"
+    assert out.best.metrics["confirm_status"] == "noisy"
+    best = next(e for e in out.ranking if e["key"] == out.best_record.key)
+    base = next(e for e in out.ranking if e["key"] == candidate_id(BASE))
+    s = speedup(best["measurements"], base["measurements"], best_by_round=best["by_round"],
+                base_by_round=base["by_round"])
+    assert s["ratio"] == pytest.approx(1.7) and s["range"] == pytest.approx([1.7, 1.7]) and s["paired_rounds"] == 2
+
+
+def test_resumed_confirmation_does_not_mix_values_across_the_interruption() -> None:
+    ex = Scripted(lambda c, confirm, n: steady(c))
+    first = Searcher(space=SPACE, workload=WL, settings=SETTINGS, effective_batch=8, executor=ex, max_trials=6,
+                     device="cpu", seed=3, top_k=2, baseline=BASE)
+    out1 = first.run()
+    history = [TrialRecord.from_dict(r.to_dict()) for r in out1.records]
+    # the interrupted process measured wildly different values in its confirmation
+    for r in history:
+        if r.phase == "confirm":
+            r.tokens_per_s = 99999.0
+    ex2 = Scripted(lambda c, confirm, n: steady(c))
+    out2 = run(ex2, history=history)
+    assert all(99999.0 not in e["measurements"] for e in out2.ranking)
+    assert sum(1 for _, confirm in ex2.order if confirm) == 6  # the block re-measured
+    assert not any(not confirm for _, confirm in ex2.order)  # no search probe repeated
+
+
+def test_load_warnings_reach_the_records_and_the_outcome() -> None:
+    calls = []
+
+    def load_check(phase, since):
+        calls.append(phase)
+        if phase == "during":
+            return [{"kind": "cpu", "message": "other processes used 1.0 of 2 cores during the probe"}]
+        return []
+
+    out = run(Scripted(lambda c, confirm, n: steady(c)), load_check=load_check)
+    assert "before" in calls and "during" in calls
+    assert out.warnings and all(w["kind"] == "cpu" for w in out.warnings)
+    assert all(r.warnings for r in out.records if r.probed)
+    assert all(e["load_warnings"] for e in out.ranking)
+
+
+def test_policy_rejects_nonsense() -> None:
+    with pytest.raises(ValueError):
+        ConfirmPolicy(min_rounds=3, max_rounds=2)
+    with pytest.raises(ValueError):
+        ConfirmPolicy(tolerance=0)
+    assert ConfirmPolicy.for_device("cuda").tolerance < ConfirmPolicy.for_device("cpu").tolerance
+    assert dataclasses.replace(ConfirmPolicy(), include_search=True).include_search

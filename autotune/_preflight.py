@@ -10,12 +10,25 @@ no run directory exists yet when it runs. The checks, cheapest first:
   the message gives the minimum and the mode that would fit;
 * ``--ray-address``: the cluster's port must answer within ``RAY_CONNECT_TIMEOUT_S``;
 * ``--dataset``: read (and tokenized, into the shared cache the probes then hit) once here, so a
-  missing tokenizer, an empty file or a malformed line is exit 2, not a run of crashed probes.
+  missing tokenizer, an empty file, a malformed line or a token id outside the model's vocabulary
+  is exit 2, not a run of crashed probes (whose "nothing fits" would then be cached).
+
+Run earlier by ``tune`` (each also exit 2, nothing written):
+
+* ``check_model_config``: the size fields of ``config.json`` the estimator and the probe build
+  read (``hidden_size``, ``vocab_size``, ...) are positive integers and the heads divide evenly;
+* ``detect_capabilities`` (effectful: installed packages, GPU compute capability) feeds
+  ``autotune.spec.capabilities.filter_space``, which drops the choices that cannot run here;
+* ``check_cpu_probe_time``: with ``--device auto`` resolved to a CPU, a model whose one probe
+  the estimator puts above the probe timeout is refused (``autotune.estimate.cpu``).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
+import os
+import shutil
 from typing import Any
 
 from autotune.errors import SpecError
@@ -24,7 +37,8 @@ from autotune.spec.probe_request import Candidate, Workload
 from autotune.spec.space import SearchSpace
 
 __all__ = ["RAY_CONNECT_TIMEOUT_S", "check_batch", "weights_floor", "check_weights", "check_ray", "check_dataset",
-           "preflight"]
+           "preflight", "check_model_config", "detect_capabilities", "default_space_for", "mean_sequence_tokens",
+           "check_cpu_probe_time"]
 
 RAY_CONNECT_TIMEOUT_S = 10.0
 
@@ -108,13 +122,182 @@ def check_ray(ray_address: str | None, timeout_s: float = RAY_CONNECT_TIMEOUT_S)
     _check_reachable(ray_address, timeout_s)
 
 
-def check_dataset(dataset: str | None, workload: Workload) -> None:
-    """Read the dataset once (DatasetError: missing tokenizer, empty, malformed); the probes hit the cache."""
+def _vocab_size(config: dict[str, Any]) -> int | None:
+    for cfg in (config, config.get("text_config")):
+        if isinstance(cfg, dict):
+            v = cfg.get("vocab_size")
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                return v
+    return None
+
+
+def check_dataset(dataset: str | None, workload: Workload, config: dict[str, Any] | None = None) -> None:
+    """Read the dataset once (DatasetError: missing tokenizer, empty, malformed, a token id outside
+    the model's vocabulary); the probes then hit the tokenized cache."""
     if dataset is None:
         return
+    from autotune.errors import DatasetError
     from autotune.probe.data import find_tokenizer, load_token_sequences
 
-    load_token_sequences(dataset, seq_len=workload.seq_len, tokenizer=find_tokenizer(workload))
+    loaded = load_token_sequences(dataset, seq_len=workload.seq_len, tokenizer=find_tokenizer(workload))
+    vocab = _vocab_size(config or {})
+    top = loaded.sequences.max_token()
+    if vocab is not None and top >= vocab:
+        raise DatasetError(
+            f"dataset {dataset!r} holds token id {top}, but {workload.model}'s vocabulary has {vocab} ids "
+            f"(0..{vocab - 1}, vocab_size in its config.json); tokenize the data with this model's tokenizer "
+            "(--tokenizer DIR) or pass the --model it was tokenized for")
+
+
+# config.json fields the estimator and the probe's model build read as sizes (absent is fine:
+# transformers then uses its default; present, they must be positive integers)
+_SIZE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                "intermediate_size", "vocab_size", "head_dim", "max_position_embeddings", "n_embd", "n_layer",
+                "n_head", "n_inner", "n_positions", "n_ctx", "num_local_experts", "num_experts_per_tok")
+
+
+def check_model_config(config: Any, config_path: str) -> None:
+    """SpecError (one line, naming the file and the fix) when config.json's size fields are not
+    positive integers or the attention heads do not divide evenly."""
+    if not isinstance(config, dict):
+        raise SpecError(f"model config {config_path}: must be a JSON object, got {type(config).__name__}")
+    problems: list[str] = []
+    for where, cfg in (("", config), ("text_config.", config.get("text_config"))):
+        if not isinstance(cfg, dict):
+            continue
+        for name in _SIZE_FIELDS:
+            v = cfg.get(name)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                problems.append(f"{where}{name} must be a positive integer, got {v!r}")
+        ok = [n for n in ("hidden_size", "num_attention_heads", "num_key_value_heads")
+              if isinstance(cfg.get(n), int) and not isinstance(cfg.get(n), bool) and cfg[n] > 0]
+        if {"hidden_size", "num_attention_heads"} <= set(ok) and cfg.get("head_dim") is None \
+                and cfg["hidden_size"] % cfg["num_attention_heads"]:
+            problems.append(f"{where}hidden_size {cfg['hidden_size']} is not a multiple of "
+                            f"{where}num_attention_heads {cfg['num_attention_heads']}")
+        if {"num_attention_heads", "num_key_value_heads"} <= set(ok) \
+                and cfg["num_attention_heads"] % cfg["num_key_value_heads"]:
+            problems.append(f"{where}num_attention_heads {cfg['num_attention_heads']} is not a multiple of "
+                            f"{where}num_key_value_heads {cfg['num_key_value_heads']}")
+    if problems:
+        raise SpecError(f"model config {config_path}: {'; '.join(problems)}; fix these fields in config.json "
+                        "(or point --model at the model's original config)")
+
+
+# --------------------------------------------------------------------------- device and space
+
+
+def _compute_capability(index: int) -> list[int] | None:
+    """(major, minor) of GPU ``index`` from NVML, None when NVML cannot say."""
+    try:
+        import pynvml  # type: ignore[import-untyped]  # noqa: TID251 - effectful on purpose (not a pure module)
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(index))
+        return [int(major), int(minor)]
+    except Exception:
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def _has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def detect_capabilities(device: str, gpu_infos: list[dict[str, Any]], ray_address: str | None) -> dict[str, Any]:
+    """What :func:`autotune.spec.capabilities.filter_space` needs to know about this machine.
+
+    With ``--ray-address`` the probes run on the cluster's machines, whose packages and GPUs are
+    not visible from here: only the device type is given (nothing is dropped for the rest).
+    The GPUs' compute capability is also written into ``gpu_infos`` (the cache key's fingerprint).
+    """
+    caps: dict[str, Any] = {"device": device}
+    if ray_address is not None:
+        return caps
+    caps["packages"] = {name: _has_module(name) for name in
+                        ("flash_attn", "bitsandbytes", "liger_kernel", "deepspeed", "triton")}
+    if device == "cpu":
+        caps["cxx_compiler"] = any(shutil.which(c) for c in (os.environ.get("CXX") or "c++", "g++", "clang++"))
+    else:
+        ccs = []
+        for g in gpu_infos:
+            g.setdefault("compute_capability", _compute_capability(int(g.get("index", 0))))
+            ccs.append(g["compute_capability"])
+        caps["compute_capability"] = min(ccs) if ccs and all(ccs) else None
+    return caps
+
+
+def default_space_for(device: str) -> str:
+    """The search space used when none is named: ``cpu`` on a CPU, ``default`` on a GPU."""
+    return "cpu" if device == "cpu" else "default"
+
+
+def mean_sequence_tokens(workload: Workload) -> float:
+    """Real tokens per sequence on average: the dataset's (truncated to seq_len), else the length
+    distribution's (a fixed sample of 4,096 draws), else seq_len."""
+    if workload.dataset is not None:
+        from autotune.probe.data import find_tokenizer, load_token_sequences
+
+        lengths = load_token_sequences(workload.dataset, seq_len=workload.seq_len,
+                                       tokenizer=find_tokenizer(workload)).sequences.lengths()
+        return float(lengths.mean()) if len(lengths) else float(workload.seq_len)
+    if workload.lengths == "fixed":
+        return float(workload.seq_len)
+    from autotune.spec.lengths import sample_lengths
+
+    sample = sample_lengths(workload.lengths, 4096, workload.seq_len, workload.seed)
+    return sum(sample) / len(sample)
+
+
+def check_cpu_probe_time(
+    config: dict[str, Any], *, workload: Workload, effective_batch: int, optimizer_steps: int, timeout_s: float,
+    requested_device: str, cores: int | None = None, model_ref: str | None = None,
+) -> float | None:
+    """Seconds the estimator puts one CPU probe at, at the least (None: an unknown architecture).
+
+    Raises SpecError when ``--device auto`` resolved to this CPU and that exceeds ``timeout_s``;
+    an explicit ``--device cpu`` is the user saying they want it, and only gets the figure back.
+    """
+    from autotune.estimate import arch_from_config, cpu_probe_seconds
+
+    try:
+        arch = arch_from_config(config)
+    except Exception:
+        return None
+    seconds = cpu_probe_seconds(arch, mode=workload.mode, seq_len=workload.seq_len,
+                                mean_tokens=mean_sequence_tokens(workload), effective_batch=effective_batch,
+                                optimizer_steps=optimizer_steps, cores=cores or os.cpu_count() or 1)
+    if requested_device == "auto" and seconds > timeout_s:
+        ref = model_ref or workload.model
+        raise SpecError(
+            f"no GPU found, and on this CPU one probe of {workload.model} (--mode {workload.mode}, --seq-len "
+            f"{workload.seq_len}, --effective-batch {effective_batch}) would take at least {_duration(seconds)}, "
+            f"past the {timeout_s:g} s probe timeout: see what it needs on a GPU with `autotune plan --model "
+            f"{ref} --mode {workload.mode} --seq-len {workload.seq_len}`, or pass --device cpu "
+            "(and a larger --probe-timeout) to search on this CPU anyway")
+    return seconds
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:,.1f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.0f} s"
 
 
 def preflight(
@@ -129,4 +312,4 @@ def preflight(
     if problems:
         raise SpecError(problems)
     check_ray(ray_address)
-    check_dataset(workload.dataset, workload)
+    check_dataset(workload.dataset, workload, config)

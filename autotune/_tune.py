@@ -338,7 +338,7 @@ def tune(
     seq_len: int = 2048,
     effective_batch: int = 64,
     mode: str = "full",
-    space: str | Path | SearchSpace = "default",
+    space: str | Path | SearchSpace | None = None,
     dataset: str | None = None,
     lengths: str = "fixed",
     max_trials: int = 40,
@@ -378,6 +378,9 @@ def tune(
     and ``note`` events. ``verify_loss`` (K > 0) runs the quality guard after the search: the chosen
     configuration and the HF-default reference for K steps each, same seed and data order, loss
     trajectories compared (``autotune.verify``; ``verify_loss.json``, ``summary["verify_loss"]``).
+    ``space`` None is the device's own: ``cpu`` on a CPU (also when ``device="auto"`` finds no GPU),
+    ``default`` on a GPU. Choices the device or installation cannot run are dropped before any
+    probe (``summary["dropped_choices"]``, one ``note``).
     ``confirm_rounds`` (min, max) and ``confirm_tolerance`` set the confirmation policy (default:
     ``ConfirmPolicy.for_device``). ``load_monitor`` (default: on when autotune runs its own probes on
     this machine) watches for other load and fills ``summary["warnings"]``.
@@ -397,7 +400,7 @@ def tune(
             problems += exc.problems
     space_obj: SearchSpace | None = None
     try:
-        space_obj = space if isinstance(space, SearchSpace) else load_space(space)
+        space_obj = space if isinstance(space, SearchSpace) or space is None else load_space(space)
     except SpecError as exc:
         problems += exc.problems
     confirm_policy = None
@@ -407,21 +410,23 @@ def tune(
         problems += exc.problems
     if problems:
         raise SpecError(problems)
-    assert space_obj is not None
     time_budget_s = parse_duration(time_budget)
     budget = parse_budget(gpu_budget)
     gpu_list = parse_gpus(gpus)
-    if gpus_per_trial is not None:
-        space_obj = dataclasses.replace(space_obj, gpus_per_trial=(gpus_per_trial,))
 
+    from autotune._preflight import check_model_config
     from autotune.models import check_seq_len, resolve_model
 
     resolved = resolve_model(model, trust_remote_code=trust_remote_code)
+    check_model_config(resolved.config, resolved.config_path)
     check_seq_len(resolved, seq_len)
     if dataset is not None and not Path(dataset).exists():
         raise SpecError(f"dataset {dataset!r} does not exist")
 
     dev, gpu_infos = _detect_device(device, gpu_list, ray_address)
+    space_obj, dropped, caps, notes = _space_for_device(space_obj, dev, gpu_infos, device, ray_address, mode)
+    if gpus_per_trial is not None:
+        space_obj = dataclasses.replace(space_obj, gpus_per_trial=(gpus_per_trial,))
     confirm_policy = _confirm_policy(dev, confirm_rounds, confirm_tolerance)
     budget_bytes = budget.resolve(_device_total_bytes(dev, gpu_infos) if budget.fraction is not None else None)
     settings = ProbeSettings(device=dev, budget_bytes=budget_bytes, budget_text=budget.text,
@@ -434,8 +439,16 @@ def tune(
     if problems:
         raise SpecError(problems)
     usable = settings.usable_bytes()
-    # before anything is written: the batch, the weights, --ray-address, the dataset (exit 2, fast)
-    from autotune._preflight import preflight
+    # before anything is written: the CPU probe time, the batch, the weights, --ray-address, the dataset
+    from autotune._preflight import check_cpu_probe_time, preflight
+
+    if dev == "cpu":
+        cpu_s = check_cpu_probe_time(resolved.config, workload=workload, effective_batch=effective_batch,
+                                     optimizer_steps=warmup_steps + steps, timeout_s=probe_timeout_s,
+                                     requested_device=device, model_ref=model)
+        if cpu_s is not None and cpu_s > probe_timeout_s:
+            notes.append(f"one probe is predicted to take at least {cpu_s:,.0f} s on this CPU, past the "
+                         f"{probe_timeout_s:g} s probe timeout (--probe-timeout)")
 
     preflight(config=resolved.config, name=resolved.name, workload=workload, space=space_obj,
               effective_batch=effective_batch, device=dev, budget_text=budget.text, budget_bytes=budget_bytes,
@@ -448,23 +461,28 @@ def tune(
         dataset_identity,
         find_cached,
         hardware_fingerprint,
+        probe_fields,
         software_versions,
+        workload_fields,
     )
 
     hardware = hardware_fingerprint(dev, gpu_infos)
     if ray_address is not None:
         hardware["ray_address"] = ray_address
     software = software_versions()
-    search_settings = {"max_trials": max_trials, "seed": seed, "top_k": top_k, "steps": steps,
-                       "gpus": gpu_list, "headroom": settings.headroom}
-    if lengths != "fixed":  # (absent when fixed, so the keys of earlier runs still match)
-        search_settings["lengths"] = lengths
-        hist = lengths.partition(":")[2] if lengths.startswith("histogram:") else None
-        if hist:
-            search_settings["lengths_file"] = dataset_identity(hist)
+    # everything that changes the answer (autotune/store/cache_key.py lists it)
+    search_settings = {"max_trials": max_trials, "seed": seed, "top_k": top_k, "confirm_steps": steps * 2,
+                       "time_budget_s": time_budget_s, "gpus": gpu_list, "baseline": baseline,
+                       "prune": (f"custom:{getattr(pruner, '__qualname__', type(pruner).__name__)}"
+                                 if pruner is not None else bool(prune if prune is not None else dev == "cuda")),
+                       "verify_loss": verify_loss, "verify_loss_tolerance": verify_loss_tolerance,
+                       "confirm": confirm_policy.to_dict(),
+                       "load_monitor": bool(load_monitor if load_monitor is not None else (
+                           executor is None and ray_address is None))}
     key = cache_key(model_config=resolved.config, space=space_obj.to_dict(), budget_bytes=budget_bytes,
                     seq_len=seq_len, effective_batch=effective_batch, mode=mode, hardware=hardware,
-                    software=software, dataset=dataset_identity(dataset), search=search_settings)
+                    software=software, dataset=dataset_identity(dataset), search=search_settings,
+                    workload=workload_fields(workload), probe=probe_fields(settings), capabilities=caps)
     out_path = Path(out)
 
     if not fresh:
@@ -507,6 +525,7 @@ def tune(
             "headroom": settings.headroom,
             "seed": seed,
             "space": {"name": space_obj.name, "source": space_obj.source, "dimensions": space_obj.to_dict()},
+            "dropped_choices": [d.to_dict() for d in dropped],
             "search": {"max_trials": max_trials, "time_budget_s": time_budget_s, "top_k": top_k, "steps": steps,
                        "confirm_steps": steps * 2, "confirm": confirm_policy.to_dict(), "storage": storage_url,
                        "study_name": run_dir.run_id},
@@ -519,6 +538,8 @@ def tune(
                                                 "gpu_budget", "seed", "space", "search")}})
         if progress is not None:
             progress("run_dir", {"run_dir": str(run_dir.path), "resumed": resumed, "restored": len(history)})
+            for text in notes:
+                progress("note", {"text": text})
 
         own_executor = executor is None
         monitor = None
@@ -585,7 +606,9 @@ def tune(
                                            space=space_obj, mode=mode, seq_len=seq_len,
                                            predicted=getattr(pruner, "predictions", None))
             smallest = _smallest_footprint(outcome.records)
-            summary.update({"status": "nothing_fits", "message": message,
+            # only a measured oom/over_budget makes "nothing fits" an answer worth caching
+            measured = sum(1 for r in outcome.records if r.probed and r.status in ("oom", "over_budget"))
+            summary.update({"status": "nothing_fits", "message": message, "measured_infeasible": measured,
                             "smallest_footprint_bytes": smallest.peak_mem_bytes if smallest else None})
             run_dir.write_json("summary.json", summary)
             _write_reports(run_dir, progress)
@@ -662,13 +685,36 @@ def _cached_nothing_fits(out: Path, key: str) -> tuple[Path, dict[str, Any]] | N
 
     for rd in _runs_with_key(out, key):
         s = rd.read_json("summary.json")
-        if isinstance(s, dict) and s.get("status") == "nothing_fits":
+        if isinstance(s, dict) and s.get("status") == "nothing_fits" and s.get("measured_infeasible"):
             return rd.path, s
         if isinstance(s, dict) and s.get("status") == "complete":
             return None
     return None
 
 
+def _space_for_device(
+    space: SearchSpace | None, dev: str, gpu_infos: list[dict[str, Any]], requested: str, ray_address: str | None,
+    mode: str,
+) -> tuple[SearchSpace, list[Any], dict[str, Any], list[str]]:
+    """(the space to search, the dropped choices, the capabilities, progress notes for the run).
+
+    No space given: the device's own (``cpu`` or ``default``). Then the choices this device or
+    installation cannot run are dropped (SpecError when a knob is left with none).
+    """
+    from autotune._preflight import default_space_for, detect_capabilities
+    from autotune.spec.capabilities import dropped_line, filter_space
+
+    notes: list[str] = []
+    if space is None:
+        space = load_space(default_space_for(dev))
+        if requested == "auto" and dev == "cpu":
+            notes.append("--device auto found no GPU: searching on cpu with the `cpu` search space "
+                         "(--space names another, --device cuda insists on a GPU)")
+    caps = detect_capabilities(dev, gpu_infos, ray_address)
+    space, dropped = filter_space(space, caps, mode=mode)
+    if dropped:
+        notes.append(dropped_line(dropped, dev))
+    return space, dropped, caps, notes
 def _confirm_policy(device: str, rounds: tuple[int, int] | None, tolerance: float | None) -> Any:
     """The confirmation policy for ``device`` with the user's overrides (SpecError when they make no sense)."""
     from autotune.search import ConfirmPolicy

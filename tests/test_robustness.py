@@ -102,6 +102,18 @@ def test_malformed_config_json(tmp_path: Path) -> None:
     assert "config.json is not valid JSON" in line
 
 
+def test_config_with_a_non_integer_size_is_refused_and_the_repeat_too(tmp_path: Path) -> None:
+    # issue 12: this used to give exit 3 ("nothing fits") and the repeat answered "[cached]"
+    model = tmp_path / "bad-model"
+    model.mkdir()
+    cfg = json.loads((REPO / "autotune" / "models" / "tiny" / "tiny-llama" / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**cfg, "hidden_size": "abc"}))
+    for _ in range(2):
+        line = run_refused(tmp_path, "--model", str(model), "--gpu-budget", "1GB")
+        assert f"{model}/config.json" in line and "hidden_size must be a positive integer, got 'abc'" in line
+        assert "[cached]" not in line
+
+
 def test_config_without_model_type(tmp_path: Path) -> None:
     model = tmp_path / "m"
     model.mkdir()
@@ -136,6 +148,14 @@ def test_malformed_dataset_line(tmp_path: Path) -> None:
     data.write_text('{"input_ids": [1, 2, 3]}\n{"input_ids": [4, 5\n')
     line = run_refused(tmp_path, "--dataset", str(data))
     assert "line 2 is not valid JSON" in line
+
+
+def test_dataset_with_token_ids_outside_the_vocabulary(tmp_path: Path) -> None:
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"input_ids": [1, 2, 3]}\n{"input_ids": [4, 5000]}\n')
+    for _ in range(2):  # refused again, never answered "[cached]"
+        line = run_refused(tmp_path, "--dataset", str(data))
+        assert "token id 5000" in line and "vocabulary has 2048 ids" in line and "tokenizer" in line
 
 
 def test_missing_dataset(tmp_path: Path) -> None:

@@ -3,7 +3,7 @@ beyond the package's own gpus.yaml and catalog files passed in explicitly]
 
     arch_from_config(config.json dict) -> Arch
     estimate_memory(arch, workload, candidate, device=..., gpu=...) -> MemoryBreakdown
-    predict_speed(...) / mfu(...) / calibrate(...)
+    predict_speed(...) / mfu(...) / calibrate(...);  cpu_probe_seconds(...) (a CPU probe's least time)
     find_gpu(name) / load_catalog(extra=...)
     plan(config, gpus=..., ...) -> PlanResult;  predict_peak_bytes / should_prune (PRUNE_FACTOR)
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from autotune.estimate.arch import Arch, arch_from_config, lora_param_count
 from autotune.estimate.catalog import GPU, find_gpu, find_gpus, load_catalog
+from autotune.estimate.cpu import CPU_FLOPS_PER_CORE, cpu_probe_seconds
 from autotune.estimate.memory import MemoryBreakdown, estimate_memory
 from autotune.estimate.plan import (
     HEADROOM,
@@ -35,6 +36,7 @@ from autotune.estimate.speed import (
 )
 
 __all__ = [
+    "CPU_FLOPS_PER_CORE",
     "GPU",
     "HEADROOM",
     "PRUNE_FACTOR",
@@ -47,6 +49,7 @@ __all__ = [
     "arch_from_config",
     "calibrate",
     "calibration_pairs",
+    "cpu_probe_seconds",
     "estimate_memory",
     "find_gpu",
     "find_gpus",

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from autotune.store.atomic import write_json_atomic, write_text_atomic
-from autotune.store.cache_key import cache_key, dataset_identity, hardware_fingerprint, software_versions
+from autotune.store.cache_key import (
+    cache_key,
+    dataset_identity,
+    hardware_fingerprint,
+    probe_fields,
+    software_versions,
+    workload_fields,
+)
 from autotune.store.run_dir import (
     TRIALS_CSV_COLUMNS,
     Journal,
@@ -24,8 +31,10 @@ __all__ = [
     "find_resumable",
     "hardware_fingerprint",
     "make_run_id",
+    "probe_fields",
     "software_versions",
     "trials_csv_text",
+    "workload_fields",
     "write_json_atomic",
     "write_text_atomic",
 ]

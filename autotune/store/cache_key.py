@@ -1,15 +1,34 @@
 """The cache key: what must match for a stored answer to be the answer to a new request.
 
-Hash of: the model's config dict (not its name: a renamed copy of the same config hits), the
-search space's dimensions, the budget in bytes, sequence length, effective batch, mode, dataset
-identity, search settings that change the answer (max trials, seed), the hardware fingerprint
-(GPU names and memory, or CPU model and core count) and the software versions (torch,
-transformers, peft, accelerate, deepspeed, optuna, autotune, python). Nothing here imports torch:
-computing a key must take milliseconds, so a cached answer comes back in about a second.
+A repeat request is answered from the stored run only when *everything that changes the answer*
+is the same. The key is the sha256 of the canonical JSON of:
+
+* ``model_config``: the model's config dict (its content, not its name: a renamed copy of the
+  same config hits);
+* ``space``: the searched dimensions and their choices (the content of the YAML, after the
+  choices this machine cannot run were dropped; not the space's name);
+* ``budget_bytes``, ``seq_len``, ``effective_batch``, ``mode``;
+* ``workload``: the rest of what is trained (length distribution, LoRA rank/alpha/targets,
+  tokenizer, trust_remote_code, seed); a ``histogram:`` lengths file by its content;
+* ``probe``: how each probe measures (timed steps, warm-up steps, probe timeout, headroom, CPU
+  threads);
+* ``search``: what the search does with the probes (max trials, time budget, top-k, the
+  confirmation's steps and policy (rounds, tolerance), whether the load monitor watches, seed,
+  GPUs, the HF-default baseline, estimator pruning, ``--verify-loss`` steps and tolerance);
+* ``dataset``: the dataset file's content (sha256 and size), not its path or modification time;
+* ``hardware``: device, platform, CPU model and core count, and per GPU its name, memory, driver
+  and compute capability; the Ray address when one is given;
+* ``capabilities``: the optional packages and GPU features the space was filtered with;
+* ``software``: python and the versions of torch, transformers, peft, accelerate, deepspeed,
+  optuna, ray, flash-attn, bitsandbytes, liger-kernel and autotune.
+
+Nothing here imports torch: computing a key must take milliseconds (plus one read of the dataset
+file), so a cached answer comes back in about a second.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -18,8 +37,23 @@ from pathlib import Path
 from typing import Any
 
 from autotune.env import cpu_model, package_versions
+from autotune.spec.probe_request import ProbeSettings, Workload
 
-__all__ = ["cache_key", "hardware_fingerprint", "software_versions", "dataset_identity"]
+__all__ = [
+    "cache_key",
+    "hardware_fingerprint",
+    "software_versions",
+    "dataset_identity",
+    "workload_fields",
+    "probe_fields",
+]
+
+# Workload fields keyed elsewhere (the config's content stands in for the model's name and path,
+# the dataset's content for its path).
+_WORKLOAD_KEYED_ELSEWHERE = ("model", "model_path", "dataset")
+# "24GB" and "24000000000" are one request: the budget is keyed in bytes.
+_SETTINGS_KEYED_ELSEWHERE = ("budget_text", "budget_bytes", "device")
+
 
 def software_versions() -> dict[str, str | None]:
     """Python and the versions of the packages measurements depend on (None: not installed)."""
@@ -36,22 +70,46 @@ def hardware_fingerprint(device: str, gpus: list[dict[str, Any]] | None = None) 
     }
     if device == "cuda":
         fp["gpus"] = [
-            {"name": g.get("name"), "memory_total_bytes": g.get("memory_total_bytes"), "driver": g.get("driver")}
+            {"name": g.get("name"), "memory_total_bytes": g.get("memory_total_bytes"), "driver": g.get("driver"),
+             "compute_capability": g.get("compute_capability")}
             for g in (gpus or [])
         ]
     return fp
 
 
-def dataset_identity(dataset: str | None) -> dict[str, Any] | None:
-    """Path, size and modification time (cheap; a changed file changes the key)."""
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def dataset_identity(dataset: str | os.PathLike[str] | None) -> dict[str, Any] | None:
+    """The file's content (sha256 and size): an edited file changes the key, a moved or touched one
+    does not. A file that cannot be read is keyed by its path (the request is refused later)."""
     if dataset is None:
         return None
-    p = Path(dataset)
+    p = Path(dataset).expanduser()
     try:
-        st = p.stat()
+        return {"sha256": _sha256(p), "size": p.stat().st_size}
     except OSError:
         return {"path": str(dataset)}
-    return {"path": str(p.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def workload_fields(workload: Workload) -> dict[str, Any]:
+    """The workload's fields that change the answer, as keyed (see the module docstring)."""
+    out = {k: v for k, v in dataclasses.asdict(workload).items() if k not in _WORKLOAD_KEYED_ELSEWHERE}
+    out["lora_targets"] = list(workload.lora_targets)
+    hist = workload.lengths.partition(":")[2] if workload.lengths.startswith("histogram:") else None
+    if hist:
+        out["lengths_file"] = dataset_identity(hist)
+    return out
+
+
+def probe_fields(settings: ProbeSettings) -> dict[str, Any]:
+    """How a probe measures: steps, warm-up, timeout, headroom, CPU threads."""
+    return {k: v for k, v in dataclasses.asdict(settings).items() if k not in _SETTINGS_KEYED_ELSEWHERE}
 
 
 def cache_key(
@@ -66,6 +124,9 @@ def cache_key(
     software: dict[str, Any],
     dataset: dict[str, Any] | None = None,
     search: dict[str, Any] | None = None,
+    workload: dict[str, Any] | None = None,
+    probe: dict[str, Any] | None = None,
+    capabilities: dict[str, Any] | None = None,
 ) -> str:
     """sha256 hex of the canonical JSON of everything above."""
     payload = {
@@ -79,6 +140,9 @@ def cache_key(
         "software": software,
         "dataset": dataset,
         "search": search or {},
+        "workload": workload or {},
+        "probe": probe or {},
+        "capabilities": capabilities or {},
     }
     text = json.dumps(payload, sort_keys=True, default=str, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()

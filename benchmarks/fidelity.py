@@ -18,6 +18,9 @@ train.py  the files ``autotune`` emits for that probe (``emit_all``: training_ar
           imports the same libraries before its baseline (the model's modeling module included), takes the RSS baseline, samples RSS every 5 ms and then runs
           train.py with ``runpy`` (the script itself is unchanged).
 
+``--run-dir results/RUN``: the same check for an ``autotune run``: its reported (confirmed) tok/s and
+peak against ``RUN/best/train.py`` itself, run ``--repeats`` times with the confirmation's window.
+
 Printed: medians, spreads and every value of both, the ratio probe / train.py (goal: within
 ±15 % on a quiet machine) and whether the probe's peak bounds train.py's.
 """
@@ -139,6 +142,49 @@ def run_train(a: argparse.Namespace, best: Path, model_dir: Path, work: Path, i:
             "sequences_per_step": [x["sequences"] for x in window], "real_tokens_per_step": [x["real_tokens"] for x in window]}
 
 
+def measure_run(a: argparse.Namespace) -> dict[str, Any]:
+    """An autotune run's reported figure vs its own emitted best/train.py."""
+    run = Path(a.run_dir)
+    summary = json.loads((run / "summary.json").read_text())
+    best = summary["best"]
+    c = best["candidate"]
+    a.model, a.seq_len, a.lengths = summary["model"], int(summary["seq_len"]), summary.get("lengths", "fixed")
+    a.micro_batch, a.grad_accum, a.packing = c["micro_batch"], c["grad_accum"], c["packing"]
+    a.precision, a.attn = c["precision"], c["attn"]
+    search = summary.get("search") or {}
+    a.steps = int(search.get("confirm_steps") or 2 * int(search.get("steps") or 5))
+    trains = []
+    with tempfile.TemporaryDirectory(prefix="autotune-fidelity-") as tmp:
+        work = Path(tmp)
+        import torch
+        import transformers
+
+        from autotune.models import resolve_model
+
+        model_dir = work / "model"
+        cfg = transformers.AutoConfig.from_pretrained(resolve_model(a.model).path, local_files_only=True)
+        torch.manual_seed(42)
+        transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(model_dir)
+        for i in range(a.repeats):
+            trains.append(run_train(a, run / "best", model_dir, work, i))
+            print(f"repeat {i + 1}: train.py {trains[-1]['tokens_per_s']:,.0f} tok/s, peak "
+                  f"{trains[-1]['peak_mem_bytes'] / 2**20:.0f} MiB", file=sys.stderr)
+    reported = float(best["tokens_per_s"])
+    t_tps = [float(t["tokens_per_s"]) for t in trains]
+    t_mem = [int(t["peak_mem_bytes"]) for t in trains]
+    ratio = reported / statistics.median(t_tps)
+    peak = int(best["peak_mem_bytes"])
+    return {
+        "run_dir": str(run), "chosen": best["label"],
+        "probe": {"tokens_per_s": best.get("tokens_per_s_measurements") or [reported], "median": reported,
+                  "spread": best.get("spread") or 0.0, "peak_mem_bytes": [peak]},
+        "train_py": {"tokens_per_s": t_tps, "median": statistics.median(t_tps), "spread": spread(t_tps),
+                     "peak_mem_bytes": t_mem, "sequences_per_step": trains[0]["sequences_per_step"]},
+        "ratio": ratio, "within_15pct": abs(ratio - 1.0) <= 0.15,
+        "peak_bounds_train_py": peak >= max(t_mem), "peak_ratio": peak / max(t_mem) if max(t_mem) else None,
+    }
+
+
 def spread(vals: list[float]) -> float:
     return (max(vals) - min(vals)) / statistics.median(vals) if len(vals) > 1 else 0.0
 
@@ -193,12 +239,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--json-out", default="")
+    ap.add_argument("--run-dir", default="", help="check an autotune run's reported figure against its best/train.py")
     return ap.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     a = parse(argv)
-    res = measure(a)
+    res = measure_run(a) if a.run_dir else measure(a)
     p, t = res["probe"], res["train_py"]
     print(f"probe    {p['median']:>10,.0f} tok/s (spread {p['spread']:.0%}; {', '.join(f'{v:,.0f}' for v in p['tokens_per_s'])})")
     print(f"train.py {t['median']:>10,.0f} tok/s (spread {t['spread']:.0%}; {', '.join(f'{v:,.0f}' for v in t['tokens_per_s'])})")

@@ -17,7 +17,8 @@ autotune
     The real :class:`~autotune.search.Searcher` (Optuna TPE, expert seeds, inferred infeasibility,
     confirmation of the top few), with the HF-default baseline as ``autotune run`` passes it, given
     a probe budget of ``--share`` x grid size: ``max_trials`` is the budget less the confirmation
-    probes (``top_k`` = 2 and the baseline when the budget is 8 or more, else no confirmation).
+    probes (``top_k`` = 2 and the baseline, in at least 2 interleaved rounds, when the budget is 8 or
+    more, else no confirmation; rounds beyond the second, run while re-measurements disagree, count too).
 random
     Uniform sampling without replacement of as many configurations as autotune probed on that
     seed; picks the fastest measured that fits.
@@ -155,11 +156,15 @@ def run_autotune(p: Problem, seed: int, budget: int) -> tuple[Candidate | None, 
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.simplefilter("ignore")
+    from autotune.search import ConfirmPolicy
+
     top_k = 2 if budget >= 8 else 0
     ex = ReplayExecutor(p.landscape, seed=seed, noise=True)
     baseline = _baseline(p)
-    # confirmation re-measures the top_k and the baseline (when it fits): keep room for them
-    max_trials = max(1, budget - (top_k + 1 if top_k else 0))
+    # confirmation re-measures the top_k and the baseline in at least min_rounds rounds (more while
+    # they disagree): keep room for the least of it
+    rounds = ConfirmPolicy.for_device(p.settings.device).min_rounds
+    max_trials = max(1, budget - ((top_k + 1) * rounds if top_k else 0))
     out = Searcher(space=p.space, workload=p.workload, settings=p.settings, effective_batch=p.effective_batch,
                    executor=ex, max_trials=max_trials, seed=seed, top_k=top_k, device=p.settings.device,
                    baseline=baseline, poll_interval_s=0.0, **SEARCHER_OPTIONS).run()

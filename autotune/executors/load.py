@@ -102,8 +102,9 @@ class LoadMonitor:
         prev, self._last = self._last, (now, system, own)
         if prev is None or now <= prev[0]:
             return None
-        # own busy time can run ahead of the system's by a rounding tick: clamp at zero
-        other = max(0.0, ((system - prev[1]) - (own - prev[2])) / (now - prev[0]))
+        # the two clocks tick apart (a process's times are read a moment after the system's), so the
+        # difference can stray past the machine by a tick: clamp to [0, cores]
+        other = min(float(self.ncpu), max(0.0, ((system - prev[1]) - (own - prev[2])) / (now - prev[0])))
         self.samples.append((now, other))
         return other
 

@@ -320,3 +320,33 @@ def test_lengths_reach_the_probes_and_the_cache_key_and_bad_ones_are_refused(tmp
     both = run(BASE + ["--gpu-budget", "10GiB", "--out", str(tmp_path / "both"), "--lengths", "uniform:16-64",
                        "--dataset", str(tmp_path / "x.jsonl")])
     assert both.exit_code == 2 and "give one of them" in both.stderr and not (tmp_path / "both").exists()
+
+
+# ------------------------------------------------------------------------------ --strict (issue 12)
+
+
+@pytest.mark.parametrize("busy", [True, False])
+def test_strict_exits_5_on_a_doubtful_answer(fake, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                             busy: bool) -> None:
+    from autotune.executors import load
+
+    found = [{"kind": "cpu", "message": "other processes used 1.5 of 2 CPU cores during the probe"}] if busy else []
+    monkeypatch.setattr(load.LoadMonitor, "check", lambda self, phase, since: list(found))
+    args = BASE + ["--gpu-budget", "10GB", "--out", str(tmp_path / "o")]
+    res = run(args + ["--strict"])
+    summary = json.loads((only_run_dir(tmp_path / "o") / "summary.json").read_text())
+    assert summary["trust"]["doubtful"] is busy
+    # the fake's repeats agree; under load every re-measurement is set aside, so after the last round
+    # the figure is noisy
+    assert summary["best"]["confirm_status"] == ("noisy" if busy else "confirmed")
+    if busy:
+        assert any("other work loaded the machine" in (e.get("reason") or "") for e in summary["top"])
+        assert res.exit_code == 5, res.output
+        assert "doubtful" in res.output and "load warning" in res.output
+        assert summary["warnings"] and summary["warnings"][0]["kind"] == "cpu"
+        # without --strict the same answer is exit 0, said to be doubtful
+        res = run(args + ["--fresh"])
+        assert res.exit_code == 0 and "doubtful answer" in res.output
+    else:
+        assert res.exit_code == 0, res.output
+        assert summary["warnings"] == []

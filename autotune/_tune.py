@@ -203,7 +203,7 @@ def _default_executor(
         if ray_address is not None:
             from autotune.errors import MissingDependencyError
 
-            raise MissingDependencyError("--ray-address needs ray: pip install 'ray>=2.50'") from None
+            raise MissingDependencyError("--ray-address needs ray: pip install 'ray>=2.52'") from None
         from autotune.executors.local import LocalExecutor
 
         # one at a time: local subprocesses are not pinned to GPUs, and two probes sharing a GPU

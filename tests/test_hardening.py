@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -314,3 +315,61 @@ def test_a_report_that_cannot_be_written_does_not_fail_a_complete_run(tmp_path: 
     assert result.summary["status"] == "complete"
     assert any("could not write the report" in n for n in notes), notes
     assert json.loads((result.run_dir / "summary.json").read_text())["status"] == "complete"
+
+
+# ------------------------------------------------------------------------------ 7: results honour the umask
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_results_are_written_with_the_umasks_permissions_not_0600(tmp_path: Path, umask: int) -> None:
+    old = os.umask(umask)
+    try:
+        result = tune("tiny-llama", executor=FakeExecutor(), out=tmp_path, **KW)  # type: ignore[arg-type]
+    finally:
+        os.umask(old)
+    files = [p for p in result.run_dir.rglob("*") if p.is_file() and p.name != ".lock"]
+    names = {str(p.relative_to(result.run_dir)) for p in files}
+    assert {"summary.json", "run.json", "trials.csv", "best_result.json", "report.md",
+            "best/training_args.json"} <= names, names
+    modes = {str(p.relative_to(result.run_dir)): oct(stat.S_IMODE(p.stat().st_mode)) for p in files
+             if p.name != "train.py"}  # (made executable on purpose by the emitter)
+    assert set(modes.values()) == {oct(0o666 & ~umask)}, modes
+
+
+def test_an_atomic_rewrite_keeps_the_files_permissions(tmp_path: Path) -> None:
+    from autotune.store.atomic import write_text_atomic
+
+    f = tmp_path / "shared.json"
+    f.write_text("{}")
+    f.chmod(0o664)
+    write_text_atomic(f, "[]")
+    assert stat.S_IMODE(f.stat().st_mode) == 0o664 and f.read_text() == "[]"
+
+
+# ------------------------------------------------------------------------------ 8: report.md escapes run data
+
+
+def test_report_md_escapes_html_from_run_data(tmp_path: Path) -> None:
+    from autotune.cli.report import command as _  # noqa: F401 - the report command is importable
+    from autotune.report.build import write_reports
+
+    result = tune("tiny-llama", executor=FakeExecutor(), out=tmp_path, **KW)  # type: ignore[arg-type]
+    rd = result.run_dir
+    summary = json.loads((rd / "summary.json").read_text())
+    evil = "<script>alert(1)</script>"
+    summary["model"] = evil
+    summary["run_id"] = f"run {evil}"
+    summary["probes_by_origin"] = {"<img src=x onerror=alert(2)>": 3}
+    (rd / "summary.json").write_text(json.dumps(summary))
+    lines = (rd / "journal.jsonl").read_text().splitlines()
+    rec = json.loads(lines[0])
+    if rec.get("result"):
+        rec["result"]["reason"] = f"<iframe src=//evil>|{evil}"
+        rec["reason"] = rec["result"]["reason"]
+    lines[0] = json.dumps(rec)
+    (rd / "journal.jsonl").write_text("\n".join(lines) + "\n")
+    write_reports(rd)
+    md = (rd / "report.md").read_text()
+    for raw in ("<script", "<img", "<iframe"):
+        assert raw not in md, raw
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in md

@@ -105,9 +105,28 @@ def _click_exceptions() -> Any:
     return exceptions
 
 
+def _interrupt_on_termination() -> None:
+    """SIGTERM and SIGHUP unwind like Ctrl-C: probes are killed, the Ray pool shut down, the lock released.
+
+    (Python's default for SIGTERM ends the process on the spot, leaving that cleanup to the
+    parent-death signal and the reaper.)
+    """
+    import signal
+
+    def interrupt(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        try:
+            signal.signal(sig, interrupt)
+        except (ValueError, OSError):  # not the main thread, or no such signal here
+            pass
+
+
 def main() -> None:
     """Entry point. Usage errors (unknown flag, ``--seq-len abc``) are one line too, exit 2."""
     exc_mod = _click_exceptions()
+    _interrupt_on_termination()
     try:
         rv = app(prog_name="autotune", standalone_mode=False)
     except exc_mod.NoArgsIsHelpError as exc:

@@ -203,7 +203,7 @@ def _default_executor(
         if ray_address is not None:
             from autotune.errors import MissingDependencyError
 
-            raise MissingDependencyError("--ray-address needs ray: pip install 'ray>=2.50'") from None
+            raise MissingDependencyError("--ray-address needs ray: pip install 'ray>=2.52'") from None
         from autotune.executors.local import LocalExecutor
 
         # one at a time: local subprocesses are not pinned to GPUs, and two probes sharing a GPU
@@ -391,9 +391,11 @@ def tune(
     if isinstance(verify_loss, bool) or not isinstance(verify_loss, int) or verify_loss < 0:
         problems.append(f"verify-loss steps must be an integer >= 0; got {verify_loss!r}")
     from autotune.spec.lengths import parse_lengths
+    from autotune.store.run_dir import check_out_dir
+    from autotune.store.storage import check_storage_url
 
     for fn in (lambda: parse_duration(time_budget), lambda: parse_budget(gpu_budget), lambda: parse_gpus(gpus),
-               lambda: parse_lengths(lengths)):
+               lambda: parse_lengths(lengths), lambda: check_out_dir(out), lambda: check_storage_url(storage)):
         try:
             fn()
         except SpecError as exc:
@@ -502,7 +504,11 @@ def tune(
 
     run_dir, lock, resumed = _claim_run_dir(out_path, key, resolved.name, resume)
     with lock:  # held until the run ends; the kernel drops it if this process is killed
-        history = run_dir.journal.load() if resumed else []
+        history, unreadable = run_dir.journal.load_checked() if resumed else ([], [])
+        if unreadable and progress is not None:
+            shown = ", ".join(map(str, unreadable[:5])) + (", ..." if len(unreadable) > 5 else "")
+            progress("note", {"text": f"journal: skipped {len(unreadable)} unreadable line(s) ({shown}); "
+                                      f"{len(history)} record(s) restored, the skipped probes run again"})
         storage_url = storage or run_dir.storage_url()
         base_summary: dict[str, Any] = {
             "status": "running",
@@ -555,7 +561,7 @@ def tune(
             raise MissingDependencyError("autotune run needs optuna: pip install 'optuna>=5.0'") from None
 
         from autotune.search import Searcher
-        from autotune.store.storage import open_storage
+        from autotune.store.storage import open_run_storage, open_storage
 
         prev_verbosity = optuna.logging.get_verbosity()
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -571,10 +577,16 @@ def tune(
             if pruner is None and (prune if prune is not None else dev == "cuda"):
                 pruner = _estimate_pruner(resolved.config, workload, dev, budget_bytes)
             baseline_cand = _baseline_candidate(space_obj, effective_batch, dev) if baseline else None
+            if storage is None:  # the run's own study: a damaged one is rebuilt from the journal
+                study_storage, recovered = open_run_storage(run_dir.study_db)
+                if recovered and progress is not None:
+                    progress("note", {"text": f"recovered: {recovered} from {len(history)} journal record(s)"})
+            else:
+                study_storage = open_storage(storage_url)
             searcher = Searcher(
                 space=space_obj, workload=workload, settings=settings, effective_batch=effective_batch,
                 executor=executor, max_trials=max_trials, time_budget_s=time_budget_s, seed=seed,
-                storage=open_storage(storage_url), study_name=run_dir.run_id, top_k=top_k, device=dev, max_world=max_world,
+                storage=study_storage, study_name=run_dir.run_id, top_k=top_k, device=dev, max_world=max_world,
                 history=history, sink=journal, pruner=pruner, progress=progress, baseline=baseline_cand,
                 confirm=confirm_policy, load_check=monitor.check if monitor is not None else None,
             )
@@ -588,6 +600,15 @@ def tune(
 
                 shutil.rmtree(run_dir.path, ignore_errors=True)
             raise
+        except Exception as exc:
+            from autotune.errors import WriteError
+            from autotune.store.run_dir import RESUME_HINT
+            from autotune.store.storage import storage_write_failure
+
+            why = storage_write_failure(exc)
+            if why is None:
+                raise
+            raise WriteError(f"{why}; {RESUME_HINT.format(path=run_dir.path)}") from exc
         finally:
             optuna.logging.set_verbosity(prev_verbosity)
             if monitor is not None:
@@ -626,7 +647,11 @@ def tune(
         files += _write_reports(run_dir, progress)
         summary["files"] = sorted(str(p.relative_to(run_dir.path)) for p in files + [
             run_dir.path / n for n in ("trials.csv", "best_result.json", "summary.json")])
-        run_dir.write_json("summary.json", summary)
+        try:  # the answer is on disk already: a failure to add the file list must not turn it into an error
+            run_dir.write_json("summary.json", summary)
+        except AutotuneError as exc:
+            if progress is not None:
+                progress("note", {"text": f"summary.json kept without its file list: {exc}"})
         return TuneResult(best=best, summary=summary, run_dir=run_dir.path, records=outcome.records)
 
 
@@ -642,14 +667,16 @@ def _claim_run_dir(out: Path, key: str, model_name: str, resume: bool) -> tuple[
 
     if resume:
         found = find_resumable(out, key)
-        if found is not None:
-            lock = found.try_lock()
-            if lock is None:
-                raise RunInProgressError(
-                    f"run {found.path} is still running in another process (pid {RunLock.holder(found.path)}): "
-                    "wait for it (the same request is then answered from its result), or drop --resume to "
-                    "start a separate search")
-            return found, lock, True
+        if found is None:
+            raise SpecError(f"--resume: no unfinished run of this request under {out}; drop --resume to start "
+                            "a new search (or give the --out and flags of the run to continue)")
+        lock = found.try_lock()
+        if lock is None:
+            raise RunInProgressError(
+                f"run {found.path} is still running in another process (pid {RunLock.holder(found.path)}): "
+                "wait for it (the same request is then answered from its result), or drop --resume to "
+                "start a separate search")
+        return found, lock, True
     run_dir = RunDir.create(out, make_run_id(model_name, key))
     lock = run_dir.try_lock()  # a new folder: nobody else can hold it
     assert lock is not None
@@ -806,7 +833,7 @@ def _emit(best: ProbeResult, run_dir: Any, device: str, progress: ProgressFn | N
         return []
     try:
         return list(emit_all(best, run_dir.best_dir, fields=_training_args_fields(), device=device))
-    except AutotuneError as exc:
+    except (AutotuneError, OSError) as exc:
         if progress is not None:
             progress("note", {"text": f"could not write best/: {exc}"})
         return []

@@ -11,6 +11,7 @@ __all__ = [
     "NothingFitsError",
     "MissingDependencyError",
     "RunInProgressError",
+    "WriteError",
 ]
 
 
@@ -62,3 +63,11 @@ class RunInProgressError(AutotuneError):
     """``--resume`` found the run, but another live process is still running it (it holds the lock)."""
 
     exit_code = 4
+
+
+class WriteError(AutotuneError, OSError):
+    """A file (or the study) could not be written: disk full, read-only, an I/O error.
+
+    The file is left as it was (writes are atomic); a run folder stays resumable with ``--resume``.
+    Exit 2, like a folder the user cannot write to: the machine refused, nothing crashed.
+    """

@@ -328,3 +328,142 @@ def test_two_runs_sharing_one_sqlite_storage(tmp_path: Path) -> None:
 
     names = {st.study_name for st in optuna.get_all_study_summaries(storage)}
     assert names == {s1["run_id"], s2["run_id"]}
+
+
+# ------------------------------------------------------------------------------ nothing outlives autotune (issue 13)
+
+PROBE = ["probe", "--model", "tiny-llama", "--device", "cpu", "--seq-len", "64", "--micro-batch", "2",
+         "--steps", "400", "--timeout", "600"]  # fmt: skip
+RUN_REAL = ["run", "--model", "tiny-llama", "--device", "cpu", "--gpu-budget", "10GiB", "--seq-len", "64",
+            "--effective-batch", "4", "--space", "cpu", "--max-trials", "4", "--steps", "400",
+            "--probe-timeout", "600"]  # fmt: skip
+
+
+def _descendants(pid: int) -> set[tuple[int, float]]:
+    import psutil
+
+    try:
+        return {(c.pid, c.create_time()) for c in psutil.Process(pid).children(recursive=True)}
+    except psutil.Error:
+        return set()
+
+
+def _alive(procs: set[tuple[int, float]]) -> list[str]:
+    import psutil
+
+    out = []
+    for pid, created in procs:
+        try:
+            p = psutil.Process(pid)
+            if p.create_time() == created and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(f"{pid} {' '.join(p.cmdline())[:120] or p.name()}")
+        except psutil.Error:
+            continue
+    return out
+
+
+def _kill_when_probing(args: list[str], sig: signal.Signals, tmp: Path, *, wait_for: str) -> set[tuple[int, float]]:
+    """Start the real CLI, wait until a probe worker runs (and ``wait_for`` appears among its
+    descendants), send ``sig`` to the CLI process alone, and return every process it had started."""
+    env = {**os.environ, "AUTOTUNE_CACHE": str(tmp / "cache")}
+    proc = subprocess.Popen([sys.executable, "-m", "autotune", *args], cwd=tmp, env=env, text=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    seen: set[tuple[int, float]] = set()
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline:
+            seen |= _descendants(proc.pid)
+            if any(wait_for in line for line in _alive(seen)):
+                break
+            assert proc.poll() is None, ("it ended before it could be killed", proc.communicate())
+            time.sleep(0.2)
+        else:
+            raise AssertionError("no probe worker started within 240 s")
+        time.sleep(1.0)
+        seen |= _descendants(proc.pid)
+        os.kill(proc.pid, sig)  # the CLI process alone, as `timeout` or a pipeline would
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return seen
+
+
+def _none_alive_soon(started: set[tuple[int, float]], within: float) -> None:
+    deadline = time.monotonic() + within
+    left = _alive(started)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.25)
+        left = _alive(started)
+    for line in left:  # a failing test must not leave them running either
+        try:
+            os.kill(int(line.split()[0]), signal.SIGKILL)
+        except OSError:
+            pass
+    assert not left, f"still alive {within:g} s after autotune ended: {left}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
+def test_a_killed_autotune_probe_leaves_no_process_behind(tmp_path: Path, sig: signal.Signals) -> None:
+    started = _kill_when_probing(PROBE, sig, tmp_path, wait_for="autotune.probe.worker")
+    _none_alive_soon(started, within=5.0)
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
+def test_a_killed_autotune_run_leaves_no_process_behind_ray_included(tmp_path: Path, sig: signal.Signals) -> None:
+    started = _kill_when_probing(RUN_REAL, sig, tmp_path, wait_for="autotune.probe.worker")
+    assert len(started) > 5  # the Ray runtime (GCS, raylet, agents, a worker), the reaper and the probe
+    _none_alive_soon(started, within=15.0)
+
+
+def test_a_probe_kills_itself_and_its_group_at_its_own_deadline(tmp_path: Path) -> None:
+    """The backstop when the parent can neither kill it nor die (stopped, hung): the probe's own deadline."""
+    code = ("import subprocess, time\n"
+            "from autotune.probe.lifetime import start_deadline\n"
+            "child = subprocess.Popen(['sleep', '60'])\n"  # a data-loader worker, say
+            f"open({str(tmp_path / 'child')!r}, 'w').write(str(child.pid))\n"
+            "start_deadline(1.0)\n"
+            "time.sleep(60)\n")
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       start_new_session=True)
+    assert p.returncode == -signal.SIGKILL and time.monotonic() - t0 < 30
+    assert "passed its own deadline" in p.stderr
+    child = int((tmp_path / "child").read_text())
+    time.sleep(0.5)
+    import psutil
+
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_probe_dies_with_its_parent_even_by_sigkill(tmp_path: Path) -> None:
+    """The parent-death signal: a probe started by run_probe_process outlives no ``kill -9`` of its parent."""
+    python = _fake_python(tmp_path, f'echo $$ > {tmp_path / "probe.pid"}; exec sleep 600')
+    code = ("import sys\n"
+            "from autotune.executors.local import run_probe_process\n"
+            "from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload\n"
+            "req = ProbeRequest(workload=Workload(model='tiny-llama', seq_len=64), candidate=Candidate(),\n"
+            "                   settings=ProbeSettings(device='cpu', timeout_s=600))\n"
+            f"run_probe_process(req, python={python!r})\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    pid_file = tmp_path / "probe.pid"
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    probe = int(pid_file.read_text())
+    parent.kill()
+    parent.wait()
+    import psutil
+
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and psutil.pid_exists(probe) and \
+            psutil.Process(probe).status() != psutil.STATUS_ZOMBIE:
+        time.sleep(0.1)
+    alive = psutil.pid_exists(probe) and psutil.Process(probe).status() != psutil.STATUS_ZOMBIE
+    if alive:
+        os.kill(probe, signal.SIGKILL)
+    assert not alive, "the probe outlived its parent's kill -9"

@@ -135,3 +135,4 @@ def test_a_real_probe_through_ray(pool: RayExecutor) -> None:
     assert result.status == "ok", result.reason
     assert result.tokens_per_s and result.tokens_per_s > 0
     assert result.peak_mem_bytes and result.peak_mem_bytes > 0
+

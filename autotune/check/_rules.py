@@ -6,11 +6,8 @@ Input is text already read from disk (the CLI reads it); ``parse_config`` classi
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
-
-import yaml
 
 from autotune.check._report import CheckItem, CheckReport
 from autotune.errors import SpecError
@@ -96,19 +93,15 @@ def parse_config(name: str, text: str, *, kind: str | None = None) -> tuple[str,
     if kind == "train_script" or lower.endswith(".py"):
         return "train_script", text
     if lower.endswith((".yaml", ".yml")):
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise SpecError(f"{name} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        from autotune.spec.files import load_yaml
+
+        data = load_yaml(text, what=name)
         if not isinstance(data, dict) or not ({"distributed_type", "compute_environment"} & set(data)):
             raise SpecError(f"{name} is not an accelerate config (no distributed_type / compute_environment)")
         return "accelerate", data
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SpecError(
-            f"{name} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-        ) from None
+    from autotune.spec.files import load_json
+
+    data = load_json(text, what=name)
     if not isinstance(data, dict):
         raise SpecError(f"{name} must hold a JSON object, got {type(data).__name__}")
     return (kind or _classify_json(data)), data

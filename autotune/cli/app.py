@@ -61,8 +61,35 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
         except KeyboardInterrupt:
             typer.echo("autotune: interrupted", err=True)
             raise typer.Exit(130) from None
+        except (typer.Exit, typer.Abort):
+            raise
+        except Exception as exc:  # not raised on purpose: still one line (the traceback with --debug)
+            if _DEBUG:
+                raise
+            message, code = unexpected_error_line(exc)
+            raise fail(message, code) from None
 
     return wrapper
+
+
+def unexpected_error_line(exc: BaseException) -> tuple[str, int]:
+    """One line and an exit code for an exception autotune did not raise on purpose.
+
+    An ``OSError`` is the machine refusing something (disk full, permission denied, a file that
+    vanished): exit 2, naming the file. A ``RecursionError`` or ``MemoryError`` comes from input too
+    large or too deep for the parser: exit 2. Anything else is a bug: exit 1, with the hint to rerun
+    with ``--debug`` for the traceback.
+    """
+    text = " ".join(str(exc).split())[:300]
+    if isinstance(exc, OSError):
+        what = exc.strerror or text or type(exc).__name__
+        where = f": {exc.filename}" if exc.filename else ""
+        return f"{what}{where} (OSError errno {exc.errno}); free the space or fix the permissions and retry", 2
+    if isinstance(exc, (RecursionError, MemoryError)):
+        return (f"input too deeply nested or too large to process ({type(exc).__name__}); "
+                "use a smaller or flatter file"), 2
+    return (f"unexpected {type(exc).__name__}: {text or '(no message)'}; this is a bug in autotune: "
+            "rerun with --debug for the traceback and report it"), 1
 
 
 for _name, _module in COMMANDS:
@@ -78,9 +105,28 @@ def _click_exceptions() -> Any:
     return exceptions
 
 
+def _interrupt_on_termination() -> None:
+    """SIGTERM and SIGHUP unwind like Ctrl-C: probes are killed, the Ray pool shut down, the lock released.
+
+    (Python's default for SIGTERM ends the process on the spot, leaving that cleanup to the
+    parent-death signal and the reaper.)
+    """
+    import signal
+
+    def interrupt(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        try:
+            signal.signal(sig, interrupt)
+        except (ValueError, OSError):  # not the main thread, or no such signal here
+            pass
+
+
 def main() -> None:
     """Entry point. Usage errors (unknown flag, ``--seq-len abc``) are one line too, exit 2."""
     exc_mod = _click_exceptions()
+    _interrupt_on_termination()
     try:
         rv = app(prog_name="autotune", standalone_mode=False)
     except exc_mod.NoArgsIsHelpError as exc:
@@ -93,9 +139,15 @@ def main() -> None:
     except exc_mod.ClickException as exc:
         typer.echo(f"autotune: error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)
-    except (exc_mod.Abort, KeyboardInterrupt):
+    except (typer.Abort, KeyboardInterrupt):
         typer.echo("autotune: interrupted", err=True)
         sys.exit(130)
+    except Exception as exc:  # raised outside a command (while parsing, say): still one line
+        if _DEBUG:
+            raise
+        message, code = unexpected_error_line(exc)
+        typer.echo(f"autotune: error: {message}", err=True)
+        sys.exit(code)
     sys.exit(rv if isinstance(rv, int) else 0)
 
 

@@ -17,12 +17,9 @@ __all__ = ["command", "load_bundle", "installed_training_fields"]
 
 
 def _read(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise SpecError(f"cannot read {str(path)!r}: not UTF-8 text") from None
-    except OSError as exc:
-        raise SpecError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
+    from autotune.spec.files import read_text_file
+
+    return read_text_file(path, what="config")
 
 
 def load_bundle(path: Path) -> ConfigBundle:

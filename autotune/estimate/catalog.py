@@ -224,15 +224,10 @@ def parse_catalog(data: Any, *, source: str = "<catalog>") -> list[GPU]:
 
 
 def _read_yaml(path: Path | str) -> Any:
+    from autotune.spec.files import load_yaml, read_text_file
+
     p = Path(path).expanduser()
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SpecError(f"cannot read GPU catalog {str(p)!r}: {exc.strerror or exc}") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise SpecError(f"GPU catalog {str(p)!r} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    return load_yaml(read_text_file(p, what="GPU catalog"), what=f"GPU catalog {str(p)!r}")
 
 
 @functools.lru_cache(maxsize=1)

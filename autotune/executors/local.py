@@ -125,8 +125,18 @@ def _signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
-def run_probe_process(request: ProbeRequest, *, python: str | None = None) -> ProbeResult:
-    """Measure one configuration in a fresh process. Never raises for a failed probe."""
+def run_probe_process(
+    request: ProbeRequest, *, python: str | None = None, live: set[subprocess.Popen[bytes]] | None = None,
+) -> ProbeResult:
+    """Measure one configuration in a fresh process. Never raises for a failed probe.
+
+    The probe dies with this process (``autotune.probe.lifetime``): a parent-death signal, its own
+    deadline, and, if waiting for it is interrupted (Ctrl-C, a SIGTERM turned into an exception),
+    its whole process group is killed before the exception goes on. ``live`` (optional) holds the
+    running probe while it runs, so an executor can kill it on close.
+    """
+    from autotune.probe.lifetime import preexec_fn
+
     request.validate()
     req_dict = request.to_dict()
     workdir = Path(tempfile.mkdtemp(prefix="autotune-probe-"))
@@ -149,7 +159,10 @@ def run_probe_process(request: ProbeRequest, *, python: str | None = None) -> Pr
                 stdin=subprocess.DEVNULL,
                 env=worker_env(request, launch),
                 start_new_session=True,  # its own process group: a timeout kills data-loader workers too
+                preexec_fn=preexec_fn(),  # and the kernel kills it if this process dies
             )
+            if live is not None:
+                live.add(proc)
             try:
                 code = proc.wait(timeout=timeout)
                 timed_out = False
@@ -157,6 +170,12 @@ def run_probe_process(request: ProbeRequest, *, python: str | None = None) -> Pr
                 _kill_group(proc)
                 code = proc.returncode
                 timed_out = True
+            except BaseException:  # interrupted while waiting: the probe must not outlive the wait
+                _kill_group(proc)
+                raise
+            finally:
+                if live is not None:
+                    live.discard(proc)
         wall = time.time() - launch
         if timed_out:
             return ProbeResult(
@@ -216,6 +235,7 @@ class LocalExecutor:
         self._done: queue.Queue[tuple[str, ProbeResult]] = queue.Queue()
         self._pending = 0
         self._lock = threading.Lock()
+        self._live: set[subprocess.Popen[bytes]] = set()
         self._threads = [
             threading.Thread(target=self._work, name=f"autotune-probe-{i}", daemon=True) for i in range(slots)
         ]
@@ -233,7 +253,7 @@ class LocalExecutor:
                 return
             ticket, request = item
             try:
-                result = run_probe_process(request, python=self._python)
+                result = run_probe_process(request, python=self._python, live=self._live)
             except Exception as exc:  # a bug in the executor itself must not stop the search
                 result = ProbeResult(status="crash", request=request.to_dict(), reason=f"executor: {exc!r}")
             self._done.put((ticket, result))
@@ -265,8 +285,11 @@ class LocalExecutor:
             return self._pending
 
     def close(self) -> None:
+        """Stop the threads, and kill the probes still running (their whole process groups)."""
         for _ in self._threads:
             self._todo.put(None)
+        for proc in list(self._live):
+            _kill_group(proc)
 
     def __enter__(self) -> LocalExecutor:
         return self

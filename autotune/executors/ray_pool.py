@@ -37,7 +37,7 @@ def import_ray() -> Any:
         import ray
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise MissingDependencyError(
-            "the Ray pool needs ray: pip install 'ray>=2.50' (or run with a LocalExecutor)"
+            "the Ray pool needs ray: pip install 'ray>=2.52' (or run with a LocalExecutor)"
         ) from exc
     return ray
 
@@ -84,6 +84,7 @@ class RayExecutor:
         self.gpus_per_probe = gpus_per_probe
         self._probe_fn = probe_fn
         self._started = False
+        self._private: _PrivateRuntime | None = None
         if address is not None and ray.is_initialized():
             _check_reachable(address, connect_timeout_s)  # a wrong address is an error even then
         if not ray.is_initialized():
@@ -119,10 +120,15 @@ class RayExecutor:
             "logging_level": logging.ERROR,
         }
         if address is None:
+            # private: bound to the loopback interface, token auth on whatever the environment says,
+            # its own temporary folder, and every process it starts dies with this one
+            self._private = _PrivateRuntime(ray)
             kwargs.update(
                 include_dashboard=False,
                 num_cpus=num_cpus or os.cpu_count() or 1,
                 object_store_memory=object_store_bytes,
+                _node_ip_address="127.0.0.1",
+                _temp_dir=self._private.temp_dir,
             )
             if self.device == "cpu":
                 kwargs["num_gpus"] = 0
@@ -145,6 +151,9 @@ class RayExecutor:
         try:
             ray.init(**kwargs)
         except Exception as exc:
+            if self._private is not None:
+                self._private.release()
+                self._private = None
             msg = " ".join(str(exc).split())[:300]
             raise SpecError(f"could not start or reach {where}: {type(exc).__name__}: {msg}") from exc
         finally:
@@ -230,12 +239,84 @@ class RayExecutor:
         if self._started and ray.is_initialized():
             ray.shutdown()
             self._started = False
+        if getattr(self, "_private", None) is not None:
+            self._private.release()  # type: ignore[union-attr]
+            self._private = None
 
     def __enter__(self) -> RayExecutor:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class _PrivateRuntime:
+    """What an embedded Ray runtime needs to stay private to this process, and to die with it.
+
+    * loopback only: Ray resolves ``127.0.0.1`` to the machine's address unless it runs in its
+      single-machine mode (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, read by Ray's constants): then
+      the GCS, raylet, workers and agents all listen on 127.0.0.1;
+    * token authentication on, even with ``RAY_AUTH_MODE=disabled`` in the user's environment, with
+      a fresh token in a 0600 file in the runtime's own 0700 temporary folder
+      (``RAY_AUTH_TOKEN_PATH``), so ``~/.ray/auth_token`` is neither read nor created;
+    * the reaper (``autotune.executors._reaper``): every process the runtime starts dies with this
+      one, ``kill -9`` included, and the temporary folder is removed.
+
+    The environment variables are set for the life of the pool (the runtime's processes inherit
+    them) and restored by ``release``.
+    """
+
+    _ENV = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_TOKEN")
+
+    def __init__(self, ray: Any) -> None:
+        import secrets
+        import tempfile
+
+        from autotune.executors._reaper import Reaper
+
+        self._saved = {k: os.environ.get(k) for k in self._ENV}
+        self.temp_dir = tempfile.mkdtemp(prefix="atray-")  # short: Ray's socket paths must fit 107 bytes
+        token_path = os.path.join(self.temp_dir, "auth_token")
+        fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_hex(32))
+        os.environ.pop("RAY_AUTH_TOKEN", None)
+        os.environ.update({"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token",
+                           "RAY_AUTH_TOKEN_PATH": token_path})
+        self._constants = None
+        try:  # already imported by now: its value was read when ray was imported
+            from ray._private import ray_constants
+
+            self._constants = ray_constants
+            self._saved_cluster = ray_constants.ENABLE_RAY_CLUSTER
+            ray_constants.ENABLE_RAY_CLUSTER = False
+        except (ImportError, AttributeError):  # pragma: no cover - another ray layout
+            pass
+        _refresh_ray_auth()
+        self.reaper = Reaper(cleanup_dir=self.temp_dir)
+
+    def release(self) -> None:
+        for k, v in self._saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        if self._constants is not None:
+            self._constants.ENABLE_RAY_CLUSTER = self._saved_cluster
+            self._constants = None
+        _refresh_ray_auth()
+        self.reaper.release()  # sweeps what the shutdown left and removes the temporary folder
+
+
+def _refresh_ray_auth() -> None:
+    """Make this process's Ray see the current RAY_AUTH_* variables (it caches them)."""
+    try:
+        from ray._raylet import AuthenticationTokenLoader, Config
+
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
+    except (ImportError, AttributeError):  # pragma: no cover - a ray without token auth
+        pass
 
 
 def _first_line(exc: BaseException) -> str:

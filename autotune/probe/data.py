@@ -153,17 +153,27 @@ def _file_sha256(path: Path) -> str:
 
 def _check_ids(value: Any, where: str, path: Path) -> list[int]:
     if not isinstance(value, (list, tuple)) or any(
-        isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in value
+        isinstance(t, bool) or not isinstance(t, int) or t < 0 or t > _MAX_TOKEN_ID for t in value
     ):
-        raise DatasetError(f"{path}: {where}: 'input_ids' must be a list of non-negative integers")
+        raise DatasetError(f"{path}: {where}: 'input_ids' must be a list of non-negative integers (at most {_MAX_TOKEN_ID})")
     return list(value)
+
+
+_MAX_TOKEN_ID = 2**31 - 1  # (a larger id overflows the tensor it goes into; no vocabulary is that large)
 
 
 def _read_jsonl(path: Path) -> tuple[str, list[Any]]:
     column: str | None = None
     values: list[Any] = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DatasetError(
+                    f"{path}: line {lineno} is not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1}); "
+                    "the dataset must be UTF-8 JSON lines"
+                ) from None
             if not line.strip():
                 continue
             try:
@@ -172,6 +182,9 @@ def _read_jsonl(path: Path) -> tuple[str, list[Any]]:
                 raise DatasetError(
                     f"{path}: line {lineno} is not valid JSON ({e}); each line must be one JSON object"
                 ) from None
+            except RecursionError:
+                raise DatasetError(f"{path}: line {lineno} is nested too deeply to read; "
+                                   "each line must be one flat JSON object") from None
             if not isinstance(rec, dict):
                 raise DatasetError(
                     f"{path}: line {lineno} is a JSON {type(rec).__name__}, not an object with a "

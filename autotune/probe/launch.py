@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.env import tail_lines
+from autotune.probe.lifetime import preexec_fn
 from autotune.probe.result import ProbeResult
 from autotune.probe.stats import per_step_counts
 from autotune.spec.probe_request import Candidate, ProbeRequest
@@ -357,6 +358,7 @@ def _launch_once(
                     stderr=err,
                     stdin=subprocess.DEVNULL,
                     env=rank_env(r, world, port, cpu_threads=threads),
+                    preexec_fn=preexec_fn(),  # a rank dies with the launcher, however it dies
                 )
             )
     codes: list[int | None] = [None] * world
@@ -403,7 +405,9 @@ def _launch_once(
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, own_process: bool = False) -> int:
+    """``own_process``: run as ``__main__``, so the launcher may kill itself at its deadline."""
+    from autotune.probe.lifetime import DEADLINE_GRACE_S, start_deadline
     from autotune.store.atomic import write_json_atomic
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -417,10 +421,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     request_path, result_path = argv
     req = ProbeRequest.from_dict(json.loads(Path(request_path).read_text(encoding="utf-8")))
+    if own_process:
+        launched = float(os.environ.get("AUTOTUNE_LAUNCH_TIME", time.time()))
+        start_deadline(launched + float(req.settings.timeout_s) + DEADLINE_GRACE_S - time.time(),
+                       what="distributed probe")
     res = launch(req, result_path, python=python)
     write_json_atomic(result_path, res.to_dict())
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(own_process=True))

@@ -796,7 +796,8 @@ def _record_memory(metrics: dict[str, Any], device: str, sampler: Any, nvml: Any
     metrics["peak_mem_bytes"] = max(candidates)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, own_process: bool = False) -> int:
+    """``own_process``: run as ``__main__`` (a probe process), so it may kill itself at its deadline."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) != 2:
         print("usage: python -m autotune.probe.worker REQUEST.json RESULT.json", file=sys.stderr)
@@ -805,6 +806,10 @@ def main(argv: list[str] | None = None) -> int:
     launch_time = float(os.environ.get("AUTOTUNE_LAUNCH_TIME", time.time()))
     data = json.loads(Path(request_path).read_text(encoding="utf-8"))
     req = ProbeRequest.from_dict(data)
+    if own_process:  # never outlive the timeout the parent enforces, even if the parent cannot
+        from autotune.probe.lifetime import DEADLINE_GRACE_S, start_deadline
+
+        start_deadline(launch_time + float(req.settings.timeout_s) + DEADLINE_GRACE_S - time.time())
     try:
         res = run_probe_in_process(req, launch_time=launch_time, result_path=result_path)
     except Exception as exc:  # a bug or an unexpected library failure: still a result
@@ -817,4 +822,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(own_process=True))

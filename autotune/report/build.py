@@ -34,12 +34,35 @@ class RunData:
 
 
 def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    from autotune.spec.files import load_json, read_text_file
+
+    if not path.exists():
         return None
-    except (OSError, ValueError) as exc:
-        raise SpecError(f"cannot read {str(path)!r}: {exc}") from None
+    return load_json(read_text_file(path, what="run file", max_bytes=256 * 2**20), what=f"cannot read {str(path)!r}")
+
+
+# the types the renderers rely on, for the summary.json keys they read (None is always accepted)
+_SUMMARY_TYPES: dict[str, type | tuple[type, ...]] = {
+    "best": dict, "baseline": dict, "top": list, "counts": dict, "probes_by_origin": dict, "space": dict,
+    "search": dict, "environment": dict, "verify_loss": dict, "skipped_choices": list,
+    "budget_bytes": int, "usable_bytes": int, "seq_len": int, "effective_batch": int,
+    "wall_s": (int, float), "speedup_vs_baseline": (int, float), "headroom": (int, float),
+    "status": str, "model": str, "model_name": str, "run_id": str, "mode": str, "device": str,
+    "gpu_budget": str, "message": str, "stop_reason": str,
+}
+
+
+def _summary_problems(summary: dict[str, Any]) -> list[str]:
+    bad = []
+    for key, want in _SUMMARY_TYPES.items():
+        v = summary.get(key)
+        if v is None:
+            continue
+        wants = want if isinstance(want, tuple) else (want,)
+        if isinstance(v, bool) or not isinstance(v, wants):
+            names = " or ".join("a number" if t in (int, float) else f"a {t.__name__}" for t in wants)
+            bad.append(f"{key!r} should be {names}, got {type(v).__name__}")
+    return bad
 
 
 def _journal_lines(path: Path) -> list[dict[str, Any]]:
@@ -47,12 +70,12 @@ def _journal_lines(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
+    for raw in path.read_bytes().split(b"\n"):
+        if not raw.strip():
             continue
         try:
-            d = json.loads(line)
-        except ValueError:
+            d = json.loads(raw.decode("utf-8"))
+        except (ValueError, RecursionError):  # (UnicodeDecodeError is a ValueError)
             continue
         if isinstance(d, dict):
             out.append(d)
@@ -88,6 +111,10 @@ def load_run(run_dir: str | os.PathLike[str]) -> RunData:
         notes.append("summary.json is missing (the run did not finish): built from the journal alone")
     if not isinstance(summary, dict):
         raise SpecError(f"{str(path / 'summary.json')!r} must hold a JSON object")
+    problems = _summary_problems(summary)
+    if problems:
+        raise SpecError(f"run directory {str(path)!r}: summary.json: " + "; ".join(problems[:3])
+                        + " (edited, or written by another program?)")
 
     results: list[ProbeResult] = []
     inferred: list[ProbeResult] = []
@@ -181,10 +208,16 @@ def write_reports(run_dir: str | os.PathLike[str], *, gpu: GPU | None = None) ->
     from autotune.store.atomic import write_text_atomic
 
     data = load_run(run_dir)
+    where = f"run directory {str(data.path)!r}: summary.json"
     config, why = read_model_config(data)
     # on a CPU run there is no MFU anyway: a missing config is not worth a note there
     notes = [why] if why and data.summary.get("device") != "cpu" else []
-    md, page = render_reports(data, config=config, gpu=gpu, notes=notes)
+    try:
+        md, page = render_reports(data, config=config, gpu=gpu, notes=notes)
+    except (AttributeError, TypeError, ValueError, KeyError, IndexError) as exc:  # a field deeper down
+        msg = " ".join(str(exc).split())[:160]
+        raise SpecError(f"{where} or the journal holds a value of the wrong type ({type(exc).__name__}: {msg}); "
+                        "edited, or written by another program?") from None
     return [
         write_text_atomic(data.path / "report.md", md),
         write_text_atomic(data.path / "report.html", page),

@@ -1,7 +1,12 @@
-"""``report.md``: the top configurations side by side, the best vs the HF default, failures.  [pure]"""
+"""``report.md``: the top configurations side by side, the best vs the HF default, failures.  [pure]
+
+Every value taken from the run (model name, reasons, statuses, candidate fields) is HTML-escaped
+and kept on one line: Markdown renderers pass raw HTML through, as ``report.html`` would not.
+"""
 
 from __future__ import annotations
 
+import html
 from collections import Counter
 from typing import Any
 
@@ -115,8 +120,13 @@ def _mem(r: ProbeResult, summary: dict[str, Any]) -> str:
     return format_bytes(peak)
 
 
+def _esc(text: Any) -> str:
+    """Run data as Markdown text: HTML escaped (Markdown renderers pass raw HTML through), one line."""
+    return html.escape(" ".join(str(text).split()), quote=False)
+
+
 def _row(cells: list[str]) -> str:
-    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+    return "| " + " | ".join(_esc(c).replace("|", "\\|") for c in cells) + " |"
 
 
 def render_report_md(
@@ -135,7 +145,7 @@ def render_report_md(
     """
     out: list[str] = []
     title = summary.get("run_id") or summary.get("model") or "run"
-    out.append(f"# autotune report: {title}")
+    out.append(f"# autotune report: {_esc(title)}")
     facts = []
     for key, label in (
         ("model", "model"),
@@ -145,7 +155,7 @@ def render_report_md(
         ("device", "device"),
     ):
         if summary.get(key) not in (None, ""):
-            facts.append(f"{label} {summary[key]}")
+            facts.append(f"{label} {_esc(summary[key])}")
     if summary.get("wall_s") is not None:
         facts.append(f"search wall time {float(summary['wall_s']):.0f} s")
     if facts:
@@ -187,7 +197,8 @@ def render_report_md(
         out.append("The HF default was not measured in this run.")
     elif best is None:
         out.append(
-            f"HF default: {baseline.status} ({baseline.reason or _STATUS_MEANING.get(baseline.status, '')})."
+            f"HF default: {_esc(baseline.status)} "
+            f"({_esc(baseline.reason or _STATUS_MEANING.get(baseline.status, ''))})."
         )
     else:
         bc, hc = candidate_of(best), candidate_of(baseline)
@@ -196,7 +207,7 @@ def render_report_md(
         base_tok = (
             _tok_s(baseline)
             if baseline.fits
-            else f"{baseline.status}: {baseline.reason or _STATUS_MEANING[baseline.status]}"
+            else f"{baseline.status}: {baseline.reason or _STATUS_MEANING.get(baseline.status, '')}"
         )
         best_tps = _confirmed(summary, "best") or best.tokens_per_s
         base_tps = _confirmed(summary, "baseline") or baseline.tokens_per_s
@@ -229,7 +240,7 @@ def render_report_md(
                        "re-measured side by side: treat as indicative).")
         elif not baseline.fits:
             out.append(
-                f"The HF default does not run within the budget ({baseline.status}); the best config does."
+                f"The HF default does not run within the budget ({_esc(baseline.status)}); the best config does."
             )
 
     out += _confirmation_section(summary)
@@ -244,7 +255,8 @@ def render_report_md(
     origins = summary.get("probes_by_origin") or {}
     if origins:
         found = (summary.get("best") or {}).get("origin")
-        parts = ", ".join(f"{n} {o}" for o, n in sorted(origins.items(), key=lambda kv: -kv[1]))
+        found = _esc(found) if found else found
+        parts = ", ".join(f"{_esc(n)} {_esc(o)}" for o, n in sorted(origins.items(), key=lambda kv: -kv[1]))
         out += ["", f"Proposed by: {parts} (seed: expert defaults; boundary/neighbour/combination: the "
                     f"neighbourhood walk; tpe: Optuna's sampler)" + (f"; the answer came from: {found}." if found else ".")]
     return "\n".join(out) + "\n"

@@ -17,7 +17,6 @@ Sampling is deterministic for a given seed (one ``random.Random`` per call, no g
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from collections.abc import Iterator, Mapping, Sequence
@@ -131,13 +130,12 @@ def parse_lengths(text: str | LengthDistribution) -> LengthDistribution:
         path = arg.strip()
         if not path:
             raise _bad(raw, "histogram needs a path to a JSON file")
-        try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
-        except FileNotFoundError:
-            raise _bad(raw, f"histogram file {path!r} does not exist") from None
-        except (OSError, ValueError) as e:
-            raise _bad(raw, f"cannot read histogram file {path!r} as JSON ({e})") from None
+        from autotune.spec.files import load_json, read_text_file
+
+        try:  # a regular file of bounded size: a FIFO would block, /dev/zero would never end
+            data = load_json(read_text_file(path, what="histogram file"), what=f"cannot read histogram file {path!r}")
+        except SpecError as e:
+            raise _bad(raw, str(e)) from None
         return histogram_from_mapping(data, source=raw)
     raise _bad(raw, f"unknown kind {kind!r}")
 

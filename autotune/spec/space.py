@@ -24,9 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from autotune.errors import SpecError
+from autotune.spec.files import short_repr
 from autotune.spec.probe_request import (
     ATTN_CHOICES,
     OFFLOAD_CHOICES,
@@ -123,32 +122,32 @@ def _check_dimension(dim: str, raw: Any, problems: list[str]) -> tuple[Any, ...]
     kind, rule = DIMENSIONS[dim]
     values = raw if isinstance(raw, list) else [raw]
     if raw is None or (isinstance(raw, list) and not raw):
-        problems.append(f"{dim}: needs at least one choice; got {raw!r}")
+        problems.append(f"{dim}: needs at least one choice; got {short_repr(raw)}")
         return None
     out: list[Any] = []
     ok = True
     for v in values:
         if kind == "int":
             if isinstance(v, bool) or not isinstance(v, int):
-                problems.append(f"{dim}: choices must be integers; got {v!r}")
+                problems.append(f"{dim}: choices must be integers; got {short_repr(v)}")
                 ok = False
             elif v < rule:
-                problems.append(f"{dim}: choices must be >= {rule}; got {v!r}")
+                problems.append(f"{dim}: choices must be >= {rule}; got {short_repr(v)}")
                 ok = False
             elif dim == "zero_stage" and v > 3:
-                problems.append(f"zero_stage: choices must be 0, 1, 2 or 3; got {v!r}")
+                problems.append(f"zero_stage: choices must be 0, 1, 2 or 3; got {short_repr(v)}")
                 ok = False
         elif kind == "bool":
             if not isinstance(v, bool):
-                problems.append(f"{dim}: choices must be true/false; got {v!r}")
+                problems.append(f"{dim}: choices must be true/false; got {short_repr(v)}")
                 ok = False
         else:
             if not isinstance(v, str) or v not in rule:
-                problems.append(f"{dim}: choices must be among {', '.join(rule)}; got {v!r}")
+                problems.append(f"{dim}: choices must be among {', '.join(rule)}; got {short_repr(v)}")
                 ok = False
         out.append(v)
     if ok:
-        dups = sorted({repr(v) for v in out if out.count(v) > 1})
+        dups = sorted({short_repr(v) for v in out if out.count(v) > 1})
         if dups:
             problems.append(f"{dim}: duplicate choice(s) {', '.join(dups)}")
             ok = False
@@ -179,14 +178,15 @@ def parse_space(data: Any, *, name: str = "custom", source: str = "") -> SearchS
     if not isinstance(data, dict):
         raise SpecError(f"{where}: must be a mapping of knob -> list of choices; got {type(data).__name__}")
     problems: list[str] = []
-    unknown = sorted(str(k) for k in data if k not in DIMENSIONS and k not in _META_KEYS)
+    unknown = sorted(k[:60] if isinstance(k, str) else short_repr(k) for k in data
+                     if k not in DIMENSIONS and k not in _META_KEYS)
     if unknown:
         problems.append(
             f"unknown key(s) {', '.join(unknown)}; known: {', '.join(list(DIMENSIONS) + list(_META_KEYS))}"
         )
     description = data.get("description", "")
     if not isinstance(description, str):
-        problems.append(f"description must be text; got {description!r}")
+        problems.append(f"description must be text; got {short_repr(description)}")
         description = ""
     dims: dict[str, tuple[Any, ...]] = {}
     for dim in DIMENSIONS:
@@ -230,12 +230,9 @@ def load_space(name_or_path: str | Path) -> SearchSpace:
             known = ", ".join(available_spaces()) or "none found"
             raise SpecError(f"unknown search space {text!r}; known: {known} (or give a path to a YAML file)")
         path, name = found[0], text
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise SpecError(f"search space {path}: not valid YAML: {' '.join(str(exc).split())}") from None
-    except OSError as exc:
-        raise SpecError(f"search space {path}: cannot read: {exc}") from None
+    from autotune.spec.files import load_yaml, read_text_file
+
+    data = load_yaml(read_text_file(path, what="search space"), what=f"search space {path}")
     return parse_space(data, name=name, source=str(path))
 
 

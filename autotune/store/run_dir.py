@@ -35,8 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autotune.errors import SpecError, WriteError
 from autotune.search._logic import TrialRecord
-from autotune.store.atomic import write_json_atomic, write_text_atomic
+from autotune.store.atomic import write_error, write_json_atomic, write_text_atomic
+
+RESUME_HINT = "the run folder {path} is left resumable: free space, then rerun the same command with --resume"
 
 __all__ = [
     "RunDir",
@@ -45,6 +48,7 @@ __all__ = [
     "make_run_id",
     "find_cached",
     "find_resumable",
+    "check_out_dir",
     "TRIALS_CSV_COLUMNS",
     "trials_csv_text",
 ]
@@ -101,33 +105,73 @@ class Journal:
 
     def append(self, record: TrialRecord) -> None:
         line = (json.dumps(record.to_dict(), default=str) + "\n").encode("utf-8")
-        with open(self.path, "ab+") as fh:
-            # a line torn by a kill has no newline: start on a fresh line, or this record would be
-            # glued to the torn one and lost with it on the next load
-            if fh.seek(0, os.SEEK_END) > 0:
-                fh.seek(-1, os.SEEK_END)
-                if fh.read(1) != b"\n":
-                    line = b"\n" + line
-            fh.write(line)
-            fh.flush()
-            os.fsync(fh.fileno())
+        try:
+            with open(self.path, "ab+") as fh:
+                # a line torn by a kill has no newline: start on a fresh line, or this record would be
+                # glued to the torn one and lost with it on the next load
+                if fh.seek(0, os.SEEK_END) > 0:
+                    fh.seek(-1, os.SEEK_END)
+                    if fh.read(1) != b"\n":
+                        line = b"\n" + line
+                fh.write(line)
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as exc:  # disk full: the lines before are intact, a torn one is skipped on resume
+            raise WriteError(f"{write_error(self.path, exc).args[0].split('; ')[0]}; "
+                             + RESUME_HINT.format(path=self.path.parent)) from exc
 
     def __call__(self, record: TrialRecord) -> None:
         self.append(record)
 
     def load(self) -> list[TrialRecord]:
-        """Every complete line; a line cut short by a kill is ignored."""
+        """Every readable record; a line cut short by a kill (or otherwise unreadable) is ignored."""
+        return self.load_checked()[0]
+
+    def load_checked(self) -> tuple[list[TrialRecord], list[int]]:
+        """(every readable record, the 1-based numbers of the lines that could not be read).
+
+        A line is unreadable when it is not UTF-8, not JSON, or not a record (``[1,2,3]``, a field
+        of the wrong type): it is skipped, never fatal, so one damaged line costs one probe.
+        """
         if not self.path.exists():
-            return []
-        out = []
-        for line in self.path.read_text(encoding="utf-8").splitlines():
-            if not line.strip():
+            return [], []
+        out: list[TrialRecord] = []
+        bad: list[int] = []
+        for n, raw in enumerate(self.path.read_bytes().split(b"\n"), 1):
+            if not raw.strip():
                 continue
             try:
-                out.append(TrialRecord.from_dict(json.loads(line)))
-            except (ValueError, TypeError):
+                data = json.loads(raw.decode("utf-8"))
+                if not isinstance(data, dict):
+                    raise TypeError(f"a {type(data).__name__}, not a record")
+                record = TrialRecord.from_dict(data)
+                _check_record(record)
+            except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+                bad.append(n)
                 continue
-        return out
+            out.append(record)
+        return out, bad
+
+
+def _check_record(r: TrialRecord) -> None:
+    """TypeError unless every field of a loaded record has the type the search relies on."""
+    num = (int, float)
+    ok = (
+        isinstance(r.key, str) and isinstance(r.status, str) and isinstance(r.phase, str)
+        and isinstance(r.reason, str) and isinstance(r.label, str) and isinstance(r.origin, str)
+        and isinstance(r.params, dict) and isinstance(r.inferred, bool)
+        and isinstance(r.number, int) and isinstance(r.repeat, int)
+        and (r.candidate is None or isinstance(r.candidate, dict))
+        and (r.result is None or isinstance(r.result, dict))
+        and all(v is None or (isinstance(v, num) and not isinstance(v, bool))
+                for v in (r.tokens_per_s, r.peak_mem_bytes, r.step_time_spread, r.wall_s))
+    )
+    if not ok:
+        raise TypeError("a field of the wrong type")
+    if r.candidate is not None:
+        cand = r.candidate_obj()  # unknown candidate fields raise TypeError here
+        if cand is not None and cand.problems():
+            raise TypeError("; ".join(cand.problems()))
 
 
 def trials_csv_text(records: list[TrialRecord]) -> str:
@@ -237,7 +281,11 @@ class RunDir:
     def create(cls, out: str | os.PathLike[str], run_id: str) -> RunDir:
         base = Path(out)
         path = base / run_id
-        base.mkdir(parents=True, exist_ok=True)
+        try:
+            base.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SpecError(f"--out {base}: cannot create the folder ({exc.strerror or exc}); "
+                            "give a folder you can write to") from None
         n = 2
         while True:  # mkdir is the claim: two runs started in the same second get two folders
             try:
@@ -246,13 +294,22 @@ class RunDir:
             except FileExistsError:
                 path = base / f"{run_id}-{n}"
                 n += 1
+            except OSError as exc:
+                raise SpecError(f"--out {base}: cannot create a run folder in it ({exc.strerror or exc}); "
+                                "give a folder you can write to") from None
 
     def try_lock(self) -> RunLock | None:
         """Claim this folder for the calling process; None when another process holds it."""
         return RunLock.acquire(self.path)
 
     def write_json(self, name: str, obj: Any) -> Path:
-        return write_json_atomic(self.path / name, obj)
+        try:
+            return write_json_atomic(self.path / name, obj)
+        except WriteError as exc:
+            raise self._resumable(exc) from exc
+
+    def _resumable(self, exc: WriteError) -> WriteError:
+        return WriteError(f"{exc.args[0].split('; ')[0]}; {RESUME_HINT.format(path=self.path)}")
 
     def read_json(self, name: str) -> Any:
         p = self.path / name
@@ -264,7 +321,37 @@ class RunDir:
             return None
 
     def write_trials_csv(self, records: list[TrialRecord]) -> Path:
-        return write_text_atomic(self.path / "trials.csv", trials_csv_text(records))
+        try:
+            return write_text_atomic(self.path / "trials.csv", trials_csv_text(records))
+        except WriteError as exc:
+            raise self._resumable(exc) from exc
+
+
+def check_out_dir(out: str | os.PathLike[str]) -> None:
+    """SpecError unless ``out`` is a folder autotune can create run folders in (or create itself).
+
+    Refused, before anything is written: an empty path (it would mean the current folder), a path
+    that is a file or lies under a file, and a folder (or the nearest existing parent of a missing
+    one) this user cannot write into.
+    """
+    text = os.fspath(out)
+    if not str(text).strip():
+        raise SpecError("--out is empty; give the folder for run directories, e.g. --out results")
+    path = Path(text)
+    probe = path
+    while not probe.exists():
+        if probe.is_symlink():  # a dangling link: mkdir would fail on it
+            raise SpecError(f"--out {text}: {probe} is a dangling symbolic link; give another folder")
+        parent = probe.parent
+        if parent == probe:
+            break
+        probe = parent
+    if probe.exists() and not probe.is_dir():
+        where = "is a file" if probe == path else f"lies under {probe}, which is a file"
+        raise SpecError(f"--out {text} {where}, not a folder; give a folder for run directories")
+    if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
+        which = "is" if probe == path else f"cannot be created: {probe}"
+        raise SpecError(f"--out {text} {which} not writable by this user; give a folder you can write to")
 
 
 def _runs_with_key(out: Path, cache_key: str) -> Iterator[RunDir]:

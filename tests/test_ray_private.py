@@ -1,0 +1,116 @@
+"""The embedded Ray pool is private (issue 13, item 5): loopback only, token auth on whatever the
+environment says, and nothing it started outlives it.
+
+In a file of its own: it needs a Ray runtime this test starts (test_ray_pool.py keeps one up for the
+whole module, and an existing runtime is reused, not made private).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+pytest.importorskip("ray")
+
+from autotune.executors.ray_pool import RayExecutor  # noqa: E402
+from autotune.probe.result import ProbeResult  # noqa: E402
+from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload  # noqa: E402
+
+pytestmark = pytest.mark.ray
+
+
+def _make_ok():
+    def ok(request: ProbeRequest) -> ProbeResult:
+        return ProbeResult(status="ok", request=request.to_dict(), metrics={"tokens_per_s": 1.0})
+
+    return ok
+
+
+_ok = _make_ok()
+
+
+def _req() -> ProbeRequest:
+    return ProbeRequest(workload=Workload(model="tiny-llama"), candidate=Candidate(precision="fp32"),
+                        settings=ProbeSettings(device="cpu"))
+
+
+def _drain(ex: RayExecutor, n: int, timeout: float = 120.0) -> dict[str, ProbeResult]:
+    got: dict[str, ProbeResult] = {}
+    deadline = time.monotonic() + timeout
+    while len(got) < n and time.monotonic() < deadline:
+        got.update(ex.poll(timeout=5.0))
+    return got
+
+
+def _listening(pids: set[int]) -> list[tuple[int, str, int]]:
+    import psutil
+
+    return [(c.pid, c.laddr.ip, c.laddr.port) for c in psutil.net_connections(kind="inet")
+            if c.pid in pids and c.status == psutil.CONN_LISTEN]
+
+
+def _outside_address() -> str | None:
+    """This machine's address on a non-loopback interface, if it has one."""
+    import ipaddress
+
+    import psutil
+
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family.name == "AF_INET" and not ipaddress.ip_address(a.address).is_loopback:
+                return str(a.address)
+    return None
+
+
+def test_the_embedded_pool_is_private_loopback_only_token_auth_on_and_reaped(tmp_path, monkeypatch) -> None:
+    import ipaddress
+    import os
+    import socket
+    import stat
+    import subprocess
+    import sys
+
+    import psutil
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # what the user's environment says
+    monkeypatch.setenv("HOME", str(tmp_path))  # so ~/.ray/auth_token is this test's
+    me = psutil.Process()
+    with RayExecutor(device="cpu", num_cpus=1, probe_fn=_ok) as pool:
+        pool.submit(_req())
+        assert _drain(pool, 1)  # it works
+        started = {c.pid for c in me.children(recursive=True)}
+        ports = _listening(started | {me.pid})
+        assert ports, "the pool listens nowhere?"
+        for pid, ip, port in ports:
+            assert ipaddress.ip_address(ip.removeprefix("::ffff:")).is_loopback, (pid, ip, port)
+        outside = _outside_address()
+        if outside is not None:  # no port of the pool accepts a connection from another interface
+            for _, _, port in ports:
+                with pytest.raises(OSError), socket.create_connection((outside, port), timeout=2):
+                    pass
+        # token auth is on whatever RAY_AUTH_MODE said; the token is in a 0600 file of its own
+        assert os.environ["RAY_AUTH_MODE"] == "token"
+        token = os.environ["RAY_AUTH_TOKEN_PATH"]
+        assert stat.S_IMODE(os.stat(token).st_mode) == 0o600
+        import ray
+
+        gcs = ray.get_runtime_context().gcs_address
+        # a client without the token cannot use the pool
+        code = ("import ray, sys\n"
+                f"ray.init(address={gcs!r}, log_to_driver=False)\n"
+                "print('CONNECTED', ray.get(ray.remote(lambda: 1).remote()))\n")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "AUTOTUNE_REAP"))}
+        env["RAY_AUTH_MODE"] = "disabled"
+        try:
+            p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90, env=env)
+            assert "CONNECTED" not in p.stdout, p.stdout
+        except subprocess.TimeoutExpired as exc:
+            assert b"CONNECTED" not in (exc.stdout or b"")
+    # the environment is the user's again, ~/.ray/auth_token was never created, nothing is left running
+    assert os.environ["RAY_AUTH_MODE"] == "disabled" and "RAY_AUTH_TOKEN_PATH" not in os.environ
+    assert not (tmp_path / ".ray" / "auth_token").exists()
+    assert not os.path.exists(os.path.dirname(token))
+    time.sleep(1.0)
+    left = [p for p in started if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not left, [psutil.Process(p).name() for p in left]

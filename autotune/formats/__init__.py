@@ -35,6 +35,8 @@ __all__ = [
     "parse_text",
     "read_config",
     "translate",
+    "tuned_file",
+    "unified_diff",
     "write_back_text",
 ]
 
@@ -134,3 +136,17 @@ def translate(fmt: str, text: str) -> str:
     for src in sorted(vocab, key=len, reverse=True):
         text = re.sub(r"(?<![\w])" + re.escape(src) + r"(?![\w])", lambda _m, v=vocab[src]: v, text)
     return text.replace(", ,", ",").replace(" ,", ",").strip().rstrip(",")
+
+
+def tuned_file(cfg: ReadConfig, candidate: dict[str, Any], *, fields: set[str] | None = None) -> tuple[str, dict[str, Any]]:
+    """(the user's file text with the tuned keys changed, those keys and values) for ``candidate``
+    (``dataclasses.asdict`` of an ``autotune.spec.Candidate``)."""
+    updates = cfg.module.tuned_keys(candidate, cfg.data, fields=fields)
+    return write_back_text(cfg.name, cfg.text, updates), updates
+
+
+def unified_diff(name: str, before: str, after: str) -> str:
+    import difflib
+
+    return "".join(difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
+                                        fromfile=f"a/{name}", tofile=f"b/{name}"))

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autotune.cli.check import bundle_from_file, installed_sft_fields, installed_training_fields
 from autotune.check import gather
+from autotune.cli.check import bundle_from_file, installed_sft_fields, installed_training_fields
 from autotune.errors import AutotuneError, SpecError
 from autotune.formats import key_source, read_config, tuned_file, write_back_text
 from autotune.spec.probe_request import Candidate

@@ -11,6 +11,7 @@ from typing import Any
 
 from autotune.check._report import CheckItem, CheckReport
 from autotune.errors import SpecError
+from autotune.formats import FORMATS, translate
 
 __all__ = [
     "KINDS",
@@ -70,6 +71,11 @@ class ConfigBundle:
     target: str
     data: dict[str, Any] = field(default_factory=dict)  # kind -> parsed dict (train_script: str)
     sources: dict[str, str] = field(default_factory=dict)  # kind -> file name
+    # a file in another tool's format (autotune.formats): its name, its own keys, the keys it accepts
+    fmt: str = "training_args"
+    native: dict[str, Any] | None = None
+    known_keys: set[str] | None = None
+    key_source: str = ""  # where known_keys were read (repo, path, commit)
 
     def get(self, kind: str) -> Any:
         return self.data.get(kind)
@@ -591,7 +597,29 @@ def _rule_tracking(c: _Ctx) -> None:
         c.add("tracking", "experiment tracking", "pass", f"report_to {', '.join(names)}", source=src)
 
 
+_PACKING_KEYS = {  # format -> (its packing keys, the one to suggest)
+    "trl": (("packing", "padding_free"), "padding_free: true (or packing: true)"),
+    "axolotl": (("sample_packing",), "sample_packing: true"),
+    "llamafactory": (("neat_packing", "packing"), "neat_packing: true (packing without cross-attention)"),
+}
+
+
+def _rule_packing_native(c: _Ctx) -> None:
+    keys, fix = _PACKING_KEYS[c.b.fmt]
+    native = c.b.native or {}
+    on = [k for k in keys if native.get(k)]
+    if on:
+        c.add("packing", "packing", "pass", f"{on[0]}: true (no padding)", source=c.src("training_args"))
+    else:
+        c.add("packing", "packing", "info",
+              f"{' / '.join(keys)} off: for variable-length data packing measured faster where it applies",
+              fix, c.src("training_args"))
+
+
 def _rule_packing(c: _Ctx) -> None:
+    if c.b.fmt in _PACKING_KEYS:
+        _rule_packing_native(c)
+        return
     script = c.b.get("train_script")
     if isinstance(script, str):
         if "PACKING = True" in script or "packing=True" in script:
@@ -625,6 +653,11 @@ def _rule_packing(c: _Ctx) -> None:
 
 def _rule_attention(c: _Ctx) -> None:
     title = "attention implementation"
+    if c.mk is None and c.b.fmt in ("axolotl", "llamafactory"):
+        how = "flash_attn: auto" if c.b.fmt == "llamafactory" else "attn_implementation unset"
+        c.add("attention", title, "info", f"{how}: the model's default (sdpa where supported)",
+              source=c.src("training_args"))
+        return
     if c.mk is None:
         if c.has_ta:
             c.add(
@@ -667,8 +700,46 @@ def _rule_attention(c: _Ctx) -> None:
         c.add("attention", title, "pass", str(attn), source=src)
 
 
+def _rule_format_keys(c: _Ctx) -> None:
+    """Axolotl / LLaMA-Factory: every key against the key set the format accepts."""
+    b = c.b
+    label = FORMATS[b.fmt].LABEL
+    src = c.src("training_args")
+    native = b.native or {}
+    if b.known_keys is None:
+        c.add("names", "argument names", "info", f"{len(native)} {label} keys, not checked (key set unknown here)",
+              source=src)
+        return
+    bad = 0
+    for key in native:
+        if key in b.known_keys:
+            continue
+        if b.fmt == "llamafactory" and key in REMOVED_IN_V5:
+            # LLaMA-Factory pins transformers <= 5.8, whose TrainingArguments still had these (its own examples use them)
+            c.add("names", "argument names", "info",
+                  f"{key} is gone from transformers {c.version or '5.x'} (installed); LLaMA-Factory's pinned "
+                  "transformers still takes it", REMOVED_IN_V5[key], src)
+            continue
+        bad += 1
+        if b.fmt == "axolotl":
+            c.add("names", "argument names", "warn",
+                  f"{key} is not in {label}'s schema ({b.key_source}): Axolotl ignores it silently",
+                  "remove or rename it", src)
+        else:
+            c.add("names", "argument names", "fail",
+                  f"{key} is not a {label} argument ({b.key_source}): it refuses to start", "remove or rename it",
+                  src)
+    if not bad:
+        c.add("names", "argument names", "pass", f"{len(native)} {label} keys, all known ({b.key_source})",
+              source=src)
+
+
 def _rule_names(c: _Ctx) -> None:
+    if c.b.fmt in ("axolotl", "llamafactory"):
+        _rule_format_keys(c)
+        return
     ver = f"transformers {c.version}" if c.version else "transformers 5"
+    what = "an SFTConfig" if c.b.fmt == "trl" else "a TrainingArguments"
     bad = 0
     if c.has_ta:
         src = c.src("training_args")
@@ -698,7 +769,7 @@ def _rule_names(c: _Ctx) -> None:
                     "names",
                     "argument names",
                     "fail",
-                    f"{key} is not a TrainingArguments field in {ver}",
+                    f"{key} is not {what} field in {ver}",
                     "remove or rename it",
                     src,
                 )
@@ -724,6 +795,54 @@ def _rule_names(c: _Ctx) -> None:
         )
 
 
+_BUCKETS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size")
+
+
+def _rule_deepspeed(c: _Ctx) -> None:
+    """ZeRO settings DeepSpeed's docs recommend.
+
+    Sources: DeepSpeed config JSON reference, "ZeRO Optimizations for FP16 Training"
+    (https://www.deepspeed.ai/docs/config-json/#zero-optimizations-for-fp16-training): overlap_comm
+    "attempts to overlap the reduction of the gradients with backward computation"; the bucket sizes
+    trade memory for communication speed (default 5e8 elements); offload_optimizer/offload_param
+    ``pin_memory`` "could boost throughput at the cost of extra memory overhead". deepspeed 0.19.8's
+    ``DeepSpeedZeroConfig`` turns overlap_comm on by default under ZeRO-3 only (``overlap_comm_valid``)
+    and pin_memory on by default. Hugging Face's DeepSpeed guide
+    (https://huggingface.co/docs/transformers/deepspeed#zero-3-config): without
+    ``stage3_gather_16bit_weights_on_model_save`` a ZeRO-3 save holds only the sharded checkpoint,
+    not a 16-bit model ``from_pretrained`` can load.
+    """
+    zero = (c.ds.get("zero_optimization") or {}) if c.ds else {}
+    stage = zero.get("stage")
+    if not isinstance(stage, int) or stage < 2:
+        return
+    src = c.src("deepspeed") or c.src("training_args")
+    ov = zero.get("overlap_comm")
+    if ov is False or (ov is None and stage == 2):
+        c.add("ds_overlap", "ZeRO overlap_comm", "warn",
+              f"overlap_comm {'false' if ov is False else 'unset (off under ZeRO-2)'} under ZeRO-{stage}: gradient "
+              "reduction waits for the backward pass instead of overlapping it",
+              "zero_optimization.overlap_comm: true (costs bucket-sized buffers of GPU memory)", src)
+    else:
+        c.add("ds_overlap", "ZeRO overlap_comm", "pass", f"overlap_comm on under ZeRO-{stage}", source=src)
+    small = [f"{k}={zero[k]:.0e}" for k in _BUCKETS if isinstance(zero.get(k), (int, float)) and zero[k] < 5e7]
+    if small:
+        c.add("ds_buckets", "ZeRO bucket sizes", "warn",
+              f"{', '.join(small)}: small buckets mean many small collectives (DeepSpeed's default is 5e8)",
+              "raise them toward 5e8, or 'auto' under the HF Trainer (sized from the model's hidden size)", src)
+    for part in ("offload_optimizer", "offload_param"):
+        off = zero.get(part) or {}
+        if off.get("device") in ("cpu", "nvme") and off.get("pin_memory") is False:
+            c.add("ds_pin_memory", "offload pinned memory", "warn",
+                  f"{part} to {off['device']} with pin_memory false: pageable host copies are slower",
+                  f"zero_optimization.{part}.pin_memory: true", src)
+    if stage == 3 and not (zero.get("stage3_gather_16bit_weights_on_model_save")
+                           or zero.get("gather_16bit_weights_on_model_save")):
+        c.add("ds_save", "ZeRO-3 model save", "warn",
+              "stage3_gather_16bit_weights_on_model_save unset: saves hold only ZeRO shards, no loadable model",
+              "zero_optimization.stage3_gather_16bit_weights_on_model_save: true", src)
+
+
 _RULES = (
     _rule_names,
     _rule_precision,
@@ -732,6 +851,7 @@ _RULES = (
     _rule_effective_batch,
     _rule_memory_levers,
     _rule_offload,
+    _rule_deepspeed,
     _rule_loader,
     _rule_pretokenized,
     _rule_checkpoints,
@@ -753,8 +873,15 @@ def gather(
     c = _Ctx(bundle, gpu, fields, transformers_version)
     for rule in _RULES:
         rule(c)
-    ctx: dict[str, Any] = {"transformers": transformers_version, "fields_known": fields is not None}
+    if bundle.fmt in FORMATS and FORMATS[bundle.fmt].VOCAB:
+        c.items = [
+            CheckItem(id=i.id, title=i.title, status=i.status, message=translate(bundle.fmt, i.message),
+                      fix=translate(bundle.fmt, i.fix), source=i.source)
+            for i in c.items
+        ]
+    ctx: dict[str, Any] = {"transformers": transformers_version, "fields_known": fields is not None,
+                           "format": bundle.fmt}
     if gpu is not None:
         ctx["gpu"] = gpu.name
-    files = [bundle.sources[k] for k in KINDS if k in bundle.sources]
+    files = list(dict.fromkeys(bundle.sources[k] for k in KINDS if k in bundle.sources))
     return CheckReport(target=bundle.target, files=files, items=c.items, context=ctx)

@@ -1,6 +1,7 @@
-"""``autotune check CONFIG``: the notes' checklist over a TrainingArguments JSON, an accelerate YAML,
-a DeepSpeed JSON, or a run's ``best/`` directory. Exit 0 when nothing fails, 1 when an item fails,
-2 when the input cannot be read."""
+"""``autotune check CONFIG``: the notes' checklist over a TrainingArguments / TRL SFTConfig JSON or
+YAML, an Axolotl or LLaMA-Factory YAML, an accelerate YAML, a DeepSpeed JSON, or a run's ``best/``
+directory, in the file's own vocabulary. Exit 0 when nothing fails, 1 when an item fails, 2 when the
+input cannot be read."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import typer
 from autotune.check import bundle_from_texts, gather, gpu_info, render_text
 from autotune.check._rules import _FILE_KIND, ConfigBundle
 from autotune.errors import SpecError
+from autotune.formats import FORMATS, key_source, known_keys, read_config
 
-__all__ = ["command", "load_bundle", "installed_training_fields"]
+__all__ = ["command", "load_bundle", "bundle_from_file", "installed_training_fields", "installed_sft_fields"]
 
 
 def _read(path: Path) -> str:
@@ -29,7 +31,57 @@ def load_bundle(path: Path) -> ConfigBundle:
         if not texts:
             raise SpecError(f"{str(path)!r} holds none of {', '.join(_FILE_KIND)}")
         return bundle_from_texts(str(path), texts, directory=True)
-    return bundle_from_texts(str(path), {path.name: _read(path)}, directory=False)
+    return bundle_from_file(path)
+
+
+def installed_sft_fields() -> set[str] | None:
+    """The installed TRL SFTConfig's field names (None if trl is not installed)."""
+    try:
+        import dataclasses
+
+        from trl import SFTConfig
+    except Exception:
+        return None
+    return {f.name for f in dataclasses.fields(SFTConfig)}
+
+
+def _linked_deepspeed(path: Path, value: object) -> Path | None:
+    """A DeepSpeed JSON the config names by path (relative to the working directory or to the file)."""
+    if not isinstance(value, str) or not value.endswith(".json"):
+        return None
+    for cand in (Path(value), path.parent / value):
+        if cand.is_file():
+            return cand
+    return None
+
+
+def bundle_from_file(path: Path, fmt: str | None = None) -> ConfigBundle:
+    """One config file in any known format, read in its own vocabulary (autotune.formats)."""
+    text = _read(path)
+    try:
+        cfg = read_config(path.name, text, fmt=fmt)
+    except SpecError:
+        if fmt is not None or path.suffix.lower() in (".yaml", ".yml"):
+            raise
+        # model_kwargs / lora_config JSON of a best/ directory, or a JSON of unknown keys: the classic reader
+        return bundle_from_texts(str(path), {path.name: text}, directory=False)
+    mod = FORMATS[cfg.format]
+    b = ConfigBundle(target=str(path), fmt=cfg.format)
+    for kind, data in mod.to_checklist(cfg.data).items():
+        b.data[kind] = data
+        b.sources[kind] = path.name
+    if cfg.format in ("axolotl", "llamafactory", "trl"):
+        b.native = cfg.data
+        ta_fields, _ = installed_training_fields()
+        b.known_keys = known_keys(cfg.format, ta_fields=ta_fields, trl_fields=installed_sft_fields())
+        src = key_source(cfg.format)
+        if src:
+            b.key_source = f"{src['repo']}@{src['commit'][:10]}"
+    ds_path = _linked_deepspeed(path, cfg.data.get("deepspeed"))
+    if ds_path is not None and "deepspeed" not in b.data:
+        b.data["deepspeed"] = read_config(ds_path.name, _read(ds_path), fmt="deepspeed").data
+        b.sources["deepspeed"] = ds_path.name
+    return b
 
 
 def installed_training_fields() -> tuple[set[str] | None, str | None]:
@@ -52,11 +104,16 @@ def command(
     gpu: str = typer.Option(
         None, "--gpu", help="Target GPU (e.g. A10G, T4) to judge bf16 / TF32 / FlashAttention."
     ),
+    fmt: str = typer.Option(
+        None, "--format", help=f"The file's format ({', '.join(FORMATS)}); default: detected from its keys."
+    ),
 ) -> None:
     """Check a configuration against the fine-tuning checklist (exit 1 when an item fails)."""
-    bundle = load_bundle(config)
+    bundle = bundle_from_file(config, fmt) if fmt and not config.is_dir() else load_bundle(config)
     info = gpu_info(gpu) if gpu else None
     fields, version = installed_training_fields()
+    if bundle.fmt == "trl":
+        fields = installed_sft_fields() or fields
     report = gather(bundle, gpu=info, fields=fields, transformers_version=version)
     if json_out:
         typer.echo(json.dumps(report.to_dict(), indent=2))

@@ -172,11 +172,14 @@ def render_summary(summary: dict[str, Any], con: Console) -> None:
 
 
 def command(
-    model: str = typer.Option(..., "--model", "-m", help="Preset, hub id in the local HF cache, or a local dir with config.json."),
+    model: str | None = typer.Option(None, "--model", "-m", help="Preset, hub id in the local HF cache, or a local dir with config.json (required unless --from names one)."),
     gpu_budget: str = typer.Option(..., "--gpu-budget", help="Memory budget per GPU: 24GB, 24GiB, 24g or 80%."),
-    seq_len: int = typer.Option(2048, "--seq-len", help="Sequence length (tokens)."),
-    effective_batch: int = typer.Option(64, "--effective-batch", help="Sequences per optimizer step, held fixed (micro-batch × accumulation × GPUs)."),
-    mode: str = typer.Option("full", "--mode", help="full | lora | qlora."),
+    seq_len: int | None = typer.Option(None, "--seq-len", help="Sequence length (tokens). Default: --from's, else 2048."),
+    effective_batch: int | None = typer.Option(None, "--effective-batch", help="Sequences per optimizer step, held fixed (micro-batch × accumulation × GPUs). Default: --from's, else 64."),
+    mode: str | None = typer.Option(None, "--mode", help="full | lora | qlora. Default: --from's, else full."),
+    from_file: str | None = typer.Option(None, "--from", help="Your training config (TrainingArguments/TRL JSON or YAML, Axolotl or LLaMA-Factory YAML): the request is read from it (flags override) and the tuned config is written back in its format."),
+    write_back: str | None = typer.Option(None, "--write-back", help="With --from: write your file with the tuned keys changed (nothing else) here. Default: best/<its name> in the run directory."),
+    fmt: str | None = typer.Option(None, "--format", help="With --from: the file's format (default: detected from its keys)."),
     space: str | None = typer.Option(None, "--space", help="Search space: a name in search_spaces/ (default, lora, cpu, multi-gpu) or a YAML path. Default: cpu on a CPU, default on a GPU."),
     dataset: str | None = typer.Option(None, "--dataset", help="jsonl/parquet to probe with (default: synthetic tokens)."),
     lengths: str = typer.Option("fixed", "--lengths", help="Synthetic sequence lengths when there is no --dataset: fixed | lognormal:MU,SIGMA | uniform:LO-HI | histogram:FILE.json."),
@@ -206,6 +209,23 @@ def command(
     from autotune._tune import tune
 
     err = console(stderr=True)
+    source = None
+    if write_back and not from_file:
+        from autotune.errors import SpecError
+
+        raise SpecError("--write-back needs --from FILE (the config to write back into)")
+    if from_file:
+        source, model, mode, seq_len, effective_batch, dataset = _from_file(
+            from_file, fmt, model=model, mode=mode, seq_len=seq_len, effective_batch=effective_batch, dataset=dataset)
+        err.print(f"[dim]from {from_file} ({source.module.LABEL}): model {model}, mode {mode}, seq-len {seq_len}, "
+                  f"effective batch {effective_batch}[/dim]", highlight=False)
+    if model is None:
+        from autotune.errors import SpecError
+
+        raise SpecError("--model is required (or --from FILE naming the model)")
+    seq_len = 2048 if seq_len is None else seq_len
+    effective_batch = 64 if effective_batch is None else effective_batch
+    mode = mode or "full"
     printer = ProgressPrinter(err)
     try:
         result = tune(
@@ -219,6 +239,8 @@ def command(
         )  # fmt: skip
     finally:
         printer.close()
+    if source is not None:
+        result.summary["write_back"] = _write_back(source, result, write_back, err)
     if as_json:
         sys.stdout.write(json.dumps(result.summary, indent=2, default=str) + "\n")
     else:
@@ -243,3 +265,45 @@ def _rounds(text: str | None) -> tuple[int, int] | None:
     except ValueError:
         raise SpecError(f"--confirm-rounds must be MIN:MAX or N (integers), e.g. 2:4; got {text!r}") from None
     return a, b
+
+
+def _from_file(path: str, fmt: str | None, *, model: str | None, mode: str | None, seq_len: int | None,
+               effective_batch: int | None, dataset: str | None) -> tuple[Any, Any, Any, Any, Any, Any]:
+    """The request held by ``path``; command-line values (not None) win."""
+    from pathlib import Path
+
+    from autotune.errors import SpecError
+    from autotune.formats import read_config
+
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"--from {path!r}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
+    cfg = read_config(p.name, text, fmt=fmt)
+    if cfg.format in ("deepspeed", "accelerate"):
+        raise SpecError(f"--from {path!r} is a {cfg.module.LABEL} config: pass the training config that names it")
+    req = cfg.request
+    return (cfg, model or req.get("model"), mode or req.get("mode"), seq_len or req.get("seq_len"),
+            effective_batch or req.get("effective_batch"), dataset or req.get("dataset"))
+
+
+def _write_back(source: Any, result: Any, out: str | None, err: Console) -> dict[str, Any]:
+    """Write the user's file with the tuned keys changed; print and store the diff."""
+    import dataclasses
+    from pathlib import Path
+
+    from autotune.cli.check import installed_sft_fields, installed_training_fields
+    from autotune.formats import tuned_file, unified_diff
+    from autotune.store.atomic import write_text_atomic
+
+    fields = installed_sft_fields() if source.format == "trl" else installed_training_fields()[0]
+    text, updates = tuned_file(source, dataclasses.asdict(result.candidate), fields=fields)
+    target = Path(out) if out else Path(result.run_dir) / "best" / source.name
+    write_text_atomic(target, text)
+    diff = unified_diff(source.name, source.text, text)
+    write_text_atomic(Path(result.run_dir) / "best" / (source.name + ".diff"), diff)
+    err.print(f"[dim]wrote {target} ({source.module.LABEL}): {len(updates)} key(s) changed[/dim]", highlight=False)
+    if diff:
+        err.print(diff, highlight=False, markup=False, end="")
+    return {"path": str(target), "format": source.format, "changed": updates, "diff": diff}

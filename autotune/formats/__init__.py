@@ -1,0 +1,152 @@
+"""The config formats users already have, read and written back in their own vocabulary.  [pure]
+
+One module per format holds the whole key mapping, both directions (see ``_common``):
+``training_args`` (TrainingArguments JSON/YAML), ``trl`` (SFTConfig), ``axolotl``, ``llamafactory``,
+``accelerate``, ``deepspeed``. ``read_config`` parses and detects; ``known_keys`` gives the key set a
+format accepts (Axolotl / LLaMA-Factory from ``keys.json``, recorded from their sources with
+``tools/format_keys.py``; TrainingArguments / SFTConfig from the installed packages, passed in);
+``write_back_text`` changes the tuned keys of the user's file and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from types import ModuleType
+from typing import Any
+
+import yaml
+
+from autotune.errors import SpecError
+from autotune.formats import accelerate, axolotl, deepspeed, llamafactory, training_args, trl
+from autotune.formats._common import REQUEST_FIELDS
+from autotune.formats._writeback import is_yaml_name, write_back_text
+
+__all__ = [
+    "FORMATS",
+    "REQUEST_FIELDS",
+    "ReadConfig",
+    "detect_format",
+    "format_module",
+    "key_source",
+    "known_keys",
+    "parse_text",
+    "read_config",
+    "translate",
+    "tuned_file",
+    "unified_diff",
+    "write_back_text",
+]
+
+# detection order: the most specific key sets first (LLaMA-Factory files also hold TrainingArguments keys)
+FORMATS: dict[str, ModuleType] = {
+    "deepspeed": deepspeed,
+    "accelerate": accelerate,
+    "axolotl": axolotl,
+    "llamafactory": llamafactory,
+    "trl": trl,
+    "training_args": training_args,
+}
+
+
+@dataclass
+class ReadConfig:
+    name: str
+    format: str
+    data: dict[str, Any]
+    text: str
+    request: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def module(self) -> ModuleType:
+        return FORMATS[self.format]
+
+
+def format_module(name: str) -> ModuleType:
+    if name not in FORMATS:
+        raise SpecError(f"--format must be one of {', '.join(FORMATS)}; got {name!r}")
+    return FORMATS[name]
+
+
+def parse_text(name: str, text: str) -> dict[str, Any]:
+    """The file's top-level mapping (YAML for .yaml/.yml, JSON otherwise)."""
+    if is_yaml_name(name):
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise SpecError(f"{name} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SpecError(f"{name} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{name} must hold a mapping of settings, got {type(data).__name__}")
+    return data
+
+
+def detect_format(name: str, data: dict[str, Any]) -> str:
+    for fmt, mod in FORMATS.items():
+        if mod.detect(data):
+            return fmt
+    raise SpecError(
+        f"{name}: cannot tell its format from its keys ({', '.join(list(data)[:6])}); "
+        f"pass --format {'|'.join(FORMATS)}"
+    )
+
+
+def read_config(name: str, text: str, *, fmt: str | None = None) -> ReadConfig:
+    data = parse_text(name, text)
+    chosen = format_module(fmt).NAME if fmt else detect_format(name, data)
+    req = {k: v for k, v in FORMATS[chosen].to_request(data).items() if v is not None}
+    return ReadConfig(name=name, format=chosen, data=data, text=text, request=req)
+
+
+def _keys_file() -> dict[str, Any]:
+    return dict(json.loads(resources.files("autotune.formats").joinpath("keys.json").read_text(encoding="utf-8")))
+
+
+def key_source(fmt: str) -> dict[str, Any] | None:
+    entry = _keys_file().get(fmt)
+    return dict(entry["source"]) if entry else None
+
+
+def known_keys(fmt: str, *, ta_fields: set[str] | None, trl_fields: set[str] | None = None) -> set[str] | None:
+    """Every top-level key ``fmt`` accepts, or None where that cannot be known here."""
+    if fmt == "training_args":
+        return ta_fields
+    if fmt == "trl":
+        return trl_fields
+    if fmt == "axolotl":
+        return set(_keys_file()["axolotl"]["keys"])
+    if fmt == "llamafactory":
+        if ta_fields is None:
+            return None
+        seq2seq = {"predict_with_generate", "generation_max_length", "generation_num_beams", "generation_config",
+                   "sortish_sampler"}  # transformers' Seq2SeqTrainingArguments adds these to TrainingArguments
+        return set(_keys_file()["llamafactory"]["keys"]) | ta_fields | seq2seq
+    return None
+
+
+def translate(fmt: str, text: str) -> str:
+    """A checklist message or fix in ``fmt``'s vocabulary (longest phrases first)."""
+    vocab = FORMATS[fmt].VOCAB
+    for src in sorted(vocab, key=len, reverse=True):
+        text = re.sub(r"(?<![\w])" + re.escape(src) + r"(?![\w])", lambda _m, v=vocab[src]: v, text)
+    return text.replace(", ,", ",").replace(" ,", ",").strip().rstrip(",")
+
+
+def tuned_file(cfg: ReadConfig, candidate: dict[str, Any], *, fields: set[str] | None = None) -> tuple[str, dict[str, Any]]:
+    """(the user's file text with the tuned keys changed, those keys and values) for ``candidate``
+    (``dataclasses.asdict`` of an ``autotune.spec.Candidate``)."""
+    updates = cfg.module.tuned_keys(candidate, cfg.data, fields=fields)
+    return write_back_text(cfg.name, cfg.text, updates), updates
+
+
+def unified_diff(name: str, before: str, after: str) -> str:
+    import difflib
+
+    return "".join(difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
+                                        fromfile=f"a/{name}", tofile=f"b/{name}"))

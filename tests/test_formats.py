@@ -1,0 +1,196 @@
+"""autotune.formats: detection, requests, the checklist in each format's vocabulary, write-back."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from autotune.check import gather
+from autotune.cli.check import bundle_from_file, installed_sft_fields, installed_training_fields
+from autotune.errors import AutotuneError, SpecError
+from autotune.formats import key_source, read_config, tuned_file, write_back_text
+from autotune.spec.probe_request import Candidate
+
+DATA = Path(__file__).parent / "data" / "formats"
+FILES = {"lf_lora_sft.yaml": "llamafactory", "ds_z3.json": "deepspeed", "axolotl_lora.yaml": "axolotl",
+         "trl_sft.yaml": "trl", "ta.yaml": "training_args"}
+
+
+def _check(name: str, fmt: str | None = None):
+    fields, version = installed_training_fields()
+    b = bundle_from_file(DATA / name, fmt)
+    if b.fmt == "trl":
+        fields = installed_sft_fields() or fields
+    return gather(b, fields=fields, transformers_version=version)
+
+
+@pytest.mark.parametrize("name,fmt", FILES.items())
+def test_detected_by_keys(name: str, fmt: str) -> None:
+    assert read_config(name, (DATA / name).read_text()).format == fmt
+
+
+def test_undetectable_file_names_the_format_flag() -> None:
+    with pytest.raises(SpecError, match="--format"):
+        read_config("x.yaml", "foo: 1\n")
+
+
+def test_requests_from_files() -> None:
+    ax = read_config("a.yaml", (DATA / "axolotl_lora.yaml").read_text()).request
+    assert (ax["model"], ax["mode"], ax["seq_len"], ax["effective_batch"], ax["lora_r"]) == (
+        "TinyLlama/TinyLlama_v1.1", "lora", 128, 8, 8)
+    lf = read_config("l.yaml", (DATA / "lf_lora_sft.yaml").read_text()).request
+    assert (lf["mode"], lf["seq_len"], lf["effective_batch"], lf["lora_r"], lf["lora_alpha"]) == ("lora", 1024, 8, 16, 32)
+    trl = read_config("t.yaml", (DATA / "trl_sft.yaml").read_text()).request
+    assert (trl["seq_len"], trl["effective_batch"], trl["packing"]) == (512, 16, False)
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_no_false_fail_for_a_format_key(name: str) -> None:
+    rep = _check(name)
+    assert not rep.failed, [i for i in rep.items if i.status == "fail"]
+
+
+def test_llamafactory_real_findings_in_its_vocabulary() -> None:
+    rep = _check("lf_lora_sft.yaml")
+    warned = {i.id for i in rep.items if i.status == "warn"}
+    assert {"batch", "dataloader_workers", "checkpoints", "seed", "tracking", "ds_overlap"} <= warned
+    assert rep.files == ["lf_lora_sft.yaml", "ds_z3.json"]  # the DeepSpeed JSON it names is read too
+    (attn,) = rep.by_id("attention")
+    assert "flash_attn" in attn.message
+
+
+def test_deepspeed_zero3_overlap_comm_false() -> None:
+    rep = _check("ds_z3.json")
+    (item,) = rep.by_id("ds_overlap")
+    assert item.status == "warn" and "overlap_comm" in item.fix
+    assert not rep.by_id("ds_save")  # stage3_gather_16bit_weights_on_model_save is true in this file
+
+
+def test_axolotl_vocabulary_and_unknown_key(tmp_path: Path) -> None:
+    text = (DATA / "axolotl_lora.yaml").read_text().replace("dataloader", "x") + "micro_batchsize: 4\n"
+    (tmp_path / "a.yaml").write_text(text)
+    rep = _check(str(tmp_path / "a.yaml"))
+    names = [i for i in rep.by_id("names") if i.status != "pass"]
+    assert [i.status for i in names] == ["warn"] and "micro_batchsize" in names[0].message
+    assert key_source("axolotl")["repo"] == "axolotl-ai-cloud/axolotl"
+    (packing,) = rep.by_id("packing")
+    assert "sample_packing" in packing.message and "per_device" not in packing.fix
+
+
+def test_llamafactory_unknown_key_fails(tmp_path: Path) -> None:
+    if installed_training_fields()[0] is None:
+        pytest.skip("transformers not importable")
+    (tmp_path / "l.yaml").write_text((DATA / "lf_lora_sft.yaml").read_text() + "cutof_len: 512\n")
+    rep = _check(str(tmp_path / "l.yaml"))
+    assert rep.failed and any("cutof_len" in i.message for i in rep.items if i.status == "fail")
+
+
+def test_ds_rules_offload_without_pinned_memory_and_missing_save() -> None:
+    cfg = {"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "pin_memory": False},
+                                 "reduce_bucket_size": 1e6}}
+    from autotune.check import ConfigBundle
+
+    rep = gather(ConfigBundle(target="d", data={"deepspeed": cfg}, sources={"deepspeed": "d.json"}))
+    assert {"ds_pin_memory", "ds_save", "ds_buckets"} <= {i.id for i in rep.items if i.status == "warn"}
+    assert rep.by_id("ds_overlap")[0].status == "pass"  # DeepSpeed's default under ZeRO-3 is on
+
+
+CAND = dataclasses.asdict(Candidate(micro_batch=8, grad_accum=1, grad_ckpt=False, precision="fp32",
+                                    optim="adamw_torch_fused", packing=True))
+
+
+@pytest.mark.parametrize("name", ["axolotl_lora.yaml", "lf_lora_sft.yaml", "trl_sft.yaml", "ta.yaml"])
+def test_write_back_touches_only_tuned_keys(name: str) -> None:
+    text = (DATA / name).read_text()
+    cfg = read_config(name, text)
+    out, updates = tuned_file(cfg, CAND, fields=installed_training_fields()[0])
+    assert updates
+    before, after = yaml.safe_load(text), yaml.safe_load(out)
+    assert {k: v for k, v in after.items() if k not in updates} == {k: v for k, v in before.items() if k not in updates}
+    assert {k: after[k] for k in updates} == updates
+    changed_lines = [ln for ln in out.splitlines() if ln not in text.splitlines()]
+    assert all(ln.split(":")[0] in updates for ln in changed_lines), changed_lines
+    kept = [ln for ln in text.splitlines() if ln.split(":")[0] not in updates]
+    assert kept == [ln for ln in out.splitlines() if ln.split(":")[0] not in updates][: len(kept)]
+
+
+def test_write_back_keeps_comment_on_a_changed_line() -> None:
+    out = write_back_text("a.yaml", "a: 1   # note\nb: x\n", {"a": 2, "c": True})
+    assert out == "a: 2   # note\nb: x\nc: true\n"
+
+
+def test_json_write_back_keeps_bytes() -> None:
+    text = (DATA / "ds_z3.json").read_text().replace('"auto",\n  "gradient_accumulation_steps": "auto"',
+                                                      '4,\n  "gradient_accumulation_steps": 2')
+    cfg = read_config("d.json", text)
+    out, updates = tuned_file(cfg, CAND)
+    assert updates == {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1}
+    assert "1e9" in out and out.count("\n") == text.count("\n")
+    assert json.loads(out)["zero_optimization"] == json.loads(text)["zero_optimization"]
+    added = write_back_text("x.json", '{\n    "a": 1\n}\n', {"b": [1, 2]})
+    assert added == '{\n    "a": 1,\n    "b": [1, 2]\n}\n'
+
+
+def test_write_back_refuses_a_nested_target() -> None:
+    with pytest.raises(AutotuneError, match="mapping or list"):
+        write_back_text("a.yaml", "a:\n  b: 1\n", {"a": 3})
+
+
+@pytest.mark.slow
+def test_run_from_axolotl_writes_back(tmp_path: Path) -> None:
+    src = tmp_path / "axolotl_lora.yaml"
+    src.write_text((DATA / "axolotl_lora.yaml").read_text())
+    out = tmp_path / "tuned.yaml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "autotune", "run", "--from", str(src), "--device", "cpu", "--model", "tiny-llama",
+         "--gpu-budget", "4GB", "--max-trials", "3", "--steps", "2", "--top-k", "1", "--confirm-rounds", "1",
+         "--out", str(tmp_path / "res"), "--write-back", str(out), "--json"],
+        capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads(proc.stdout)
+    wb = summary["write_back"]
+    text, new = src.read_text(), out.read_text()
+    changed = {ln.split(":")[0] for ln in set(new.splitlines()) ^ set(text.splitlines())}
+    assert changed <= set(wb["changed"]), changed
+    assert "sequence_len: 128          # short on purpose" in new
+    assert summary["best"]["effective_batch"]["value"] == 8  # micro_batch_size 2 x accumulation 4, held
+
+
+def test_run_from_reads_the_request_and_flags_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    import autotune._tune as tune_mod
+    from autotune.cli.app import app
+
+    seen: dict = {}
+
+    def spy(model, **kw):
+        seen.update(kw, model=model)
+        raise SpecError("stop here")
+
+    monkeypatch.setattr(tune_mod, "tune", spy)
+    lf = str(DATA / "lf_lora_sft.yaml")
+    res = CliRunner().invoke(app, ["run", "--from", lf, "--gpu-budget", "24GB"], catch_exceptions=False)
+    assert res.exit_code == 2
+    assert (seen["model"], seen["mode"], seen["seq_len"], seen["effective_batch"]) == (
+        "Qwen/Qwen2.5-0.5B-Instruct", "lora", 1024, 8)
+    res = CliRunner().invoke(app, ["run", "--from", lf, "--gpu-budget", "24GB", "--model", "tiny-llama",
+                                   "--seq-len", "64"], catch_exceptions=False)
+    assert (seen["model"], seen["seq_len"], seen["effective_batch"]) == ("tiny-llama", 64, 8)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--write-back", "x.yaml", "--model", "m"], "--write-back needs --from"),
+    (["--from", str(DATA / "ds_z3.json")], "names it"),
+    ([], "--model is required"),
+])
+def test_run_from_bad_input_is_exit_2(args: list[str], needle: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "autotune", "run", "--gpu-budget", "24GB", *args],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and needle in proc.stderr, proc.stderr

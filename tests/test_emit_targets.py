@@ -211,10 +211,12 @@ def test_sft_config_json_loads_as_trl_sftconfig(tmp_path, fields, case):
     kw = json.loads((tmp_path / "sft_config.json").read_text())
     assert set(trl_sft.SFT_KEYS) <= {f.name for f in dataclasses.fields(trl.SFTConfig)}
     cfg = trl.SFTConfig(output_dir=str(tmp_path / "out"), **kw)
-    assert cfg.per_device_train_batch_size == cand.micro_batch
+    assert cfg.per_device_train_batch_size == cand.micro_batch  # no mean length recorded: rows = sequences
     assert cfg.gradient_accumulation_steps == cand.grad_accum
     assert cfg.max_length == 64
-    assert cfg.padding_free is cand.packing and cfg.packing is False
+    assert cfg.packing is cand.packing
+    if cand.packing:
+        assert cfg.packing_strategy == "bfd"
     ckpt = getattr(cfg, "activation_checkpointing", None)
     assert bool(ckpt if ckpt is not None else cfg.gradient_checkpointing) is cand.grad_ckpt
     # the tuned TrainingArguments keys are the same as training_args.json's
@@ -227,7 +229,7 @@ def test_sft_config_gpu_keys_match_training_args(fields):
     files = build_files(result_for(*CASES["lora-bf16-gpu"]), fields=fields)
     kw, targs = json.loads(files["sft_config.json"]), json.loads(files["training_args.json"])
     assert kw["bf16"] is True and kw["tf32"] is True and kw["dataloader_num_workers"] == 2
-    assert set(kw) - set(targs) == set(trl_sft.SFT_KEYS)
+    assert set(kw) - set(targs) == {"max_length", "packing"} and {"max_length", "packing"} <= trl_sft.SFT_KEYS
 
 
 def test_emit_all_writes_the_target_files_executable_script(tmp_path, fields):
@@ -236,3 +238,49 @@ def test_emit_all_writes_the_target_files_executable_script(tmp_path, fields):
         assert (tmp_path / name).is_file()
     assert (tmp_path / "train_sft.py").stat().st_mode & 0o100
     compile((tmp_path / "train_sft.py").read_text(), "train_sft.py", "exec")
+
+
+# ------------------------------------------------------------------ train_sft.py runs as written
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("packing", [False, True])
+def test_train_sft_py_runs_on_a_save_to_disk_chat_dataset(tmp_path, fields, packing):
+    import subprocess
+    import sys
+
+    pytest.importorskip("trl")
+    datasets = pytest.importorskip("datasets")
+    tok_dir = Path(ax_mod.__file__).parent.parent / "models" / "tokenizers" / "tiny-chat"
+    chat = [
+        {"role": "user", "content": "how fast is the model ?"},
+        {"role": "assistant", "content": "very fast ."},
+    ]
+    data = tmp_path / "chat"
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"messages": [chat] * 16})}).save_to_disk(
+        str(data)
+    )
+    model_dir = tmp_path / "model"
+    cfg = transformers.LlamaConfig(
+        vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(model_dir)
+    cand = Candidate(micro_batch=4, grad_accum=1, precision="fp32", packing=packing)
+    tok = transformers.AutoTokenizer.from_pretrained(tok_dir)
+    n = len(tok(tok.apply_chat_template(chat, tokenize=False), add_special_tokens=False)["input_ids"])
+    best = result_for(cand, "full", "cpu", dataset=str(data), metrics={"mean_seq_len": float(n)})
+    emit_all(best, tmp_path / "best", fields=fields)
+    log = tmp_path / "speed.json"
+    out = subprocess.run(
+        [sys.executable, str(tmp_path / "best" / "train_sft.py"), "--model", str(model_dir), "--tokenizer", str(tok_dir),
+         "--dataset", str(data), "--split", "train", "--max-steps", "3", "--use-cpu", "--output-dir", str(tmp_path / "out"),
+         "--log-speed", str(log)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    speed = json.loads(log.read_text())
+    # every micro-batch holds 4 whole chats (with packing: one row of max_length 64 holding 4 chats of
+    # n < 16 tokens), and only their real tokens are counted
+    assert speed["real_tokens"] == [4 * n] * 3 and len(speed["seconds"]) == 3
+    assert (tmp_path / "out" / "config.json").is_file()

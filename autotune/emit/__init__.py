@@ -135,7 +135,10 @@ def build_files(
     files["train.py"] = render_train_script(seq_len=wl.seq_len, packing=cand.packing, measured=measured)
 
     # the trainers people use: TRL, Axolotl, LLaMA-Factory
-    files["sft_config.json"] = _json(sft_config(req, fields=fields, device=dev, report_to=report_to))
+    mean_len = best.metrics.get("mean_seq_len")
+    files["sft_config.json"] = _json(
+        sft_config(req, fields=fields, device=dev, report_to=report_to, mean_seq_len=mean_len)
+    )
     files["train_sft.py"] = render_train_sft_script(
         measured={
             "model": wl.model_path or wl.model,
@@ -144,7 +147,6 @@ def build_files(
             "tokenizer": wl.tokenizer,
         }
     )
-    mean_len = best.metrics.get("mean_seq_len")
     column = best.metrics.get("dataset_column")
     ds_path = "deepspeed.json" if "deepspeed.json" in files else None
     ax, ax_notes = axolotl_config(

@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev,deepspeed]" "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[dev,deepspeed,trl]" "$(TORCH_SPEC)"
 	touch $@
 
 demo: setup

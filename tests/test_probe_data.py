@@ -563,7 +563,7 @@ def _write(path: Path, text: str) -> Path:
         (
             "nocol.jsonl",
             '{"prompt": "x"}\n',
-            r"no 'text' or 'input_ids' column \(line 1 has keys \['prompt'\]\)",
+            r"line 1: no usable column \(columns: \['prompt'\]\); rename a column to 'text'",
         ),
         ("later.jsonl", '{"text": "a"}\n{"body": "b"}\n', "line 2 has no 'text' key"),
         ("notstr.jsonl", '{"text": 5}\n', "line 1: 'text' must be a string"),
@@ -579,7 +579,7 @@ def test_dataset_errors(tmp_path: Path, name: str, content: str | None, match: s
 
 
 def test_dataset_error_directory_and_bad_tokenizer(tmp_path: Path) -> None:
-    with pytest.raises(DatasetError, match="is not a file"):
+    with pytest.raises(DatasetError, match="not a dataset written by save_to_disk"):
         load_token_sequences(tmp_path, seq_len=8, use_cache=False)
     ds = _write(tmp_path / "t.jsonl", '{"text": "hi"}\n')
     (tmp_path / "notok").mkdir()

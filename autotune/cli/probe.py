@@ -38,6 +38,7 @@ def build_probe_request(
     lengths: str = "fixed",
     dataset: str | None = None,
     tokenizer: str | None = None,
+    split: str | None = None,
     lora_r: int = 16,
     gpu_budget: str | None = None,
     headroom: float = 0.05,
@@ -76,6 +77,7 @@ def build_probe_request(
             lengths=lengths,
             dataset=dataset,
             tokenizer=tokenizer,
+            split=split,
             lora_r=lora_r,
             lora_alpha=2 * lora_r,
             trust_remote_code=trust_remote_code,
@@ -114,7 +116,7 @@ def build_probe_request(
         # tokenized once here (bad files fail now, with exit 2); every probe then hits the cache
         from autotune.probe.data import find_tokenizer, load_token_sequences
 
-        load_token_sequences(dataset, seq_len=seq_len, tokenizer=find_tokenizer(req.workload))
+        load_token_sequences(dataset, seq_len=seq_len, tokenizer=find_tokenizer(req.workload), split=split)
     return req
 
 
@@ -158,8 +160,9 @@ def command(
     torch_compile: bool = typer.Option(False, "--compile/--no-compile", help="TrainingArguments.torch_compile."),
     liger: bool = typer.Option(False, "--liger/--no-liger", help="Liger kernels (GPU, liger-kernel installed)."),
     lengths: str = typer.Option("fixed", "--lengths", help="Synthetic length distribution: fixed | lognormal:MU,SIGMA | uniform:LO-HI | histogram:FILE.json."),
-    dataset: str | None = typer.Option(None, "--dataset", help="jsonl/parquet with a text or input_ids column."),
-    tokenizer: str | None = typer.Option(None, "--tokenizer", help="Local tokenizer dir (for a text dataset)."),
+    dataset: str | None = typer.Option(None, "--dataset", help="jsonl/parquet file or save_to_disk dir with a text, messages (chat), prompt+completion or input_ids column."),
+    tokenizer: str | None = typer.Option(None, "--tokenizer", help="Local tokenizer dir (for text/chat data; chat needs a chat_template)."),
+    split: str | None = typer.Option(None, "--split", help="Split of a DatasetDict save_to_disk dir (default: train)."),
     lora_r: int = typer.Option(16, "--lora-r", help="LoRA rank (alpha = 2r)."),
     gpu_budget: str | None = typer.Option(None, "--gpu-budget", help="Memory budget: 24GB, 24GiB, 24g or 80%. On CPU it caps RSS growth."),
     headroom: float = typer.Option(0.05, "--headroom", help="Share of the budget kept free (default 5%)."),
@@ -182,7 +185,7 @@ def command(
         model=model, seq_len=seq_len, micro_batch=micro_batch, grad_accum=grad_accum, grad_ckpt=grad_ckpt,
         attn=attn, workers=workers, pin_memory=pin_memory, precision=precision, mode=mode, packing=packing,
         optim=optim, torch_compile=torch_compile, liger=liger, lengths=lengths, dataset=dataset,
-        tokenizer=tokenizer, lora_r=lora_r, gpu_budget=gpu_budget, headroom=headroom, device=device,
+        tokenizer=tokenizer, split=split, lora_r=lora_r, gpu_budget=gpu_budget, headroom=headroom, device=device,
         warmup_steps=warmup_steps, steps=steps, timeout=timeout, seed=seed, trust_remote_code=trust_remote_code,
         world_size=world_size, zero_stage=zero_stage, offload=offload, sharding=sharding,
     )  # fmt: skip

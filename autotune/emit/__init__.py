@@ -9,6 +9,10 @@ Files (in ``best/``):
 - ``lora_config.json`` (lora/qlora): ``peft.LoraConfig(**json)``
 - ``accelerate_config.yaml``: ``accelerate launch --config_file accelerate_config.yaml train.py ...``
 - ``deepspeed.json`` (ZeRO through DeepSpeed): DeepSpeed's own config format, concrete values
+- ``sft_config.json``: ``trl.SFTConfig(output_dir=..., **json)`` (autotune.emit.trl_sft), with
+  ``train_sft.py`` that runs TRL's SFTTrainer on it (needs trl, datasets; not autotune)
+- ``axolotl.yaml``: Axolotl's config keys (autotune.emit.axolotl), checked against its schema
+- ``llamafactory.yaml``: ``llamafactory-cli train llamafactory.yaml`` (autotune.emit.llamafactory)
 - ``train.py``: a minimal script that uses them and feeds the Trainer the batches the probe measured
   (it imports ``autotune.probe.collate`` from the installed autotune)
 """
@@ -23,6 +27,9 @@ from typing import Any
 import yaml
 
 from autotune.emit._train_script import render_train_script
+from autotune.emit._train_sft_script import render_train_sft_script
+from autotune.emit.axolotl import axolotl_config
+from autotune.emit.llamafactory import llamafactory_config
 from autotune.emit.training_args import (
     accelerate_config,
     emitted_deepspeed_config,
@@ -30,6 +37,7 @@ from autotune.emit.training_args import (
     emitted_training_args,
     lora_config,
 )
+from autotune.emit.trl_sft import sft_config
 from autotune.errors import AutotuneError
 from autotune.probe.result import ProbeResult
 from autotune.store.atomic import write_text_atomic
@@ -43,7 +51,14 @@ EMITTED_FILES = (
     "accelerate_config.yaml",
     "deepspeed.json",
     "train.py",
+    "sft_config.json",
+    "train_sft.py",
+    "axolotl.yaml",
+    "llamafactory.yaml",
 )
+
+# chat/text columns -> Axolotl's dataset type
+_AXOLOTL_DATASET_TYPES = {"messages": "chat_template", "text": "completion"}
 
 _ACCELERATE_HEADER = (
     "# Written by autotune. Launch with:\n"
@@ -65,6 +80,12 @@ def target_device(best: ProbeResult) -> str:
 
 def _json(obj: Any) -> str:
     return json.dumps(obj, indent=2) + "\n"
+
+
+def _yaml_with_notes(title: str, notes: list[str], cfg: dict[str, Any]) -> str:
+    lines = [f"# Written by autotune. {title}"]
+    lines += [f"# NOTE {n}" for n in notes]
+    return "\n".join(lines) + "\n" + yaml.safe_dump(cfg, sort_keys=False)
 
 
 def build_files(
@@ -112,6 +133,37 @@ def build_files(
         "precision": cand.precision,
     }
     files["train.py"] = render_train_script(seq_len=wl.seq_len, packing=cand.packing, measured=measured)
+
+    # the trainers people use: TRL, Axolotl, LLaMA-Factory
+    mean_len = best.metrics.get("mean_seq_len")
+    files["sft_config.json"] = _json(
+        sft_config(req, fields=fields, device=dev, report_to=report_to, mean_seq_len=mean_len)
+    )
+    files["train_sft.py"] = render_train_sft_script(
+        measured={
+            "model": wl.model_path or wl.model,
+            "dataset": wl.dataset,
+            "split": wl.split,
+            "tokenizer": wl.tokenizer,
+        }
+    )
+    column = best.metrics.get("dataset_column")
+    ds_path = "deepspeed.json" if "deepspeed.json" in files else None
+    ax, ax_notes = axolotl_config(
+        cand,
+        wl,
+        mean_seq_len=mean_len,
+        deepspeed_path=ds_path,
+        device=dev,
+        dataset_type=_AXOLOTL_DATASET_TYPES.get(str(column)),
+    )
+    files["axolotl.yaml"] = _yaml_with_notes("Train with: axolotl train axolotl.yaml", ax_notes, ax)
+    lf, lf_notes = llamafactory_config(
+        req, fields=fields, device=dev, mean_seq_len=mean_len, deepspeed_path=ds_path
+    )
+    files["llamafactory.yaml"] = _yaml_with_notes(
+        "Train with: llamafactory-cli train llamafactory.yaml", lf_notes, lf
+    )
     return files
 
 
@@ -134,6 +186,7 @@ def emit_all(
     out_dir = Path(out_dir)
     written = [write_text_atomic(out_dir / name, text) for name, text in files.items()]
     os.chmod(out_dir / "train.py", 0o755)
+    os.chmod(out_dir / "train_sft.py", 0o755)
     for name in EMITTED_FILES:
         if name not in files and (out_dir / name).exists():
             (out_dir / name).unlink()

@@ -191,19 +191,27 @@ def _read_jsonl(path: Path) -> tuple[str, list[Any]]:
                     "'text' or 'input_ids' key"
                 )
             if column is None:
-                if "input_ids" in rec:
-                    column = "input_ids"
-                elif "text" in rec:
-                    column = "text"
-                else:
+                column = _pick_column(list(rec), f"{path}: line {lineno}")
+            if column == "prompt_completion":
+                if "prompt" not in rec or "completion" not in rec:
                     raise DatasetError(
-                        f"{path}: no 'text' or 'input_ids' column (line {lineno} has keys "
-                        f"{sorted(rec)}); rename the column to 'text' (raw text) or 'input_ids' (token ids)"
+                        f"{path}: line {lineno} lacks 'prompt' or 'completion' (the first record has both)"
                     )
+                values.append(
+                    _check_row(
+                        column,
+                        {"prompt": rec["prompt"], "completion": rec["completion"]},
+                        f"line {lineno}",
+                        path,
+                    )
+                )
+                continue
             if column not in rec:
                 raise DatasetError(f"{path}: line {lineno} has no {column!r} key (the first record has one)")
             v = rec[column]
-            if column == "text":
+            if column == "messages":
+                v = _check_row(column, v, f"line {lineno}", path)
+            elif column == "text":
                 if not isinstance(v, str):
                     raise DatasetError(
                         f"{path}: line {lineno}: 'text' must be a string, got {type(v).__name__}"
@@ -251,18 +259,127 @@ def _read_parquet(path: Path) -> tuple[str, list[Any]]:
     return column, values
 
 
-def _read_dataset(path: Path) -> tuple[str, list[Any]]:
+_COLUMNS_HELP = (
+    "rename a column to 'text' (raw text), 'messages' (chat: a list of {role, content}), "
+    "'prompt' + 'completion', or 'input_ids' (token ids)"
+)
+
+
+def _pick_column(names: list[str], where: str) -> str:
+    """Which column to read: token ids first, then chat, prompt/completion, raw text."""
+    if "input_ids" in names:
+        return "input_ids"
+    if "messages" in names:
+        return "messages"
+    if "prompt" in names and "completion" in names:
+        return "prompt_completion"
+    if "text" in names:
+        return "text"
+    raise DatasetError(f"{where}: no usable column (columns: {sorted(names)}); {_COLUMNS_HELP}")
+
+
+def _check_row(column: str, v: Any, where: str, path: Path | str) -> Any:
+    if column == "messages":
+        ok = (
+            isinstance(v, list)
+            and v
+            and all(isinstance(m, dict) and "role" in m and "content" in m for m in v)
+        )
+        if not ok:
+            raise DatasetError(
+                f"{path}: {where}: 'messages' must be a non-empty list of {{role, content}} objects"
+            )
+    elif column == "prompt_completion":
+        if not all(isinstance(v[k], (str, list)) for k in ("prompt", "completion")):
+            raise DatasetError(f"{path}: {where}: 'prompt' and 'completion' must be strings or message lists")
+    elif column == "text" and not isinstance(v, str):
+        raise DatasetError(f"{path}: {where}: 'text' must be a string, got {type(v).__name__}")
+    elif column == "input_ids":
+        v = _check_ids(v, where, path)
+    return v
+
+
+def _read_saved(path: Path, split: str | None) -> tuple[str, list[Any]]:
+    """A directory written by ``datasets.Dataset.save_to_disk`` (or a DatasetDict's, with ``split``)."""
+    try:
+        import datasets
+    except ImportError:
+        raise DatasetError(
+            f"reading the saved dataset {str(path)!r} needs the datasets library: pip install 'autotune[trl]' "
+            "(or pip install datasets), or export it to .jsonl"
+        ) from None
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except Exception as e:
+        raise DatasetError(
+            f"{path}: not a dataset written by save_to_disk ({type(e).__name__}: {e}); pass a directory from "
+            "Dataset.save_to_disk / DatasetDict.save_to_disk, or a .jsonl/.parquet file"
+        ) from None
+    if isinstance(ds, datasets.DatasetDict):
+        splits = sorted(ds)
+        chosen = split if split is not None else ("train" if "train" in ds else None)
+        if chosen is None or chosen not in ds:
+            raise DatasetError(
+                f"{path}: holds splits {', '.join(splits)}"
+                + (f", not {split!r}" if split is not None else " and no 'train'")
+                + f"; pass --split NAME (one of {', '.join(splits)})"
+            )
+        ds = ds[chosen]
+    elif split is not None:
+        raise DatasetError(
+            f"{path}: is a single Dataset (no splits) but --split {split!r} was given; drop --split"
+        )
+    column = _pick_column(list(ds.column_names), str(path))
+    if len(ds) == 0:
+        raise DatasetError(f"{path}: the dataset is empty (no rows); it needs at least one record")
+    if column == "prompt_completion":
+        rows = [{"prompt": p, "completion": c} for p, c in zip(ds["prompt"], ds["completion"], strict=True)]
+    else:
+        rows = list(ds[column])
+    return column, [_check_row(column, v, f"row {i}", path) for i, v in enumerate(rows)]
+
+
+def _render_chat(column: str, values: list[Any], tok: Any, path: Path) -> list[str]:
+    """Chat rows -> the text the tokenizer's chat template renders (what a chat trainer trains on)."""
+    if column == "prompt_completion" and all(isinstance(v["prompt"], str) for v in values):
+        return [v["prompt"] + v["completion"] for v in values]
+    if not getattr(tok, "chat_template", None):
+        raise DatasetError(
+            f"dataset {str(path)!r} holds chat messages but the tokenizer has no chat_template; pass "
+            "--tokenizer DIR of a tokenizer with one (e.g. the instruct model's)"
+        )
+    out = []
+    for v in values:
+        msgs = v if column == "messages" else list(v["prompt"]) + list(v["completion"])
+        out.append(tok.apply_chat_template(msgs, tokenize=False))
+    return out
+
+
+def _read_dataset(path: Path, split: str | None = None) -> tuple[str, list[Any]]:
+    if path.is_dir():
+        return _read_saved(path, split)
     if path.suffix.lower() == ".jsonl":
         return _read_jsonl(path)
     return _read_parquet(path)
 
 
-def _cache_file(cache_dir: Path, path: Path, tokenizer: str | None, seq_len: int) -> Path:
+def _dir_digest(path: Path) -> str:
+    """A save_to_disk directory's identity: every file's relative path and content hash."""
+    h = hashlib.sha256()
+    for f in sorted(q for q in path.rglob("*") if q.is_file()):
+        h.update(f"{f.relative_to(path)}:{_file_sha256(f)}\n".encode())
+    return h.hexdigest()
+
+
+def _cache_file(
+    cache_dir: Path, path: Path, tokenizer: str | None, seq_len: int, split: str | None = None
+) -> Path:
     key = hashlib.sha256(
         "\n".join(
             [
                 f"format:{CACHE_FORMAT}",
-                f"data:{_file_sha256(path)}",
+                f"data:{_dir_digest(path) if path.is_dir() else _file_sha256(path)}",
+                *([f"split:{split}"] if split is not None else []),
                 f"tokenizer:{_tokenizer_identity(tokenizer) if tokenizer else '-'}",
                 f"seq_len:{seq_len}",
             ]
@@ -325,6 +442,7 @@ def load_token_sequences(
     cache_dir: str | os.PathLike[str] | None = None,
     use_cache: bool = True,
     local_files_only: bool = True,
+    split: str | None = None,
 ) -> LoadedDataset:
     """Read a ``.jsonl``/``.parquet`` dataset into token lists (tokenizing ``text`` once, cached).
 
@@ -337,20 +455,20 @@ def load_token_sequences(
         raise DatasetError(
             f"dataset {str(p)!r} does not exist; pass --dataset PATH to a .jsonl or .parquet file"
         )
-    if not p.is_file():
+    if not p.is_file() and not p.is_dir():
         raise DatasetError(
             f"dataset {str(p)!r} is not a file; pass --dataset PATH to a .jsonl or .parquet file"
         )
-    if p.suffix.lower() not in DATASET_EXTENSIONS:
+    if p.is_file() and p.suffix.lower() not in DATASET_EXTENSIONS:
         raise DatasetError(
             f"dataset {str(p)!r} has unknown extension {p.suffix or '(none)'!r}; "
             "use a .jsonl file (one JSON object per line) or a .parquet file, with a 'text' or 'input_ids' column"
         )
-    if p.stat().st_size == 0:
+    if p.is_file() and p.stat().st_size == 0:
         raise DatasetError(f"dataset {str(p)!r} is empty (0 bytes); it needs at least one record")
 
     cdir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    cfile = _cache_file(cdir, p, tokenizer, seq_len) if use_cache else None
+    cfile = _cache_file(cdir, p, tokenizer, seq_len, split) if use_cache else None
     if cfile is not None:
         hit = _read_cache(cfile)
         if hit is not None:
@@ -366,19 +484,23 @@ def load_token_sequences(
                 num_empty=meta["num_empty"],
             )
 
-    column, values = _read_dataset(p)
-    if column == "text":
+    column, values = _read_dataset(p, split)
+    if column != "input_ids":
         if tokenizer is None:
             raise DatasetError(
-                f"dataset {str(p)!r} has a 'text' column but no tokenizer was found: pass --tokenizer DIR "
+                f"dataset {str(p)!r} has a {column!r} column but no tokenizer was found: pass --tokenizer DIR "
                 "(or use a model directory that contains tokenizer files), or give an 'input_ids' column"
             )
         tok = _load_tokenizer(tokenizer, local_files_only=local_files_only)
+        chat = column in ("messages", "prompt_completion")
+        if chat:
+            values = _render_chat(column, values, tok, p)
         ids: list[list[int]] = []
         for start in range(0, len(values), 1000):
             chunk = values[start : start + 1000]
-            # one token past seq_len tells a truncated record from an exact fit
-            enc = tok(chunk, add_special_tokens=True, truncation=True, max_length=seq_len + 1)
+            # one token past seq_len tells a truncated record from an exact fit; a rendered chat
+            # template already holds its special tokens
+            enc = tok(chunk, add_special_tokens=not chat, truncation=True, max_length=seq_len + 1)
             ids.extend(list(x) for x in enc["input_ids"])
     else:
         ids = values
@@ -515,7 +637,11 @@ def build_train_data(
     source: TokenSequences | SyntheticSequences
     if workload.dataset:
         loaded = load_token_sequences(
-            workload.dataset, seq_len=seq_len, tokenizer=find_tokenizer(workload), cache_dir=cache_dir
+            workload.dataset,
+            seq_len=seq_len,
+            tokenizer=find_tokenizer(workload),
+            cache_dir=cache_dir,
+            split=workload.split,
         )
         top = loaded.sequences.max_token()
         if top >= vocab_size:

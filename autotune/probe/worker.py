@@ -532,6 +532,10 @@ def run_probe_in_process(
                 return result("crash", f"data: {exc}")
             raise
         metrics["token_slots_per_step"] = getattr(data, "token_slots_per_step", None)
+        # what the emitters for row-counting packers (Axolotl, LLaMA-Factory) and dataset types need
+        metrics["mean_seq_len"] = data.info.get("mean_seq_len")
+        if data.info.get("column"):
+            metrics["dataset_column"] = data.info["column"]
 
         args = early_args if early_args is not None else _training_args(req, out_dir, device)
         meter = _Meter(sync)

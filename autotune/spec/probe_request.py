@@ -21,6 +21,7 @@ __all__ = [
     "OFFLOAD_CHOICES",
     "SHARDING_CHOICES",
     "DEVICE_CHOICES",
+    "TRAINER_CHOICES",
     "STATUSES",
     "Candidate",
     "Workload",
@@ -37,6 +38,7 @@ OPTIM_CHOICES = (
 OFFLOAD_CHOICES = ("none", "optimizer", "params")
 SHARDING_CHOICES = ("deepspeed", "fsdp")
 DEVICE_CHOICES = ("auto", "cuda", "cpu")
+TRAINER_CHOICES = ("hf", "trl")
 # ok: measured and fits; the others are information, not errors.
 STATUSES = ("ok", "oom", "over_budget", "unsupported", "timeout", "crash")
 
@@ -111,6 +113,8 @@ class Workload:
     lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
     trust_remote_code: bool = False
     seed: int = 42
+    split: str | None = None  # the split of a DatasetDict directory or a cached Hub dataset
+    trainer: str = "hf"  # "hf": transformers.Trainer; "trl": TRL's SFTTrainer (what train_sft.py runs)
 
     def problems(self) -> list[str]:
         p: list[str] = []
@@ -119,6 +123,7 @@ class Workload:
         _check_int(p, "seq_len", self.seq_len, 8)
         _check_choice(p, "mode", self.mode, MODE_CHOICES)
         _check_int(p, "lora_r", self.lora_r, 1)
+        _check_choice(p, "trainer", self.trainer, TRAINER_CHOICES)
         return p
 
 

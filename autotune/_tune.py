@@ -44,6 +44,10 @@ __all__ = ["tune", "TuneResult", "parse_duration", "parse_gpus", "nothing_fits_m
 
 ProgressFn = Callable[[str, dict[str, Any]], None]
 
+# sequences per optimizer step: far above any real fine-tuning batch (1,024 x 4k tokens = 4M tokens),
+# and below what would have a probe build and accumulate millions of micro-steps
+MAX_EFFECTIVE_BATCH = 65_536
+
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(h|m|s|ms)?", re.IGNORECASE)
 
 
@@ -145,6 +149,11 @@ def _validate(
                                  ("max trials", max_trials, 1), ("top_k", top_k, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             p.append(f"{name} must be an integer >= {minimum}; got {value!r}")
+    if isinstance(effective_batch, int) and not isinstance(effective_batch, bool) \
+            and effective_batch > MAX_EFFECTIVE_BATCH:
+        p.append(f"effective batch {effective_batch:,} is more than the {MAX_EFFECTIVE_BATCH:,} sequences per "
+                 "optimizer step autotune searches (each probe would accumulate that many per step); "
+                 "give a smaller --effective-batch")
     if mode not in MODE_CHOICES:
         p.append(f"mode must be one of {', '.join(MODE_CHOICES)}; got {mode!r}")
     if device not in DEVICE_CHOICES:

@@ -373,3 +373,11 @@ def test_report_md_escapes_html_from_run_data(tmp_path: Path) -> None:
     for raw in ("<script", "<img", "<iframe"):
         assert raw not in md, raw
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in md
+
+
+def test_an_absurd_effective_batch_is_refused_up_front(tmp_path: Path) -> None:
+    t0 = __import__("time").monotonic()
+    one_line(autotune(tmp_path, *RUN, "--effective-batch", "1000000000", "--out", str(tmp_path / "out")),
+             "effective batch 1,000,000,000 is more than the 65,536 sequences")
+    assert __import__("time").monotonic() - t0 < 60
+    assert tree(tmp_path / "out") == []

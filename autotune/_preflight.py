@@ -45,7 +45,7 @@ RAY_CONNECT_TIMEOUT_S = 10.0
 
 def check_batch(space: SearchSpace, effective_batch: int, max_world: int | None) -> list[str]:
     """Problems with the effective batch: no usable world size, or no micro-batch that divides it."""
-    from autotune.search._logic import usable_micro_batches, usable_worlds
+    from autotune.search import usable_micro_batches, usable_worlds
 
     worlds, _ = usable_worlds(space, max_world)
     if not worlds:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.errors import AutotuneError, NothingFitsError, SpecError
 from autotune.executors.base import Executor
 from autotune.probe.result import ProbeResult
-from autotune.search._logic import FAILED, TrialRecord, candidate_id, candidate_label
+from autotune.search import FAILED, TrialRecord, candidate_id, candidate_label
 from autotune.spec.budget import Budget, format_bytes, parse_budget
 from autotune.spec.probe_request import (
     DEVICE_CHOICES,

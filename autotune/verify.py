@@ -42,7 +42,7 @@ from typing import Any
 
 from autotune.executors.base import Executor
 from autotune.probe.result import ProbeResult
-from autotune.search._logic import candidate_label
+from autotune.search import candidate_label
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
 
 __all__ = [

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from autotune.check._report import STATUSES, CheckItem, CheckReport, render_text
 from autotune.check._rules import (
+    CONFIG_FILE_KINDS,
     KINDS,
     REMOVED_IN_V5,
     ConfigBundle,
@@ -19,6 +20,7 @@ from autotune.check._rules import (
 from autotune.errors import SpecError
 
 __all__ = [
+    "CONFIG_FILE_KINDS",
     "KINDS",
     "REMOVED_IN_V5",
     "STATUSES",

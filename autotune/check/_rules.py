@@ -14,6 +14,7 @@ from autotune.errors import SpecError
 from autotune.formats import FORMATS, translate
 
 __all__ = [
+    "CONFIG_FILE_KINDS",
     "KINDS",
     "REMOVED_IN_V5",
     "ConfigBundle",
@@ -44,7 +45,7 @@ DEPRECATED_IN_V5: dict[str, str] = {
     "gradient_checkpointing_kwargs": "activation_checkpointing_kwargs",
 }
 
-_FILE_KIND = {
+CONFIG_FILE_KINDS = {
     "training_args.json": "training_args",
     "model_kwargs.json": "model_kwargs",
     "lora_config.json": "lora",
@@ -117,14 +118,14 @@ def bundle_from_texts(target: str, texts: dict[str, str], *, directory: bool) ->
     """Parse the files of one target. In a directory, known file names decide the kind."""
     b = ConfigBundle(target=target)
     for name in sorted(texts):
-        kind_hint = _FILE_KIND.get(name) if directory else None
+        kind_hint = CONFIG_FILE_KINDS.get(name) if directory else None
         kind, data = parse_config(name, texts[name], kind=kind_hint)
         if kind in b.data:
             raise SpecError(f"{target}: both {b.sources[kind]} and {name} look like a {kind} config")
         b.data[kind] = data
         b.sources[kind] = name
     if not b.data:
-        raise SpecError(f"{target}: no config files found (expected one of {', '.join(_FILE_KIND)})")
+        raise SpecError(f"{target}: no config files found (expected one of {', '.join(CONFIG_FILE_KINDS)})")
     return b
 
 

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import typer
 
-from autotune.check import bundle_from_texts, gather, gpu_info, render_text
-from autotune.check._rules import _FILE_KIND, ConfigBundle
+from autotune.check import CONFIG_FILE_KINDS, ConfigBundle, bundle_from_texts, gather, gpu_info, render_text
 from autotune.errors import SpecError
 from autotune.formats import FORMATS, key_source, known_keys, read_config
 
@@ -27,9 +26,9 @@ def _read(path: Path) -> str:
 def load_bundle(path: Path) -> ConfigBundle:
     """Read one config file, or every known config file of a directory (e.g. a run's best/)."""
     if path.is_dir():
-        texts = {name: _read(path / name) for name in _FILE_KIND if (path / name).is_file()}
+        texts = {name: _read(path / name) for name in CONFIG_FILE_KINDS if (path / name).is_file()}
         if not texts:
-            raise SpecError(f"{str(path)!r} holds none of {', '.join(_FILE_KIND)}")
+            raise SpecError(f"{str(path)!r} holds none of {', '.join(CONFIG_FILE_KINDS)}")
         return bundle_from_texts(str(path), texts, directory=True)
     return bundle_from_file(path)
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.probe.result import ProbeResult
-from autotune.search._logic import candidate_id, candidate_label
+from autotune.search import candidate_id, candidate_label
 from autotune.spec.probe_request import Candidate, ProbeRequest
 
 __all__ = ["ReplayExecutor", "load_landscape"]

@@ -29,13 +29,14 @@ MAX_DEPTH = 200
 _repr = reprlib.Repr()
 _repr.maxstring = 60
 _repr.maxother = 60
-_repr.maxlevel = 3
-_repr.maxlist = _repr.maxtuple = _repr.maxdict = _repr.maxset = 6
+_repr.maxlevel = 2
+_repr.maxlist = _repr.maxtuple = _repr.maxdict = _repr.maxset = 4
 
 
 def short_repr(value: Any) -> str:
     """``repr`` bounded in length and in the work it does (aliased structures stay cheap)."""
-    return _repr.repr(value)
+    text = _repr.repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def read_text_file(path: str | os.PathLike[str], *, what: str, max_bytes: int = MAX_FILE_BYTES) -> str:
@@ -54,7 +55,7 @@ def read_text_file(path: str | os.PathLike[str], *, what: str, max_bytes: int = 
         raise SpecError(f"{what} {str(p)!r} is {st.st_size:,} bytes, more than the {max_bytes:,} allowed")
     try:
         with open(p, "rb") as fh:
-            data = fh.read(max_bytes + 1)
+            data = fh.read(st.st_size + 1)  # (read(n) allocates n bytes up front: the size, not the cap)
     except OSError as exc:
         raise SpecError(f"cannot read {what} {str(p)!r}: {exc.strerror or exc}") from None
     if len(data) > max_bytes:
@@ -85,9 +86,22 @@ def _expanded_size(node: yaml.Node, memo: dict[int, int], depth: int = 0) -> int
     return memo[key]
 
 
+def _check_depth(text: str, what: str) -> None:
+    """SpecError as soon as the event stream nests deeper than ``MAX_DEPTH`` (no recursion, stops early)."""
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise SpecError(f"{what}: nested more than {MAX_DEPTH} levels deep; give a flatter document")
+        elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+            depth -= 1
+
+
 def load_yaml(text: str, *, what: str) -> Any:
     """``yaml.safe_load`` refusing documents that expand past ``MAX_YAML_NODES`` or nest past ``MAX_DEPTH``."""
     try:
+        _check_depth(text, what)  # before composing: PyYAML's scanner slows down with depth, its composer recurses
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         if node is None:
             return None

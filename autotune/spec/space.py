@@ -118,15 +118,25 @@ class SearchSpace:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+MAX_CHOICES = 64  # choices of one knob: a search space is a few dozen configurations per knob at most
+
+
 def _check_dimension(dim: str, raw: Any, problems: list[str]) -> tuple[Any, ...] | None:
     kind, rule = DIMENSIONS[dim]
     values = raw if isinstance(raw, list) else [raw]
     if raw is None or (isinstance(raw, list) and not raw):
         problems.append(f"{dim}: needs at least one choice; got {short_repr(raw)}")
         return None
+    if len(values) > MAX_CHOICES:
+        problems.append(f"{dim}: at most {MAX_CHOICES} choices; got {len(values):,}")
+        return None
     out: list[Any] = []
     ok = True
+    first = len(problems)
     for v in values:
+        if len(problems) - first >= 3:  # three examples say it; the rest would only bury them
+            problems.append(f"{dim}: (and more choices like these)")
+            break
         if kind == "int":
             if isinstance(v, bool) or not isinstance(v, int):
                 problems.append(f"{dim}: choices must be integers; got {short_repr(v)}")
@@ -221,7 +231,7 @@ def load_space(name_or_path: str | Path) -> SearchSpace:
     path = Path(text).expanduser()
     looks_like_path = path.suffix in (".yaml", ".yml") or "/" in text or path.is_file()
     if looks_like_path:
-        if not path.is_file():
+        if not path.exists():
             raise SpecError(f"search space file {text!r} does not exist")
         name = path.stem
     else:

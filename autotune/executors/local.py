@@ -127,13 +127,16 @@ def _signal_name(code: int) -> str:
 
 def run_probe_process(
     request: ProbeRequest, *, python: str | None = None, live: set[subprocess.Popen[bytes]] | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> ProbeResult:
     """Measure one configuration in a fresh process. Never raises for a failed probe.
 
     The probe dies with this process (``autotune.probe.lifetime``): a parent-death signal, its own
     deadline, and, if waiting for it is interrupted (Ctrl-C, a SIGTERM turned into an exception),
     its whole process group is killed before the exception goes on. ``live`` (optional) holds the
-    running probe while it runs, so an executor can kill it on close.
+    running probe while it runs, so an executor can kill it on close. ``extra_env`` is added to the
+    probe's environment (benchmarks only: e.g. an allocator setting the estimator was fitted under;
+    ``autotune probe``/``run`` never set one, so a probe runs as the user's training will).
     """
     from autotune.probe.lifetime import preexec_fn
 
@@ -157,7 +160,7 @@ def run_probe_process(
                 stdout=out,
                 stderr=err,
                 stdin=subprocess.DEVNULL,
-                env=worker_env(request, launch),
+                env={**worker_env(request, launch), **(extra_env or {})},
                 start_new_session=True,  # its own process group: a timeout kills data-loader workers too
                 preexec_fn=preexec_fn(),  # and the kernel kills it if this process dies
             )

@@ -331,9 +331,12 @@ def test_results_are_written_with_the_umasks_permissions_not_0600(tmp_path: Path
     names = {str(p.relative_to(result.run_dir)) for p in files}
     assert {"summary.json", "run.json", "trials.csv", "best_result.json", "report.md",
             "best/training_args.json"} <= names, names
+    scripts = ("train.py", "train_sft.py")  # made executable on purpose by the emitter, as the umask allows
     modes = {str(p.relative_to(result.run_dir)): oct(stat.S_IMODE(p.stat().st_mode)) for p in files
-             if p.name != "train.py"}  # (made executable on purpose by the emitter)
+             if p.name not in scripts}
     assert set(modes.values()) == {oct(0o666 & ~umask)}, modes
+    exe = {oct(stat.S_IMODE(p.stat().st_mode)) for p in files if p.name in scripts}
+    assert exe == {oct(0o777 & ~umask)}, exe
 
 
 def test_an_atomic_rewrite_keeps_the_files_permissions(tmp_path: Path) -> None:

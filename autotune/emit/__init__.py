@@ -185,8 +185,10 @@ def emit_all(
     files = build_files(best, fields=fields, device=device, report_to=report_to)
     out_dir = Path(out_dir)
     written = [write_text_atomic(out_dir / name, text) for name, text in files.items()]
-    os.chmod(out_dir / "train.py", 0o755)
-    os.chmod(out_dir / "train_sft.py", 0o755)
+    umask = os.umask(0)  # read the umask (there is no getter) and put it back
+    os.umask(umask)
+    for script in ("train.py", "train_sft.py"):
+        os.chmod(out_dir / script, 0o777 & ~umask)  # executable, as far as the umask allows
     for name in EMITTED_FILES:
         if name not in files and (out_dir / name).exists():
             (out_dir / name).unlink()

@@ -22,7 +22,8 @@ train.py  the files ``autotune`` emits for that probe (``emit_all``: training_ar
 peak against ``RUN/best/train.py`` itself, run ``--repeats`` times with the confirmation's window.
 
 Printed: medians, spreads and every value of both, the ratio probe / train.py (goal: within
-±15 % on a quiet machine) and whether the probe's peak bounds train.py's.
+±15 % on a quiet machine) and whether train.py's peak stays within the probe's median peak plus the
+budget check's 5 % headroom (see HEADROOM).
 """
 
 from __future__ import annotations
@@ -38,6 +39,13 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# A CPU probe's peak RSS differs from one repeat to the next (measured 2026-11-30: 154.8-160.7 MiB for
+# one tiny-qwen2 configuration, 441-467 MiB for another: 4-6 %; glibc's heap keeps freed blocks at
+# moments that vary). A configuration "fits" only when its peak is under the budget less --headroom
+# (5 % by default), so the promise to keep is: the user's run stays inside that headroom. The check
+# is train.py's largest peak <= the probe's median peak x (1 + HEADROOM).
+HEADROOM = 0.05
 
 _WRAPPER = r"""
 import json, resource, runpy, sys, threading
@@ -181,7 +189,7 @@ def measure_run(a: argparse.Namespace) -> dict[str, Any]:
         "train_py": {"tokens_per_s": t_tps, "median": statistics.median(t_tps), "spread": spread(t_tps),
                      "peak_mem_bytes": t_mem, "sequences_per_step": trains[0]["sequences_per_step"]},
         "ratio": ratio, "within_15pct": abs(ratio - 1.0) <= 0.15,
-        "peak_bounds_train_py": peak >= max(t_mem), "peak_ratio": peak / max(t_mem) if max(t_mem) else None,
+        "peak_bounds_train_py": max(t_mem) <= peak * (1 + HEADROOM), "peak_ratio": peak / max(t_mem) if max(t_mem) else None,
     }
 
 
@@ -218,7 +226,7 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
                      "peak_mem_bytes": t_mem, "sequences_per_step": trains[0]["sequences_per_step"]},
         "ratio": ratio,
         "within_15pct": abs(ratio - 1.0) <= 0.15,
-        "peak_bounds_train_py": max(p_mem) >= max(t_mem) and min(p_mem) >= 0.95 * max(t_mem),
+        "peak_bounds_train_py": max(t_mem) <= statistics.median(p_mem) * (1 + HEADROOM),
         "peak_ratio": max(p_mem) / max(t_mem) if max(t_mem) else None,
     }
 
@@ -251,7 +259,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"train.py {t['median']:>10,.0f} tok/s (spread {t['spread']:.0%}; {', '.join(f'{v:,.0f}' for v in t['tokens_per_s'])})")
     print(f"probe / train.py = {res['ratio']:.3f} ({'within' if res['within_15pct'] else 'OUTSIDE'} ±15 %); "
           f"peak memory probe {max(p['peak_mem_bytes']) / 2**20:.0f} MiB vs train.py "
-          f"{max(t['peak_mem_bytes']) / 2**20:.0f} MiB ({'bounds' if res['peak_bounds_train_py'] else 'does NOT bound'})")
+          f"{max(t['peak_mem_bytes']) / 2**20:.0f} MiB at most ({'inside' if res['peak_bounds_train_py'] else 'OUTSIDE'} "
+          f"the probe's median + {HEADROOM:.0%} headroom)")
     if a.json_out:
         Path(a.json_out).write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")
     return res

@@ -1,8 +1,9 @@
 """The probe times the program the user runs: `autotune probe` vs the emitted train.py (issue 12).
 
 Runs ``benchmarks/fidelity.py`` (interleaved repeats of both, on a tiny model, CPU): the probe's
-median tok/s must be within ±15 % of a plain Trainer process running the emitted files, and the peak
-memory the probe reports must bound that process's. Timing-based, so it wants a quiet machine (CI
+median tok/s must be within ±15 % of a plain Trainer process running the emitted files, and that
+process's peak memory must stay within the probe's median peak plus the 5 % headroom the budget
+check keeps (a CPU probe's peak RSS varies 4-6 % from repeat to repeat: benchmarks/fidelity.py). Timing-based, so it wants a quiet machine (CI
 runs alone); when the first three repeats disagree, three more are taken and the medians of all six
 decide (a ratio outside the band twice in a row is not noise).
 """

@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--lengths", default="fixed")
     ap.add_argument("--max-trials", type=int, default=8)
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--top-k", type=int, default=3)
+    ap.add_argument("--confirm-rounds", default="2:4")
     ap.add_argument("--burn-after", type=float, default=60.0)
     ap.add_argument("--burners", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--quiet-repeats", type=int, default=3)
@@ -55,7 +57,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="autotune-busy-") as tmp:
         cmd = py + ["run", "--model", a.model, "--device", "cpu", "--space", "cpu", "--gpu-budget", a.gpu_budget,
                     "--seq-len", str(a.seq_len), "--effective-batch", str(a.effective_batch), "--lengths", a.lengths,
-                    "--max-trials", str(a.max_trials), "--steps", str(a.steps), "--fresh", "--json", "--out", tmp]
+                    "--max-trials", str(a.max_trials), "--steps", str(a.steps), "--top-k", str(a.top_k),
+                    "--confirm-rounds", a.confirm_rounds, "--fresh", "--json", "--out", tmp]
         t0 = time.monotonic()
         run = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         burners: list[subprocess.Popen[bytes]] = []

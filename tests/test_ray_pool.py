@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -136,3 +137,24 @@ def test_a_real_probe_through_ray(pool: RayExecutor) -> None:
     assert result.tokens_per_s and result.tokens_per_s > 0
     assert result.peak_mem_bytes and result.peak_mem_bytes > 0
 
+
+
+def _make_niceness():
+    def niceness(request: ProbeRequest) -> ProbeResult:  # nested: sent by value (see _make_ok)
+        import os
+
+        return ProbeResult(status="ok", request=request.to_dict(), metrics={"tokens_per_s": 1.0, "nice": os.nice(0)})
+
+    return niceness
+
+
+def test_probes_run_at_the_priority_the_users_training_has(pool: RayExecutor) -> None:
+    # Ray starts workers at niceness 15 unless told otherwise; a niced probe is starved by any other
+    # work on the machine far more than the user's training would be
+    pool._probe_fn = _make_niceness()
+    try:
+        pool.submit(_req())
+        (res,) = _drain(pool, 1).values()
+    finally:
+        pool._probe_fn = _ok
+    assert res.metrics["nice"] == os.nice(0) == 0

@@ -260,13 +260,18 @@ class _PrivateRuntime:
       a fresh token in a 0600 file in the runtime's own 0700 temporary folder
       (``RAY_AUTH_TOKEN_PATH``), so ``~/.ray/auth_token`` is neither read nor created;
     * the reaper (``autotune.executors._reaper``): every process the runtime starts dies with this
-      one, ``kill -9`` included, and the temporary folder is removed.
+      one, ``kill -9`` included, and the temporary folder is removed;
+    * probes at normal priority: Ray starts its workers at niceness 15 (its ``worker_niceness``
+      config), and a probe inherits it, so on a machine where anything else runs it would measure a
+      program starved far more than the user's training (niceness 0) would be.
+      ``RAY_worker_niceness=0`` starts them as the user's training runs.
 
     The environment variables are set for the life of the pool (the runtime's processes inherit
     them) and restored by ``release``.
     """
 
-    _ENV = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_TOKEN")
+    _ENV = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_TOKEN",
+            "RAY_worker_niceness")
 
     def __init__(self, ray: Any) -> None:
         import secrets
@@ -282,7 +287,7 @@ class _PrivateRuntime:
             fh.write(secrets.token_hex(32))
         os.environ.pop("RAY_AUTH_TOKEN", None)
         os.environ.update({"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token",
-                           "RAY_AUTH_TOKEN_PATH": token_path})
+                           "RAY_AUTH_TOKEN_PATH": token_path, "RAY_worker_niceness": "0"})
         self._constants = None
         try:  # already imported by now: its value was read when ray was imported
             from ray._private import ray_constants

@@ -12,18 +12,16 @@ import torch
 
 from autotune.errors import DatasetError, SpecError
 from autotune.probe import data as D
-from autotune.probe.data import (
+from autotune.probe.collate import (
     IGNORE_INDEX,
     REAL_TOKENS_KEY,
     SEQUENCES_KEY,
     PackingCollator,
     PaddingCollator,
-    build_train_data,
     count_real_tokens,
-    length_histogram_from_dataset,
-    load_token_sequences,
     pack_first_fit,
 )
+from autotune.probe.data import build_train_data, length_histogram_from_dataset, load_token_sequences
 from autotune.spec.lengths import (
     LengthDistribution,
     histogram_from_lengths,

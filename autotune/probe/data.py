@@ -35,17 +35,12 @@ import torch
 
 from autotune.errors import DatasetError
 from autotune.probe.collate import (
-    FLATTEN_ATTN,
-    IGNORE_INDEX,
-    REAL_TOKENS_KEY,
-    SEQUENCES_KEY,
     PackingCollator,
     PaddingCollator,
     SequenceDataset,
     StreamSampler,
     SyntheticSequences,
     TokenSequences,
-    count_real_tokens,
     longest_first,
     make_collator,
     pack_first_fit,
@@ -54,24 +49,14 @@ from autotune.probe.collate import (
 from autotune.spec.lengths import histogram_from_lengths
 from autotune.spec.probe_request import Candidate, Workload
 
+# the batch assembly (sequences, collators, counts) lives in autotune.probe.collate, its one home
 __all__ = [
-    "REAL_TOKENS_KEY",
-    "SEQUENCES_KEY",
-    "IGNORE_INDEX",
-    "FLATTEN_ATTN",
-    "TokenSequences",
-    "SyntheticSequences",
-    "SequenceDataset",
-    "PaddingCollator",
-    "PackingCollator",
     "TrainData",
     "build_train_data",
-    "count_real_tokens",
     "default_cache_dir",
     "find_tokenizer",
     "load_token_sequences",
     "length_histogram_from_dataset",
-    "pack_first_fit",
 ]
 
 CACHE_FORMAT = 1

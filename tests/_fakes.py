@@ -89,3 +89,14 @@ class FakeExecutor:
 
     def close(self) -> None:
         self.closed = True
+
+
+def drain(executor: object, n: int, timeout: float = 120.0) -> dict[str, ProbeResult]:
+    """Poll ``executor`` until ``n`` results have landed (or ``timeout`` seconds): {ticket: result}."""
+    import time
+
+    got: dict[str, ProbeResult] = {}
+    deadline = time.monotonic() + timeout
+    while len(got) < n and time.monotonic() < deadline:
+        got.update(executor.poll(timeout=5.0))  # type: ignore[attr-defined]
+    return got

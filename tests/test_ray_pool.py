@@ -9,6 +9,8 @@ import pytest
 
 pytest.importorskip("ray")
 
+from _fakes import drain as _drain  # noqa: E402
+
 from autotune.errors import SpecError  # noqa: E402
 from autotune.executors.base import Executor, run_one  # noqa: E402
 from autotune.executors.ray_pool import RayExecutor, _split_address  # noqa: E402
@@ -37,13 +39,6 @@ def _req(mb: int = 1) -> ProbeRequest:
     return ProbeRequest(workload=Workload(model="tiny-llama"), candidate=Candidate(micro_batch=mb, precision="fp32"),
                         settings=ProbeSettings(device="cpu"))
 
-
-def _drain(ex: RayExecutor, n: int, timeout: float = 120.0) -> dict[str, ProbeResult]:
-    got: dict[str, ProbeResult] = {}
-    deadline = time.monotonic() + timeout
-    while len(got) < n and time.monotonic() < deadline:
-        got.update(ex.poll(timeout=5.0))
-    return got
 
 
 @pytest.fixture(scope="module")

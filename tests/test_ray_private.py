@@ -13,6 +13,8 @@ import pytest
 
 pytest.importorskip("ray")
 
+from _fakes import drain as _drain  # noqa: E402
+
 from autotune.executors.ray_pool import RayExecutor  # noqa: E402
 from autotune.probe.result import ProbeResult  # noqa: E402
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload  # noqa: E402
@@ -34,13 +36,6 @@ def _req() -> ProbeRequest:
     return ProbeRequest(workload=Workload(model="tiny-llama"), candidate=Candidate(precision="fp32"),
                         settings=ProbeSettings(device="cpu"))
 
-
-def _drain(ex: RayExecutor, n: int, timeout: float = 120.0) -> dict[str, ProbeResult]:
-    got: dict[str, ProbeResult] = {}
-    deadline = time.monotonic() + timeout
-    while len(got) < n and time.monotonic() < deadline:
-        got.update(ex.poll(timeout=5.0))
-    return got
 
 
 def _listening(pids: set[int]) -> list[tuple[int, str, int]]:

@@ -46,6 +46,7 @@ from autotune.probe.collate import (
     pack_first_fit,
     synthetic_lengths,
 )
+from autotune.spec.files import file_sha256
 from autotune.spec.lengths import histogram_from_lengths
 from autotune.spec.probe_request import Candidate, Workload
 
@@ -126,14 +127,6 @@ def _load_tokenizer(path: str, *, local_files_only: bool = True) -> Any:
             f"cannot load a tokenizer from {path!r} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
             "pass --tokenizer DIR (a directory with tokenizer.json/tokenizer_config.json)"
         ) from None
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _check_ids(value: Any, where: str, path: Path) -> list[int]:
@@ -352,7 +345,7 @@ def _dir_digest(path: Path) -> str:
     """A save_to_disk directory's identity: every file's relative path and content hash."""
     h = hashlib.sha256()
     for f in sorted(q for q in path.rglob("*") if q.is_file()):
-        h.update(f"{f.relative_to(path)}:{_file_sha256(f)}\n".encode())
+        h.update(f"{f.relative_to(path)}:{file_sha256(f)}\n".encode())
     return h.hexdigest()
 
 
@@ -363,7 +356,7 @@ def _cache_file(
         "\n".join(
             [
                 f"format:{CACHE_FORMAT}",
-                f"data:{_dir_digest(path) if path.is_dir() else _file_sha256(path)}",
+                f"data:{_dir_digest(path) if path.is_dir() else file_sha256(path)}",
                 *([f"split:{split}"] if split is not None else []),
                 f"tokenizer:{_tokenizer_identity(tokenizer) if tokenizer else '-'}",
                 f"seq_len:{seq_len}",

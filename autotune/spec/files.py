@@ -9,6 +9,7 @@ memory. ``short_repr`` bounds what a message quotes from a value.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import reprlib
@@ -20,7 +21,7 @@ import yaml
 
 from autotune.errors import SpecError
 
-__all__ = ["MAX_FILE_BYTES", "MAX_YAML_NODES", "read_text_file", "load_yaml", "load_json", "short_repr"]
+__all__ = ["MAX_FILE_BYTES", "MAX_YAML_NODES", "read_text_file", "load_yaml", "load_json", "short_repr", "file_sha256"]
 
 MAX_FILE_BYTES = 8 * 2**20  # a search space, catalog, config or histogram is a few KB
 MAX_YAML_NODES = 100_000  # nodes of the document with every alias expanded
@@ -133,3 +134,12 @@ def load_json(text: str, *, what: str) -> Any:
         raise SpecError(f"{what}: nested too deeply to read; give a flatter document") from None
     except ValueError as exc:  # e.g. an integer of more digits than Python converts
         raise SpecError(f"{what}: {' '.join(str(exc).split())[:200]}") from None
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """The sha256 of a file's content, read in 1 MiB chunks (datasets are keyed by content, not by path)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

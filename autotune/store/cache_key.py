@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.env import cpu_model, package_versions
+from autotune.spec.files import file_sha256
 from autotune.spec.probe_request import ProbeSettings, Workload
 
 __all__ = [
@@ -77,14 +78,6 @@ def hardware_fingerprint(device: str, gpus: list[dict[str, Any]] | None = None) 
     return fp
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def dataset_identity(dataset: str | os.PathLike[str] | None) -> dict[str, Any] | None:
     """The file's content (sha256 and size): an edited file changes the key, a moved or touched one
     does not. A file that cannot be read is keyed by its path (the request is refused later)."""
@@ -92,7 +85,7 @@ def dataset_identity(dataset: str | os.PathLike[str] | None) -> dict[str, Any] |
         return None
     p = Path(dataset).expanduser()
     try:
-        return {"sha256": _sha256(p), "size": p.stat().st_size}
+        return {"sha256": file_sha256(p), "size": p.stat().st_size}
     except OSError:
         return {"path": str(dataset)}
 

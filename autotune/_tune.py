@@ -376,6 +376,8 @@ def tune(
     confirm_rounds: tuple[int, int] | None = None,
     confirm_tolerance: float | None = None,
     load_monitor: bool | None = None,
+    trainer: str = "hf",
+    tokenizer: str | None = None,
 ) -> TuneResult:
     """Find the fastest configuration of ``model`` that fits ``gpu_budget``, by measuring.
 
@@ -393,6 +395,9 @@ def tune(
     ``confirm_rounds`` (min, max) and ``confirm_tolerance`` set the confirmation policy (default:
     ``ConfirmPolicy.for_device``). ``load_monitor`` (default: on when autotune runs its own probes on
     this machine) watches for other load and fills ``summary["warnings"]``.
+    ``trainer`` ``"trl"`` measures every probe through TRL's SFTTrainer with the candidate's
+    ``sft_config.json`` (``autotune.probe.trl_probe``); ``tokenizer`` is the tokenizer directory for
+    text/chat data (and TRL's pad token).
     """
     t0 = time.monotonic()
     problems = _validate(seq_len=seq_len, effective_batch=effective_batch, mode=mode, max_trials=max_trials,
@@ -445,8 +450,13 @@ def tune(
     if dataset is not None and lengths != "fixed":
         raise SpecError("--lengths describes synthetic sequences and --dataset brings real ones: give one of them")
     workload = Workload(model=resolved.name, model_path=resolved.path, seq_len=seq_len, mode=mode, dataset=dataset,
-                        trust_remote_code=trust_remote_code, seed=seed, lengths=lengths)
+                        trust_remote_code=trust_remote_code, seed=seed, lengths=lengths, trainer=trainer,
+                        tokenizer=tokenizer)
     problems = workload.problems() + settings.problems()
+    if not problems:
+        from autotune.probe.trl_probe import trainer_problems
+
+        problems = trainer_problems(workload)
     if problems:
         raise SpecError(problems)
     usable = settings.usable_bytes()
@@ -530,6 +540,7 @@ def tune(
             "model_name": resolved.name,
             "model_source": str(resolved.source),
             "mode": mode,
+            "trainer": trainer,
             "seq_len": seq_len,
             "lengths": lengths,
             "effective_batch": effective_batch,
@@ -648,6 +659,8 @@ def tune(
         run_dir.write_json("best_result.json", best.to_dict())
         files = _emit(best, run_dir, dev, progress)
         summary["status"] = "complete"
+        if best.metrics.get("quality_notes"):  # e.g. TRL's packing (--trainer trl)
+            summary["quality_notes"] = list(best.metrics["quality_notes"])
         if verified is not None:
             run_dir.write_json("verify_loss.json", verified)
             summary["verify_loss"] = {k: verified.get(k) for k in ("steps", "max_abs_diff", "max_at_step", "tolerance",

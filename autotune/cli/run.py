@@ -165,6 +165,8 @@ def render_summary(summary: dict[str, Any], con: Console) -> None:
         con.print(f"[yellow]doubtful answer:[/yellow] {'; '.join(trust.get('reasons') or [])}", highlight=False)
     if summary.get("from_cache"):
         con.print(f"(from the stored run {summary.get('run_dir')}; --fresh searches again)")
+    for note in summary.get("quality_notes") or []:
+        con.print(f"[yellow]quality note:[/yellow] {note}", highlight=False)
     vl = summary.get("verify_loss")
     if vl:
         con.print(f"verify-loss: {vl.get('verdict')}", highlight=False)
@@ -203,6 +205,8 @@ def command(
     confirm_rounds: str | None = typer.Option(None, "--confirm-rounds", help="Confirmation rounds MIN:MAX (default 2:4): more rounds run while the repeats disagree."),
     confirm_tolerance: float | None = typer.Option(None, "--confirm-tolerance", help="Relative spread at which repeats agree (default 0.25 on CPU, 0.10 on a GPU)."),
     strict: bool = typer.Option(False, "--strict", help="Exit 5 when the answer is doubtful: the winner's repeats are noisy, or other load was seen."),
+    trainer: str = typer.Option("hf", "--trainer", help="hf | trl: measure through transformers.Trainer (train.py) or TRL's SFTTrainer (train_sft.py, sft_config.json)."),
+    tokenizer: str | None = typer.Option(None, "--tokenizer", help="Local tokenizer dir for text/chat --dataset (chat needs a chat_template); --trainer trl takes its pad token from it."),
     as_json: bool = typer.Option(False, "--json", help="Print only summary.json to stdout."),
 ) -> None:
     """Search for the fastest fine-tuning configuration that fits the budget, by measuring it."""
@@ -236,6 +240,7 @@ def command(
             probe_timeout_s=probe_timeout, trust_remote_code=trust_remote_code,
             verify_loss=verify_loss_steps if verify_loss else 0,
             confirm_rounds=_rounds(confirm_rounds), confirm_tolerance=confirm_tolerance,
+            trainer=trainer, tokenizer=tokenizer,
         )  # fmt: skip
     finally:
         printer.close()

@@ -193,3 +193,101 @@ def test_probe_cli_trainer_trl_json(tmp_path: Path) -> None:
     res = json.loads(p.stdout)
     assert res["status"] == "ok" and res["request"]["workload"]["trainer"] == "trl"
     assert res["metrics"]["step_real_tokens"] == [2 * _chat_tokens()]
+
+
+def test_tune_keys_and_reports_the_trainer(tmp_path: Path) -> None:
+    pytest.importorskip("trl")
+    from _fakes import FakeExecutor
+
+    from autotune._tune import tune
+
+    ex = FakeExecutor()
+    res = tune("tiny-llama", gpu_budget="10GiB", seq_len=512, effective_batch=8, space="cpu", device="cpu",
+               max_trials=4, out=tmp_path, executor=ex, trainer="trl", tokenizer=str(TINY_CHAT))
+    assert res.summary["trainer"] == "trl"
+    assert {(r.workload.trainer, r.workload.tokenizer) for r in ex.requests} == {("trl", str(TINY_CHAT))}
+    hf = tune("tiny-llama", gpu_budget="10GiB", seq_len=512, effective_batch=8, space="cpu", device="cpu",
+              max_trials=4, out=tmp_path, executor=FakeExecutor())
+    assert hf.summary["trainer"] == "hf"
+    assert hf.summary["cache_key"] != res.summary["cache_key"]  # the trainer is part of the request
+
+
+# ------------------------------------------------------------------ done when (issue 16)
+
+
+def _varied_chat_dir(tmp_path: Path, rows: int = 96) -> Path:
+    import random
+
+    datasets = pytest.importorskip("datasets")
+    r = random.Random(0)
+    words = "the model trains fast on small data and the answer is yes no maybe".split()
+    msgs = [[{"role": "user", "content": " ".join(r.choice(words) for _ in range(r.randint(2, 12)))},
+             {"role": "assistant", "content": " ".join(r.choice(words) for _ in range(r.randint(2, 20)))}]
+            for _ in range(rows)]
+    out = tmp_path / "chat"
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"messages": msgs})}).save_to_disk(str(out))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_run_trainer_trl_then_train_sft_py_at_the_reported_speed(tmp_path: Path) -> None:
+    pytest.importorskip("trl")
+    import transformers
+
+    data = _varied_chat_dir(tmp_path)
+    space = tmp_path / "small.yaml"
+    space.write_text("# autotune run ... --trainer trl --space small.yaml\nmicro_batch: [4, 8]\n"
+                     "packing: [false, true]\nattn: [sdpa]\nprecision: [fp32]\npin_memory: [false]\nworkers: [0]\n")
+    out = tmp_path / "results"
+    p = _cli("run", "--model", "tiny-llama", "--device", "cpu", "--gpu-budget", "4GB", "--seq-len", "64",
+             "--effective-batch", "8", "--space", str(space), "--max-trials", "3", "--top-k", "1", "--steps", "3",
+             "--dataset", str(data), "--tokenizer", str(TINY_CHAT), "--trainer", "trl", "--out", str(out), "--json",
+             timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    summary = json.loads(p.stdout)
+    assert summary["status"] == "complete" and summary["trainer"] == "trl"
+    rd = Path(summary["run_dir"])
+    best = json.loads((rd / "best_result.json").read_text())
+    assert best["request"]["workload"]["trainer"] == "trl"
+    emitted = json.loads((rd / "best" / "sft_config.json").read_text())
+    measured = best["metrics"]["trainer_config"]
+    assert {k: v for k, v in emitted.items() if k not in RUN_ONLY_KEYS} == {
+        k: v for k, v in measured.items() if k not in RUN_ONLY_KEYS}
+    if best["request"]["candidate"]["packing"]:
+        assert summary["quality_notes"] == [TRL_PACKING_QUALITY_NOTE]
+
+    # train_sft.py runs the emitted config on the same data: weights for the tiny model first
+    model_dir = tmp_path / "model"
+    cfg = transformers.AutoConfig.from_pretrained(TINY_LLAMA)
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(model_dir)
+    log = tmp_path / "speed.json"
+    t = subprocess.run(
+        [sys.executable, str(rd / "best" / "train_sft.py"), "--model", str(model_dir), "--tokenizer", str(TINY_CHAT),
+         "--dataset", str(data), "--max-steps", "5", "--use-cpu", "--output-dir", str(tmp_path / "out"),
+         "--log-speed", str(log)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )  # fmt: skip
+    assert t.returncode == 0, t.stderr[-3000:]
+    speed = json.loads(log.read_text())
+    assert len(speed["seconds"]) == 5 and all(x > 0 for x in speed["real_tokens"])
+    # the probe's window: after its warm-up steps, real tokens over seconds
+    w = best["request"]["settings"]["warmup_steps"]
+    tps = sum(speed["real_tokens"][w:]) / sum(speed["seconds"][w:])
+    # "within the measured noise": the reported configuration's confirmed repeats span `range`, and
+    # their relative spread is `spread` ((max - min) / median). train_sft.py's run is one more sample
+    # of it on the same machine, so it must land inside that range widened by the recorded spread
+    # (at least by 25%, the CPU confirmation tolerance, for a quiet machine whose spread is ~0). On
+    # the shared 2-core dev machine the spread was 1.8-2.5 (repeats 184..2387 tok/s): there this
+    # check is loose by necessity, which the summary's "noisy" confirm status says as well.
+    lo, hi = summary["best"]["tokens_per_s_range"]
+    slack = 1.0 + max(0.25, float(summary["best"]["spread"] or 0.0))
+    assert lo / slack <= tps <= hi * slack, (tps, lo, hi, slack, summary["best"]["tokens_per_s_measurements"])
+
+
+def test_report_md_shows_the_trainer_and_the_quality_note() -> None:
+    from autotune.report.markdown import render_report_md
+
+    md = render_report_md({"model": "m", "mode": "full", "trainer": "trl", "quality_notes": [TRL_PACKING_QUALITY_NOTE]},
+                          [], baseline=None)
+    assert "trainer trl" in md and "**Quality note:** TRL packing (packing_strategy=bfd" in md

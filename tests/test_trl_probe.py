@@ -145,6 +145,12 @@ def test_trl_probe_measures_the_emitted_sft_config(tmp_path: Path, packing: bool
         assert "quality_notes" not in m
     assert m["padding_fraction"] == 0.0
     assert m["tokens_per_s"] > 0 and m["peak_mem_bytes"] > 0 and len(m["losses"]) == 3
+    from autotune.cli.render import probe_table_rows
+
+    rows = dict(probe_table_rows(res))
+    assert rows["model"].endswith("through TRL SFTTrainer")
+    assert rows["SFTConfig"].startswith(f"per_device_train_batch_size {emitted['per_device_train_batch_size']}")
+    assert (rows.get("quality note") == TRL_PACKING_QUALITY_NOTE) is packing
 
 
 def test_trl_probe_on_synthetic_tokens(tmp_path: Path) -> None:
@@ -242,6 +248,7 @@ def test_run_trainer_trl_then_train_sft_py_at_the_reported_speed(tmp_path: Path)
     out = tmp_path / "results"
     p = _cli("run", "--model", "tiny-llama", "--device", "cpu", "--gpu-budget", "4GB", "--seq-len", "64",
              "--effective-batch", "8", "--space", str(space), "--max-trials", "3", "--top-k", "1", "--steps", "3",
+             "--confirm-rounds", "2:2",
              "--dataset", str(data), "--tokenizer", str(TINY_CHAT), "--trainer", "trl", "--out", str(out), "--json",
              timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]

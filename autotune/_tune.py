@@ -491,6 +491,10 @@ def tune(
     if ray_address is not None:
         hardware["ray_address"] = ray_address
     software = software_versions()
+    if trainer == "trl":  # the probes measure TRL's code too
+        from autotune.env import versions_of
+
+        software.update(versions_of("trl", "datasets"))
     # everything that changes the answer (autotune/store/cache_key.py lists it)
     search_settings = {"max_trials": max_trials, "seed": seed, "top_k": top_k, "confirm_steps": steps * 2,
                        "time_budget_s": time_budget_s, "gpus": gpu_list, "baseline": baseline,
@@ -560,7 +564,7 @@ def tune(
         if not resumed:
             run_dir.write_json("run.json", {"cache_key": key, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
                                             "request": {k: base_summary[k] for k in (
-                                                "model", "mode", "seq_len", "lengths", "effective_batch", "device",
+                                                "model", "mode", "trainer", "seq_len", "lengths", "effective_batch", "device",
                                                 "gpu_budget", "seed", "space", "search")}})
         if progress is not None:
             progress("run_dir", {"run_dir": str(run_dir.path), "resumed": resumed, "restored": len(history)})

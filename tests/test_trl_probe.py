@@ -211,10 +211,12 @@ def test_tune_keys_and_reports_the_trainer(tmp_path: Path) -> None:
     res = tune("tiny-llama", gpu_budget="10GiB", seq_len=512, effective_batch=8, space="cpu", device="cpu",
                max_trials=4, out=tmp_path, executor=ex, trainer="trl", tokenizer=str(TINY_CHAT))
     assert res.summary["trainer"] == "trl"
+    assert res.summary["environment"]["software"]["trl"]  # TRL's version keys the answer too
+    assert json.loads((res.run_dir / "run.json").read_text())["request"]["trainer"] == "trl"
     assert {(r.workload.trainer, r.workload.tokenizer) for r in ex.requests} == {("trl", str(TINY_CHAT))}
     hf = tune("tiny-llama", gpu_budget="10GiB", seq_len=512, effective_batch=8, space="cpu", device="cpu",
               max_trials=4, out=tmp_path, executor=FakeExecutor())
-    assert hf.summary["trainer"] == "hf"
+    assert hf.summary["trainer"] == "hf" and "trl" not in hf.summary["environment"]["software"]
     assert hf.summary["cache_key"] != res.summary["cache_key"]  # the trainer is part of the request
 
 
@@ -289,6 +291,9 @@ def test_run_trainer_trl_then_train_sft_py_at_the_reported_speed(tmp_path: Path)
     # check is loose by necessity, which the summary's "noisy" confirm status says as well.
     lo, hi = summary["best"]["tokens_per_s_range"]
     slack = 1.0 + max(0.25, float(summary["best"]["spread"] or 0.0))
+    print(f"train_sft.py {tps:.1f} tok/s; reported {summary['best']['tokens_per_s']:.1f} tok/s, repeats "
+          f"{summary['best']['tokens_per_s_measurements']}, spread {summary['best']['spread']:.2f}, best "
+          f"{summary['best']['label']}")
     assert lo / slack <= tps <= hi * slack, (tps, lo, hi, slack, summary["best"]["tokens_per_s_measurements"])
 
 

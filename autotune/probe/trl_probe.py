@@ -12,7 +12,8 @@ applied by SFTTrainer from ``lora_config.json``, as in ``train_sft.py``.
 What autotune adds is measurement only: the trainer class is the probe's timing subclass of
 ``SFTTrainer`` (step clock, data wait, real tokens per step: the 2D attention mask, or the positions
 of a padding-free row), and a probe held to a budget reads the longest prepared rows first, so its
-peak memory is the worst case (the order afterwards is SFTTrainer's).
+peak memory is the worst case (then the rest, shuffled by SFTTrainer's sampler under the Trainer's
+seed; a probe without a budget, e.g. ``--verify-loss``'s, reads in SFTTrainer's own order).
 
 Data without ``--dataset`` is synthetic token ids (lengths from ``Workload.lengths``), handed to
 SFTTrainer as a pre-tokenized ``input_ids`` dataset (SFTTrainer then skips tokenization); a

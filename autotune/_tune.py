@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.errors import AutotuneError, NothingFitsError, SpecError
 from autotune.executors.base import Executor
-from autotune.probe.result import ProbeResult
 from autotune.search import FAILED, TrialRecord, candidate_id, candidate_label
 from autotune.spec.budget import Budget, format_bytes, parse_budget
 from autotune.spec.probe_request import (
@@ -35,6 +34,7 @@ from autotune.spec.probe_request import (
     ProbeSettings,
     Workload,
 )
+from autotune.spec.result import ProbeResult
 from autotune.spec.space import SearchSpace, load_space
 
 if TYPE_CHECKING:  # the searcher imports optuna: loaded when a search actually runs
@@ -804,7 +804,7 @@ def _baseline_candidate(space: SearchSpace, effective_batch: int, device: str = 
     Compared like with like: on a GPU at bf16 when the space searches bf16 (everyone fine-tunes in
     bf16 there; an fp32 default would fold bf16-vs-fp32 into the speedup and often not fit), else fp32.
     """
-    from autotune.emit.training_args import hf_default_candidate
+    from autotune.spec.baseline import hf_default_candidate
 
     world = 1 if 1 in space.gpus_per_trial else min(space.gpus_per_trial)
     precision = "bf16" if device == "cuda" and "bf16" in space.precision else "fp32"

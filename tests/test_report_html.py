@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from autotune.emit.training_args import hf_default_candidate
-from autotune.probe.result import ProbeResult
 from autotune.report._model import build_model, cost_rows, lever_rows
 from autotune.report.diagnosis import render_diagnosis_md
 from autotune.report.html import render_html, render_report_html
+from autotune.spec.baseline import hf_default_candidate
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
+from autotune.spec.result import ProbeResult
 
 GiB = 2**30
 BUDGET = 24 * GiB

@@ -27,8 +27,8 @@ from autotune.emit.training_args import RUN_ONLY_KEYS, probe_kwargs  # noqa: E40
 from autotune.executors.local import run_probe_process  # noqa: E402
 from autotune.models import resolve_model  # noqa: E402
 from autotune.probe import collate  # noqa: E402
-from autotune.probe.result import ProbeResult  # noqa: E402
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload  # noqa: E402
+from autotune.spec.result import ProbeResult  # noqa: E402
 
 SEQ_LEN = 48
 
@@ -196,8 +196,8 @@ def test_training_args_json_is_accepted_and_equals_the_probes_values(tmp_path: P
 
 def test_summary_and_report_show_what_each_step_held() -> None:
     from autotune._tune import _effective_batch_parts
-    from autotune.emit.training_args import hf_default_candidate
     from autotune.report.markdown import render_report_md, step_counts_text
+    from autotune.spec.baseline import hf_default_candidate
 
     cand = Candidate(micro_batch=4, grad_accum=2, packing=True)
     m = {"tokens_per_s": 900.0, "peak_mem_bytes": 2**30, "sequences_per_step_mean": 8.0,

@@ -30,9 +30,9 @@ from typing import Any
 from autotune.errors import SpecError
 from autotune.estimate import GPU, predict_peak_bytes
 from autotune.estimate.catalog import builtin_catalog
-from autotune.probe.result import ProbeResult
 from autotune.spec.budget import format_bytes
 from autotune.spec.probe_request import Candidate, ProbeRequest
+from autotune.spec.result import ProbeResult
 
 __all__ = [
     "DATA_WAIT_THRESHOLD",

@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from autotune.probe.failure import classify_exception
-from autotune.probe.result import ProbeResult
 from autotune.spec.budget import format_bytes
 from autotune.spec.probe_request import ProbeRequest
+from autotune.spec.result import ProbeResult
 from autotune.store.atomic import write_json_atomic
 
 __all__ = ["run_probe_in_process", "main"]

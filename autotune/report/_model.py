@@ -9,10 +9,10 @@ from typing import Any
 
 from autotune.diagnose import Diagnosis, RunDiagnosis, diagnose, diagnose_run, gpu_for_result, probe_mfu
 from autotune.estimate import GPU
-from autotune.probe.result import ProbeResult
 from autotune.report._importance import Importance, param_importance
 from autotune.report.markdown import candidate_of, levers
 from autotune.spec.probe_request import Candidate
+from autotune.spec.result import ProbeResult
 
 __all__ = [
     "ReportModel",

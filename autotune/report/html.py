@@ -14,8 +14,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from autotune.diagnose import MFU_CONVENTION, Diagnosis, Finding
-from autotune.emit.training_args import hf_default_candidate
-from autotune.probe.result import ProbeResult
 from autotune.report._model import (
     ReportModel,
     build_model,
@@ -27,7 +25,9 @@ from autotune.report._model import (
 )
 from autotune.report.diagnosis import fmt_mfu, fmt_util
 from autotune.report.markdown import HF_DEFAULT_DESCRIPTION, effective_batch_text, levers, step_counts_text
+from autotune.spec.baseline import hf_default_candidate
 from autotune.spec.budget import format_bytes
+from autotune.spec.result import ProbeResult
 
 __all__ = ["render_report_html", "render_html", "STATUS_COLORS"]
 

@@ -47,12 +47,12 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from autotune.spec.lengths import iter_lengths, parse_lengths
+from autotune.spec.probe_request import FLATTEN_ATTN
 
 __all__ = [
     "REAL_TOKENS_KEY",
     "SEQUENCES_KEY",
     "IGNORE_INDEX",
-    "FLATTEN_ATTN",
     "TokenSequences",
     "SyntheticSequences",
     "SequenceDataset",
@@ -76,8 +76,6 @@ __all__ = [
 REAL_TOKENS_KEY = "autotune_real_tokens"
 SEQUENCES_KEY = "autotune_sequences"
 IGNORE_INDEX = -100
-# attention implementations that take packed sequences flattened, padding-free, with position_ids only
-FLATTEN_ATTN = ("flash_attention_2", "flex_attention")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Any
 from autotune.errors import SpecError
 
 __all__ = [
+    "FLATTEN_ATTN",
     "ATTN_CHOICES",
     "PRECISION_CHOICES",
     "MODE_CHOICES",
@@ -30,6 +31,9 @@ __all__ = [
 ]
 
 ATTN_CHOICES = ("eager", "sdpa", "flash_attention_2", "flex_attention")
+# attention implementations that take packed sequences flattened, padding-free, with position_ids
+# only (no 4D mask): the probe's collator and the memory estimator both read this
+FLATTEN_ATTN = ("flash_attention_2", "flex_attention")
 PRECISION_CHOICES = ("fp32", "bf16", "fp16", "tf32")
 MODE_CHOICES = ("full", "lora", "qlora")
 OPTIM_CHOICES = (

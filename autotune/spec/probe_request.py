@@ -96,10 +96,6 @@ class Candidate:
             p.append("offload=optimizer needs zero_stage >= 1")
         return p
 
-    def key(self) -> tuple[Any, ...]:
-        """Identity of the candidate (used to avoid probing a configuration twice)."""
-        return dataclasses.astuple(self)
-
 
 @dataclass(frozen=True)
 class Workload:
@@ -193,11 +189,6 @@ class ProbeRequest:
             candidate=_build(Candidate, data.get("candidate", {}), "candidate"),
             settings=_build(ProbeSettings, data.get("settings", {}), "settings"),
         )
-
-    def tokens_per_optimizer_step(self) -> int:
-        """Upper bound of tokens per optimizer step (sequence slots, padding included)."""
-        c = self.candidate
-        return c.micro_batch * c.grad_accum * c.world_size * self.workload.seq_len
 
 
 def _build(cls: type, data: dict[str, Any], where: str) -> Any:

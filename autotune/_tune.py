@@ -36,6 +36,7 @@ from autotune.spec.probe_request import (
 )
 from autotune.spec.result import ProbeResult
 from autotune.spec.space import SearchSpace, load_space
+from autotune.spec.summary import SCHEMA_VERSION, BaselineEntry, BestEntry, RankingEntry
 
 if TYPE_CHECKING:  # the searcher imports optuna: loaded when a search actually runs
     from autotune.search import Pruner, SearchOutcome
@@ -274,23 +275,6 @@ def nothing_fits_message(
     )
 
 
-def _effective_batch_parts(c: Candidate, metrics: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The requested effective batch, and what the measured optimizer steps held (sequences: mean/min/max,
-    real tokens: mean), packed or not; None where the probe did not record them."""
-    m = metrics or {}
-    seqs = {k: m.get(f"sequences_per_step_{k}") for k in ("mean", "min", "max")}
-    tokens = m.get("tokens_per_step_mean")
-    return {
-        "value": c.micro_batch * c.grad_accum * c.world_size,
-        "micro_batch": c.micro_batch,
-        "grad_accum": c.grad_accum,
-        "world_size": c.world_size,
-        "text": f"{c.micro_batch} × {c.grad_accum} × {c.world_size}",
-        "sequences_per_step": seqs if seqs["mean"] is not None else None,
-        "tokens_per_step": {"mean": tokens} if tokens is not None else None,
-    }
-
-
 def _build_summary(
     *, outcome: SearchOutcome, base: dict[str, Any], usable: int | None, budget_bytes: int,
 ) -> dict[str, Any]:
@@ -307,33 +291,12 @@ def _build_summary(
     # probes run, by what proposed them (TrialRecord.origin)
     summary["probes_by_origin"] = dict(Counter(r.origin or "unknown" for r in outcome.records
                                                if r.phase == "search" and r.probed))
-    summary["top"] = [
-        {k: e.get(k) for k in ("label", "status", "median_tokens_per_s", "measurements", "spread", "range", "rounds",
-                               "search_tokens_per_s", "step_time_spread", "peak_mem_bytes", "candidate", "reason",
-                               "indistinguishable", "load_warnings")}
-        for e in outcome.ranking
-    ]
+    summary["top"] = [RankingEntry.from_ranking(e).model_dump(mode="json") for e in outcome.ranking]
     summary["warnings"] = outcome.warnings
     summary["tie"] = outcome.tie
     if best is not None and rec is not None:
-        c = best.probe_request().candidate
-        peak = best.metrics.get("peak_mem_bytes_max") or best.peak_mem_bytes
-        summary["best"] = {
-            "label": candidate_label(c),
-            "candidate": dataclasses.asdict(c),
-            "tokens_per_s": best.metrics.get("confirmed_tokens_per_s", best.tokens_per_s),
-            "tokens_per_s_measurements": best.metrics.get("tokens_per_s_measurements"),
-            "tokens_per_s_range": best.metrics.get("tokens_per_s_range"),
-            "search_tokens_per_s": best.metrics.get("search_tokens_per_s"),
-            "spread": best.metrics.get("measurement_spread"),
-            "step_time_spread": best.metrics.get("step_time_spread"),
-            "confirm_status": best.metrics.get("confirm_status"),
-            "peak_mem_bytes": peak,
-            "peak_vs_budget": (peak / budget_bytes) if peak and budget_bytes else None,
-            "peak_vs_usable": (peak / usable) if peak and usable else None,
-            "effective_batch": _effective_batch_parts(c, best.metrics),
-            "origin": rec.origin,
-        }
+        summary["best"] = BestEntry.of(best, origin=rec.origin, budget_bytes=budget_bytes,
+                                       usable=usable).model_dump(mode="json")
     return summary
 
 
@@ -520,6 +483,7 @@ def tune(
                                       f"{len(history)} record(s) restored, the skipped probes run again"})
         storage_url = storage or run_dir.storage_url()
         base_summary: dict[str, Any] = {
+            "schema_version": SCHEMA_VERSION,
             "status": "running",
             "run_id": run_dir.run_id,
             "run_dir": str(run_dir.path),
@@ -824,7 +788,7 @@ def _baseline_summary(outcome: SearchOutcome, cand: Candidate) -> tuple[ProbeRes
                             "status": "not measured"}
     rec = next((r for r in outcome.records if r.key == key and r.phase == "search" and r.result is not None), None)
     if rec is None:
-        return None, info
+        return None, BaselineEntry(**info).model_dump(mode="json", exclude_unset=True)
     result = ProbeResult.from_dict(rec.result or {})
     info.update(status=rec.status, reason=rec.reason, tokens_per_s=rec.tokens_per_s,
                 peak_mem_bytes=rec.peak_mem_bytes, confirmed=False)
@@ -832,7 +796,7 @@ def _baseline_summary(outcome: SearchOutcome, cand: Candidate) -> tuple[ProbeRes
     if entry is not None and entry["status"] in ("confirmed", "noisy"):
         info.update(tokens_per_s=entry["median_tokens_per_s"], measurements=entry["measurements"],
                     range=entry["range"], confirm_status=entry["status"], confirmed=entry["status"] == "confirmed")
-    return result, info
+    return result, BaselineEntry(**info).model_dump(mode="json", exclude_unset=True)
 
 
 def _emit(best: ProbeResult, run_dir: Any, device: str, progress: ProgressFn | None) -> list[Path]:

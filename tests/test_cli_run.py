@@ -16,9 +16,10 @@ from _fakes import FakeExecutor, GiB
 from typer.testing import CliRunner
 
 import autotune._tune as tune_mod
-from autotune._tune import parse_duration, parse_gpus, tune
+from autotune._tune import tune
 from autotune.cli.app import app
 from autotune.errors import NothingFitsError, SpecError
+from autotune.spec.parse import parse_duration, parse_gpus
 
 ANSI = re.compile(r"\x1b\[")
 BASE = ["run", "--model", "tiny-llama", "--device", "cpu", "--seq-len", "512", "--effective-batch", "16",

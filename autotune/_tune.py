@@ -349,6 +349,8 @@ def tune(
     mode: str = "full",
     space: str | Path | SearchSpace | None = None,
     dataset: str | None = None,
+    split: str | None = None,
+    tokenizer: str | None = None,
     lengths: str = "fixed",
     max_trials: int = 40,
     time_budget: str | float | None = None,
@@ -431,8 +433,15 @@ def tune(
     resolved = resolve_model(model, trust_remote_code=trust_remote_code)
     check_model_config(resolved.config, resolved.config_path)
     check_seq_len(resolved, seq_len)
-    if dataset is not None and not Path(dataset).exists():
-        raise SpecError(f"dataset {dataset!r} does not exist")
+    if dataset is not None:
+        from autotune.spec.dataset_ref import find_hub_dataset, is_hub_dataset_id, missing_hub_dataset_message
+
+        if is_hub_dataset_id(dataset) and find_hub_dataset(dataset) is None:
+            raise SpecError(missing_hub_dataset_message(dataset))
+        if not is_hub_dataset_id(dataset) and not Path(dataset).exists():
+            raise SpecError(f"dataset {dataset!r} does not exist")
+    if split is not None and dataset is None:
+        raise SpecError("--split names a split of --dataset; pass --dataset too, or drop --split")
 
     dev, gpu_infos = _detect_device(device, gpu_list, ray_address)
     space_obj, dropped, caps, notes = _space_for_device(space_obj, dev, gpu_infos, device, ray_address, mode)
@@ -445,7 +454,8 @@ def tune(
     if dataset is not None and lengths != "fixed":
         raise SpecError("--lengths describes synthetic sequences and --dataset brings real ones: give one of them")
     workload = Workload(model=resolved.name, model_path=resolved.path, seq_len=seq_len, mode=mode, dataset=dataset,
-                        trust_remote_code=trust_remote_code, seed=seed, lengths=lengths)
+                        trust_remote_code=trust_remote_code, seed=seed, lengths=lengths, split=split,
+                        tokenizer=tokenizer)
     problems = workload.problems() + settings.problems()
     if problems:
         raise SpecError(problems)

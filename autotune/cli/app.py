@@ -27,6 +27,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("plan", "autotune.cli.plan"),
     ("check", "autotune.cli.check"),
     ("report", "autotune.cli.report"),
+    ("dashboard", "autotune.cli.dashboard"),
 ]
 
 _DEBUG = False

@@ -50,7 +50,7 @@ def run_study(run_dir: str | Path) -> RunStudy:
     url = search.get("storage")
     if isinstance(url, str) and url and not url.startswith("sqlite:///"):
         return RunStudy(storage=url, study_name=name, run_dir=d)
-    if isinstance(url, str) and url.startswith("sqlite:///") and Path(url[len("sqlite:///"):]).is_file():
+    if isinstance(url, str) and url.startswith("sqlite:///") and Path(url[len("sqlite:///") :]).is_file():
         return RunStudy(storage=url, study_name=name, run_dir=d)
     raise SpecError(
         f"{d} holds no Optuna study (no study.db and no --storage recorded in summary.json); pass the folder "

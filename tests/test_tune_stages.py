@@ -27,7 +27,7 @@ from autotune.store import RunDir, make_run_id
 
 def args(tmp_path: Path, **kw) -> TuneArgs:
     base = dict(model="tiny-llama", gpu_budget="10GiB", seq_len=512, effective_batch=16, mode="full", space="cpu",
-                dataset=None, lengths="fixed", max_trials=6, time_budget=None, gpus=None, ray_address=None,
+                dataset=None, split=None, tokenizer=None, lengths="fixed", max_trials=6, time_budget=None, gpus=None, ray_address=None,
                 device="cpu", storage=None, out=tmp_path, seed=42, resume=False, fresh=False,
                 executor=FakeExecutor(), progress=None, gpus_per_trial=None, top_k=2, steps=5, warmup_steps=2,
                 probe_timeout_s=300.0, baseline=True, trust_remote_code=False, pruner=None, prune=None,

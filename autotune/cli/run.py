@@ -183,7 +183,9 @@ def command(
     write_back: str | None = typer.Option(None, "--write-back", help="With --from: write your file with the tuned keys changed (nothing else) here. Default: best/<its name> in the run directory."),
     fmt: str | None = typer.Option(None, "--format", help="With --from: the file's format (default: detected from its keys)."),
     space: str | None = typer.Option(None, "--space", help="Search space: a name in search_spaces/ (default, lora, cpu, multi-gpu) or a YAML path. Default: cpu on a CPU, default on a GPU."),
-    dataset: str | None = typer.Option(None, "--dataset", help="jsonl/parquet to probe with (default: synthetic tokens)."),
+    dataset: str | None = typer.Option(None, "--dataset", help="Data to probe with (default: synthetic tokens): a .jsonl/.parquet file, a save_to_disk folder, or a Hub id (org/name) already in the local HF datasets cache."),
+    split: str | None = typer.Option(None, "--split", help="Split of a DatasetDict folder or a cached Hub dataset (default: train)."),
+    tokenizer: str | None = typer.Option(None, "--tokenizer", help="Local tokenizer dir for text/chat data (chat needs a chat_template). Default: the model dir's own; --trainer trl takes its pad token from it."),
     lengths: str = typer.Option("fixed", "--lengths", help="Synthetic sequence lengths when there is no --dataset: fixed | lognormal:MU,SIGMA | uniform:LO-HI | histogram:FILE.json."),
     max_trials: int = typer.Option(40, "--max-trials", help="Most probes the search runs (inferred and skipped ones are free)."),
     time_budget: str | None = typer.Option(None, "--time-budget", help="Wall-clock budget of the search: 20m, 1h30m, 90s."),
@@ -206,7 +208,6 @@ def command(
     confirm_tolerance: float | None = typer.Option(None, "--confirm-tolerance", help="Relative spread at which repeats agree (default 0.25 on CPU, 0.10 on a GPU)."),
     strict: bool = typer.Option(False, "--strict", help="Exit 5 when the answer is doubtful: the winner's repeats are noisy, or other load was seen."),
     trainer: str = typer.Option("hf", "--trainer", help="hf | trl: measure through transformers.Trainer (train.py) or TRL's SFTTrainer (train_sft.py, sft_config.json)."),
-    tokenizer: str | None = typer.Option(None, "--tokenizer", help="Local tokenizer dir for text/chat --dataset (chat needs a chat_template); --trainer trl takes its pad token from it."),
     as_json: bool = typer.Option(False, "--json", help="Print only summary.json to stdout."),
 ) -> None:
     """Search for the fastest fine-tuning configuration that fits the budget, by measuring it."""
@@ -234,13 +235,13 @@ def command(
     try:
         result = tune(
             model, gpu_budget=gpu_budget, seq_len=seq_len, effective_batch=effective_batch, mode=mode,
-            space=space, dataset=dataset, lengths=lengths, max_trials=max_trials, time_budget=time_budget, gpus=gpus,
+            space=space, dataset=dataset, split=split, tokenizer=tokenizer, lengths=lengths, max_trials=max_trials, time_budget=time_budget, gpus=gpus,
             ray_address=ray_address, device=device, storage=storage, out=out, seed=seed, resume=resume,
             fresh=fresh, progress=printer, gpus_per_trial=gpus_per_trial, top_k=top_k, steps=steps,
             probe_timeout_s=probe_timeout, trust_remote_code=trust_remote_code,
             verify_loss=verify_loss_steps if verify_loss else 0,
             confirm_rounds=_rounds(confirm_rounds), confirm_tolerance=confirm_tolerance,
-            trainer=trainer, tokenizer=tokenizer,
+            trainer=trainer,
         )  # fmt: skip
     finally:
         printer.close()

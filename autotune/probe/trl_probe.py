@@ -83,7 +83,7 @@ def script_namespace() -> dict[str, Any]:
     """The globals of ``train_sft.py``'s text, executed once in this process (not as ``__main__``)."""
     global _NAMESPACE
     if _NAMESPACE is None:
-        from autotune.emit._train_sft_script import render_train_sft_script
+        from autotune.emit import render_train_sft_script
 
         ns: dict[str, Any] = {"__name__": "autotune_train_sft", "__file__": __file__}
         exec(compile(render_train_sft_script(), "train_sft.py", "exec"), ns)

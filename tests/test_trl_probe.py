@@ -303,3 +303,13 @@ def test_report_md_shows_the_trainer_and_the_quality_note() -> None:
     md = render_report_md({"model": "m", "mode": "full", "trainer": "trl", "quality_notes": [TRL_PACKING_QUALITY_NOTE]},
                           [], baseline=None)
     assert "trainer trl" in md and "**Quality note:** TRL packing (packing_strategy=bfd" in md
+
+
+def test_verify_loss_expects_trl_packing_to_change_the_batches() -> None:
+    from autotune.verify import expected_differences
+
+    ref = Candidate(micro_batch=8, precision="fp32")
+    packed = dataclasses.replace(ref, packing=True)
+    (hf,) = expected_differences(packed, ref)
+    (trl,) = expected_differences(packed, ref, trainer="trl")
+    assert hf["expected"].startswith("small difference") and trl["expected"].startswith("changed batches")

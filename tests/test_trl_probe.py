@@ -270,39 +270,48 @@ def test_run_trainer_trl_then_train_sft_py_at_the_reported_speed(tmp_path: Path)
     model_dir = tmp_path / "model"
     cfg = transformers.AutoConfig.from_pretrained(TINY_LLAMA)
     transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(model_dir)
-    log = tmp_path / "speed.json"
-    t = subprocess.run(
-        [sys.executable, str(rd / "best" / "train_sft.py"), "--model", str(model_dir), "--tokenizer", str(TINY_CHAT),
-         "--dataset", str(data), "--max-steps", "5", "--use-cpu", "--output-dir", str(tmp_path / "out"),
-         "--log-speed", str(log)],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path,
-    )  # fmt: skip
-    assert t.returncode == 0, t.stderr[-3000:]
-    speed = json.loads(log.read_text())
-    assert len(speed["seconds"]) == 5 and all(x > 0 for x in speed["real_tokens"])
-    # the probe's window: after its warm-up steps, real tokens over seconds
     w = best["request"]["settings"]["warmup_steps"]
-    tps = sum(speed["real_tokens"][w:]) / sum(speed["seconds"][w:])
-    # "within the measured noise": the reported configuration's confirmed repeats span `range`, and
-    # their relative spread is `spread` ((max - min) / median). train_sft.py's run is one more sample
-    # of it on the same machine, so it must land inside that range widened by the recorded spread
-    # (at least by 25%, the CPU confirmation tolerance, for a quiet machine whose spread is ~0). On
-    # the shared 2-core dev machine the spread was 1.8-2.5 (repeats 184..2387 tok/s): there this
-    # check is loose by necessity, which the summary's "noisy" confirm status says as well.
-    lo, hi = summary["best"]["tokens_per_s_range"]
-    slack = 1.0 + max(0.25, float(summary["best"]["spread"] or 0.0))
-    print(f"train_sft.py {tps:.1f} tok/s; reported {summary['best']['tokens_per_s']:.1f} tok/s, repeats "
-          f"{summary['best']['tokens_per_s_measurements']}, spread {summary['best']['spread']:.2f}, best "
-          f"{summary['best']['label']}")
-    assert lo / slack <= tps <= hi * slack, (tps, lo, hi, slack, summary["best"]["tokens_per_s_measurements"])
 
+    def train_sft(i: int) -> float:
+        log = tmp_path / f"speed{i}.json"
+        t = subprocess.run(
+            [sys.executable, str(rd / "best" / "train_sft.py"), "--model", str(model_dir), "--tokenizer",
+             str(TINY_CHAT), "--dataset", str(data), "--max-steps", "5", "--use-cpu", "--output-dir",
+             str(tmp_path / "out"), "--log-speed", str(log)],
+            capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        )  # fmt: skip
+        assert t.returncode == 0, t.stderr[-3000:]
+        speed = json.loads(log.read_text())
+        assert len(speed["seconds"]) == 5 and all(x > 0 for x in speed["real_tokens"])
+        # the probe's window: after its warm-up steps, real tokens over seconds
+        return sum(speed["real_tokens"][w:]) / sum(speed["seconds"][w:])
 
-def test_report_md_shows_the_trainer_and_the_quality_note() -> None:
-    from autotune.report.markdown import render_report_md
+    def probe(i: int) -> float:  # the winner's request again, through the worker an executor starts
+        (tmp_path / f"req{i}.json").write_text(json.dumps(best["request"]))
+        p = subprocess.run([sys.executable, "-m", "autotune.probe.worker", str(tmp_path / f"req{i}.json"),
+                            str(tmp_path / f"res{i}.json")], capture_output=True, text=True, timeout=600, cwd=ROOT)
+        res = json.loads((tmp_path / f"res{i}.json").read_text())
+        assert p.returncode == 0 and res["status"] == "ok", (res["status"], res.get("reason"))
+        return float(res["metrics"]["tokens_per_s"])
 
-    md = render_report_md({"model": "m", "mode": "full", "trainer": "trl", "quality_notes": [TRL_PACKING_QUALITY_NOTE]},
-                          [], baseline=None)
-    assert "trainer trl" in md and "**Quality note:** TRL packing (packing_strategy=bfd" in md
+    # "Within the measured noise". On a shared machine the load changes between minutes, so the run's
+    # own repeats are not the noise train_sft.py meets later (measured: a run confirming 73-82 tok/s
+    # under load, then train_sft.py at 580 tok/s once the load had gone). So the probe is measured
+    # again interleaved with train_sft.py (probe, train_sft, probe, train_sft), and train_sft.py's
+    # median must lie inside the probe samples' range (the run's repeats and these) widened by their
+    # own relative spread ((max - min) / median), by at least 25%, the CPU confirmation tolerance.
+    probes = [float(x) for x in summary["best"]["tokens_per_s_measurements"]]
+    sft = []
+    for i in range(2):
+        probes.append(probe(i))
+        sft.append(train_sft(i))
+    probes.sort()
+    med = probes[len(probes) // 2] if len(probes) % 2 else (probes[len(probes) // 2 - 1] + probes[len(probes) // 2]) / 2
+    slack = 1.0 + max(0.25, (probes[-1] - probes[0]) / med)
+    tps = sum(sft) / len(sft)
+    print(f"train_sft.py {[round(x, 1) for x in sft]} tok/s; probe {[round(x, 1) for x in probes]} tok/s "
+          f"(reported {summary['best']['tokens_per_s']:.1f}); slack {slack:.2f}; best {summary['best']['label']}")
+    assert probes[0] / slack <= tps <= probes[-1] * slack, (sft, probes, slack)
 
 
 def test_verify_loss_expects_trl_packing_to_change_the_batches() -> None:

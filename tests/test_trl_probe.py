@@ -4,7 +4,7 @@ Fast: the pure pieces (probe overrides, request checks, padding-free counting, t
 one in-process probe per packing mode on a save_to_disk chat dataset (its measured SFTConfig is the
 emitted one; its real tokens are the chats' tokens), and the CLI's refusals. Slow: the issue's "done
 when": ``autotune run --trainer trl`` from the CLI, then ``best/train_sft.py --max-steps 5`` on the
-same data at the reported speed.
+same data at the probe's speed (interleaved with re-measures of the probe; ``-s`` prints the figures).
 """
 
 from __future__ import annotations

@@ -306,7 +306,7 @@ def _build_summary(
     summary["distinct_candidates"] = outcome.distinct_candidates
     # probes run, by what proposed them (TrialRecord.origin)
     summary["probes_by_origin"] = dict(Counter(r.origin or "unknown" for r in outcome.records
-                                               if r.phase == "search" and r.probed))
+                                               if r.phase in ("search", "recheck") and r.probed))
     summary["top"] = [
         {k: e.get(k) for k in ("label", "status", "median_tokens_per_s", "measurements", "spread", "range", "rounds",
                                "search_tokens_per_s", "step_time_spread", "peak_mem_bytes", "candidate", "reason",
@@ -376,6 +376,7 @@ def tune(
     confirm_rounds: tuple[int, int] | None = None,
     confirm_tolerance: float | None = None,
     load_monitor: bool | None = None,
+    strategy: str = "walk",
 ) -> TuneResult:
     """Find the fastest configuration of ``model`` that fits ``gpu_budget``, by measuring.
 
@@ -399,6 +400,10 @@ def tune(
                          device=device, resume=resume, fresh=fresh, top_k=top_k, gpus_per_trial=gpus_per_trial)
     if isinstance(verify_loss, bool) or not isinstance(verify_loss, int) or verify_loss < 0:
         problems.append(f"verify-loss steps must be an integer >= 0; got {verify_loss!r}")
+    from autotune.search import STRATEGIES
+
+    if strategy not in STRATEGIES:
+        problems.append(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
     from autotune.spec.lengths import parse_lengths
     from autotune.store.run_dir import check_out_dir
     from autotune.store.storage import check_storage_url
@@ -488,6 +493,7 @@ def tune(
                                  if pruner is not None else bool(prune if prune is not None else dev == "cuda")),
                        "verify_loss": verify_loss, "verify_loss_tolerance": verify_loss_tolerance,
                        "confirm": confirm_policy.to_dict(),
+                       **({"strategy": strategy} if strategy != "walk" else {}),  # (walk: keys as before)
                        "load_monitor": bool(load_monitor if load_monitor is not None else (
                            executor is None and ray_address is None))}
     key = cache_key(model_config=resolved.config, space=space_obj.to_dict(), budget_bytes=budget_bytes,
@@ -543,6 +549,7 @@ def tune(
             "dropped_choices": [d.to_dict() for d in dropped],
             "search": {"max_trials": max_trials, "time_budget_s": time_budget_s, "top_k": top_k, "steps": steps,
                        "confirm_steps": steps * 2, "confirm": confirm_policy.to_dict(), "storage": storage_url,
+                       "strategy": strategy,
                        "study_name": run_dir.run_id},
             "environment": {"hardware": hardware, "software": software},
         }
@@ -598,6 +605,7 @@ def tune(
                 storage=study_storage, study_name=run_dir.run_id, top_k=top_k, device=dev, max_world=max_world,
                 history=history, sink=journal, pruner=pruner, progress=progress, baseline=baseline_cand,
                 confirm=confirm_policy, load_check=monitor.check if monitor is not None else None,
+                strategy=strategy,
             )
             outcome = searcher.run()
             verified = _verify_loss(verify_loss, verify_loss_tolerance, outcome, baseline_cand, executor, workload,

@@ -182,6 +182,22 @@ class AutotuneSampler(BaseSampler):
                 choice[d] = self.choices[d][0] if d in self.choices else getattr(Candidate, d, None)
         return choice
 
+    def suggest(self, trial: optuna.Trial) -> Candidate | None:
+        """Suggest every searched knob on ``trial`` (offload and sharding only with a ZeRO stage) and
+        return the configuration; None when the combination cannot run (tell it 0: it is not proposed again).
+        Whether it is a re-measure: ``trial.user_attrs.get("remeasure")``."""
+        params: dict[str, Any] = {}
+        for d, dist in self.distributions.items():
+            if d in ("offload", "sharding"):
+                continue
+            params[d] = (trial.suggest_int(d, dist.low, dist.high) if isinstance(dist, IntDistribution)
+                         else trial.suggest_categorical(d, self.choices[d]))
+        zero = self.choice_of(params).get("zero_stage", 0)
+        for d in ("offload", "sharding"):
+            if zero and d in self.distributions:
+                params[d] = trial.suggest_categorical(d, self.choices[d])
+        return self.candidate_of(params)
+
     def candidate_of(self, params: Mapping[str, Any]) -> Candidate | None:
         built = candidate_from_choice(self.choice_of(params), effective_batch=self.effective_batch)
         return built if isinstance(built, Candidate) else None
@@ -264,6 +280,7 @@ class AutotuneSampler(BaseSampler):
         """What the policy proposes for trial ``number`` (None: the base sampler proposes)."""
         obs, running = self.observations(study)
         obs = [o for o in obs if o.number < number]
+        salt = self.seed * 1_000_003 + self.position(study, number)
         seen = {o.key for o in obs} | running
         if self.strategy == "walk":
             for choice in self.seed_choices:
@@ -288,12 +305,12 @@ class AutotuneSampler(BaseSampler):
                     break
                 repeats += 1
             if repeats and repeats % NUDGE_EVERY == 0:
-                c = self._unseen(seen, obs, random.Random(self.seed * 1_000_003 + number))
+                c = self._unseen(seen, obs, random.Random(salt))
                 if c is not None:
                     return c, "coverage"
             return None
         if self.strategy == "random":
-            c = self._unseen(seen, obs, random.Random(self.seed * 1_000_003 + number))
+            c = self._unseen(seen, obs, random.Random(salt))
             return (c, "random") if c is not None else None
         if self.strategy == "grid":
             order = list(self._all_candidates())
@@ -479,15 +496,15 @@ class AutotuneSampler(BaseSampler):
                 if origin == "recheck":
                     _set_attr(study, trial, "remeasure", True)
                 return {d: v for d, v in params.items() if d in search_space}
-        base = self._base_for(trial.number)
+        base = self._base_for(study, trial.number)
         _set_attr(study, trial, "origin", _base_name(base))
         return base.sample_relative(study, trial, base.infer_relative_search_space(study, trial))
 
     def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:
         if "origin" not in trial.user_attrs:
-            _set_attr(study, trial, "origin", _base_name(self._base_for(trial.number)))
-        return self._base_for(trial.number).sample_independent(study, trial, param_name, param_distribution)
+            _set_attr(study, trial, "origin", _base_name(self._base_for(study, trial.number)))
+        return self._base_for(study, trial.number).sample_independent(study, trial, param_name, param_distribution)
 
     def before_trial(self, study: Study, trial: FrozenTrial) -> None:
         if "fixed_params" in trial.system_attrs and "origin" not in trial.user_attrs:
@@ -498,10 +515,17 @@ class AutotuneSampler(BaseSampler):
         if base is not None:
             base.after_trial(study, trial, state, values)
 
-    def _base_for(self, number: int) -> BaseSampler:
+    def _base_for(self, study: Study, number: int) -> BaseSampler:
         if number not in self._bases:
-            self._bases[number] = self.base(self.seed * 1_000_003 + number)
+            self._bases[number] = self.base(self.seed * 1_000_003 + self.position(study, number))
         return self._bases[number]
+
+    @staticmethod
+    def position(study: Study, number: int) -> int:
+        """How many trials came before trial ``number``, not counting those a killed run left in flight
+        (so a resumed study seeds its random choices as the uninterrupted one did)."""
+        return sum(1 for t in study.get_trials(deepcopy=False)
+                   if t.number < number and not t.user_attrs.get("interrupted"))
 
 
 def _base_name(base: BaseSampler) -> str:

@@ -108,7 +108,7 @@ class AutotuneSampler(BaseSampler):
     ``base`` makes the fallback sampler from a seed; each fallback proposal gets a fresh one seeded
     by (seed, trial number), so it is a function of the trials too. ``baseline`` is the
     configuration a user would type: never a walk centre, and the defaults of ``largest-fits`` and
-    ``deepspeed``. ``recheck_tolerance``: re-measure a would-be walk centre that beats the current
+    ``deepspeed`` (unless ``defaults`` is given; without either, each knob's first choice). ``recheck_tolerance``: re-measure a would-be walk centre that beats the current
     one by less than this share (``ConfirmPolicy.tolerance``); None never re-measures.
     """
 
@@ -125,6 +125,7 @@ class AutotuneSampler(BaseSampler):
         seeds: int = 3,
         variable_lengths: bool = True,
         baseline: Candidate | None = None,
+        defaults: Candidate | None = None,
         recheck_tolerance: float | None = None,
         follow_ups: bool = True,
         neighbours: bool = True,
@@ -146,6 +147,7 @@ class AutotuneSampler(BaseSampler):
         self.micro_batches = mbs
         self.baseline = baseline
         self.baseline_key = candidate_id(baseline) if baseline is not None else None
+        self.default_knobs = defaults if defaults is not None else baseline
         self.recheck_tolerance = recheck_tolerance
         self.follow_ups = follow_ups
         self.neighbours = neighbours
@@ -379,7 +381,7 @@ class AutotuneSampler(BaseSampler):
 
     def defaults(self, **override: Any) -> dict[str, Any]:
         """The baseline's knobs, each replaced by the space's first choice where the space lacks it."""
-        d = dataclasses.asdict(self.baseline) if self.baseline is not None else {}
+        d = dataclasses.asdict(self.default_knobs) if self.default_knobs is not None else {}
         out: dict[str, Any] = {}
         for dim in DIMENSIONS:
             if dim == "gpus_per_trial":
@@ -415,7 +417,7 @@ class AutotuneSampler(BaseSampler):
             return None
 
     def _start_index(self, mbs: list[int]) -> int:
-        start = self.baseline.micro_batch if self.baseline is not None else 8
+        start = self.default_knobs.micro_batch if self.default_knobs is not None else 8
         return min(range(len(mbs)), key=lambda j: (abs(mbs[j] - start), -mbs[j]))
 
     def _largest_fits(self) -> Script:

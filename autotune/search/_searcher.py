@@ -129,6 +129,7 @@ class Searcher:
         load_check: LoadCheck | None = None,
         strategy: str = "walk",
         recheck: bool = True,
+        defaults: Candidate | None = None,
     ) -> None:
         problems = []
         if isinstance(effective_batch, bool) or not isinstance(effective_batch, int) or effective_batch < 1:
@@ -194,7 +195,7 @@ class Searcher:
                 base=tpe_factory(n_startup_trials=min(10, max(3, max_trials // 4)), multivariate=multivariate),
                 device=device, max_world=max_world, seeds=min(seeds, max(1, max_trials // 3)),
                 variable_lengths=workload.lengths != "fixed" or workload.dataset is not None,
-                baseline=baseline, recheck_tolerance=self.confirm.tolerance if recheck else None,
+                baseline=baseline, defaults=defaults, recheck_tolerance=self.confirm.tolerance if recheck else None,
                 follow_ups=follow_ups, neighbours=neighbours, ordinal=ordinal,
             )
         except ValueError as exc:

@@ -47,7 +47,7 @@ from autotune.spec.budget import parse_budget, parse_size  # noqa: E402
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload  # noqa: E402
 from autotune.spec.space import SearchSpace, load_space  # noqa: E402
 
-__all__ = ["grid", "landscape_path", "entry_status", "relabel", "record", "main"]
+__all__ = ["grid", "landscape_path", "entry_status", "relabel", "record", "main", "median_budget_text"]
 
 LANDSCAPES = Path(__file__).resolve().parent / "landscapes"
 FORMAT = 1
@@ -107,6 +107,19 @@ def summarise(entry: dict[str, Any], usable: int | None) -> dict[str, Any]:
     if entry["status"] == "over_budget" and usable is not None and entry["peak_mem_bytes"] is not None:
         entry["reason"] = f"peak {entry['peak_mem_bytes'] / 2**20:.0f} MiB > usable {usable / 2**20:.0f} MiB"
     return entry
+
+
+def median_budget_text(land: dict[str, Any]) -> str:
+    """The budget rule of benchmarks/record_new_landscapes.sh: usable memory = the median peak of the
+    configurations (about half are over budget), i.e. budget = median / (1 - headroom), whole MiB up."""
+    import math
+
+    peaks = [e["peak_mem_bytes"] for e in land["entries"] if e.get("peak_mem_bytes")]
+    missing = len(land["entries"]) - len(peaks)
+    if missing or not peaks:
+        raise SystemExit(f"{missing} configuration(s) have no peak memory yet: finish the recording first")
+    usable = statistics.median(peaks)
+    return f"{math.ceil(usable / (1 - land.get('headroom', 0.05)) / 2**20)}MiB"
 
 
 def relabel(land: dict[str, Any]) -> dict[str, Any]:

@@ -122,3 +122,15 @@ def test_seed_only_steps_the_first_seed_down_until_it_fits_and_unpacked_best_is_
     # packing is worth 1.5x here: the best unpacked configuration is 1/1.5 of the optimum
     assert res["unpacked_best_over_optimum"] == pytest.approx(1 / 1.5)
     assert "unpacked-best 0.667" in sq.render([res], 1, 0.25)
+
+
+def test_the_new_landscapes_budget_rule_puts_the_usable_memory_at_the_median_peak() -> None:
+    land = landscape()
+    text = record_landscape.median_budget_text(land)
+    land["budget_bytes"] = int(text.removesuffix("MiB")) * MiB
+    record_landscape.relabel(land)
+    over = sum(e["status"] == "over_budget" for e in land["entries"])
+    assert abs(over - len(land["entries"]) / 2) <= 2  # about half (ties at the median fit)
+    land["entries"][0]["peak_mem_bytes"] = None
+    with pytest.raises(SystemExit, match="finish the recording"):
+        record_landscape.median_budget_text(land)

@@ -320,7 +320,8 @@ class Searcher:
     def _counts(self) -> dict[str, int]:
         search = [r for r in self.records if r.phase == "search"]
         return {
-            "probed": sum(1 for r in search if r.probed),
+            # every probe the search ran (what --max-trials counts), re-measures of a would-be centre included
+            "probed": sum(1 for r in search if r.probed) + sum(1 for r in self.records if r.phase == "recheck"),
             "ok": sum(1 for r in search if r.probed and r.status == "ok"),
             "infeasible": sum(1 for r in search if r.probed and r.status in MEMORY_INFEASIBLE),
             "unsupported": sum(1 for r in search if r.probed and r.status == "unsupported"),
@@ -387,14 +388,24 @@ class Searcher:
         told = {
             t.user_attrs.get("key")
             for t in self.study.get_trials(deepcopy=False)
-            if t.state in (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
+            if t.state in (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED) and not t.user_attrs.get("remeasure")
         }
+        # re-measures (the walk's rechecks) the study holds, per key: a rebuilt study gets the others back
+        rechecks_told: dict[str, int] = {}
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            if t.user_attrs.get("remeasure") and t.user_attrs.get("key"):
+                rechecks_told[t.user_attrs["key"]] = rechecks_told.get(t.user_attrs["key"], 0) + 1
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
             if t.state == TrialState.RUNNING:  # the killed run's in-flight asks: not evidence (re-proposed)
                 self.study._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
                 self.study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
         for r in self.records:
-            if r.phase != "search" or r.key in told or r.status in FAILED or not r.params:
+            if r.phase == "recheck" and rechecks_told.get(r.key, 0) > 0:
+                rechecks_told[r.key] -= 1
+                continue
+            if r.phase not in ("search", "recheck") or r.status in FAILED or not r.params:
+                continue
+            if r.phase == "search" and r.key in told:
                 continue
             internal = self._to_optuna(r.params)
             if internal is None:
@@ -406,7 +417,7 @@ class Searcher:
                     distributions={k: self.distributions[k] for k in r.params},
                     value=float(r.tokens_per_s or 0.0) if r.status == "ok" else 0.0,
                     user_attrs={"key": r.key, "status": r.status, "restored": True, "origin": r.origin or "restored",
-                                "measured": r.probed},
+                                "measured": r.probed, **({"remeasure": True} if r.phase == "recheck" else {})},
                     constraints={_CONSTRAINT: constraint_value(r.status, r.peak_mem_bytes, usable)},
                 )
             )

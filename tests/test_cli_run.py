@@ -16,9 +16,10 @@ from _fakes import FakeExecutor, GiB
 from typer.testing import CliRunner
 
 import autotune._tune as tune_mod
-from autotune._tune import parse_duration, parse_gpus, tune
+from autotune._tune import tune
 from autotune.cli.app import app
 from autotune.errors import NothingFitsError, SpecError
+from autotune.spec.parse import parse_duration, parse_gpus
 
 ANSI = re.compile(r"\x1b\[")
 BASE = ["run", "--model", "tiny-llama", "--device", "cpu", "--seq-len", "512", "--effective-batch", "16",
@@ -270,6 +271,9 @@ def test_cli_end_to_end_on_cpu_through_real_ray_and_real_probes(tmp_path: Path) 
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout)
     assert summary["status"] == "complete" and summary["device"] == "cpu"
+    from autotune.spec.summary import RunSummary
+
+    RunSummary.model_validate(summary)  # real probes' figures fit the published schema (docs/summary.schema.json)
     assert summary["best"]["tokens_per_s"] > 0
     assert summary["best"]["peak_mem_bytes"] <= summary["usable_bytes"]
     rd = Path(summary["run_dir"])

@@ -28,7 +28,7 @@ from _fakes import FakeExecutor
 from autotune._tune import tune
 from autotune.emit import emit_all
 from autotune.formats import known_keys
-from autotune.probe.result import ProbeResult
+from autotune.spec import ProbeResult
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
 
 torch = pytest.importorskip("torch")

@@ -27,6 +27,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("plan", "autotune.cli.plan"),
     ("check", "autotune.cli.check"),
     ("report", "autotune.cli.report"),
+    ("schema", "autotune.cli.schema"),
     ("dashboard", "autotune.cli.dashboard"),
 ]
 

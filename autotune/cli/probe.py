@@ -9,9 +9,9 @@ import typer
 
 from autotune.cli.render import console, render_probe_result
 from autotune.errors import SpecError
-from autotune.probe.result import ProbeResult
 from autotune.spec.budget import parse_budget
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
+from autotune.spec.result import ProbeResult
 
 __all__ = ["command", "build_probe_request", "PROBE_EXIT_CODES"]
 

@@ -56,7 +56,6 @@ from autotune.spec.dataset_ref import (
     is_hub_dataset_id,
     missing_hub_dataset_message,
 )
-from autotune.spec.lengths import histogram_from_lengths
 from autotune.spec.probe_request import Candidate, Workload
 
 # the batch assembly (sequences, collators, counts) lives in autotune.probe.collate, its one home
@@ -66,7 +65,6 @@ __all__ = [
     "default_cache_dir",
     "find_tokenizer",
     "load_token_sequences",
-    "length_histogram_from_dataset",
 ]
 
 CACHE_FORMAT = 1
@@ -573,32 +571,6 @@ def load_token_sequences(
     )
 
 
-def length_histogram_from_dataset(
-    path: str | os.PathLike[str],
-    *,
-    seq_len: int,
-    tokenizer: str | None = None,
-    cache_dir: str | os.PathLike[str] | None = None,
-    num_bins: int = 32,
-    out: str | os.PathLike[str] | None = None,
-) -> dict[str, list[int]]:
-    """The token-length histogram ``{"bins", "counts"}`` of a dataset (lengths capped at seq_len).
-
-    With ``out``, also writes it as JSON (atomically) so a synthetic run can use
-    ``lengths="histogram:OUT.json"``.
-    """
-    loaded = load_token_sequences(path, seq_len=seq_len, tokenizer=tokenizer, cache_dir=cache_dir)
-    hist = histogram_from_lengths(loaded.sequences.lengths().tolist(), num_bins=num_bins)
-    if out is not None:
-        o = Path(out)
-        o.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=o.parent, prefix=f".{o.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(hist, f)
-        os.replace(tmp, o)
-    return hist
-
-
 # ---------------------------------------------------------------------------------------------
 # Building the probe's data
 # ---------------------------------------------------------------------------------------------
@@ -624,10 +596,6 @@ class TrainData:
     token_slots_per_step: int
     real_tokens_total: int
     info: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def sampler(self) -> StreamSampler:
-        return self.dataset.sampler
 
     @property
     def mean_real_tokens_per_step(self) -> float:

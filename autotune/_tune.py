@@ -380,7 +380,7 @@ class TuneArgs:
     confirm_rounds: tuple[int, int] | None
     confirm_tolerance: float | None
     load_monitor: bool | None
-    strategy: str
+    strategy: str = "walk"
 
 
 @dataclass(frozen=True)

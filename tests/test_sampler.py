@@ -156,3 +156,25 @@ def test_the_readme_snippet_runs_as_written() -> None:
     study = scope["study"]
     assert len(study.trials) == scope["N_TRIALS"] and all(t.user_attrs.get("origin") for t in study.trials)
     assert study.best_value > 0
+
+
+def test_strategy_on_the_command_line(tmp_path: Path) -> None:
+    import json
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from test_hardening import RUN, autotune, one_line, tree
+
+    bad = tmp_path / "bad"
+    one_line(autotune(tmp_path, *RUN, "--out", str(bad), "--strategy", "nope", fake=True),
+             "unknown strategy 'nope'", "largest-fits")
+    assert tree(bad) == []
+    out = tmp_path / "out"
+    args = [("8GB" if a == "3GB" else a) for a in RUN[:-1]]  # the HF defaults fit 8 GB here, not 3
+    p = autotune(tmp_path, *args, "6", "--out", str(out), "--strategy", "largest-fits", "--json", fake=True)
+    assert p.returncode == 0, p.stderr
+    summary = json.loads(p.stdout)
+    assert set(summary["probes_by_origin"]) <= {"largest-fits", "baseline"} and summary["probes_by_origin"]
+    db = next(out.rglob("study.db"))
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{db}")
+    assert {t.user_attrs["origin"] for t in study.trials} <= {"largest-fits", "baseline"}

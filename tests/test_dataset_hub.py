@@ -259,3 +259,22 @@ def test_run_on_a_cached_hub_id_and_a_missing_one(hf_cache: Path, no_network, tm
     assert missing.exit_code == 2 and not (tmp_path / "m").exists()
     lines = [ln for ln in missing.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "not in the local Hugging Face datasets cache at" in lines[0], missing.stderr
+
+
+@pytest.mark.slow
+def test_a_real_probe_reads_a_cached_hub_dataset_in_its_own_process(hf_cache: Path, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    build_hub_cache(hf_cache)
+    env = {**os.environ, "HF_DATASETS_CACHE": str(hf_cache), "AUTOTUNE_CACHE": str(tmp_path / "ac")}
+    env.pop("HF_HUB_OFFLINE", None)
+    cmd = [sys.executable, "-m", "autotune", "probe", "--model", "tiny-llama", "--device", "cpu", "--seq-len", "64",
+           "--micro-batch", "2", "--precision", "fp32", "--dataset", HUB_ID, "--split", "train", "--tokenizer", TOK,
+           "--warmup-steps", "1", "--steps", "2", "--json"]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = json.loads(out.stdout)
+    assert res["status"] == "ok" and res["metrics"]["dataset_column"] == "messages"
+    lens = [len(x) for x in _rendered(TRAIN)]
+    assert res["metrics"]["mean_seq_len"] == pytest.approx(sum(lens) / len(lens), rel=0.5)

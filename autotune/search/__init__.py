@@ -12,10 +12,7 @@ from autotune.search._logic import (
     FAILED,
     MEMORY_INFEASIBLE,
     Skip,
-    TrialRecord,
     candidate_from_choice,
-    candidate_id,
-    candidate_label,
     constraint_value,
     derive_grad_accum,
     distinct_candidates,
@@ -28,6 +25,7 @@ from autotune.search._logic import (
     usable_micro_batches,
     usable_worlds,
 )
+from autotune.spec.trial import TrialRecord, candidate_id, candidate_label
 
 if TYPE_CHECKING:
     from autotune.search._searcher import LoadCheck, ProgressFn, Pruner, Searcher, SearchOutcome

@@ -270,6 +270,8 @@ def tune(
     mode: str = "full",
     space: str | Path | SearchSpace | None = None,
     dataset: str | None = None,
+    split: str | None = None,
+    tokenizer: str | None = None,
     lengths: str = "fixed",
     max_trials: int = 40,
     time_budget: str | float | None = None,
@@ -348,6 +350,8 @@ class TuneArgs:
     mode: str
     space: str | Path | SearchSpace | None
     dataset: str | None
+    split: str | None
+    tokenizer: str | None
     lengths: str
     max_trials: int
     time_budget: str | float | None
@@ -425,8 +429,15 @@ def read_request(a: TuneArgs) -> Request:
     resolved = resolve_model(a.model, trust_remote_code=a.trust_remote_code)
     check_model_config(resolved.config, resolved.config_path)
     check_seq_len(resolved, a.seq_len)
-    if a.dataset is not None and not Path(a.dataset).exists():
-        raise SpecError(f"dataset {a.dataset!r} does not exist")
+    if a.dataset is not None:
+        from autotune.spec.dataset_ref import find_hub_dataset, is_hub_dataset_id, missing_hub_dataset_message
+
+        if is_hub_dataset_id(a.dataset) and find_hub_dataset(a.dataset) is None:
+            raise SpecError(missing_hub_dataset_message(a.dataset))
+        if not is_hub_dataset_id(a.dataset) and not Path(a.dataset).exists():
+            raise SpecError(f"dataset {a.dataset!r} does not exist")
+    if a.split is not None and a.dataset is None:
+        raise SpecError("--split names a split of --dataset; pass --dataset too, or drop --split")
     return Request(args=a, budget=parse_budget(a.gpu_budget), time_budget_s=parse_duration(a.time_budget),
                    gpu_list=parse_gpus(a.gpus), space=space_obj, resolved=resolved)
 
@@ -468,7 +479,8 @@ def plan_search(r: Request) -> SearchPlan:
     if a.dataset is not None and a.lengths != "fixed":
         raise SpecError("--lengths describes synthetic sequences and --dataset brings real ones: give one of them")
     workload = Workload(model=r.resolved.name, model_path=r.resolved.path, seq_len=a.seq_len, mode=a.mode,
-                        dataset=a.dataset, trust_remote_code=a.trust_remote_code, seed=a.seed, lengths=a.lengths)
+                        dataset=a.dataset, trust_remote_code=a.trust_remote_code, seed=a.seed, lengths=a.lengths,
+                        split=a.split, tokenizer=a.tokenizer)
     problems = workload.problems() + settings.problems()
     if problems:
         raise SpecError(problems)

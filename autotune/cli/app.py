@@ -28,6 +28,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("check", "autotune.cli.check"),
     ("report", "autotune.cli.report"),
     ("schema", "autotune.cli.schema"),
+    ("dashboard", "autotune.cli.dashboard"),
 ]
 
 _DEBUG = False

@@ -128,6 +128,7 @@ def build_files(
         "seed": wl.seed,
         "lengths": wl.lengths,
         "dataset": wl.dataset,
+        "split": wl.split,
         "tokenizer": wl.tokenizer,
         "worst_case_first": req.settings.usable_bytes() is not None,  # as the probe (worker.py)
         "precision": cand.precision,

@@ -248,7 +248,7 @@ def _build_summary(
     summary["distinct_candidates"] = outcome.distinct_candidates
     # probes run, by what proposed them (TrialRecord.origin)
     summary["probes_by_origin"] = dict(Counter(r.origin or "unknown" for r in outcome.records
-                                               if r.phase == "search" and r.probed))
+                                               if r.phase in ("search", "recheck") and r.probed))
     summary["top"] = [RankingEntry.from_ranking(e).model_dump(mode="json") for e in outcome.ranking]
     summary["warnings"] = outcome.warnings
     summary["tie"] = outcome.tie
@@ -299,6 +299,7 @@ def tune(
     confirm_rounds: tuple[int, int] | None = None,
     confirm_tolerance: float | None = None,
     load_monitor: bool | None = None,
+    strategy: str = "walk",
 ) -> TuneResult:
     """Find the fastest configuration of ``model`` that fits ``gpu_budget``, by measuring.
 
@@ -379,6 +380,7 @@ class TuneArgs:
     confirm_rounds: tuple[int, int] | None
     confirm_tolerance: float | None
     load_monitor: bool | None
+    strategy: str = "walk"
 
 
 @dataclass(frozen=True)
@@ -400,6 +402,10 @@ def read_request(a: TuneArgs) -> Request:
                          gpus_per_trial=a.gpus_per_trial)  # fmt: skip
     if isinstance(a.verify_loss, bool) or not isinstance(a.verify_loss, int) or a.verify_loss < 0:
         problems.append(f"verify-loss steps must be an integer >= 0; got {a.verify_loss!r}")
+    from autotune.search import STRATEGIES
+
+    if a.strategy not in STRATEGIES:
+        problems.append(f"unknown strategy {a.strategy!r}; choose one of {', '.join(STRATEGIES)}")
     from autotune.spec.lengths import parse_lengths
     from autotune.store.run_dir import check_out_dir
     from autotune.store.storage import check_storage_url
@@ -539,6 +545,7 @@ def _cache_key(r: Request, dev: str, gpu_infos: list[dict[str, Any]], space: Sea
                                  if pruner is not None else bool(a.prune if a.prune is not None else dev == "cuda")),
                        "verify_loss": a.verify_loss, "verify_loss_tolerance": a.verify_loss_tolerance,
                        "confirm": confirm_policy.to_dict(),
+                       **({"strategy": a.strategy} if a.strategy != "walk" else {}),  # (walk: keys as before)
                        "load_monitor": bool(a.load_monitor if a.load_monitor is not None else (
                            a.executor is None and a.ray_address is None))}  # fmt: skip
     key = cache_key(model_config=r.resolved.config, space=space.to_dict(), budget_bytes=settings.budget_bytes,
@@ -619,7 +626,7 @@ def start_run(r: Request, plan: SearchPlan, run_dir: Any, resumed: bool) -> RunS
         "dropped_choices": [d.to_dict() for d in plan.dropped],
         "search": {"max_trials": a.max_trials, "time_budget_s": r.time_budget_s, "top_k": a.top_k, "steps": a.steps,
                    "confirm_steps": a.steps * 2, "confirm": plan.confirm_policy.to_dict(), "storage": storage_url,
-                   "study_name": run_dir.run_id},
+                   "study_name": run_dir.run_id, "strategy": a.strategy},
         "environment": {"hardware": plan.hardware, "software": plan.software},
     }
     if not resumed:
@@ -727,6 +734,7 @@ def _searcher(r: Request, plan: SearchPlan, run_dir: Any, started: RunStart, exe
         storage=study_storage, study_name=run_dir.run_id, top_k=a.top_k, device=dev, max_world=max_world,
         history=started.history, sink=run_dir.journal, pruner=pruner, progress=progress, baseline=plan.baseline,
         confirm=plan.confirm_policy, load_check=monitor.check if monitor is not None else None,
+        strategy=a.strategy,
     )
     return searcher, pruner
 

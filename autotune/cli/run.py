@@ -204,6 +204,7 @@ def command(
     verify_loss_steps: int = typer.Option(20, "--verify-loss-steps", help="Optimizer steps of each --verify-loss run."),
     confirm_rounds: str | None = typer.Option(None, "--confirm-rounds", help="Confirmation rounds MIN:MAX (default 2:4): more rounds run while the repeats disagree."),
     confirm_tolerance: float | None = typer.Option(None, "--confirm-tolerance", help="Relative spread at which repeats agree (default 0.25 on CPU, 0.10 on a GPU)."),
+    strategy: str = typer.Option("walk", "--strategy", help="What proposes the probes: walk (expert seeds, memory-boundary step-downs, a neighbourhood walk, then TPE) | tpe | random | grid | largest-fits | deepspeed."),
     strict: bool = typer.Option(False, "--strict", help="Exit 5 when the answer is doubtful: the winner's repeats are noisy, or other load was seen."),
     as_json: bool = typer.Option(False, "--json", help="Print only summary.json to stdout."),
 ) -> None:
@@ -237,7 +238,7 @@ def command(
             fresh=fresh, progress=printer, gpus_per_trial=gpus_per_trial, top_k=top_k, steps=steps,
             probe_timeout_s=probe_timeout, trust_remote_code=trust_remote_code,
             verify_loss=verify_loss_steps if verify_loss else 0,
-            confirm_rounds=_rounds(confirm_rounds), confirm_tolerance=confirm_tolerance,
+            confirm_rounds=_rounds(confirm_rounds), confirm_tolerance=confirm_tolerance, strategy=strategy,
         )  # fmt: skip
     finally:
         printer.close()

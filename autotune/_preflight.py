@@ -117,9 +117,9 @@ def check_ray(ray_address: str | None, timeout_s: float = RAY_CONNECT_TIMEOUT_S)
     """A bounded wait for ``--ray-address`` (SpecError naming the address if it does not answer)."""
     if ray_address is None:
         return
-    from autotune.executors.ray_pool import _check_reachable
+    from autotune.executors.ray_pool import check_reachable
 
-    _check_reachable(ray_address, timeout_s)
+    check_reachable(ray_address, timeout_s)
 
 
 def _vocab_size(config: dict[str, Any]) -> int | None:

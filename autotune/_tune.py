@@ -570,7 +570,7 @@ def _cache_key(r: Request, dev: str, gpu_infos: list[dict[str, Any]], space: Sea
 def answer_from_cache(r: Request, plan: SearchPlan, *, started: float) -> TuneResult | None:
     """Stage 3: a stored answer to the same request (None: search). A stored, measured "nothing fits"
     is raised again (NothingFitsError). ``--fresh`` skips this stage."""
-    from autotune.store import find_cached
+    from autotune.store import find_cached, find_cached_nothing_fits
 
     a = r.args
     if a.fresh:
@@ -584,11 +584,12 @@ def answer_from_cache(r: Request, plan: SearchPlan, *, started: float) -> TuneRe
         if a.progress is not None:
             a.progress("cached", {"run_dir": str(cached.path), "summary": summary})
         return TuneResult(best=best, summary=summary, run_dir=cached.path, from_cache=True)
-    refused = _cached_nothing_fits(out_path, plan.key)
+    refused = find_cached_nothing_fits(out_path, plan.key)
     if refused is not None:
+        stored, stored_summary = refused
         if a.progress is not None:
-            a.progress("cached", {"run_dir": str(refused[0]), "summary": refused[1]})
-        raise NothingFitsError(str(refused[1].get("message", "nothing fits (cached answer)")) + " [cached]")
+            a.progress("cached", {"run_dir": str(stored.path), "summary": stored_summary})
+        raise NothingFitsError(str(stored_summary.get("message", "nothing fits (cached answer)")) + " [cached]")
     return None
 
 
@@ -862,18 +863,6 @@ class EstimatePruner:
 
 def _estimate_pruner(config: dict[str, Any], workload: Workload, device: str, budget_bytes: int) -> EstimatePruner:
     return EstimatePruner(config, workload, device, budget_bytes)
-
-
-def _cached_nothing_fits(out: Path, key: str) -> tuple[Path, dict[str, Any]] | None:
-    from autotune.store.run_dir import _runs_with_key
-
-    for rd in _runs_with_key(out, key):
-        s = rd.read_json("summary.json")
-        if isinstance(s, dict) and s.get("status") == "nothing_fits" and s.get("measured_infeasible"):
-            return rd.path, s
-        if isinstance(s, dict) and s.get("status") == "complete":
-            return None
-    return None
 
 
 def _space_for_device(

@@ -15,10 +15,10 @@ import yaml
 from autotune.emit import EMITTED_FILES, build_files, emit_all
 from autotune.emit.training_args import (
     emitted_model_kwargs,
-    hf_default_candidate,
     performance_kwargs,
 )
 from autotune.errors import AutotuneError
+from autotune.spec.baseline import hf_default_candidate
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
 from autotune.spec.result import ProbeResult
 from autotune.store.atomic import write_json_atomic, write_text_atomic

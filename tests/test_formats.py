@@ -194,3 +194,23 @@ def test_run_from_bad_input_is_exit_2(args: list[str], needle: str) -> None:
     proc = subprocess.run([sys.executable, "-m", "autotune", "run", "--gpu-budget", "24GB", *args],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
+
+
+def test_one_key_record_serves_the_checklist_and_the_emitters() -> None:
+    """autotune/emit/schemas/*_keys.json is the one record (tools/extract_target_keys.py): the checklist's
+    key sets are its top-level and plugin sections, pydantic aliases and LLaMA-Factory's generation
+    arguments included."""
+    import json
+
+    from autotune.formats import known_keys
+
+    schemas = Path(__file__).resolve().parents[1] / "autotune" / "emit" / "schemas"
+    ax = json.loads((schemas / "axolotl_keys.json").read_text())
+    keys = known_keys("axolotl", ta_fields=None)
+    assert keys == set(ax["sections"][""]) | set(ax["sections"]["plugin:liger"])
+    assert {"model_kwargs", "liger_rms_norm", "sample_packing"} <= keys and "auto_wrap_policy" not in keys  # fsdp_config only
+    assert key_source("axolotl") == ax["source"]
+    lf = known_keys("llamafactory", ta_fields={"learning_rate"})
+    assert lf is not None and {"temperature", "cutoff_len", "learning_rate", "predict_with_generate"} <= lf
+    assert not any(k.startswith("_") for k in lf)
+    assert not (schemas.parent.parent / "formats" / "keys.json").exists()

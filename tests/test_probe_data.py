@@ -12,6 +12,7 @@ import torch
 
 from autotune.errors import DatasetError, SpecError
 from autotune.probe import data as D
+from autotune.probe import tokenize_cache
 from autotune.probe.collate import (
     IGNORE_INDEX,
     REAL_TOKENS_KEY,
@@ -472,7 +473,7 @@ def test_jsonl_text_with_tokenizer_then_cache_hit(
     def boom(path: str, **kw: object) -> None:
         raise AssertionError("re-tokenized although cached")
 
-    monkeypatch.setattr(D, "_load_tokenizer", boom)
+    monkeypatch.setattr(tokenize_cache, "load_tokenizer", boom)
     second = load_token_sequences(ds, seq_len=4, tokenizer=str(tokdir), cache_dir=cache)
     assert second.cache_hit and second.sequences.to_lists() == seqs
     # another seq_len is another cache entry (and would need the tokenizer)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from pathlib import Path
 
 import pytest
@@ -26,20 +28,14 @@ from autotune.store import RunDir, make_run_id
 
 
 def args(tmp_path: Path, **kw) -> TuneArgs:
-    base = dict(model="tiny-llama", gpu_budget="10GiB", seq_len=512, effective_batch=16, mode="full", space="cpu",
-                dataset=None, split=None, tokenizer=None, lengths="fixed", max_trials=6, time_budget=None, gpus=None, ray_address=None,
-                device="cpu", storage=None, out=tmp_path, seed=42, resume=False, fresh=False,
-                executor=FakeExecutor(), progress=None, gpus_per_trial=None, top_k=2, steps=5, warmup_steps=2,
-                probe_timeout_s=300.0, baseline=True, trust_remote_code=False, pruner=None, prune=None,
-                verify_loss=0, verify_loss_tolerance=None, confirm_rounds=None, confirm_tolerance=None,
-                load_monitor=False)
-    return TuneArgs(**{**base, **kw})
+    """tune()'s defaults, a small CPU request on the fake executor, and ``kw``."""
+    defaults = {n: p.default for n, p in inspect.signature(tune).parameters.items() if p.default is not p.empty}
+    base = dict(model="tiny-llama", gpu_budget="10GiB", seq_len=512, effective_batch=16, space="cpu", max_trials=6,
+                device="cpu", out=tmp_path, executor=FakeExecutor(), top_k=2, load_monitor=False)
+    return TuneArgs(**{**defaults, **base, **kw})
 
 
 def test_tune_args_mirror_tunes_signature() -> None:
-    import dataclasses
-    import inspect
-
     assert [f.name for f in dataclasses.fields(TuneArgs)] == list(inspect.signature(tune).parameters)
 
 

@@ -3,7 +3,9 @@
 
 Neither library installs beside transformers 5.24 (see /work/shared/STACK-NOTES.md), so the emitted
 axolotl.yaml / llamafactory.yaml are checked against the key names and type annotations declared in
-their own sources. This script reads those sources (field names and annotation text only, through
+their own sources, and ``autotune check`` / ``--write-back`` read the same files for the keys a
+user's config may hold (``autotune.formats.known_keys``: the top-level section plus the plugins').
+This script reads those sources (field names, pydantic aliases and annotation text only, through
 ``ast``; nothing is imported or executed) from a git checkout and records where they came from:
 
     python tools/extract_target_keys.py axolotl PATH/TO/axolotl.git
@@ -53,9 +55,12 @@ TARGETS = {
             "src/llamafactory/hparams/data_args.py",
             "src/llamafactory/hparams/finetuning_args.py",
             "src/llamafactory/hparams/training_args.py",
+            "src/llamafactory/hparams/generating_args.py",
         ],
-        # the parser merges these dataclasses; TrainingArguments extends transformers' Seq2SeqTrainingArguments
-        "sections": {"": ["ModelArguments", "DataArguments", "FinetuningArguments", "TrainingArguments"]},
+        # the parser merges these dataclasses (_TRAIN_ARGS in hparams/parser.py); TrainingArguments extends
+        # transformers' Seq2SeqTrainingArguments, whose own fields come from the installed transformers
+        "sections": {"": ["ModelArguments", "DataArguments", "FinetuningArguments", "TrainingArguments",
+                          "GeneratingArguments"]},
     },
 }
 
@@ -89,7 +94,15 @@ def _fields(name: str, classes: dict[str, ast.ClassDef], seen: set[str] | None =
             fields.update(_fields(bname, classes, seen))
     for stmt in node.body:
         if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
-            fields[stmt.target.id] = ast.unparse(stmt.annotation)
+            name, annotation = stmt.target.id, ast.unparse(stmt.annotation)
+            if name.startswith("_"):  # private attributes: not a config key
+                continue
+            if name != "model_config":  # pydantic's own settings, not a field
+                fields[name] = annotation
+            if isinstance(stmt.value, ast.Call):  # Field(alias="..."): the key a config file uses
+                for kw in stmt.value.keywords:
+                    if kw.arg == "alias" and isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str):
+                        fields[kw.value.value] = annotation
     return fields
 
 

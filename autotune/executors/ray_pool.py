@@ -26,7 +26,7 @@ from autotune.errors import MissingDependencyError, SpecError
 from autotune.spec.probe_request import ProbeRequest
 from autotune.spec.result import ProbeResult
 
-__all__ = ["RayExecutor", "import_ray"]
+__all__ = ["RayExecutor", "check_reachable", "import_ray"]
 
 _OBJECT_STORE_BYTES = 100 * 2**20  # probes pass small JSON dicts; 30 % of RAM (the default) is waste
 _LOST_WORKER_RETRIES = 1
@@ -86,7 +86,7 @@ class RayExecutor:
         self._started = False
         self._private: _PrivateRuntime | None = None
         if address is not None and ray.is_initialized():
-            _check_reachable(address, connect_timeout_s)  # a wrong address is an error even then
+            check_reachable(address, connect_timeout_s)  # a wrong address is an error even then
         if not ray.is_initialized():
             self._init(address, gpus=gpus, num_cpus=num_cpus, timeout=connect_timeout_s,
                        object_store_bytes=object_store_bytes)
@@ -137,7 +137,7 @@ class RayExecutor:
         else:
             kwargs["address"] = address
         if address is not None:
-            _check_reachable(address, timeout)
+            check_reachable(address, timeout)
         saved_cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
         if address is None and self.device == "cuda" and gpus is not None:
             # the embedded raylet reads the visible GPUs from its environment when it starts
@@ -344,7 +344,7 @@ def _split_address(address: str) -> tuple[str, int] | None:
         return None
 
 
-def _check_reachable(address: str, timeout: float) -> None:
+def check_reachable(address: str, timeout: float) -> None:
     """Bounded wait for the cluster's port to accept a connection, else a one-line SpecError.
 
     Without it an unreachable address leaves ``ray.init`` retrying for a minute and then

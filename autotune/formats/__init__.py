@@ -3,8 +3,8 @@
 One module per format holds the whole key mapping, both directions (see ``_common``):
 ``training_args`` (TrainingArguments JSON/YAML), ``trl`` (SFTConfig), ``axolotl``, ``llamafactory``,
 ``accelerate``, ``deepspeed``. ``read_config`` parses and detects; ``known_keys`` gives the key set a
-format accepts (Axolotl / LLaMA-Factory from ``keys.json``, recorded from their sources with
-``tools/format_keys.py``; TrainingArguments / SFTConfig from the installed packages, passed in);
+format accepts (Axolotl / LLaMA-Factory from ``autotune/emit/schemas/*_keys.json``, recorded from
+their sources with ``tools/extract_target_keys.py``; TrainingArguments / SFTConfig from the installed packages, passed in);
 ``write_back_text`` changes the tuned keys of the user's file and nothing else.
 """
 
@@ -104,12 +104,23 @@ def read_config(name: str, text: str, *, fmt: str | None = None) -> ReadConfig:
     return ReadConfig(name=name, format=chosen, data=data, text=text, request=req)
 
 
-def _keys_file() -> dict[str, Any]:
-    return dict(json.loads(resources.files("autotune.formats").joinpath("keys.json").read_text(encoding="utf-8")))
+def _keys_file(fmt: str) -> dict[str, Any] | None:
+    """``autotune/emit/schemas/<fmt>_keys.json`` (tools/extract_target_keys.py), the one record of the
+    keys Axolotl / LLaMA-Factory accept: the emitters are tested against it, the checklist reads it."""
+    if fmt not in ("axolotl", "llamafactory"):
+        return None
+    path = resources.files("autotune").joinpath("emit", "schemas", f"{fmt}_keys.json")
+    return dict(json.loads(path.read_text(encoding="utf-8")))
+
+
+def _top_level_keys(fmt: str) -> set[str]:
+    """The top-level section's keys and the plugins' (an Axolotl plugin's arguments are top-level keys)."""
+    sections = (_keys_file(fmt) or {}).get("sections", {})
+    return {k for name, keys in sections.items() if name == "" or name.startswith("plugin:") for k in keys}
 
 
 def key_source(fmt: str) -> dict[str, Any] | None:
-    entry = _keys_file().get(fmt)
+    entry = _keys_file(fmt)
     return dict(entry["source"]) if entry else None
 
 
@@ -120,13 +131,13 @@ def known_keys(fmt: str, *, ta_fields: set[str] | None, trl_fields: set[str] | N
     if fmt == "trl":
         return trl_fields
     if fmt == "axolotl":
-        return set(_keys_file()["axolotl"]["keys"])
+        return _top_level_keys("axolotl")
     if fmt == "llamafactory":
         if ta_fields is None:
             return None
         seq2seq = {"predict_with_generate", "generation_max_length", "generation_num_beams", "generation_config",
                    "sortish_sampler"}  # transformers' Seq2SeqTrainingArguments adds these to TrainingArguments
-        return set(_keys_file()["llamafactory"]["keys"]) | ta_fields | seq2seq
+        return _top_level_keys("llamafactory") | ta_fields | seq2seq
     return None
 
 

@@ -1,7 +1,7 @@
 """Axolotl YAML (``axolotl train config.yml``).  [pure]
 
 Key names and defaults from Axolotl's pydantic schema (``AxolotlInputConfig``; the accepted key set
-and its commit are in ``keys.json``). Axolotl ignores keys its schema does not have (pydantic's
+and its commit are in ``autotune/emit/schemas/axolotl_keys.json``). Axolotl ignores keys its schema does not have (pydantic's
 default), so an unknown key is a setting that silently does nothing.
 
 Semantics: with ``sample_packing`` Axolotl's ``micro_batch_size`` counts packed rows of

@@ -3,7 +3,7 @@
 LLaMA-Factory parses one flat file into its Model/Data/Finetuning/Generating arguments plus
 transformers' ``Seq2SeqTrainingArguments``, and rejects keys none of them has (``HfArgumentParser``
 with ``allow_extra_keys`` off unless ``ALLOW_EXTRA_ARGS`` is set). Its own key set and commit are
-in ``keys.json``; the TrainingArguments part is the installed transformers'.
+in ``autotune/emit/schemas/llamafactory_keys.json``; the TrainingArguments part is the installed transformers'.
 
 ``packing``/``neat_packing`` pack into rows of ``cutoff_len`` tokens (neat_packing keeps attention
 within each sequence, as autotune's packing does); as for Axolotl, micro-batch then counts rows.

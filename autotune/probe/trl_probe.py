@@ -138,12 +138,12 @@ def _dataset(req: ProbeRequest, *, n_sequences: int, vocab_size: int) -> tuple[A
 
 def _tokenizer(req: ProbeRequest) -> Any:
     from autotune.errors import DatasetError
-    from autotune.probe.data import _load_tokenizer, find_tokenizer
+    from autotune.probe.tokenize_cache import find_tokenizer, load_tokenizer
 
     path = find_tokenizer(req.workload)
     if path is None:
         raise DatasetError(f"--trainer trl needs a tokenizer (SFTTrainer takes its pad token from it): {TOKENIZER_HINT}")
-    return _load_tokenizer(path)
+    return load_tokenizer(path)
 
 
 def build_sft_trainer(

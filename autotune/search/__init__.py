@@ -12,10 +12,7 @@ from autotune.search._logic import (
     FAILED,
     MEMORY_INFEASIBLE,
     Skip,
-    TrialRecord,
     candidate_from_choice,
-    candidate_id,
-    candidate_label,
     constraint_value,
     derive_grad_accum,
     distinct_candidates,
@@ -29,6 +26,7 @@ from autotune.search._logic import (
     usable_worlds,
 )
 from autotune.search._strategies import STRATEGIES
+from autotune.spec.trial import TrialRecord, candidate_id, candidate_label
 
 if TYPE_CHECKING:
     from autotune.search._sampler import AutotuneSampler, Observation

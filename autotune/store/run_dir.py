@@ -377,6 +377,18 @@ def find_cached(out: str | os.PathLike[str], cache_key: str) -> RunDir | None:
     return None
 
 
+def find_cached_nothing_fits(out: str | os.PathLike[str], cache_key: str) -> tuple[RunDir, dict[str, Any]] | None:
+    """The newest stored "nothing fits" answer to the same request, with its summary, when it rests on a
+    measured oom/over_budget and no later run of the request completed; else None."""
+    for rd in _runs_with_key(Path(out), cache_key):
+        s = rd.read_json("summary.json")
+        if isinstance(s, dict) and s.get("status") == "nothing_fits" and s.get("measured_infeasible"):
+            return rd, s
+        if isinstance(s, dict) and s.get("status") == "complete":
+            return None
+    return None
+
+
 def find_resumable(out: str | os.PathLike[str], cache_key: str) -> RunDir | None:
     """The newest unfinished run (no summary.json) of the same request."""
     for rd in _runs_with_key(Path(out), cache_key):

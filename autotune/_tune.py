@@ -580,7 +580,8 @@ def tune(
                 executor = _default_executor(device=dev, gpus=gpu_list, ray_address=ray_address,
                                              gpus_per_probe=min(space_obj.gpus_per_trial), progress=progress)
             max_world = len(gpu_infos) if dev == "cuda" and gpu_infos else (1 if dev == "cpu" else None)
-            ex_gpus = getattr(executor, "total_gpus", None)
+            # a distributed probe's ranks run on one node: on a cluster, the largest node bounds the world
+            ex_gpus = getattr(executor, "max_gpus_per_node", None) or getattr(executor, "total_gpus", None)
             if dev == "cuda" and ex_gpus:
                 max_world = int(ex_gpus) if ray_address is not None else min(max_world or ex_gpus, int(ex_gpus))
             if pruner is None and (prune if prune is not None else dev == "cuda"):

@@ -199,8 +199,10 @@ class RayExecutor:
         auth_log.setLevel(logging.ERROR)  # "token authentication is enabled" on every embedded start
         where = f"the Ray cluster at {address!r}" if address else "an embedded Ray runtime"
         self._restore_messages = _ray_messages_to_stderr()
+        handlers = _python_signal_handlers()
         try:
             ray.init(**kwargs)
+            _reinstall(handlers)  # ray.init replaced them; the caller's decide how an interruption unwinds
         except Exception as exc:
             if self._private is not None:
                 self._private.release()
@@ -368,6 +370,43 @@ class _PrivateRuntime:
             self._constants = None
         _refresh_ray_auth()
         self.reaper.release()  # sweeps what the shutdown left and removes the temporary folder
+
+
+_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+
+
+def _python_signal_handlers() -> dict[int, Any]:
+    """The Python handlers the caller installed (the CLI turns SIGTERM/SIGHUP into KeyboardInterrupt).
+
+    ``ray.init`` replaces them: SIGTERM with ``sys.exit`` at the Python level, and its core worker
+    puts a C-level failure handler on top ("*** SIGTERM received ..."), so ``autotune run`` killed
+    by SIGTERM ended with exit 1 and skipped its own unwinding (probes stopped, pool closed, lock
+    released). Only callables are kept: a default disposition stays Ray's choice.
+    """
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    out: dict[int, Any] = {}
+    for name in _SIGNALS:
+        sig = getattr(signal, name, None)
+        if sig is None:
+            continue
+        handler = signal.getsignal(sig)
+        if callable(handler):
+            out[int(sig)] = handler
+    return out
+
+
+def _reinstall(handlers: dict[int, Any]) -> None:
+    import signal
+
+    for sig, handler in handlers.items():
+        try:
+            signal.signal(sig, handler)
+        except (ValueError, OSError):  # pragma: no cover - not the main thread after all
+            pass
 
 
 def _ray_messages_to_stderr() -> Callable[[], None] | None:

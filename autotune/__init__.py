@@ -9,7 +9,6 @@ from autotune.errors import (
     MissingDependencyError,
     ModelNotFoundError,
     NothingFitsError,
-    ProbeError,
     SpecError,
 )
 from autotune.spec.budget import Budget, parse_budget
@@ -26,7 +25,6 @@ __all__ = [
     "MissingDependencyError",
     "ModelNotFoundError",
     "NothingFitsError",
-    "ProbeError",
     "ProbeRequest",
     "ProbeSettings",
     "SearchSpace",

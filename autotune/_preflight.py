@@ -139,7 +139,8 @@ def check_dataset(dataset: str | None, workload: Workload, config: dict[str, Any
     from autotune.errors import DatasetError
     from autotune.probe.data import find_tokenizer, load_token_sequences
 
-    loaded = load_token_sequences(dataset, seq_len=workload.seq_len, tokenizer=find_tokenizer(workload))
+    loaded = load_token_sequences(dataset, seq_len=workload.seq_len, tokenizer=find_tokenizer(workload),
+                                  split=workload.split)
     vocab = _vocab_size(config or {})
     top = loaded.sequences.max_token()
     if vocab is not None and top >= vocab:
@@ -252,8 +253,8 @@ def mean_sequence_tokens(workload: Workload) -> float:
     if workload.dataset is not None:
         from autotune.probe.data import find_tokenizer, load_token_sequences
 
-        lengths = load_token_sequences(workload.dataset, seq_len=workload.seq_len,
-                                       tokenizer=find_tokenizer(workload)).sequences.lengths()
+        lengths = load_token_sequences(workload.dataset, seq_len=workload.seq_len, tokenizer=find_tokenizer(workload),
+                                       split=workload.split).sequences.lengths()
         return float(lengths.mean()) if len(lengths) else float(workload.seq_len)
     if workload.lengths == "fixed":
         return float(workload.seq_len)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -25,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.errors import AutotuneError, NothingFitsError, SpecError
 from autotune.executors.base import Executor
-from autotune.probe.result import ProbeResult
 from autotune.search import FAILED, TrialRecord, candidate_id, candidate_label
 from autotune.spec.budget import Budget, format_bytes, parse_budget
+from autotune.spec.parse import parse_duration, parse_gpus
 from autotune.spec.probe_request import (
     DEVICE_CHOICES,
     MODE_CHOICES,
@@ -35,64 +34,24 @@ from autotune.spec.probe_request import (
     ProbeSettings,
     Workload,
 )
+from autotune.spec.result import ProbeResult
 from autotune.spec.space import SearchSpace, load_space
+from autotune.spec.summary import SCHEMA_VERSION, BaselineEntry, BestEntry, RankingEntry
 
 if TYPE_CHECKING:  # the searcher imports optuna: loaded when a search actually runs
     from autotune.search import Pruner, SearchOutcome
 
-__all__ = ["tune", "TuneResult", "parse_duration", "parse_gpus", "nothing_fits_message"]
+__all__ = [
+    "tune", "TuneResult", "TuneArgs", "Request", "SearchPlan", "RunStart", "Searched", "EstimatePruner",
+    "read_request", "plan_search", "answer_from_cache", "start_run", "run_search", "summarize", "write_answer",
+    "nothing_fits_message",
+]
 
 ProgressFn = Callable[[str, dict[str, Any]], None]
 
 # sequences per optimizer step: far above any real fine-tuning batch (1,024 x 4k tokens = 4M tokens),
 # and below what would have a probe build and accumulate millions of micro-steps
 MAX_EFFECTIVE_BATCH = 65_536
-
-_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(h|m|s|ms)?", re.IGNORECASE)
-
-
-def parse_duration(value: str | float | int | None) -> float | None:
-    """Seconds from ``20m``, ``1h30m``, ``90s``, ``1.5h`` or a bare number of seconds; None stays None."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise SpecError(f"time budget must be a duration like 20m; got {value!r}")
-    if isinstance(value, (int, float)):
-        if value <= 0:
-            raise SpecError(f"time budget must be positive; got {value!r}")
-        return float(value)
-    text = str(value).strip().lower().replace(" ", "")
-    pos, total = 0, 0.0
-    factors = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001, None: 1.0}
-    while pos < len(text):
-        m = _DURATION_RE.match(text, pos)
-        if not m or m.end() == pos:
-            raise SpecError(f"time budget {value!r} is not a duration; use e.g. 20m, 1h30m, 90s or 300")
-        total += float(m.group(1)) * factors[m.group(2)]
-        pos = m.end()
-    if not text or total <= 0:
-        raise SpecError(f"time budget must be positive; got {value!r}")
-    return total
-
-
-def parse_gpus(value: str | list[int] | tuple[int, ...] | None) -> list[int] | None:
-    """GPU indices from ``"0,1,2"`` or a list; None means all that are visible."""
-    if value is None:
-        return None
-    items: list[Any] = list(value) if isinstance(value, (list, tuple)) else [s for s in str(value).split(",")]
-    out: list[int] = []
-    for item in items:
-        try:
-            idx = int(str(item).strip())
-        except ValueError:
-            raise SpecError(f"--gpus must be comma-separated GPU indices like 0,1,2; got {value!r}") from None
-        if idx < 0:
-            raise SpecError(f"--gpus indices must be >= 0; got {value!r}")
-        out.append(idx)
-    if not out or len(set(out)) != len(out):
-        raise SpecError(f"--gpus must list distinct GPU indices like 0,1,2; got {value!r}")
-    return out
-
 
 @dataclass
 class TuneResult:
@@ -274,23 +233,6 @@ def nothing_fits_message(
     )
 
 
-def _effective_batch_parts(c: Candidate, metrics: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The requested effective batch, and what the measured optimizer steps held (sequences: mean/min/max,
-    real tokens: mean), packed or not; None where the probe did not record them."""
-    m = metrics or {}
-    seqs = {k: m.get(f"sequences_per_step_{k}") for k in ("mean", "min", "max")}
-    tokens = m.get("tokens_per_step_mean")
-    return {
-        "value": c.micro_batch * c.grad_accum * c.world_size,
-        "micro_batch": c.micro_batch,
-        "grad_accum": c.grad_accum,
-        "world_size": c.world_size,
-        "text": f"{c.micro_batch} × {c.grad_accum} × {c.world_size}",
-        "sequences_per_step": seqs if seqs["mean"] is not None else None,
-        "tokens_per_step": {"mean": tokens} if tokens is not None else None,
-    }
-
-
 def _build_summary(
     *, outcome: SearchOutcome, base: dict[str, Any], usable: int | None, budget_bytes: int,
 ) -> dict[str, Any]:
@@ -307,33 +249,12 @@ def _build_summary(
     # probes run, by what proposed them (TrialRecord.origin)
     summary["probes_by_origin"] = dict(Counter(r.origin or "unknown" for r in outcome.records
                                                if r.phase == "search" and r.probed))
-    summary["top"] = [
-        {k: e.get(k) for k in ("label", "status", "median_tokens_per_s", "measurements", "spread", "range", "rounds",
-                               "search_tokens_per_s", "step_time_spread", "peak_mem_bytes", "candidate", "reason",
-                               "indistinguishable", "load_warnings")}
-        for e in outcome.ranking
-    ]
+    summary["top"] = [RankingEntry.from_ranking(e).model_dump(mode="json") for e in outcome.ranking]
     summary["warnings"] = outcome.warnings
     summary["tie"] = outcome.tie
     if best is not None and rec is not None:
-        c = best.probe_request().candidate
-        peak = best.metrics.get("peak_mem_bytes_max") or best.peak_mem_bytes
-        summary["best"] = {
-            "label": candidate_label(c),
-            "candidate": dataclasses.asdict(c),
-            "tokens_per_s": best.metrics.get("confirmed_tokens_per_s", best.tokens_per_s),
-            "tokens_per_s_measurements": best.metrics.get("tokens_per_s_measurements"),
-            "tokens_per_s_range": best.metrics.get("tokens_per_s_range"),
-            "search_tokens_per_s": best.metrics.get("search_tokens_per_s"),
-            "spread": best.metrics.get("measurement_spread"),
-            "step_time_spread": best.metrics.get("step_time_spread"),
-            "confirm_status": best.metrics.get("confirm_status"),
-            "peak_mem_bytes": peak,
-            "peak_vs_budget": (peak / budget_bytes) if peak and budget_bytes else None,
-            "peak_vs_usable": (peak / usable) if peak and usable else None,
-            "effective_batch": _effective_batch_parts(c, best.metrics),
-            "origin": rec.origin,
-        }
+        summary["best"] = BestEntry.of(best, origin=rec.origin, budget_bytes=budget_bytes,
+                                       usable=usable).model_dump(mode="json")
     return summary
 
 
@@ -349,6 +270,8 @@ def tune(
     mode: str = "full",
     space: str | Path | SearchSpace | None = None,
     dataset: str | None = None,
+    split: str | None = None,
+    tokenizer: str | None = None,
     lengths: str = "fixed",
     max_trials: int = 40,
     time_budget: str | float | None = None,
@@ -393,276 +316,473 @@ def tune(
     ``confirm_rounds`` (min, max) and ``confirm_tolerance`` set the confirmation policy (default:
     ``ConfirmPolicy.for_device``). ``load_monitor`` (default: on when autotune runs its own probes on
     this machine) watches for other load and fills ``summary["warnings"]``.
+
+    The stages, in order: :func:`read_request` (validate, parse, resolve the model) ->
+    :func:`plan_search` (device, space, budget, preflight, cache key) -> :func:`answer_from_cache`
+    -> :func:`start_run` (claim the run folder) -> :func:`run_search` (probe, confirm the top-k,
+    verify the loss) -> :func:`summarize` -> :func:`write_answer`. Nothing is written before
+    ``start_run``.
     """
+    given = dict(locals())  # every argument above, by name
     t0 = time.monotonic()
-    problems = _validate(seq_len=seq_len, effective_batch=effective_batch, mode=mode, max_trials=max_trials,
-                         device=device, resume=resume, fresh=fresh, top_k=top_k, gpus_per_trial=gpus_per_trial)
-    if isinstance(verify_loss, bool) or not isinstance(verify_loss, int) or verify_loss < 0:
-        problems.append(f"verify-loss steps must be an integer >= 0; got {verify_loss!r}")
+    args = TuneArgs(**{f.name: given[f.name] for f in dataclasses.fields(TuneArgs)})
+    request = read_request(args)
+    plan = plan_search(request)
+    cached = answer_from_cache(request, plan, started=t0)
+    if cached is not None:
+        return cached
+    run_dir, lock, resumed = _claim_run_dir(Path(out), plan.key, request.resolved.name, resume)
+    with lock:  # held until the run ends; the kernel drops it if this process is killed
+        started = start_run(request, plan, run_dir, resumed)
+        searched = run_search(request, plan, run_dir, started)
+        summary = summarize(request, plan, searched, started.base_summary)
+        return write_answer(run_dir, summary, searched, device=plan.device, progress=progress)
+
+
+@dataclass(frozen=True)
+class TuneArgs:
+    """``tune``'s arguments as given (see :func:`tune`)."""
+
+    model: str
+    gpu_budget: str | int | Budget
+    seq_len: int
+    effective_batch: int
+    mode: str
+    space: str | Path | SearchSpace | None
+    dataset: str | None
+    split: str | None
+    tokenizer: str | None
+    lengths: str
+    max_trials: int
+    time_budget: str | float | None
+    gpus: str | list[int] | None
+    ray_address: str | None
+    device: str
+    storage: str | None
+    out: str | Path
+    seed: int
+    resume: bool
+    fresh: bool
+    executor: Executor | None
+    progress: ProgressFn | None
+    gpus_per_trial: int | None
+    top_k: int
+    steps: int
+    warmup_steps: int
+    probe_timeout_s: float
+    baseline: bool
+    trust_remote_code: bool
+    pruner: Pruner | None
+    prune: bool | None
+    verify_loss: int
+    verify_loss_tolerance: float | None
+    confirm_rounds: tuple[int, int] | None
+    confirm_tolerance: float | None
+    load_monitor: bool | None
+
+
+@dataclass(frozen=True)
+class Request:
+    """Stage 1's output: the arguments, checked and parsed, and the model resolved."""
+
+    args: TuneArgs
+    budget: Budget
+    time_budget_s: float | None
+    gpu_list: list[int] | None
+    space: SearchSpace | None  # None: the device's own (chosen in plan_search)
+    resolved: Any  # autotune.models.ResolvedModel
+
+
+def read_request(a: TuneArgs) -> Request:
+    """Stage 1: every problem with the arguments at once (SpecError), then the model, offline."""
+    problems = _validate(seq_len=a.seq_len, effective_batch=a.effective_batch, mode=a.mode,
+                         max_trials=a.max_trials, device=a.device, resume=a.resume, fresh=a.fresh, top_k=a.top_k,
+                         gpus_per_trial=a.gpus_per_trial)  # fmt: skip
+    if isinstance(a.verify_loss, bool) or not isinstance(a.verify_loss, int) or a.verify_loss < 0:
+        problems.append(f"verify-loss steps must be an integer >= 0; got {a.verify_loss!r}")
     from autotune.spec.lengths import parse_lengths
     from autotune.store.run_dir import check_out_dir
     from autotune.store.storage import check_storage_url
 
-    for fn in (lambda: parse_duration(time_budget), lambda: parse_budget(gpu_budget), lambda: parse_gpus(gpus),
-               lambda: parse_lengths(lengths), lambda: check_out_dir(out), lambda: check_storage_url(storage)):
+    for fn in (lambda: parse_duration(a.time_budget), lambda: parse_budget(a.gpu_budget),
+               lambda: parse_gpus(a.gpus), lambda: parse_lengths(a.lengths), lambda: check_out_dir(a.out),
+               lambda: check_storage_url(a.storage)):  # fmt: skip
         try:
             fn()
         except SpecError as exc:
             problems += exc.problems
     space_obj: SearchSpace | None = None
     try:
-        space_obj = space if isinstance(space, SearchSpace) or space is None else load_space(space)
+        space_obj = a.space if isinstance(a.space, SearchSpace) or a.space is None else load_space(a.space)
     except SpecError as exc:
         problems += exc.problems
-    confirm_policy = None
     try:
-        confirm_policy = _confirm_policy(device, confirm_rounds, confirm_tolerance)
+        _confirm_policy(a.device, a.confirm_rounds, a.confirm_tolerance)
     except SpecError as exc:
         problems += exc.problems
     if problems:
         raise SpecError(problems)
-    time_budget_s = parse_duration(time_budget)
-    budget = parse_budget(gpu_budget)
-    gpu_list = parse_gpus(gpus)
 
     from autotune._preflight import check_model_config
     from autotune.models import check_seq_len, resolve_model
 
-    resolved = resolve_model(model, trust_remote_code=trust_remote_code)
+    resolved = resolve_model(a.model, trust_remote_code=a.trust_remote_code)
     check_model_config(resolved.config, resolved.config_path)
-    check_seq_len(resolved, seq_len)
-    if dataset is not None and not Path(dataset).exists():
-        raise SpecError(f"dataset {dataset!r} does not exist")
+    check_seq_len(resolved, a.seq_len)
+    if a.dataset is not None:
+        from autotune.spec.dataset_ref import find_hub_dataset, is_hub_dataset_id, missing_hub_dataset_message
 
-    dev, gpu_infos = _detect_device(device, gpu_list, ray_address)
-    space_obj, dropped, caps, notes = _space_for_device(space_obj, dev, gpu_infos, device, ray_address, mode)
-    if gpus_per_trial is not None:
-        space_obj = dataclasses.replace(space_obj, gpus_per_trial=(gpus_per_trial,))
-    confirm_policy = _confirm_policy(dev, confirm_rounds, confirm_tolerance)
+        if is_hub_dataset_id(a.dataset) and find_hub_dataset(a.dataset) is None:
+            raise SpecError(missing_hub_dataset_message(a.dataset))
+        if not is_hub_dataset_id(a.dataset) and not Path(a.dataset).exists():
+            raise SpecError(f"dataset {a.dataset!r} does not exist")
+    if a.split is not None and a.dataset is None:
+        raise SpecError("--split names a split of --dataset; pass --dataset too, or drop --split")
+    return Request(args=a, budget=parse_budget(a.gpu_budget), time_budget_s=parse_duration(a.time_budget),
+                   gpu_list=parse_gpus(a.gpus), space=space_obj, resolved=resolved)
+
+
+@dataclass(frozen=True)
+class SearchPlan:
+    """Stage 2's output: what will be searched, where, under which budget, and the cache key."""
+
+    device: str  # cpu | cuda
+    gpu_infos: list[dict[str, Any]]
+    space: SearchSpace
+    dropped: list[Any]
+    notes: list[str]
+    confirm_policy: Any  # search.ConfirmPolicy
+    settings: ProbeSettings
+    workload: Workload
+    baseline: Candidate | None  # the HF default measured beside the search (None: --no-baseline)
+    hardware: dict[str, Any]
+    software: dict[str, Any]
+    key: str
+
+    @property
+    def usable(self) -> int | None:
+        return self.settings.usable_bytes()
+
+
+def plan_search(r: Request) -> SearchPlan:
+    """Stage 2: the device and its space, the probe settings and workload, the preflight, the cache key."""
+    a = r.args
+    dev, gpu_infos = _detect_device(a.device, r.gpu_list, a.ray_address)
+    space_obj, dropped, caps, notes = _space_for_device(r.space, dev, gpu_infos, a.device, a.ray_address, a.mode)
+    if a.gpus_per_trial is not None:
+        space_obj = dataclasses.replace(space_obj, gpus_per_trial=(a.gpus_per_trial,))
+    confirm_policy = _confirm_policy(dev, a.confirm_rounds, a.confirm_tolerance)
+    budget = r.budget
     budget_bytes = budget.resolve(_device_total_bytes(dev, gpu_infos) if budget.fraction is not None else None)
     settings = ProbeSettings(device=dev, budget_bytes=budget_bytes, budget_text=budget.text,
-                             warmup_steps=warmup_steps, steps=steps, timeout_s=probe_timeout_s)
-    if dataset is not None and lengths != "fixed":
+                             warmup_steps=a.warmup_steps, steps=a.steps, timeout_s=a.probe_timeout_s)
+    if a.dataset is not None and a.lengths != "fixed":
         raise SpecError("--lengths describes synthetic sequences and --dataset brings real ones: give one of them")
-    workload = Workload(model=resolved.name, model_path=resolved.path, seq_len=seq_len, mode=mode, dataset=dataset,
-                        trust_remote_code=trust_remote_code, seed=seed, lengths=lengths)
+    workload = Workload(model=r.resolved.name, model_path=r.resolved.path, seq_len=a.seq_len, mode=a.mode,
+                        dataset=a.dataset, trust_remote_code=a.trust_remote_code, seed=a.seed, lengths=a.lengths,
+                        split=a.split, tokenizer=a.tokenizer)
     problems = workload.problems() + settings.problems()
     if problems:
         raise SpecError(problems)
-    usable = settings.usable_bytes()
-    # before anything is written: the CPU probe time, the batch, the weights, --ray-address, the dataset
+    notes += _preflight(r, dev, gpu_infos, space_obj, workload, budget_bytes)
+    hardware, software, key = _cache_key(r, dev, gpu_infos, space_obj, settings, workload, confirm_policy, caps)
+    baseline_cand = _baseline_candidate(space_obj, a.effective_batch, dev) if a.baseline else None
+    return SearchPlan(device=dev, gpu_infos=gpu_infos, space=space_obj, dropped=dropped, notes=notes,
+                      confirm_policy=confirm_policy, settings=settings, workload=workload, baseline=baseline_cand,
+                      hardware=hardware, software=software, key=key)  # fmt: skip
+
+
+def _preflight(r: Request, dev: str, gpu_infos: list[dict[str, Any]], space: SearchSpace, workload: Workload,
+               budget_bytes: int) -> list[str]:
+    """Before anything is written: the CPU probe time, the batch, the weights, --ray-address, the dataset.
+
+    Raises SpecError for what cannot run; returns notes for what can but the user should know."""
     from autotune._preflight import check_cpu_probe_time, preflight
 
+    a, notes = r.args, []
     if dev == "cpu":
-        cpu_s = check_cpu_probe_time(resolved.config, workload=workload, effective_batch=effective_batch,
-                                     optimizer_steps=warmup_steps + steps, timeout_s=probe_timeout_s,
-                                     requested_device=device, model_ref=model)
-        if cpu_s is not None and cpu_s > probe_timeout_s:
+        cpu_s = check_cpu_probe_time(r.resolved.config, workload=workload, effective_batch=a.effective_batch,
+                                     optimizer_steps=a.warmup_steps + a.steps, timeout_s=a.probe_timeout_s,
+                                     requested_device=a.device, model_ref=a.model)  # fmt: skip
+        if cpu_s is not None and cpu_s > a.probe_timeout_s:
             notes.append(f"one probe is predicted to take at least {cpu_s:,.0f} s on this CPU, past the "
-                         f"{probe_timeout_s:g} s probe timeout (--probe-timeout)")
-
-    preflight(config=resolved.config, name=resolved.name, workload=workload, space=space_obj,
-              effective_batch=effective_batch, device=dev, budget_text=budget.text, budget_bytes=budget_bytes,
-              max_world=(len(gpu_infos) or None) if dev == "cuda" and ray_address is None else (
+                         f"{a.probe_timeout_s:g} s probe timeout (--probe-timeout)")
+    preflight(config=r.resolved.config, name=r.resolved.name, workload=workload, space=space,
+              effective_batch=a.effective_batch, device=dev, budget_text=r.budget.text, budget_bytes=budget_bytes,
+              max_world=(len(gpu_infos) or None) if dev == "cuda" and a.ray_address is None else (
                   1 if dev == "cpu" else None),
-              ray_address=ray_address)
+              ray_address=a.ray_address)  # fmt: skip
+    return notes
 
+
+def _cache_key(r: Request, dev: str, gpu_infos: list[dict[str, Any]], space: SearchSpace, settings: ProbeSettings,
+               workload: Workload, confirm_policy: Any, caps: dict[str, Any]) -> tuple[dict, dict, str]:
+    """(hardware, software, key): everything that changes the answer (autotune/store/cache_key.py lists it)."""
     from autotune.store import (
         cache_key,
         dataset_identity,
-        find_cached,
         hardware_fingerprint,
         probe_fields,
         software_versions,
         workload_fields,
     )
 
+    a = r.args
     hardware = hardware_fingerprint(dev, gpu_infos)
-    if ray_address is not None:
-        hardware["ray_address"] = ray_address
+    if a.ray_address is not None:
+        hardware["ray_address"] = a.ray_address
     software = software_versions()
-    # everything that changes the answer (autotune/store/cache_key.py lists it)
-    search_settings = {"max_trials": max_trials, "seed": seed, "top_k": top_k, "confirm_steps": steps * 2,
-                       "time_budget_s": time_budget_s, "gpus": gpu_list, "baseline": baseline,
+    pruner = a.pruner
+    search_settings = {"max_trials": a.max_trials, "seed": a.seed, "top_k": a.top_k, "confirm_steps": a.steps * 2,
+                       "time_budget_s": r.time_budget_s, "gpus": r.gpu_list, "baseline": a.baseline,
                        "prune": (f"custom:{getattr(pruner, '__qualname__', type(pruner).__name__)}"
-                                 if pruner is not None else bool(prune if prune is not None else dev == "cuda")),
-                       "verify_loss": verify_loss, "verify_loss_tolerance": verify_loss_tolerance,
+                                 if pruner is not None else bool(a.prune if a.prune is not None else dev == "cuda")),
+                       "verify_loss": a.verify_loss, "verify_loss_tolerance": a.verify_loss_tolerance,
                        "confirm": confirm_policy.to_dict(),
-                       "load_monitor": bool(load_monitor if load_monitor is not None else (
-                           executor is None and ray_address is None))}
-    key = cache_key(model_config=resolved.config, space=space_obj.to_dict(), budget_bytes=budget_bytes,
-                    seq_len=seq_len, effective_batch=effective_batch, mode=mode, hardware=hardware,
-                    software=software, dataset=dataset_identity(dataset), search=search_settings,
-                    workload=workload_fields(workload), probe=probe_fields(settings), capabilities=caps)
-    out_path = Path(out)
+                       "load_monitor": bool(a.load_monitor if a.load_monitor is not None else (
+                           a.executor is None and a.ray_address is None))}  # fmt: skip
+    key = cache_key(model_config=r.resolved.config, space=space.to_dict(), budget_bytes=settings.budget_bytes,
+                    seq_len=a.seq_len, effective_batch=a.effective_batch, mode=a.mode, hardware=hardware,
+                    software=software, dataset=dataset_identity(a.dataset), search=search_settings,
+                    workload=workload_fields(workload), probe=probe_fields(settings), capabilities=caps)  # fmt: skip
+    return hardware, software, key
 
-    if not fresh:
-        cached = find_cached(out_path, key)
-        if cached is not None:
-            summary = cached.read_json("summary.json") or {}
-            best = ProbeResult.from_dict(cached.read_json("best_result.json"))
-            summary = {**summary, "from_cache": True, "answered_in_s": round(time.monotonic() - t0, 3)}
-            if progress is not None:
-                progress("cached", {"run_dir": str(cached.path), "summary": summary})
-            return TuneResult(best=best, summary=summary, run_dir=cached.path, from_cache=True)
-        refused = _cached_nothing_fits(out_path, key)
-        if refused is not None:
-            if progress is not None:
-                progress("cached", {"run_dir": str(refused[0]), "summary": refused[1]})
-            raise NothingFitsError(str(refused[1].get("message", "nothing fits (cached answer)")) + " [cached]")
 
-    run_dir, lock, resumed = _claim_run_dir(out_path, key, resolved.name, resume)
-    with lock:  # held until the run ends; the kernel drops it if this process is killed
-        history, unreadable = run_dir.journal.load_checked() if resumed else ([], [])
-        if unreadable and progress is not None:
-            shown = ", ".join(map(str, unreadable[:5])) + (", ..." if len(unreadable) > 5 else "")
-            progress("note", {"text": f"journal: skipped {len(unreadable)} unreadable line(s) ({shown}); "
-                                      f"{len(history)} record(s) restored, the skipped probes run again"})
-        storage_url = storage or run_dir.storage_url()
-        base_summary: dict[str, Any] = {
-            "status": "running",
-            "run_id": run_dir.run_id,
-            "run_dir": str(run_dir.path),
-            "cache_key": key,
-            "from_cache": False,
-            "resumed": resumed,
-            "model": model,
-            "model_name": resolved.name,
-            "model_source": str(resolved.source),
-            "mode": mode,
-            "seq_len": seq_len,
-            "lengths": lengths,
-            "effective_batch": effective_batch,
-            "device": dev,
-            "gpu_budget": budget.text,
-            "budget_bytes": budget_bytes,
-            "usable_bytes": usable,
-            "headroom": settings.headroom,
-            "seed": seed,
-            "space": {"name": space_obj.name, "source": space_obj.source, "dimensions": space_obj.to_dict()},
-            "dropped_choices": [d.to_dict() for d in dropped],
-            "search": {"max_trials": max_trials, "time_budget_s": time_budget_s, "top_k": top_k, "steps": steps,
-                       "confirm_steps": steps * 2, "confirm": confirm_policy.to_dict(), "storage": storage_url,
-                       "study_name": run_dir.run_id},
-            "environment": {"hardware": hardware, "software": software},
-        }
-        if not resumed:
-            run_dir.write_json("run.json", {"cache_key": key, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                                            "request": {k: base_summary[k] for k in (
-                                                "model", "mode", "seq_len", "lengths", "effective_batch", "device",
-                                                "gpu_budget", "seed", "space", "search")}})
-        if progress is not None:
-            progress("run_dir", {"run_dir": str(run_dir.path), "resumed": resumed, "restored": len(history)})
-            for text in notes:
-                progress("note", {"text": text})
+def answer_from_cache(r: Request, plan: SearchPlan, *, started: float) -> TuneResult | None:
+    """Stage 3: a stored answer to the same request (None: search). A stored, measured "nothing fits"
+    is raised again (NothingFitsError). ``--fresh`` skips this stage."""
+    from autotune.store import find_cached
 
-        own_executor = executor is None
-        monitor = None
-        if load_monitor if load_monitor is not None else (own_executor and ray_address is None):
-            from autotune.executors.load import LoadMonitor
+    a = r.args
+    if a.fresh:
+        return None
+    out_path = Path(a.out)
+    cached = find_cached(out_path, plan.key)
+    if cached is not None:
+        summary = cached.read_json("summary.json") or {}
+        best = ProbeResult.from_dict(cached.read_json("best_result.json"))
+        summary = {**summary, "from_cache": True, "answered_in_s": round(time.monotonic() - started, 3)}
+        if a.progress is not None:
+            a.progress("cached", {"run_dir": str(cached.path), "summary": summary})
+        return TuneResult(best=best, summary=summary, run_dir=cached.path, from_cache=True)
+    refused = _cached_nothing_fits(out_path, plan.key)
+    if refused is not None:
+        if a.progress is not None:
+            a.progress("cached", {"run_dir": str(refused[0]), "summary": refused[1]})
+        raise NothingFitsError(str(refused[1].get("message", "nothing fits (cached answer)")) + " [cached]")
+    return None
 
-            monitor = LoadMonitor(device=dev).start()
-        try:
-            import optuna
-        except ImportError:  # e.g. a GPU box with only the training stack installed
-            from autotune.errors import MissingDependencyError
 
-            raise MissingDependencyError("autotune run needs optuna: pip install 'optuna>=5.0'") from None
+@dataclass
+class RunStart:
+    """Stage 4's output: the restored history (a resumed run) and the summary's request part."""
 
-        from autotune.search import Searcher
-        from autotune.store.storage import open_run_storage, open_storage
+    history: list[TrialRecord]
+    base_summary: dict[str, Any]
+    storage_url: str
+    resumed: bool
 
-        prev_verbosity = optuna.logging.get_verbosity()
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        journal = run_dir.journal
-        try:
-            if executor is None:
-                executor = _default_executor(device=dev, gpus=gpu_list, ray_address=ray_address,
-                                             gpus_per_probe=min(space_obj.gpus_per_trial), progress=progress)
-            max_world = len(gpu_infos) if dev == "cuda" and gpu_infos else (1 if dev == "cpu" else None)
-            # a distributed probe's ranks run on one node: on a cluster, the largest node bounds the world
-            ex_gpus = getattr(executor, "max_gpus_per_node", None) or getattr(executor, "total_gpus", None)
-            if dev == "cuda" and ex_gpus:
-                max_world = int(ex_gpus) if ray_address is not None else min(max_world or ex_gpus, int(ex_gpus))
-            if pruner is None and (prune if prune is not None else dev == "cuda"):
-                pruner = _estimate_pruner(resolved.config, workload, dev, budget_bytes)
-            baseline_cand = _baseline_candidate(space_obj, effective_batch, dev) if baseline else None
-            if storage is None:  # the run's own study: a damaged one is rebuilt from the journal
-                study_storage, recovered = open_run_storage(run_dir.study_db)
-                if recovered and progress is not None:
-                    progress("note", {"text": f"recovered: {recovered} from {len(history)} journal record(s)"})
-            else:
-                study_storage = open_storage(storage_url)
-            searcher = Searcher(
-                space=space_obj, workload=workload, settings=settings, effective_batch=effective_batch,
-                executor=executor, max_trials=max_trials, time_budget_s=time_budget_s, seed=seed,
-                storage=study_storage, study_name=run_dir.run_id, top_k=top_k, device=dev, max_world=max_world,
-                history=history, sink=journal, pruner=pruner, progress=progress, baseline=baseline_cand,
-                confirm=confirm_policy, load_check=monitor.check if monitor is not None else None,
-            )
-            outcome = searcher.run()
-            verified = _verify_loss(verify_loss, verify_loss_tolerance, outcome, baseline_cand, executor, workload,
-                                    settings, effective_batch, progress)
-        except AutotuneError:
-            # refused before any probe landed (an unreachable cluster, ...): leave nothing half-written
-            if not resumed and not journal.path.exists():
-                import shutil
 
-                shutil.rmtree(run_dir.path, ignore_errors=True)
+def start_run(r: Request, plan: SearchPlan, run_dir: Any, resumed: bool) -> RunStart:
+    """Stage 4 (in the claimed run folder): restore a resumed run's journal, write run.json, announce."""
+    a, progress = r.args, r.args.progress
+    history, unreadable = run_dir.journal.load_checked() if resumed else ([], [])
+    if unreadable and progress is not None:
+        shown = ", ".join(map(str, unreadable[:5])) + (", ..." if len(unreadable) > 5 else "")
+        progress("note", {"text": f"journal: skipped {len(unreadable)} unreadable line(s) ({shown}); "
+                                  f"{len(history)} record(s) restored, the skipped probes run again"})
+    storage_url = a.storage or run_dir.storage_url()
+    space = plan.space
+    base_summary: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "status": "running",
+        "run_id": run_dir.run_id,
+        "run_dir": str(run_dir.path),
+        "cache_key": plan.key,
+        "from_cache": False,
+        "resumed": resumed,
+        "model": a.model,
+        "model_name": r.resolved.name,
+        "model_source": str(r.resolved.source),
+        "mode": a.mode,
+        "seq_len": a.seq_len,
+        "lengths": a.lengths,
+        "effective_batch": a.effective_batch,
+        "device": plan.device,
+        "gpu_budget": r.budget.text,
+        "budget_bytes": plan.settings.budget_bytes,
+        "usable_bytes": plan.usable,
+        "headroom": plan.settings.headroom,
+        "seed": a.seed,
+        "space": {"name": space.name, "source": space.source, "dimensions": space.to_dict()},
+        "dropped_choices": [d.to_dict() for d in plan.dropped],
+        "search": {"max_trials": a.max_trials, "time_budget_s": r.time_budget_s, "top_k": a.top_k, "steps": a.steps,
+                   "confirm_steps": a.steps * 2, "confirm": plan.confirm_policy.to_dict(), "storage": storage_url,
+                   "study_name": run_dir.run_id},
+        "environment": {"hardware": plan.hardware, "software": plan.software},
+    }
+    if not resumed:
+        run_dir.write_json("run.json", {"cache_key": plan.key, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                        "request": {k: base_summary[k] for k in (
+                                            "model", "mode", "seq_len", "lengths", "effective_batch", "device",
+                                            "gpu_budget", "seed", "space", "search")}})  # fmt: skip
+    if progress is not None:
+        progress("run_dir", {"run_dir": str(run_dir.path), "resumed": resumed, "restored": len(history)})
+        for text in plan.notes:
+            progress("note", {"text": text})
+    return RunStart(history=history, base_summary=base_summary, storage_url=storage_url, resumed=resumed)
+
+
+@dataclass
+class Searched:
+    """Stage 5's output: the search and its confirmation, the loss check, the pruner's predictions."""
+
+    outcome: SearchOutcome
+    verified: dict[str, Any] | None
+    predictions: dict[str, tuple[int, str]] | None  # candidate id -> (predicted peak, label), when pruned
+
+
+def run_search(r: Request, plan: SearchPlan, run_dir: Any, started: RunStart) -> Searched:
+    """Stage 5: probe (Optuna ask/tell over the executor), confirm the top-k, then ``--verify-loss``.
+
+    A refusal before any probe landed leaves no run folder behind; a storage write failure becomes
+    one WriteError line with the resume hint.
+    """
+    a, progress = r.args, r.args.progress
+    own_executor = a.executor is None
+    executor = a.executor
+    monitor = None
+    if a.load_monitor if a.load_monitor is not None else (own_executor and a.ray_address is None):
+        from autotune.executors.load import LoadMonitor
+
+        monitor = LoadMonitor(device=plan.device).start()
+    try:
+        import optuna
+    except ImportError:  # e.g. a GPU box with only the training stack installed
+        from autotune.errors import MissingDependencyError
+
+        raise MissingDependencyError("autotune run needs optuna: pip install 'optuna>=5.0'") from None
+
+    prev_verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    journal = run_dir.journal
+    try:
+        if executor is None:
+            executor = _default_executor(device=plan.device, gpus=r.gpu_list, ray_address=a.ray_address,
+                                         gpus_per_probe=min(plan.space.gpus_per_trial), progress=progress)
+        searcher, pruner = _searcher(r, plan, run_dir, started, executor, monitor)
+        outcome = searcher.run()
+        verified = _verify_loss(a.verify_loss, a.verify_loss_tolerance, outcome, plan.baseline, executor,
+                                plan.workload, plan.settings, a.effective_batch, progress)  # fmt: skip
+    except AutotuneError:
+        # refused before any probe landed (an unreachable cluster, ...): leave nothing half-written
+        if not started.resumed and not journal.path.exists():
+            import shutil
+
+            shutil.rmtree(run_dir.path, ignore_errors=True)
+        raise
+    except Exception as exc:
+        from autotune.errors import WriteError
+        from autotune.store.run_dir import RESUME_HINT
+        from autotune.store.storage import storage_write_failure
+
+        why = storage_write_failure(exc)
+        if why is None:
             raise
-        except Exception as exc:
-            from autotune.errors import WriteError
-            from autotune.store.run_dir import RESUME_HINT
-            from autotune.store.storage import storage_write_failure
+        raise WriteError(f"{why}; {RESUME_HINT.format(path=run_dir.path)}") from exc
+    finally:
+        optuna.logging.set_verbosity(prev_verbosity)
+        if monitor is not None:
+            monitor.close()
+        if own_executor and executor is not None:
+            executor.close()
+    predictions = pruner.predictions if isinstance(pruner, EstimatePruner) else None
+    return Searched(outcome=outcome, verified=verified, predictions=predictions)
 
-            why = storage_write_failure(exc)
-            if why is None:
-                raise
-            raise WriteError(f"{why}; {RESUME_HINT.format(path=run_dir.path)}") from exc
-        finally:
-            optuna.logging.set_verbosity(prev_verbosity)
-            if monitor is not None:
-                monitor.close()
-            if own_executor and executor is not None:
-                executor.close()
 
-        run_dir.write_trials_csv(outcome.records)
-        summary = _build_summary(outcome=outcome, base=base_summary, usable=usable, budget_bytes=budget_bytes)
-        if baseline_cand is not None:
-            _, summary["baseline"] = _baseline_summary(outcome, baseline_cand)
-            summary.update(_speedup_summary(outcome, baseline_cand))
-        summary["trust"] = trust_verdict(summary)
-        if outcome.best is None:
-            message = nothing_fits_message(outcome.records, budget_text=budget.text, usable_bytes=usable,
-                                           space=space_obj, mode=mode, seq_len=seq_len,
-                                           predicted=getattr(pruner, "predictions", None))
-            smallest = _smallest_footprint(outcome.records)
-            # only a measured oom/over_budget makes "nothing fits" an answer worth caching
-            measured = sum(1 for r in outcome.records if r.probed and r.status in ("oom", "over_budget"))
-            summary.update({"status": "nothing_fits", "message": message, "measured_infeasible": measured,
-                            "smallest_footprint_bytes": smallest.peak_mem_bytes if smallest else None})
-            run_dir.write_json("summary.json", summary)
-            _write_reports(run_dir, progress)
-            raise NothingFitsError(message)
+def _searcher(r: Request, plan: SearchPlan, run_dir: Any, started: RunStart, executor: Executor,
+              monitor: Any) -> tuple[Any, Pruner | None]:
+    """The Searcher for this run (and the pruner it was given): world size, pruning, the study storage."""
+    from autotune.search import Searcher
+    from autotune.store.storage import open_run_storage, open_storage
 
-        best = outcome.best
-        run_dir.write_json("best_result.json", best.to_dict())
-        files = _emit(best, run_dir, dev, progress)
-        summary["status"] = "complete"
-        if verified is not None:
-            run_dir.write_json("verify_loss.json", verified)
-            summary["verify_loss"] = {k: verified.get(k) for k in ("steps", "max_abs_diff", "max_at_step", "tolerance",
-                                                                   "exceeds", "expected_identical", "verdict")}
-        run_dir.write_json("summary.json", summary)  # the reports are rendered from the run directory
-        files += _write_reports(run_dir, progress)
-        summary["files"] = sorted(str(p.relative_to(run_dir.path)) for p in files + [
-            run_dir.path / n for n in ("trials.csv", "best_result.json", "summary.json")])
-        try:  # the answer is on disk already: a failure to add the file list must not turn it into an error
-            run_dir.write_json("summary.json", summary)
-        except AutotuneError as exc:
-            if progress is not None:
-                progress("note", {"text": f"summary.json kept without its file list: {exc}"})
-        return TuneResult(best=best, summary=summary, run_dir=run_dir.path, records=outcome.records)
+    a, dev, progress = r.args, plan.device, r.args.progress
+    max_world = len(plan.gpu_infos) if dev == "cuda" and plan.gpu_infos else (1 if dev == "cpu" else None)
+    # a distributed probe's ranks run on one node: on a cluster, the largest node bounds the world
+    ex_gpus = getattr(executor, "max_gpus_per_node", None) or getattr(executor, "total_gpus", None)
+    if dev == "cuda" and ex_gpus:
+        max_world = int(ex_gpus) if a.ray_address is not None else min(max_world or ex_gpus, int(ex_gpus))
+    pruner = a.pruner
+    if pruner is None and (a.prune if a.prune is not None else dev == "cuda"):
+        pruner = _estimate_pruner(r.resolved.config, plan.workload, dev, plan.settings.budget_bytes)
+    if a.storage is None:  # the run's own study: a damaged one is rebuilt from the journal
+        study_storage, recovered = open_run_storage(run_dir.study_db)
+        if recovered and progress is not None:
+            progress("note", {"text": f"recovered: {recovered} from {len(started.history)} journal record(s)"})
+    else:
+        study_storage = open_storage(started.storage_url)
+    searcher = Searcher(
+        space=plan.space, workload=plan.workload, settings=plan.settings, effective_batch=a.effective_batch,
+        executor=executor, max_trials=a.max_trials, time_budget_s=r.time_budget_s, seed=a.seed,
+        storage=study_storage, study_name=run_dir.run_id, top_k=a.top_k, device=dev, max_world=max_world,
+        history=started.history, sink=run_dir.journal, pruner=pruner, progress=progress, baseline=plan.baseline,
+        confirm=plan.confirm_policy, load_check=monitor.check if monitor is not None else None,
+    )
+    return searcher, pruner
+
+
+def summarize(r: Request, plan: SearchPlan, searched: Searched, base_summary: dict[str, Any]) -> dict[str, Any]:
+    """Stage 6: summary.json from the confirmed ranking: top-k, best, the HF default and the speedup over
+    it, trust, and, when nothing fits, why (the message NothingFitsError carries)."""
+    outcome = searched.outcome
+    summary = _build_summary(outcome=outcome, base=base_summary, usable=plan.usable,
+                             budget_bytes=plan.settings.budget_bytes)
+    if plan.baseline is not None:
+        _, summary["baseline"] = _baseline_summary(outcome, plan.baseline)
+        summary.update(_speedup_summary(outcome, plan.baseline))
+    summary["trust"] = trust_verdict(summary)
+    if outcome.best is None:
+        a = r.args
+        message = nothing_fits_message(outcome.records, budget_text=r.budget.text, usable_bytes=plan.usable,
+                                       space=plan.space, mode=a.mode, seq_len=a.seq_len,
+                                       predicted=searched.predictions)  # fmt: skip
+        smallest = _smallest_footprint(outcome.records)
+        # only a measured oom/over_budget makes "nothing fits" an answer worth caching
+        measured = sum(1 for rec in outcome.records if rec.probed and rec.status in ("oom", "over_budget"))
+        summary.update({"status": "nothing_fits", "message": message, "measured_infeasible": measured,
+                        "smallest_footprint_bytes": smallest.peak_mem_bytes if smallest else None})
+    return summary
+
+
+def write_answer(run_dir: Any, summary: dict[str, Any], searched: Searched, *, device: str,
+                 progress: ProgressFn | None) -> TuneResult:
+    """Stage 7: trials.csv, summary.json, the reports; then best_result.json and best/ (NothingFitsError
+    after writing when nothing fits). summary.json is written before the reports (they read it) and
+    again with the file list."""
+    outcome, verified = searched.outcome, searched.verified
+    run_dir.write_trials_csv(outcome.records)
+    if outcome.best is None:
+        run_dir.write_json("summary.json", summary)
+        _write_reports(run_dir, progress)
+        raise NothingFitsError(summary["message"])
+    best = outcome.best
+    run_dir.write_json("best_result.json", best.to_dict())
+    files = _emit(best, run_dir, device, progress)
+    summary["status"] = "complete"
+    if verified is not None:
+        run_dir.write_json("verify_loss.json", verified)
+        summary["verify_loss"] = {k: verified.get(k) for k in ("steps", "max_abs_diff", "max_at_step", "tolerance",
+                                                               "exceeds", "expected_identical", "verdict")}
+    run_dir.write_json("summary.json", summary)  # the reports are rendered from the run directory
+    files += _write_reports(run_dir, progress)
+    summary["files"] = sorted(str(p.relative_to(run_dir.path)) for p in files + [
+        run_dir.path / n for n in ("trials.csv", "best_result.json", "summary.json")])
+    try:  # the answer is on disk already: a failure to add the file list must not turn it into an error
+        run_dir.write_json("summary.json", summary)
+    except AutotuneError as exc:
+        if progress is not None:
+            progress("note", {"text": f"summary.json kept without its file list: {exc}"})
+    return TuneResult(best=best, summary=summary, run_dir=run_dir.path, records=outcome.records)
 
 
 def _claim_run_dir(out: Path, key: str, model_name: str, resume: bool) -> tuple[Any, Any, bool]:
@@ -693,28 +813,33 @@ def _claim_run_dir(out: Path, key: str, model_name: str, resume: bool) -> tuple[
     return run_dir, lock, False
 
 
-def _estimate_pruner(config: dict[str, Any], workload: Workload, device: str, budget_bytes: int) -> Pruner | None:
-    """The estimator's rule: skip a candidate predicted above budget x PRUNE_FACTOR."""
-    try:
+class EstimatePruner:
+    """The estimator's rule: skip a candidate predicted above budget x PRUNE_FACTOR.
+
+    ``predictions`` (candidate id -> (predicted peak bytes, label)) holds every prediction made, for
+    the nothing-fits message when the search probed nothing.
+    """
+
+    def __init__(self, config: dict[str, Any], workload: Workload, device: str, budget_bytes: int) -> None:
+        self.config, self.workload, self.device, self.budget_bytes = config, workload, device, budget_bytes
+        self.predictions: dict[str, tuple[int, str]] = {}
+
+    def __call__(self, candidate: Candidate) -> str | None:
         from autotune.estimate import PRUNE_FACTOR, predict_peak_bytes, should_prune
-    except ImportError:  # pragma: no cover
-        return None
 
-    predictions: dict[str, tuple[int, str]] = {}
-
-    def prune(candidate: Candidate) -> str | None:
         try:
-            predicted = predict_peak_bytes(workload, candidate, config, device)
+            predicted = predict_peak_bytes(self.workload, candidate, self.config, self.device)
         except Exception:  # an architecture the model does not know: let the probe decide
             return None
-        predictions[candidate_id(candidate)] = (int(predicted), candidate_label(candidate))
-        if should_prune(predicted, budget_bytes):
+        self.predictions[candidate_id(candidate)] = (int(predicted), candidate_label(candidate))
+        if should_prune(predicted, self.budget_bytes):
             return (f"predicted peak {format_bytes(predicted)} is above the budget "
-                    f"{format_bytes(budget_bytes)} x {PRUNE_FACTOR:g} (not probed)")
+                    f"{format_bytes(self.budget_bytes)} x {PRUNE_FACTOR:g} (not probed)")
         return None
 
-    prune.predictions = predictions  # type: ignore[attr-defined]  # read by the nothing-fits message
-    return prune
+
+def _estimate_pruner(config: dict[str, Any], workload: Workload, device: str, budget_bytes: int) -> EstimatePruner:
+    return EstimatePruner(config, workload, device, budget_bytes)
 
 
 def _cached_nothing_fits(out: Path, key: str) -> tuple[Path, dict[str, Any]] | None:
@@ -805,7 +930,7 @@ def _baseline_candidate(space: SearchSpace, effective_batch: int, device: str = 
     Compared like with like: on a GPU at bf16 when the space searches bf16 (everyone fine-tunes in
     bf16 there; an fp32 default would fold bf16-vs-fp32 into the speedup and often not fit), else fp32.
     """
-    from autotune.emit.training_args import hf_default_candidate
+    from autotune.spec.baseline import hf_default_candidate
 
     world = 1 if 1 in space.gpus_per_trial else min(space.gpus_per_trial)
     precision = "bf16" if device == "cuda" and "bf16" in space.precision else "fp32"
@@ -825,7 +950,7 @@ def _baseline_summary(outcome: SearchOutcome, cand: Candidate) -> tuple[ProbeRes
                             "status": "not measured"}
     rec = next((r for r in outcome.records if r.key == key and r.phase == "search" and r.result is not None), None)
     if rec is None:
-        return None, info
+        return None, BaselineEntry(**info).model_dump(mode="json", exclude_unset=True)
     result = ProbeResult.from_dict(rec.result or {})
     info.update(status=rec.status, reason=rec.reason, tokens_per_s=rec.tokens_per_s,
                 peak_mem_bytes=rec.peak_mem_bytes, confirmed=False)
@@ -833,7 +958,7 @@ def _baseline_summary(outcome: SearchOutcome, cand: Candidate) -> tuple[ProbeRes
     if entry is not None and entry["status"] in ("confirmed", "noisy"):
         info.update(tokens_per_s=entry["median_tokens_per_s"], measurements=entry["measurements"],
                     range=entry["range"], confirm_status=entry["status"], confirmed=entry["status"] == "confirmed")
-    return result, info
+    return result, BaselineEntry(**info).model_dump(mode="json", exclude_unset=True)
 
 
 def _emit(best: ProbeResult, run_dir: Any, device: str, progress: ProgressFn | None) -> list[Path]:

@@ -7,7 +7,6 @@ __all__ = [
     "SpecError",
     "ModelNotFoundError",
     "DatasetError",
-    "ProbeError",
     "NothingFitsError",
     "MissingDependencyError",
     "RunInProgressError",
@@ -47,10 +46,6 @@ class DatasetError(SpecError):
 
 class MissingDependencyError(AutotuneError, ImportError):
     """An optional dependency is needed; the message carries the install hint."""
-
-
-class ProbeError(AutotuneError):
-    """A probe could not be run at all (not: a probe that ran and failed; that is a result)."""
 
 
 class NothingFitsError(AutotuneError):

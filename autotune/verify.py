@@ -41,9 +41,9 @@ import math
 from typing import Any
 
 from autotune.executors.base import Executor
-from autotune.probe.result import ProbeResult
 from autotune.search import candidate_label
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
+from autotune.spec.result import ProbeResult
 
 __all__ = [
     "DEFAULT_STEPS",
@@ -114,7 +114,7 @@ def compare_losses(chosen: list[float], reference: list[float], *,
 def reference_candidate(effective_batch: int, *, world_size: int = 1, precision: str = "fp32",
                         needs_checkpointing: bool = False) -> Candidate:
     """The HF default for this effective batch, made to fit with checkpointing when it did not."""
-    from autotune.emit.training_args import hf_default_candidate
+    from autotune.spec.baseline import hf_default_candidate
 
     ref = hf_default_candidate(effective_batch, world_size=world_size, precision=precision)
     return dataclasses.replace(ref, grad_ckpt=True) if needs_checkpointing else ref

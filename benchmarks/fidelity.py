@@ -118,7 +118,7 @@ def prepare(a: argparse.Namespace, probe: dict[str, Any], work: Path) -> tuple[P
 
     from autotune.emit import emit_all
     from autotune.models import resolve_model
-    from autotune.probe.result import ProbeResult
+    from autotune.spec.result import ProbeResult
 
     best = work / "best"
     fields = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}

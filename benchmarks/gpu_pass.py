@@ -286,7 +286,7 @@ def best_measured(rows: list[dict[str, Any]], model: str, seq_len: int, device: 
 
 
 def cmd_tuned(a: argparse.Namespace) -> int:
-    from autotune.emit.training_args import hf_default_candidate
+    from autotune.spec.baseline import hf_default_candidate
 
     p = Pass(a)
     best = best_measured(read_jsonl(a.jsonl), p.model.name, a.seq_len, a.device)

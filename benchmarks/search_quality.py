@@ -67,10 +67,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from record_landscape import grid  # noqa: E402
 
-from autotune.emit.training_args import hf_default_candidate  # noqa: E402
 from autotune.executors.base import run_one  # noqa: E402
 from autotune.executors.replay import ReplayExecutor, load_landscape  # noqa: E402
 from autotune.search import derive_grad_accum  # noqa: E402
+from autotune.spec.baseline import hf_default_candidate  # noqa: E402
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload  # noqa: E402
 from autotune.spec.space import DIMENSIONS, SearchSpace  # noqa: E402
 

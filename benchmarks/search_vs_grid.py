@@ -64,8 +64,8 @@ def synthetic_entry(c: Candidate, usable: int, seq_len: int = 512) -> dict[str, 
 def replay(landscape: dict[str, Any], *, trials: int, seeds: int, top_k: int, noise: bool = True) -> dict[str, Any]:
     import optuna
 
-    from autotune.emit.training_args import hf_default_candidate
     from autotune.search import Searcher
+    from autotune.spec.baseline import hf_default_candidate
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.simplefilter("ignore")

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 from autotune.check import ConfigBundle, GpuInfo, bundle_from_texts, gather, parse_config, render_text
 from autotune.emit import emit_all
 from autotune.errors import SpecError
-from autotune.probe.result import ProbeResult
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
+from autotune.spec.result import ProbeResult
 
 T4 = GpuInfo(name="T4", bf16=False, flash_attention_2=False, tf32=False)
 A10G = GpuInfo(name="A10G", bf16=True, flash_attention_2=True, tf32=True)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from autotune.cli.app import app
@@ -156,3 +157,65 @@ def test_text_shows_breakdown_dominant_term_and_zero_wording() -> None:
     assert "host RAM per node" in out
     default = gather(model="gpt2", gpu="L4", environ={})
     assert default.seq_len == 1024 and any("learned positions" in n for n in default.notes)
+
+
+# ------------------------------------------------------------------------------ --calibrate RUN_DIR
+
+
+def _run_folder(tmp_path: Path, *, on_gpu: str | None, share: float = 0.4) -> Path:
+    """A run folder written by tune(): probes answered at ``share`` of the speed model's ideal on
+    ``on_gpu`` (the device name NVML/torch report), or with no GPU (a CPU run)."""
+    import sys as _sys
+
+    _sys.path.insert(0, str(Path(__file__).parent))
+    from _fakes import FakeExecutor, synthetic
+
+    from autotune._tune import tune
+    from autotune.estimate import arch_from_config, find_gpu
+    from autotune.estimate.speed import ideal_tokens_per_s
+    from autotune.models import resolve_model
+    from autotune.spec.probe_request import Workload
+    from autotune.spec.result import ProbeResult
+
+    arch = arch_from_config(resolve_model("tiny-llama").config)
+    gpu = find_gpu("A100-80GB")
+
+    def landscape(c, seq_len):  # noqa: ANN001, ANN202
+        peak, _ = synthetic(c, seq_len)
+        return peak, share * ideal_tokens_per_s(arch, Workload("tiny-llama", seq_len=seq_len), c, gpu)
+
+    class OnGpu(FakeExecutor):
+        def result_for(self, request):  # noqa: ANN001, ANN202
+            r = super().result_for(request)
+            env = {"device_type": "cuda", "device": on_gpu} if on_gpu else {"device_type": "cpu", "device": "cpu"}
+            return ProbeResult(status=r.status, request=r.request, reason=r.reason, metrics=r.metrics, env=env)
+
+    result = tune("tiny-llama", gpu_budget="10GiB", seq_len=512, effective_batch=16, space="cpu", device="cpu",
+                  max_trials=6, top_k=1, out=tmp_path, executor=OnGpu(landscape))
+    return result.run_dir
+
+
+def test_calibrate_from_a_run_folder_sets_the_gpus_efficiency(tmp_path: Path) -> None:
+    rd = _run_folder(tmp_path, on_gpu="NVIDIA A100-SXM4-80GB", share=0.4)
+    flags = ["--model", "llama-3.1-8b", "--gpu", "A100-80GB,H100-SXM", "--mode", "lora", "--json"]
+    plain = json.loads(run(*flags).output)
+    r = run(*flags, "--calibrate", str(rd))
+    assert r.exit_code == 0, r.output
+    cal = json.loads(r.output)
+    a100, a100_plain = cal["gpus"][0], plain["gpus"][0]
+    assert a100["option"]["speed"]["base_efficiency"] == pytest.approx(0.4)
+    assert a100_plain["option"]["speed"]["base_efficiency"] != pytest.approx(0.4)
+    # a GPU the run did not measure keeps the catalog's efficiency, and says so
+    assert cal["gpus"][1]["option"]["speed"] == plain["gpus"][1]["option"]["speed"]
+    notes = " ".join(cal["notes"])
+    assert "A100-80GB speed from" in notes and "base efficiency 0.40" in notes
+    assert "no probe of" in notes and "H100-SXM" in notes
+
+
+def test_calibrate_refuses_a_cpu_run_in_one_line(tmp_path: Path) -> None:
+    rd = _run_folder(tmp_path, on_gpu=None)
+    r = run("--model", "llama-3.1-8b", "--gpu", "A100-80GB", "--calibrate", str(rd))
+    assert r.exit_code == 2
+    assert "no ok probe ran on a GPU of the catalog (cpu)" in r.output
+    r = run("--model", "llama-3.1-8b", "--gpu", "A100-80GB", "--calibrate", str(tmp_path / "missing"))
+    assert r.exit_code == 2 and "does not exist" in r.output

@@ -11,9 +11,9 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from autotune.cli.app import app
-from autotune.emit.training_args import hf_default_candidate
-from autotune.probe.result import ProbeResult
+from autotune.spec.baseline import hf_default_candidate
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
+from autotune.spec.result import ProbeResult
 
 runner = CliRunner()
 GiB = 2**30

@@ -16,9 +16,10 @@ from _fakes import FakeExecutor, GiB
 from typer.testing import CliRunner
 
 import autotune._tune as tune_mod
-from autotune._tune import parse_duration, parse_gpus, tune
+from autotune._tune import tune
 from autotune.cli.app import app
 from autotune.errors import NothingFitsError, SpecError
+from autotune.spec.parse import parse_duration, parse_gpus
 
 ANSI = re.compile(r"\x1b\[")
 BASE = ["run", "--model", "tiny-llama", "--device", "cpu", "--seq-len", "512", "--effective-batch", "16",
@@ -189,7 +190,7 @@ def test_documented_flags_reach_tune(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(tune_mod, "tune", spy)
     res = run(["run", "--model", "m", "--gpu-budget", "24GB", "--seq-len", "4096", "--effective-batch", "32",
-               "--mode", "lora", "--space", "lora", "--dataset", "d.jsonl", "--max-trials", "7",
+               "--mode", "lora", "--space", "lora", "--dataset", "d.jsonl", "--split", "test", "--tokenizer", "tok", "--max-trials", "7",
                "--time-budget", "20m", "--gpus", "0,1", "--ray-address", "ray://h:10001", "--device", "cuda",
                "--storage", "sqlite:///x.db", "--out", "o", "--seed", "3", "--resume", "--gpus-per-trial", "2",
                "--top-k", "2", "--steps", "4", "--probe-timeout", "60", "--confirm-rounds", "3:5",
@@ -197,7 +198,7 @@ def test_documented_flags_reach_tune(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert res.exit_code == 2
     assert seen == {
         "model": "m", "gpu_budget": "24GB", "seq_len": 4096, "effective_batch": 32, "mode": "lora", "space": "lora",
-        "dataset": "d.jsonl", "lengths": "fixed", "max_trials": 7, "time_budget": "20m", "gpus": "0,1", "ray_address": "ray://h:10001",
+        "dataset": "d.jsonl", "split": "test", "tokenizer": "tok", "lengths": "fixed", "max_trials": 7, "time_budget": "20m", "gpus": "0,1", "ray_address": "ray://h:10001",
         "device": "cuda", "storage": "sqlite:///x.db", "out": "o", "seed": 3, "resume": True, "fresh": False,
         "progress": seen["progress"], "gpus_per_trial": 2, "top_k": 2, "steps": 4, "probe_timeout_s": 60.0,
         "trust_remote_code": False, "verify_loss": 0, "confirm_rounds": (3, 5), "confirm_tolerance": 0.2,
@@ -270,6 +271,9 @@ def test_cli_end_to_end_on_cpu_through_real_ray_and_real_probes(tmp_path: Path) 
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout)
     assert summary["status"] == "complete" and summary["device"] == "cpu"
+    from autotune.spec.summary import RunSummary
+
+    RunSummary.model_validate(summary)  # real probes' figures fit the published schema (docs/summary.schema.json)
     assert summary["best"]["tokens_per_s"] > 0
     assert summary["best"]["peak_mem_bytes"] <= summary["usable_bytes"]
     rd = Path(summary["run_dir"])

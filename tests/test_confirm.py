@@ -35,7 +35,7 @@ class Scripted(FakeExecutor):
         self.order: list[tuple[str, bool]] = []
 
     def result_for(self, request):
-        from autotune.probe.result import ProbeResult
+        from autotune.spec.result import ProbeResult
 
         c = request.candidate
         confirm = request.settings.steps == SETTINGS.steps * 2

@@ -12,8 +12,8 @@ from autotune.diagnose import (
     probe_mfu,
 )
 from autotune.estimate import arch_from_config, find_gpu, model_flops_per_token
-from autotune.probe.result import ProbeResult
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
+from autotune.spec.result import ProbeResult
 
 GiB = 2**30
 BUDGET = 24 * GiB

@@ -22,8 +22,8 @@ from _oom import needs_heuristic_overcommit, write_huge_vocab_model
 
 from autotune.executors.local import run_probe_process
 from autotune.probe.launch import fsdp_stand_in, is_distributed, merge_rank_results
-from autotune.probe.result import ProbeResult
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
+from autotune.spec.result import ProbeResult
 
 HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 needs_deepspeed = pytest.mark.skipif(not HAS_DEEPSPEED, reason="needs deepspeed (autotune[deepspeed])")

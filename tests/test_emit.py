@@ -19,8 +19,8 @@ from autotune.emit.training_args import (
     performance_kwargs,
 )
 from autotune.errors import AutotuneError
-from autotune.probe.result import ProbeResult
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
+from autotune.spec.result import ProbeResult
 from autotune.store.atomic import write_json_atomic, write_text_atomic
 
 transformers = pytest.importorskip("transformers")

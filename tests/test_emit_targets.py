@@ -14,8 +14,8 @@ import yaml
 from autotune.emit import axolotl as ax_mod
 from autotune.emit import build_files, emit_all, trl_sft
 from autotune.emit import llamafactory as lf_mod
-from autotune.probe.result import ProbeResult
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
+from autotune.spec.result import ProbeResult
 
 transformers = pytest.importorskip("transformers")
 

@@ -23,8 +23,8 @@ from autotune._tune import tune
 from autotune.errors import NothingFitsError
 from autotune.executors.local import LocalExecutor, run_probe_process
 from autotune.search import candidate_id
-from autotune.search._logic import TrialRecord
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
+from autotune.spec.trial import TrialRecord
 from autotune.store.run_dir import Journal, RunDir
 
 TESTS = Path(__file__).resolve().parent

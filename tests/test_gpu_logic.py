@@ -21,8 +21,8 @@ import pytest
 from autotune.probe import launch as launch_mod
 from autotune.probe import worker
 from autotune.probe.memory import NvmlSampler
-from autotune.probe.result import ProbeResult
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
+from autotune.spec.result import ProbeResult
 
 MiB = 2**20
 

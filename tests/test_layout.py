@@ -33,3 +33,88 @@ def test_no_private_module_of_another_package_is_imported() -> None:
             if mod.startswith("_") and not mod.startswith("__") and pkg != own:
                 bad.append(f"{rel}.py:{line} imports {name}")
     assert not bad, "\n".join(bad)
+
+
+def _unit(parts: tuple[str, ...] | list[str]) -> str | None:
+    """The layout unit of a dotted module path under autotune: its package, or its top-level module."""
+    if len(parts) < 2 or parts[0] != "autotune":
+        return None
+    return parts[1] if parts[1] != "__init__" else None
+
+
+def package_graph() -> dict[str, dict[str, list[str]]]:
+    """unit -> {imported unit: [where]} over every import (module-level or deferred) under autotune/."""
+    graph: dict[str, dict[str, list[str]]] = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT.parent).with_suffix("")
+        own = _unit(rel.parts)
+        if own is None:  # autotune/__init__.py: the public face, re-exports only
+            continue
+        for line, name in _imports(path):
+            other = _unit(name.split("."))
+            if other is None or other == own:
+                continue
+            if not (ROOT / other).is_dir() and not (ROOT / f"{other}.py").is_file():
+                continue  # `from autotune.x import name`: the name itself, not a unit
+            graph.setdefault(own, {}).setdefault(other, []).append(f"{rel}.py:{line}")
+    return graph
+
+
+def _cycles(graph: dict[str, dict[str, list[str]]]) -> list[list[str]]:
+    """Strongly connected components with more than one unit (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_cycle_finder_finds_a_cycle() -> None:
+    graph = {"a": {"b": ["x"]}, "b": {"c": ["y"]}, "c": {"a": ["z"]}, "d": {"a": ["w"]}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b": ["x"]}}) == []
+
+
+def test_no_import_cycle_between_packages() -> None:
+    graph = package_graph()
+    assert "search" in graph and "spec" in graph["search"]  # the walk sees real imports
+    bad = []
+    for comp in _cycles(graph):
+        edges = [f"  {a} -> {b} ({graph[a][b][0]})" for a in comp for b in comp if b in graph.get(a, {})]
+        bad.append(" <-> ".join(comp) + "\n" + "\n".join(edges))
+    assert not bad, "package import cycles:\n" + "\n".join(bad)
+
+
+def test_the_readme_layout_map_names_every_package_and_top_level_module() -> None:
+    readme = (ROOT.parent / "README.md").read_text(encoding="utf-8")
+    block = readme.split("## Layout", 1)[1].split("```", 2)[1]
+    named = {line.split()[0] for line in block.splitlines() if line.startswith("  ") and line.split()}
+    units = {f"{p.name}/" for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    units |= {p.name for p in ROOT.glob("*.py") if p.name != "__init__.py"}
+    assert units - named == set(), f"README layout map misses {sorted(units - named)}"

@@ -13,11 +13,12 @@ import pytest
 
 from autotune.errors import ModelNotFoundError, SpecError
 from autotune.models import (
+    PRESETS,
+    TINY,
     PresetInfo,
     ResolvedModel,
     check_seq_len,
     default_hf_cache_dir,
-    list_presets,
     resolve_model,
 )
 
@@ -68,11 +69,11 @@ def _fake_snapshot(cache: Path, hub_id: str, revision: str, config: dict[str, ob
 
 
 def test_table_covers_required_models() -> None:
-    presets = {p.name for p in list_presets(include_tiny=False)}
+    presets = {p.name for p in PRESETS}
     assert presets == set(PUBLISHED_PARAMS)
-    everything = {p.name for p in list_presets()}
+    everything = {p.name for p in [*PRESETS, *TINY]}
     assert everything == set(ALL_NAMES)
-    for info in list_presets():
+    for info in [*PRESETS, *TINY]:
         assert isinstance(info, PresetInfo)
         assert info.name == info.name.lower()
         assert Path(info.path, "config.json").is_file(), info.name
@@ -93,7 +94,7 @@ def test_import_does_not_pull_torch_or_transformers() -> None:
 def test_config_builds_on_meta_with_expected_params(name: str) -> None:
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    info = next(p for p in list_presets() if p.name == name)
+    info = next(p for p in [*PRESETS, *TINY] if p.name == name)
     config = transformers.AutoConfig.from_pretrained(info.path, local_files_only=True)
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config)

@@ -13,8 +13,8 @@ from _oom import needs_heuristic_overcommit, write_huge_vocab_model
 from autotune.executors.base import run_one
 from autotune.executors.local import LocalExecutor, run_probe_process
 from autotune.probe.failure import classify_exception
-from autotune.probe.result import ProbeResult
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
+from autotune.spec.result import ProbeResult
 
 
 def tiny_request(tmp_model: str | None = None, **overrides: object) -> ProbeRequest:

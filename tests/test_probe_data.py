@@ -18,10 +18,10 @@ from autotune.probe.collate import (
     SEQUENCES_KEY,
     PackingCollator,
     PaddingCollator,
-    count_real_tokens,
     pack_first_fit,
+    pop_counts,
 )
-from autotune.probe.data import build_train_data, length_histogram_from_dataset, load_token_sequences
+from autotune.probe.data import build_train_data, load_token_sequences
 from autotune.spec.lengths import (
     LengthDistribution,
     histogram_from_lengths,
@@ -159,8 +159,8 @@ def test_padding_collator_counts_real_tokens() -> None:
     assert torch.equal(batch["input_ids"][2, :2], items[2]["input_ids"])
     assert batch["input_ids"][2, 2:].eq(0).all() and batch["labels"][2, 2:].eq(-100).all()
     assert torch.equal(batch["labels"][3], items[3]["input_ids"])
-    assert count_real_tokens(batch) == 32 and REAL_TOKENS_KEY not in batch
-    assert count_real_tokens(batch) == 32  # fallback: 2D attention mask
+    assert pop_counts(batch).real_tokens == 32 and REAL_TOKENS_KEY not in batch
+    assert pop_counts(batch).real_tokens == 32  # fallback: 2D attention mask
     assert PaddingCollator(0, pad_to_multiple_of=8)(items)["input_ids"].shape == (4, 16)
 
 
@@ -201,7 +201,7 @@ def test_packing_collator_flat(attn: str) -> None:
     assert (batch["labels"][0] == -100).nonzero().reshape(-1).tolist() == [0, 3, 7]
     assert batch["use_cache"] is False
     assert int(batch[SEQUENCES_KEY]) == 3  # a feature that is already packed counts its sequences
-    assert count_real_tokens(batch) == 12 and SEQUENCES_KEY not in batch
+    assert pop_counts(batch).real_tokens == 12 and SEQUENCES_KEY not in batch
 
 
 def test_collators_and_dataset_pickle() -> None:
@@ -246,7 +246,6 @@ def test_build_item_count_and_determinism(packing: bool) -> None:
         wl, Candidate(micro_batch=3, world_size=2), num_optimizer_steps=1, vocab_size=9, pad_token_id=0
     )
     assert by_candidate.num_items == 6  # world_size defaults to candidate.world_size
-    assert td.mean_real_tokens_per_step == pytest.approx(td.real_tokens_total / 4)
 
 
 def test_padding_worst_case_first() -> None:
@@ -365,7 +364,7 @@ def test_packed_sequences_are_isolated(attn: str) -> None:
         PackingCollator(seq_len=20, attn="flash_attention_2"),
     ):
         batch = collator(feats)
-        count_real_tokens(batch)
+        pop_counts(batch)
         batch.pop("labels")
         with torch.no_grad():
             packed = model(**batch).logits
@@ -520,7 +519,7 @@ def test_jsonl_input_ids_build(tmp_path: Path) -> None:
         build_train_data(wl, Candidate(), **{**kw, "vocab_size": 8})
 
 
-def test_parquet_input_ids_and_histogram(tmp_path: Path) -> None:
+def test_parquet_input_ids(tmp_path: Path) -> None:
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")
     f = tmp_path / "d.parquet"
@@ -528,11 +527,6 @@ def test_parquet_input_ids_and_histogram(tmp_path: Path) -> None:
     loaded = load_token_sequences(f, seq_len=32, cache_dir=tmp_path / "c")
     assert loaded.column == "input_ids" and loaded.sequences.to_lists()[:2] == [[1, 2, 3], [4, 5]]
     assert loaded.sequences.length(2) == 32
-    out = tmp_path / "h" / "hist.json"
-    hist = length_histogram_from_dataset(f, seq_len=32, cache_dir=tmp_path / "c", out=out)
-    assert sum(hist["counts"]) == 3 and json.loads(out.read_text()) == hist
-    s = sample_lengths(f"histogram:{out}", 50, 32, seed=0)
-    assert min(s) >= 2 and max(s) <= 32
 
 
 def test_parquet_without_pyarrow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

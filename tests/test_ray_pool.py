@@ -14,8 +14,8 @@ from _fakes import drain as _drain  # noqa: E402
 from autotune.errors import SpecError  # noqa: E402
 from autotune.executors.base import Executor, run_one  # noqa: E402
 from autotune.executors.ray_pool import RayExecutor, _split_address  # noqa: E402
-from autotune.probe.result import ProbeResult  # noqa: E402
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload  # noqa: E402
+from autotune.spec.result import ProbeResult  # noqa: E402
 
 pytestmark = pytest.mark.ray
 

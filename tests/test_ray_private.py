@@ -16,8 +16,8 @@ pytest.importorskip("ray")
 from _fakes import drain as _drain  # noqa: E402
 
 from autotune.executors.ray_pool import RayExecutor  # noqa: E402
-from autotune.probe.result import ProbeResult  # noqa: E402
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload  # noqa: E402
+from autotune.spec.result import ProbeResult  # noqa: E402
 
 pytestmark = pytest.mark.ray
 

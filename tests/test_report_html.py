@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from autotune.emit.training_args import hf_default_candidate
-from autotune.probe.result import ProbeResult
 from autotune.report._model import build_model, cost_rows, lever_rows
 from autotune.report.diagnosis import render_diagnosis_md
-from autotune.report.html import render_html, render_report_html
+from autotune.report.html import render_html
+from autotune.spec.baseline import hf_default_candidate
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
+from autotune.spec.result import ProbeResult
 
 GiB = 2**30
 BUDGET = 24 * GiB
@@ -98,8 +98,8 @@ def build_page(**kw) -> str:
         ProbeResult(status="oom", request={**results[0].request, "candidate": {**results[0].request["candidate"],
                                            "micro_batch": 32, "grad_accum": 1}}, metrics={"inferred": True})
     ]  # fmt: skip
-    return render_report_html(
-        SUMMARY, results, baseline=baseline(), best=best, config=LLAMA, inferred=inferred, **kw
+    return render_html(
+        build_model(SUMMARY, results, baseline=baseline(), best=best, config=LLAMA, inferred=inferred, **kw)
     )
 
 
@@ -170,7 +170,7 @@ def test_unknown_gpu_and_cpu_say_no_price_and_no_mfu():
 
 def test_nothing_fits_page():
     results = [r for r in synthetic_results() if not r.fits]
-    page = render_report_html(SUMMARY, results, config=LLAMA)
+    page = render_html(build_model(SUMMARY, results, config=LLAMA))
     assert "No configuration fits the budget." in page and "no configuration fits" in page
 
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from autotune.emit.training_args import hf_default_candidate
-from autotune.probe.result import ProbeResult
 from autotune.report.markdown import HF_DEFAULT_DESCRIPTION, render_report_md
+from autotune.spec.baseline import hf_default_candidate
 from autotune.spec.probe_request import Candidate, ProbeRequest, Workload
+from autotune.spec.result import ProbeResult
 
 GiB = 2**30
 SUMMARY = {

@@ -46,7 +46,6 @@ def test_omitted_knobs_take_the_candidate_default_and_scalars_are_one_choice() -
     assert s.precision == ("fp32",)
     assert s.attn == (Candidate().attn,)
     assert s.gpus_per_trial == (1,)
-    assert s.varying() == ["micro_batch"]
     assert s.size() == 2
 
 

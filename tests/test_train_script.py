@@ -27,8 +27,8 @@ from autotune.emit.training_args import RUN_ONLY_KEYS, probe_kwargs  # noqa: E40
 from autotune.executors.local import run_probe_process  # noqa: E402
 from autotune.models import resolve_model  # noqa: E402
 from autotune.probe import collate  # noqa: E402
-from autotune.probe.result import ProbeResult  # noqa: E402
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload  # noqa: E402
+from autotune.spec.result import ProbeResult  # noqa: E402
 
 SEQ_LEN = 48
 
@@ -195,17 +195,17 @@ def test_training_args_json_is_accepted_and_equals_the_probes_values(tmp_path: P
 
 
 def test_summary_and_report_show_what_each_step_held() -> None:
-    from autotune._tune import _effective_batch_parts
-    from autotune.emit.training_args import hf_default_candidate
     from autotune.report.markdown import render_report_md, step_counts_text
+    from autotune.spec.baseline import hf_default_candidate
+    from autotune.spec.summary import EffectiveBatch
 
     cand = Candidate(micro_batch=4, grad_accum=2, packing=True)
     m = {"tokens_per_s": 900.0, "peak_mem_bytes": 2**30, "sequences_per_step_mean": 8.0,
          "sequences_per_step_min": 8, "sequences_per_step_max": 8, "tokens_per_step_mean": 1234.5}  # fmt: skip
-    eb = _effective_batch_parts(cand, m)
+    eb = EffectiveBatch.of(cand, m).model_dump()
     assert eb["value"] == 8 and eb["sequences_per_step"] == {"mean": 8.0, "min": 8, "max": 8}
     assert eb["tokens_per_step"] == {"mean": 1234.5}
-    assert _effective_batch_parts(cand)["sequences_per_step"] is None  # not recorded: said so, not invented
+    assert EffectiveBatch.of(cand).sequences_per_step is None  # not recorded: said so, not invented
 
     def result(c: Candidate, **metrics: object) -> ProbeResult:
         req = ProbeRequest(workload=Workload(model="tiny-llama"), candidate=c)

@@ -10,9 +10,9 @@ import pytest
 from _fakes import FakeExecutor
 
 from autotune._tune import tune
-from autotune.emit.training_args import hf_default_candidate
-from autotune.probe.result import ProbeResult
+from autotune.spec.baseline import hf_default_candidate
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
+from autotune.spec.result import ProbeResult
 from autotune.verify import (
     DEFAULT_TOLERANCE,
     IDENTICAL_KNOBS,

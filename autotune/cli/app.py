@@ -27,6 +27,8 @@ COMMANDS: list[tuple[str, str]] = [
     ("plan", "autotune.cli.plan"),
     ("check", "autotune.cli.check"),
     ("report", "autotune.cli.report"),
+    ("schema", "autotune.cli.schema"),
+    ("dashboard", "autotune.cli.dashboard"),
 ]
 
 _DEBUG = False

@@ -42,10 +42,12 @@ def gather(
     catalog: list[str] | None = None,
     environ: Mapping[str, str] | None = None,
     pin: Mapping[str, Any] | None = None,
+    calibrate_from: str | None = None,
 ) -> PlanResult:
     """Validate the flags, resolve the model and plan. Raises SpecError with one line.
 
     ``pin``: Candidate fields fixed from the command line (``PIN_FIELDS``; None values are ignored).
+    ``calibrate_from``: a run folder whose probes calibrate the speed model (:func:`calibration_from_run`).
     """
     from autotune.models import resolve_model
 
@@ -76,6 +78,10 @@ def gather(
         problems.append(str(exc))
     if problems:
         raise SpecError(problems)
+    efficiency: dict[str, float] | None = None
+    calibration_notes: list[str] = []
+    if calibrate_from is not None:
+        efficiency, calibration_notes = calibration_from_run(calibrate_from, load_catalog(paths or None))
     resolved = resolve_model(model)
     assert gpus is not None
     from autotune.estimate import arch_from_config
@@ -92,11 +98,56 @@ def gather(
     result = plan(
         arch, gpus=gpus, gpus_per_node=gpus_per_node, seq_len=seq_len,
         effective_batch=effective_batch, mode=mode, tokens=n_tokens, model_name=resolved.name, lora_r=lora_r,
-        lora_targets=targets, pin=pinned,
+        lora_targets=targets, pin=pinned, efficiency=efficiency,
     )  # fmt: skip
-    if default_note:
-        result = dataclasses.replace(result, notes=(*result.notes, default_note))
+    extra = [default_note] if default_note else []
+    extra += calibration_notes
+    extra += [f"--calibrate: no probe of {calibrate_from} ran on {g.name}; its speed uses the catalog efficiency"
+              for g in gpus if efficiency is not None and g.name not in efficiency]
+    if extra:
+        result = dataclasses.replace(result, notes=(*result.notes, *extra))
     return result
+
+
+def calibration_from_run(run_dir: str, catalog: Any = None) -> tuple[dict[str, float], list[str]]:
+    """Base efficiency per catalog GPU from a run folder's probes: the median of measured / predicted
+    tokens/s per GPU (``estimate.calibrate``) over the search probes that ran ``ok`` on that GPU.
+
+    Returns ({GPU name: efficiency}, one note per GPU). SpecError (one line) when the folder holds no
+    such probe: probes on CPU, on a GPU the catalog does not list, or none that fit.
+    """
+    from autotune.diagnose import gpu_for_result
+    from autotune.estimate import DEFAULT_EFFICIENCY, arch_from_config, calibrate, calibration_pairs
+    from autotune.models import resolve_model
+    from autotune.report.build import load_run
+
+    run = load_run(run_dir)
+    ok = [r for r in run.results if r.fits and r.tokens_per_s]
+    by_gpu: dict[str, tuple[Any, list[Any]]] = {}
+    devices = sorted({str((r.env or {}).get("device") or (r.env or {}).get("device_type") or "unknown") for r in ok})
+    for r in ok:
+        gpu = gpu_for_result(r, catalog)
+        if gpu is not None:
+            by_gpu.setdefault(gpu.name, (gpu, []))[1].append(r)
+    if not by_gpu:
+        where = ", ".join(devices) if devices else "no probe that fit"
+        raise SpecError(f"--calibrate {run_dir}: no ok probe ran on a GPU of the catalog ({where}); "
+                        "give the folder of a run measured on a GPU (or add the GPU with --catalog)")
+    efficiency: dict[str, float] = {}
+    notes: list[str] = []
+    for name, (gpu, results) in sorted(by_gpu.items()):
+        pairs: list[tuple[float, float]] = []
+        for r in results:
+            wl = r.probe_request().workload
+            arch = arch_from_config(resolve_model(wl.model_path or wl.model).config)
+            pairs += calibration_pairs([r], arch, gpu)
+        eff = calibrate(pairs)
+        if eff is None:
+            continue
+        efficiency[name] = eff
+        notes.append(f"--calibrate: {name} speed from {len(pairs)} probe(s) of {run_dir}: base efficiency "
+                     f"{eff:.2f} (catalog {gpu.efficiency or DEFAULT_EFFICIENCY:.2f})")
+    return efficiency, notes
 
 
 ATTN_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -253,6 +304,9 @@ def command(
     catalog: list[str] | None = typer.Option(  # noqa: B008
         None, "--catalog", help="Extra GPU catalog YAML (repeatable); also $AUTOTUNE_GPU_CATALOG."
     ),
+    calibrate: str | None = typer.Option(
+        None, "--calibrate", help="A run folder (results/<run>): calibrate the speed model from its probes on a GPU."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON only."),
 ) -> None:
     """Plan capacity without a GPU: does it fit, with which levers, how fast, how long, what cost."""
@@ -263,6 +317,7 @@ def command(
     result = gather(
         model=model, gpu=gpu, gpus_per_node=gpus_per_node, seq_len=seq_len, effective_batch=effective_batch,
         mode=mode, tokens=tokens, lora_r=lora_r, lora_targets=lora_targets, catalog=catalog, pin=pin,
+        calibrate_from=calibrate,
     )  # fmt: skip
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=2))

@@ -9,9 +9,9 @@ import typer
 
 from autotune.cli.render import console, render_probe_result
 from autotune.errors import SpecError
-from autotune.probe.result import ProbeResult
 from autotune.spec.budget import parse_budget
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
+from autotune.spec.result import ProbeResult
 
 __all__ = ["command", "build_probe_request", "PROBE_EXIT_CODES"]
 
@@ -160,9 +160,9 @@ def command(
     torch_compile: bool = typer.Option(False, "--compile/--no-compile", help="TrainingArguments.torch_compile."),
     liger: bool = typer.Option(False, "--liger/--no-liger", help="Liger kernels (GPU, liger-kernel installed)."),
     lengths: str = typer.Option("fixed", "--lengths", help="Synthetic length distribution: fixed | lognormal:MU,SIGMA | uniform:LO-HI | histogram:FILE.json."),
-    dataset: str | None = typer.Option(None, "--dataset", help="jsonl/parquet file or save_to_disk dir with a text, messages (chat), prompt+completion or input_ids column."),
+    dataset: str | None = typer.Option(None, "--dataset", help="jsonl/parquet file, save_to_disk dir, or Hub id (org/name) in the local HF datasets cache, with a text, messages (chat), prompt+completion or input_ids column."),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="Local tokenizer dir (for text/chat data; chat needs a chat_template)."),
-    split: str | None = typer.Option(None, "--split", help="Split of a DatasetDict save_to_disk dir (default: train)."),
+    split: str | None = typer.Option(None, "--split", help="Split of a DatasetDict save_to_disk dir or a cached Hub dataset (default: train)."),
     lora_r: int = typer.Option(16, "--lora-r", help="LoRA rank (alpha = 2r)."),
     gpu_budget: str | None = typer.Option(None, "--gpu-budget", help="Memory budget: 24GB, 24GiB, 24g or 80%. On CPU it caps RSS growth."),
     headroom: float = typer.Option(0.05, "--headroom", help="Share of the budget kept free (default 5%)."),

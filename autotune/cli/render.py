@@ -9,8 +9,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from autotune.probe.result import ProbeResult
 from autotune.spec.budget import format_bytes
+from autotune.spec.result import ProbeResult
 
 __all__ = ["console", "render_probe_result", "probe_table_rows", "STATUS_STYLE"]
 

@@ -181,7 +181,9 @@ def command(
     write_back: str | None = typer.Option(None, "--write-back", help="With --from: write your file with the tuned keys changed (nothing else) here. Default: best/<its name> in the run directory."),
     fmt: str | None = typer.Option(None, "--format", help="With --from: the file's format (default: detected from its keys)."),
     space: str | None = typer.Option(None, "--space", help="Search space: a name in search_spaces/ (default, lora, cpu, multi-gpu) or a YAML path. Default: cpu on a CPU, default on a GPU."),
-    dataset: str | None = typer.Option(None, "--dataset", help="jsonl/parquet to probe with (default: synthetic tokens)."),
+    dataset: str | None = typer.Option(None, "--dataset", help="Data to probe with (default: synthetic tokens): a .jsonl/.parquet file, a save_to_disk folder, or a Hub id (org/name) already in the local HF datasets cache."),
+    split: str | None = typer.Option(None, "--split", help="Split of a DatasetDict folder or a cached Hub dataset (default: train)."),
+    tokenizer: str | None = typer.Option(None, "--tokenizer", help="Local tokenizer dir for text/chat data (chat needs a chat_template). Default: the model dir's own."),
     lengths: str = typer.Option("fixed", "--lengths", help="Synthetic sequence lengths when there is no --dataset: fixed | lognormal:MU,SIGMA | uniform:LO-HI | histogram:FILE.json."),
     max_trials: int = typer.Option(40, "--max-trials", help="Most probes the search runs (inferred and skipped ones are free)."),
     time_budget: str | None = typer.Option(None, "--time-budget", help="Wall-clock budget of the search: 20m, 1h30m, 90s."),
@@ -230,7 +232,7 @@ def command(
     try:
         result = tune(
             model, gpu_budget=gpu_budget, seq_len=seq_len, effective_batch=effective_batch, mode=mode,
-            space=space, dataset=dataset, lengths=lengths, max_trials=max_trials, time_budget=time_budget, gpus=gpus,
+            space=space, dataset=dataset, split=split, tokenizer=tokenizer, lengths=lengths, max_trials=max_trials, time_budget=time_budget, gpus=gpus,
             ray_address=ray_address, device=device, storage=storage, out=out, seed=seed, resume=resume,
             fresh=fresh, progress=printer, gpus_per_trial=gpus_per_trial, top_k=top_k, steps=steps,
             probe_timeout_s=probe_timeout, trust_remote_code=trust_remote_code,

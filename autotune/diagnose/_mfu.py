@@ -26,7 +26,7 @@ from typing import Any
 
 from autotune.errors import SpecError
 from autotune.estimate import GPU, arch_from_config, find_gpu, mfu
-from autotune.probe.result import ProbeResult
+from autotune.spec.result import ProbeResult
 
 __all__ = ["MFU_CONVENTION", "attention_span", "gpu_for_device_name", "gpu_for_result", "probe_mfu"]
 

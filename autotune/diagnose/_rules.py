@@ -30,9 +30,10 @@ from typing import Any
 from autotune.errors import SpecError
 from autotune.estimate import GPU, predict_peak_bytes
 from autotune.estimate.catalog import builtin_catalog
-from autotune.probe.result import ProbeResult
 from autotune.spec.budget import format_bytes
 from autotune.spec.probe_request import Candidate, ProbeRequest
+from autotune.spec.result import ProbeResult
+from autotune.spec.trial import candidate_label
 
 __all__ = [
     "DATA_WAIT_THRESHOLD",
@@ -143,25 +144,6 @@ def _request(result: ProbeResult) -> ProbeRequest | None:
         return result.probe_request()
     except Exception:  # a malformed stored request: diagnose from the metrics alone
         return None
-
-
-def _label(c: Candidate | None) -> str:
-    if c is None:
-        return "?"
-    parts = [f"mb{c.micro_batch}x{c.grad_accum}", c.precision, c.attn]
-    if c.grad_ckpt:
-        parts.append("ckpt")
-    if c.packing:
-        parts.append("packing")
-    if c.workers:
-        parts.append(f"w{c.workers}")
-    if c.world_size > 1:
-        parts.append(f"{c.world_size}gpu")
-    if c.zero_stage:
-        parts.append(f"zero{c.zero_stage}")
-    if c.offload != "none":
-        parts.append(f"offload-{c.offload}")
-    return " ".join(parts)
 
 
 def _num(metrics: Mapping[str, Any], key: str) -> float | None:
@@ -398,7 +380,7 @@ def diagnose(
     c = req.candidate if req else None
     m = result.metrics
     findings: list[Finding] = []
-    label = _label(c)
+    label = candidate_label(c) if c is not None else "?"
 
     if result.status in ("oom", "over_budget"):
         findings.append(_memory_finding(result, req, _usable(result, req)))

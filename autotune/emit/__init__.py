@@ -39,7 +39,7 @@ from autotune.emit.training_args import (
 )
 from autotune.emit.trl_sft import sft_config
 from autotune.errors import AutotuneError
-from autotune.probe.result import ProbeResult
+from autotune.spec.result import ProbeResult
 from autotune.store.atomic import write_text_atomic
 
 __all__ = ["EMITTED_FILES", "build_files", "emit_all", "target_device"]
@@ -128,6 +128,7 @@ def build_files(
         "seed": wl.seed,
         "lengths": wl.lengths,
         "dataset": wl.dataset,
+        "split": wl.split,
         "tokenizer": wl.tokenizer,
         "worst_case_first": req.settings.usable_bytes() is not None,  # as the probe (worker.py)
         "precision": cand.precision,

@@ -74,6 +74,8 @@ def main(argv=None):
     p.add_argument("--model", required=True, help="model id or local directory (from_pretrained)")
     p.add_argument("--dataset", default=MEASURED.get("dataset"),
                    help=".jsonl/.parquet with 'text' or 'input_ids' (default: the dataset the probe measured)")
+    p.add_argument("--split", default=MEASURED.get("split"),
+                   help="split of a DatasetDict save_to_disk folder or a cached Hub dataset (default: the probe's)")
     p.add_argument("--synthetic", action="store_true",
                    help="train on the probe's synthetic sequences (its length distribution and seed); needs --max-steps")
     p.add_argument("--tokenizer", default=None, help="tokenizer id or directory for 'text' data (default: --model)")
@@ -141,7 +143,8 @@ def main(argv=None):
         tok_src = a.tokenizer or MEASURED.get("tokenizer")
         if tok_src is None:
             tok_src = a.model if _has_tokenizer_files(a.model) or not Path(a.model).exists() else None
-        loaded = load_token_sequences(a.dataset, seq_len=a.seq_len, tokenizer=tok_src, local_files_only=False)
+        loaded = load_token_sequences(a.dataset, seq_len=a.seq_len, tokenizer=tok_src, local_files_only=False,
+                                      split=a.split)
         if loaded.column == "text":
             from transformers import AutoTokenizer
 
@@ -185,14 +188,14 @@ def render_train_script(*, seq_len: int, packing: bool, measured: dict[str, Any]
     """The text of ``train.py`` for a configuration measured at ``seq_len`` with/without packing.
 
     ``measured``: how the probe built its data -- ``seed``, ``lengths`` (the synthetic length
-    spec), ``dataset`` and ``tokenizer`` (paths or None), ``worst_case_first``, ``precision``.
+    spec), ``dataset``, ``split`` and ``tokenizer`` (paths or None), ``worst_case_first``, ``precision``.
     """
     note = (
         "each micro-batch's sequences are packed whole into rows (per-sequence attention, no cross-talk)"
         if packing
         else "off; each micro-batch is padded to its longest sequence"
     )
-    m = {"seed": 42, "lengths": "fixed", "dataset": None, "tokenizer": None, "worst_case_first": True,
+    m = {"seed": 42, "lengths": "fixed", "dataset": None, "split": None, "tokenizer": None, "worst_case_first": True,
          "precision": "fp32", **(measured or {})}  # fmt: skip
     return (
         _TEMPLATE.replace("__SEQ_LEN__", str(int(seq_len)))

@@ -22,7 +22,6 @@ __all__ = [
     "LEARNING_RATES",
     "RUN_DEFAULTS",
     "RUN_ONLY_KEYS",
-    "hf_default_candidate",
     "emitted_training_args",
     "emitted_model_kwargs",
     "emitted_deepspeed_config",
@@ -206,39 +205,6 @@ RUN_DEFAULTS: dict[str, Any] = {
 }
 WARMUP_RATIO = 0.03
 LORA_DROPOUT = 0.05
-
-# The configuration a user would type without tuning ("HF default"), defined here and only here:
-# TrainingArguments' defaults (per-device batch 8, no checkpointing, no workers, fused AdamW), the
-# model's default attention (sdpa in transformers 5), no packing, fp32 unless the user chose a
-# precision, and accumulation chosen to keep the effective batch the search held fixed. A speedup
-# over it at another precision mixes in the precision's own gain: pass ``precision=`` to compare
-# like with like (benchmarks/gpu_check.sh uses the tuned configuration's precision).
-HF_DEFAULT_MICRO_BATCH = 8
-
-
-def hf_default_candidate(effective_batch: int, *, world_size: int = 1, precision: str = "fp32") -> Candidate:
-    """The "HF default" configuration for the same effective batch (the report's baseline).
-
-    Micro-batch 8 when it divides the per-rank batch; otherwise the largest divisor below 8, so the
-    effective batch is never changed silently.
-    """
-    if effective_batch < 1 or world_size < 1:
-        raise ValueError(f"effective batch and world size must be >= 1, got {effective_batch}, {world_size}")
-    per_rank = max(1, effective_batch // world_size)
-    micro = next(m for m in range(min(HF_DEFAULT_MICRO_BATCH, per_rank), 0, -1) if per_rank % m == 0)
-    return Candidate(
-        micro_batch=micro,
-        grad_accum=per_rank // micro,
-        grad_ckpt=False,
-        attn="sdpa",
-        workers=0,
-        pin_memory=True,
-        precision=precision,
-        packing=False,
-        optim="adamw_torch_fused",
-        world_size=world_size,
-    )
-
 
 def emitted_training_args(
     request: ProbeRequest,

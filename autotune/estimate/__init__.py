@@ -26,6 +26,7 @@ from autotune.estimate.plan import (
     should_prune,
 )
 from autotune.estimate.speed import (
+    DEFAULT_EFFICIENCY,
     SpeedEstimate,
     calibrate,
     calibration_pairs,
@@ -37,6 +38,7 @@ from autotune.estimate.speed import (
 
 __all__ = [
     "CPU_FLOPS_PER_CORE",
+    "DEFAULT_EFFICIENCY",
     "GPU",
     "HEADROOM",
     "PRUNE_FACTOR",

@@ -57,7 +57,7 @@ from autotune.emit.training_args import LORA_DROPOUT
 from autotune.errors import SpecError
 from autotune.estimate.arch import Arch, peft_lora_modules, peft_lora_param_count
 from autotune.estimate.catalog import GPU
-from autotune.spec.probe_request import Candidate, Workload
+from autotune.spec.probe_request import FLATTEN_ATTN, Candidate, Workload
 
 __all__ = [
     "ALLOCATOR_RESERVE",
@@ -121,8 +121,6 @@ LOGITS_BYTES_PER_ELEMENT = 12
 # Llama-3.1-8B QLoRA stays at or under the HF + FA2 lengths Unsloth measured (conservative where the
 # stack is not known; benchmarks/estimator_vs_published.py).
 LOGITS_16BIT_BYTES = 2
-# attention implementations that take packed sequences flattened (no 4D mask)
-_FLATTEN_ATTN = ("flash_attention_2", "flex_attention")
 # Host RAM per offloaded byte: DeepSpeed's estimators' ``additional_buffer_factor`` (pinned buffers).
 HOST_BUFFER_FACTOR = 1.5
 # Terms allocated once and kept for the whole run; the allocator reserve applies to the others.
@@ -508,7 +506,7 @@ def estimate_memory(
     # the probe's first micro-batch holds the longest ones (autotune.probe.collate): at worst b
     # sequences of s tokens, one per row, so b x s tokens and a (b, 1, s, s) mask, as for padding.
     # Shorter sequences pack into fewer, narrower rows: the same terms bound them.
-    masked = c.packing and c.attn not in _FLATTEN_ATTN
+    masked = c.packing and c.attn not in FLATTEN_ATTN
     layer = layer_activation_bytes_per_token(
         arch, s, trainable_base=full, adapted=adapted, wb=wb, cb=cb, attn=c.attn, device=device,
         lora_dropout=LORA_DROPOUT if not full else 0.0, masked=masked,

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from autotune.probe.result import ProbeResult
 from autotune.spec.probe_request import ProbeRequest
+from autotune.spec.result import ProbeResult
 
 __all__ = ["Executor", "run_one"]
 

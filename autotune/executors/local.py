@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from autotune.env import tail_lines
-from autotune.probe.result import ProbeResult
 from autotune.spec.probe_request import ProbeRequest
+from autotune.spec.result import ProbeResult
 
 __all__ = ["run_probe_process", "LocalExecutor", "worker_env"]
 

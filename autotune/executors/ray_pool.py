@@ -23,8 +23,8 @@ from collections.abc import Callable
 from typing import Any
 
 from autotune.errors import MissingDependencyError, SpecError
-from autotune.probe.result import ProbeResult
 from autotune.spec.probe_request import ProbeRequest
+from autotune.spec.result import ProbeResult
 
 __all__ = ["RayExecutor", "import_ray"]
 

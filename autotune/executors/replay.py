@@ -31,9 +31,9 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from autotune.probe.result import ProbeResult
-from autotune.search import candidate_id, candidate_label
 from autotune.spec.probe_request import Candidate, ProbeRequest
+from autotune.spec.result import ProbeResult
+from autotune.spec.trial import candidate_id, candidate_label
 
 __all__ = ["ReplayExecutor", "load_landscape"]
 

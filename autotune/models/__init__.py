@@ -6,22 +6,22 @@ package imports neither torch nor transformers.
 
 from __future__ import annotations
 
-from autotune.models._registry import PresetInfo
+from autotune.models._registry import PRESETS, TINY, PresetInfo
 from autotune.models.resolve import (
     ModelSource,
     ResolvedModel,
     check_seq_len,
     default_hf_cache_dir,
-    list_presets,
     resolve_model,
 )
 
 __all__ = [
+    "PRESETS",
+    "TINY",
     "ModelSource",
     "PresetInfo",
     "ResolvedModel",
     "check_seq_len",
     "default_hf_cache_dir",
-    "list_presets",
     "resolve_model",
 ]

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from autotune.errors import ModelNotFoundError, SpecError
-from autotune.models._registry import PRESETS, TINY, PresetInfo, lookup
+from autotune.models._registry import PRESETS, TINY, lookup
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -42,7 +42,6 @@ __all__ = [
     "ResolvedModel",
     "check_seq_len",
     "default_hf_cache_dir",
-    "list_presets",
     "resolve_model",
 ]
 
@@ -102,11 +101,6 @@ class ResolvedModel:
             self.path, trust_remote_code=self.trust_remote_code, local_files_only=True
         )
         return config
-
-
-def list_presets(*, include_tiny: bool = True) -> list[PresetInfo]:
-    """The built-in models: presets first (in table order), then the tiny test models."""
-    return [*PRESETS, *TINY] if include_tiny else list(PRESETS)
 
 
 def default_hf_cache_dir(environ: Mapping[str, str] | None = None) -> Path:

@@ -47,12 +47,12 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from autotune.spec.lengths import iter_lengths, parse_lengths
+from autotune.spec.probe_request import FLATTEN_ATTN
 
 __all__ = [
     "REAL_TOKENS_KEY",
     "SEQUENCES_KEY",
     "IGNORE_INDEX",
-    "FLATTEN_ATTN",
     "TokenSequences",
     "SyntheticSequences",
     "SequenceDataset",
@@ -67,7 +67,6 @@ __all__ = [
     "pack_first_fit",
     "make_collator",
     "pop_counts",
-    "count_real_tokens",
     "pad_token_id_of",
     "packing_mask_dtype",
     "measured_trainer_class",
@@ -76,8 +75,6 @@ __all__ = [
 REAL_TOKENS_KEY = "autotune_real_tokens"
 SEQUENCES_KEY = "autotune_sequences"
 IGNORE_INDEX = -100
-# attention implementations that take packed sequences flattened, padding-free, with position_ids only
-FLATTEN_ATTN = ("flash_attention_2", "flex_attention")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -478,28 +475,6 @@ def pop_counts(batch: dict[str, Any]) -> BatchCounts:
     else:
         tokens = 0
     return BatchCounts(tokens, _int(seqs) if seqs is not None else rows, rows, slots)
-
-
-def count_real_tokens(batch: dict[str, Any], *, pop: bool = True) -> int:
-    """Real (non-padding) tokens of a collated batch; removes both count keys by default.
-
-    Falls back, for batches not made by these collators, to the 2D attention mask, then to the
-    labels (``!= -100``), then to the number of input ids.
-    """
-    if REAL_TOKENS_KEY in batch:
-        v = batch[REAL_TOKENS_KEY]
-        if pop:
-            batch.pop(REAL_TOKENS_KEY)
-            batch.pop(SEQUENCES_KEY, None)
-        return _int(v)
-    am = batch.get("attention_mask")
-    if am is not None and getattr(am, "ndim", 0) == 2:
-        return int(am.sum())
-    labels = batch.get("labels")
-    if labels is not None:
-        return int((labels != IGNORE_INDEX).sum())
-    ids = batch.get("input_ids")
-    return int(ids.numel()) if ids is not None else 0
 
 
 # ---------------------------------------------------------------------------------------------

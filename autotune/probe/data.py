@@ -21,11 +21,13 @@ first epoch), so the measured peak memory is the worst case, packed or not.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,8 +48,14 @@ from autotune.probe.collate import (
     pack_first_fit,
     synthetic_lengths,
 )
-from autotune.spec.files import file_sha256
-from autotune.spec.lengths import histogram_from_lengths
+from autotune.spec.dataset_ref import (
+    dataset_content_digest,
+    default_datasets_cache_dir,
+    find_hub_dataset,
+    hub_dataset_dir,
+    is_hub_dataset_id,
+    missing_hub_dataset_message,
+)
 from autotune.spec.probe_request import Candidate, Workload
 
 # the batch assembly (sequences, collators, counts) lives in autotune.probe.collate, its one home
@@ -57,7 +65,6 @@ __all__ = [
     "default_cache_dir",
     "find_tokenizer",
     "load_token_sequences",
-    "length_histogram_from_dataset",
 ]
 
 CACHE_FORMAT = 1
@@ -277,15 +284,20 @@ def _check_row(column: str, v: Any, where: str, path: Path | str) -> Any:
     return v
 
 
-def _read_saved(path: Path, split: str | None) -> tuple[str, list[Any]]:
-    """A directory written by ``datasets.Dataset.save_to_disk`` (or a DatasetDict's, with ``split``)."""
+def _import_datasets(what: str) -> Any:
     try:
         import datasets
     except ImportError:
         raise DatasetError(
-            f"reading the saved dataset {str(path)!r} needs the datasets library: pip install 'autotune[trl]' "
+            f"reading {what} needs the datasets library: pip install 'autotune[trl]' "
             "(or pip install datasets), or export it to .jsonl"
         ) from None
+    return datasets
+
+
+def _read_saved(path: Path, split: str | None) -> tuple[str, list[Any]]:
+    """A directory written by ``datasets.Dataset.save_to_disk`` (or a DatasetDict's, with ``split``)."""
+    datasets = _import_datasets(f"the saved dataset {str(path)!r}")
     try:
         ds = datasets.load_from_disk(str(path))
     except Exception as e:
@@ -293,6 +305,50 @@ def _read_saved(path: Path, split: str | None) -> tuple[str, list[Any]]:
             f"{path}: not a dataset written by save_to_disk ({type(e).__name__}: {e}); pass a directory from "
             "Dataset.save_to_disk / DatasetDict.save_to_disk, or a .jsonl/.parquet file"
         ) from None
+    return _rows_of(ds, split, path, datasets)
+
+
+@contextlib.contextmanager
+def _hub_offline() -> Iterator[None]:
+    """The Hub's offline switch on, for a library already imported too (it reads the variables at import)."""
+    import datasets
+    import huggingface_hub.constants as hub_constants
+
+    saved_env = {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    saved = (datasets.config.HF_HUB_OFFLINE, hub_constants.HF_HUB_OFFLINE)
+    os.environ.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+    datasets.config.HF_HUB_OFFLINE = hub_constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE, hub_constants.HF_HUB_OFFLINE = saved
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _read_hub(ref: str, split: str | None) -> tuple[str, list[Any]]:
+    """A Hub dataset id already prepared in the local datasets cache, loaded with the network off."""
+    datasets = _import_datasets(f"the Hub dataset {ref!r}")
+    root = default_datasets_cache_dir()
+    if find_hub_dataset(ref, root) is None:
+        raise DatasetError(missing_hub_dataset_message(ref, root))
+    try:
+        with _hub_offline():
+            ds = datasets.load_dataset(ref, cache_dir=str(root))
+    except Exception as e:
+        raise DatasetError(
+            f"dataset {ref!r}: the copy in the local cache {hub_dataset_dir(ref, root)} cannot be loaded offline "
+            f"({type(e).__name__}: {' '.join(str(e).split())[:200]}); load it once with datasets.load_dataset"
+            f"('{ref}') while online, or pass a path"
+        ) from None
+    return _rows_of(ds, split, Path(ref), datasets)
+
+
+def _rows_of(ds: Any, split: str | None, path: Path, datasets: Any) -> tuple[str, list[Any]]:
+    """The chosen split's usable column, checked row by row."""
     if isinstance(ds, datasets.DatasetDict):
         splits = sorted(ds)
         chosen = split if split is not None else ("train" if "train" in ds else None)
@@ -333,7 +389,9 @@ def _render_chat(column: str, values: list[Any], tok: Any, path: Path) -> list[s
     return out
 
 
-def _read_dataset(path: Path, split: str | None = None) -> tuple[str, list[Any]]:
+def _read_dataset(path: Path, split: str | None = None, hub_id: str | None = None) -> tuple[str, list[Any]]:
+    if hub_id is not None:
+        return _read_hub(hub_id, split)
     if path.is_dir():
         return _read_saved(path, split)
     if path.suffix.lower() == ".jsonl":
@@ -341,22 +399,15 @@ def _read_dataset(path: Path, split: str | None = None) -> tuple[str, list[Any]]
     return _read_parquet(path)
 
 
-def _dir_digest(path: Path) -> str:
-    """A save_to_disk directory's identity: every file's relative path and content hash."""
-    h = hashlib.sha256()
-    for f in sorted(q for q in path.rglob("*") if q.is_file()):
-        h.update(f"{f.relative_to(path)}:{file_sha256(f)}\n".encode())
-    return h.hexdigest()
-
-
 def _cache_file(
     cache_dir: Path, path: Path, tokenizer: str | None, seq_len: int, split: str | None = None
 ) -> Path:
+    """``path``: the file, the save_to_disk folder or a Hub dataset's folder in the datasets cache."""
     key = hashlib.sha256(
         "\n".join(
             [
                 f"format:{CACHE_FORMAT}",
-                f"data:{_dir_digest(path) if path.is_dir() else file_sha256(path)}",
+                f"data:{dataset_content_digest(path)}",
                 *([f"split:{split}"] if split is not None else []),
                 f"tokenizer:{_tokenizer_identity(tokenizer) if tokenizer else '-'}",
                 f"seq_len:{seq_len}",
@@ -429,9 +480,16 @@ def load_token_sequences(
     Raises DatasetError with the fix.
     """
     p = Path(path).expanduser()
-    if not p.exists():
+    hub_id = str(path) if is_hub_dataset_id(str(path)) else None
+    if hub_id is not None:
+        located = find_hub_dataset(hub_id)
+        if located is None:
+            raise DatasetError(missing_hub_dataset_message(hub_id))
+        p = located
+    elif not p.exists():
         raise DatasetError(
-            f"dataset {str(p)!r} does not exist; pass --dataset PATH to a .jsonl or .parquet file"
+            f"dataset {str(p)!r} does not exist; pass --dataset PATH to a .jsonl or .parquet file, a save_to_disk "
+            "folder, or a Hub id (org/name) in the local datasets cache"
         )
     if not p.is_file() and not p.is_dir():
         raise DatasetError(
@@ -447,6 +505,7 @@ def load_token_sequences(
 
     cdir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     cfile = _cache_file(cdir, p, tokenizer, seq_len, split) if use_cache else None
+    source = hub_id or str(p)
     if cfile is not None:
         hit = _read_cache(cfile)
         if hit is not None:
@@ -454,7 +513,7 @@ def load_token_sequences(
             return LoadedDataset(
                 sequences=seqs,
                 column=meta["column"],
-                path=str(p),
+                path=source,
                 cache_file=str(cfile),
                 cache_hit=True,
                 num_records=meta["num_records"],
@@ -462,17 +521,17 @@ def load_token_sequences(
                 num_empty=meta["num_empty"],
             )
 
-    column, values = _read_dataset(p, split)
+    column, values = _read_dataset(p, split, hub_id)
     if column != "input_ids":
         if tokenizer is None:
             raise DatasetError(
-                f"dataset {str(p)!r} has a {column!r} column but no tokenizer was found: pass --tokenizer DIR "
+                f"dataset {source!r} has a {column!r} column but no tokenizer was found: pass --tokenizer DIR "
                 "(or use a model directory that contains tokenizer files), or give an 'input_ids' column"
             )
         tok = _load_tokenizer(tokenizer, local_files_only=local_files_only)
         chat = column in ("messages", "prompt_completion")
         if chat:
-            values = _render_chat(column, values, tok, p)
+            values = _render_chat(column, values, tok, Path(source))
         ids: list[list[int]] = []
         for start in range(0, len(values), 1000):
             chunk = values[start : start + 1000]
@@ -487,12 +546,12 @@ def load_token_sequences(
     kept = [x for x in ids if len(x) > 0]
     num_empty = len(ids) - len(kept)
     if not kept:
-        raise DatasetError(f"dataset {str(p)!r} is empty: all {len(ids)} records have no tokens")
+        raise DatasetError(f"dataset {source!r} is empty: all {len(ids)} records have no tokens")
     seqs = TokenSequences.from_lists(kept)
     meta = {
         "format": CACHE_FORMAT,
         "column": column,
-        "source": str(p),
+        "source": source,
         "tokenizer": tokenizer,
         "seq_len": seq_len,
         "num_records": len(ids),
@@ -503,39 +562,13 @@ def load_token_sequences(
     return LoadedDataset(
         sequences=seqs,
         column=column,
-        path=str(p),
+        path=source,
         cache_file=str(cfile) if written else None,
         cache_hit=False,
         num_records=len(ids),
         num_truncated=truncated,
         num_empty=num_empty,
     )
-
-
-def length_histogram_from_dataset(
-    path: str | os.PathLike[str],
-    *,
-    seq_len: int,
-    tokenizer: str | None = None,
-    cache_dir: str | os.PathLike[str] | None = None,
-    num_bins: int = 32,
-    out: str | os.PathLike[str] | None = None,
-) -> dict[str, list[int]]:
-    """The token-length histogram ``{"bins", "counts"}`` of a dataset (lengths capped at seq_len).
-
-    With ``out``, also writes it as JSON (atomically) so a synthetic run can use
-    ``lengths="histogram:OUT.json"``.
-    """
-    loaded = load_token_sequences(path, seq_len=seq_len, tokenizer=tokenizer, cache_dir=cache_dir)
-    hist = histogram_from_lengths(loaded.sequences.lengths().tolist(), num_bins=num_bins)
-    if out is not None:
-        o = Path(out)
-        o.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=o.parent, prefix=f".{o.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(hist, f)
-        os.replace(tmp, o)
-    return hist
 
 
 # ---------------------------------------------------------------------------------------------
@@ -563,10 +596,6 @@ class TrainData:
     token_slots_per_step: int
     real_tokens_total: int
     info: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def sampler(self) -> StreamSampler:
-        return self.dataset.sampler
 
     @property
     def mean_real_tokens_per_step(self) -> float:

@@ -41,9 +41,9 @@ from typing import Any
 
 from autotune.env import tail_lines
 from autotune.probe.lifetime import preexec_fn
-from autotune.probe.result import ProbeResult
 from autotune.probe.stats import per_step_counts
 from autotune.spec.probe_request import Candidate, ProbeRequest
+from autotune.spec.result import ProbeResult
 
 __all__ = [
     "is_distributed",

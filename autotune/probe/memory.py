@@ -135,10 +135,6 @@ class NvmlSampler:
             self.query_errors["init"] = repr(exc)[:200]
             self._nvml = None
 
-    @property
-    def active(self) -> bool:
-        return self._nvml is not None
-
     def _failed(self, what: str, exc: Exception) -> None:
         self.query_errors.setdefault(what, repr(exc)[:200])
 

@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from autotune.probe.failure import classify_exception
-from autotune.probe.result import ProbeResult
 from autotune.spec.budget import format_bytes
 from autotune.spec.probe_request import ProbeRequest
+from autotune.spec.result import ProbeResult
 from autotune.store.atomic import write_json_atomic
 
 __all__ = ["run_probe_in_process", "main"]
@@ -224,20 +224,15 @@ def _apply_peft(model: Any, req: ProbeRequest) -> Any:
         return model
     from peft import LoraConfig, get_peft_model
 
-    from autotune.emit.training_args import lora_target_modules
+    from autotune.emit.training_args import lora_config, lora_target_modules
 
     if w.mode == "qlora":
         from peft import prepare_model_for_kbit_training
 
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=req.candidate.grad_ckpt)
     leaf_names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    cfg = LoraConfig(
-        r=w.lora_r,
-        lora_alpha=w.lora_alpha,
-        lora_dropout=0.05,
-        target_modules=lora_target_modules(leaf_names, w.lora_targets),
-        task_type="CAUSAL_LM",
-    )
+    # the emitted lora_config.json's own arguments, with the targets this model has
+    cfg = LoraConfig(**lora_config(w, target_modules=lora_target_modules(leaf_names, w.lora_targets)))
     return get_peft_model(model, cfg)
 
 

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.probe.result import ProbeResult
+from autotune.spec.result import ProbeResult
 
 __all__ = ["Importance", "param_importance", "ETA_SQUARED_METHOD"]
 

@@ -9,10 +9,11 @@ from typing import Any
 
 from autotune.diagnose import Diagnosis, RunDiagnosis, diagnose, diagnose_run, gpu_for_result, probe_mfu
 from autotune.estimate import GPU
-from autotune.probe.result import ProbeResult
 from autotune.report._importance import Importance, param_importance
 from autotune.report.markdown import candidate_of, levers
 from autotune.spec.probe_request import Candidate
+from autotune.spec.result import ProbeResult
+from autotune.spec.trial import candidate_label
 
 __all__ = [
     "ReportModel",
@@ -37,13 +38,8 @@ def family_of(c: Candidate) -> str:
 
 
 def short_label(c: Candidate | None) -> str:
-    if c is None:
-        return "?"
-    return (
-        f"mb {c.micro_batch} × {c.grad_accum}"
-        + (f" × {c.world_size}" if c.world_size > 1 else "")
-        + (f" · {family_of(c)}")
-    )
+    """The candidate's one label (:func:`autotune.spec.candidate_label`), ``?`` when unknown."""
+    return candidate_label(c) if c is not None else "?"
 
 
 def on_cpu(summary: Mapping[str, Any], results: Iterable[ProbeResult]) -> bool:

@@ -15,7 +15,7 @@ from typing import Any
 
 from autotune.errors import SpecError
 from autotune.estimate import GPU
-from autotune.probe.result import ProbeResult
+from autotune.spec.result import ProbeResult
 
 __all__ = ["RunData", "load_run", "read_model_config", "render_reports", "write_reports"]
 
@@ -152,7 +152,7 @@ def _find_default(summary: dict[str, Any], results: list[ProbeResult]) -> ProbeR
     """The search probe that was the HF default (the search measured it, so no baseline record)."""
     from dataclasses import asdict
 
-    from autotune.emit.training_args import hf_default_candidate
+    from autotune.spec.baseline import hf_default_candidate
 
     eb = summary.get("effective_batch")
     world = ((summary.get("best") or {}).get("candidate") or {}).get("world_size", 1)

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import html as _html
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from autotune.diagnose import MFU_CONVENTION, Diagnosis, Finding
-from autotune.emit.training_args import hf_default_candidate
-from autotune.probe.result import ProbeResult
 from autotune.report._model import (
     ReportModel,
-    build_model,
     candidate_of,
     cost_rows,
     family_of,
@@ -27,9 +24,11 @@ from autotune.report._model import (
 )
 from autotune.report.diagnosis import fmt_mfu, fmt_util
 from autotune.report.markdown import HF_DEFAULT_DESCRIPTION, effective_batch_text, levers, step_counts_text
+from autotune.spec.baseline import hf_default_candidate
 from autotune.spec.budget import format_bytes
+from autotune.spec.result import ProbeResult
 
-__all__ = ["render_report_html", "render_html", "STATUS_COLORS"]
+__all__ = ["render_html", "STATUS_COLORS"]
 
 STATUS_COLORS = {
     "ok": "#2ca02c",
@@ -438,21 +437,3 @@ def render_html(model: ReportModel) -> str:
         + "</body></html>\n"
     )
 
-
-def render_report_html(
-    summary: Mapping[str, Any],
-    results: Sequence[ProbeResult],
-    *,
-    baseline: ProbeResult | None = None,
-    best: ProbeResult | None = None,
-    config: Mapping[str, Any] | None = None,
-    gpu: Any = None,
-    inferred: Sequence[ProbeResult] = (),
-    study: Any = None,
-    notes: Sequence[str] = (),
-) -> str:
-    """Self-contained HTML for one run (``summary``: summary.json; ``results``: the probes that ran;
-    ``config``: the model's config.json dict for MFU and the capacity estimate)."""
-    model = build_model(summary, results, baseline=baseline, best=best, config=config, gpu=gpu,
-                        inferred=inferred, study=study, notes=notes)  # fmt: skip
-    return render_html(model)

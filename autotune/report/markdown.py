@@ -10,10 +10,10 @@ import html
 from collections import Counter
 from typing import Any
 
-from autotune.emit.training_args import HF_DEFAULT_MICRO_BATCH
-from autotune.probe.result import ProbeResult
+from autotune.spec.baseline import HF_DEFAULT_MICRO_BATCH
 from autotune.spec.budget import format_bytes
 from autotune.spec.probe_request import STATUSES, Candidate
+from autotune.spec.result import ProbeResult
 
 __all__ = ["HF_DEFAULT_DESCRIPTION", "render_report_md", "levers", "effective_batch_text", "step_counts_text"]
 
@@ -22,7 +22,7 @@ HF_DEFAULT_DESCRIPTION = (
     "no activation checkpointing, sdpa attention, bf16 on a GPU whose search space has it (like with like) and "
     "fp32 otherwise, "
     "0 data-loader workers, no packing, fused AdamW (TrainingArguments' defaults; "
-    "see autotune.emit.training_args.hf_default_candidate)"
+    "see autotune.spec.baseline.hf_default_candidate)"
 )
 
 _STATUS_MEANING = {

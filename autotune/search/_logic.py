@@ -10,11 +10,12 @@ import hashlib
 import itertools
 import json
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from autotune.spec.probe_request import Candidate
 from autotune.spec.space import DIMENSIONS, SearchSpace
+from autotune.spec.trial import TrialRecord, candidate_id, candidate_label
 
 __all__ = [
     "MEMORY_INFEASIBLE",
@@ -52,58 +53,6 @@ class Skip:
 
     reason: str
     key: str
-
-
-@dataclass
-class TrialRecord:
-    """One line of the search's history: a probe, an inference, a skip, or a confirmation.
-
-    ``status`` is a probe status (ok, oom, over_budget, unsupported, timeout, crash) or ``skipped``.
-    ``inferred`` marks infeasibility concluded without running (monotone in micro-batch, or the
-    estimator's pruner). ``phase`` is ``search`` or ``confirm``. ``result`` is the ProbeResult as a
-    dict when a probe ran. ``origin`` says what proposed it: ``seed`` (an expert default),
-    ``baseline`` (the HF default), ``boundary`` (a memory-boundary follow-up), ``neighbour`` or
-    ``combination`` (the neighbourhood walk), ``coverage`` (an unseen configuration handed to TPE
-    when it kept repeating itself) or ``tpe``; empty in journals written before it existed.
-    ``session`` marks a confirmation's process; ``warnings`` what the load monitor saw during the probe.
-    """
-
-    key: str
-    status: str
-    candidate: dict[str, Any] | None = None
-    params: dict[str, Any] = field(default_factory=dict)
-    reason: str = ""
-    inferred: bool = False
-    phase: str = "search"
-    repeat: int = 0
-    result: dict[str, Any] | None = None
-    tokens_per_s: float | None = None
-    peak_mem_bytes: int | None = None
-    step_time_spread: float | None = None
-    wall_s: float | None = None
-    number: int = -1
-    label: str = ""
-    origin: str = ""
-    # the process that measured a confirmation (values of an interrupted run are not mixed with later ones)
-    session: str = ""
-    # what the load monitor found while this probe ran (other processes on the CPU or GPU, throttling)
-    warnings: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrialRecord:
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
-
-    def candidate_obj(self) -> Candidate | None:
-        return Candidate(**self.candidate) if self.candidate is not None else None
-
-    @property
-    def probed(self) -> bool:
-        """A probe actually ran (not inferred, not skipped)."""
-        return self.result is not None and not self.inferred
 
 
 # knobs whose choices are ordered (8 lies between 4 and 16): the Searcher may suggest them as an
@@ -156,33 +105,6 @@ def _nearest_effective(effective_batch: int, mb: int, worlds: list[int]) -> str:
     w = worlds[0]
     accum = max(1, round(effective_batch / (mb * w)))
     return f"{mb} x {accum} x {w} = {mb * accum * w}"
-
-
-def candidate_id(candidate: Candidate) -> str:
-    """Stable short identity of a candidate (hash of its fields): the dedupe key."""
-    text = json.dumps(dataclasses.asdict(candidate), sort_keys=True)
-    return hashlib.sha1(text.encode()).hexdigest()[:12]
-
-
-def candidate_label(c: Candidate) -> str:
-    """Short human label: ``mb4x8 ckpt sdpa bf16 pack w2-pin`` (every knob that tells candidates apart)."""
-    parts = [f"mb{c.micro_batch}x{c.grad_accum}" + (f"x{c.world_size}" if c.world_size > 1 else "")]
-    parts.append("ckpt" if c.grad_ckpt else "no-ckpt")
-    parts += [c.attn, c.precision]
-    if c.packing:
-        parts.append("pack")
-    parts.append(f"w{c.workers}" + ("-pin" if c.pin_memory else ""))
-    if c.optim not in ("adamw_torch",):
-        parts.append(c.optim)
-    if c.torch_compile:
-        parts.append("compile")
-    if c.liger:
-        parts.append("liger")
-    if c.zero_stage:
-        parts.append(("zero" if c.sharding == "deepspeed" else "fsdp") + str(c.zero_stage))
-        if c.offload != "none":
-            parts.append(f"offload-{c.offload}")
-    return " ".join(parts)
 
 
 def candidate_from_choice(choice: dict[str, Any], *, effective_batch: int) -> Candidate | Skip:

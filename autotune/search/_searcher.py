@@ -29,7 +29,6 @@ from optuna.trial import Trial, TrialState
 
 from autotune.errors import SpecError
 from autotune.executors.base import Executor
-from autotune.probe.result import ProbeResult
 from autotune.search._confirm import (
     ConfirmPolicy,
     choose_winner,
@@ -58,6 +57,7 @@ from autotune.search._logic import (
 )
 from autotune.search._walk import FollowUps
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
+from autotune.spec.result import ProbeResult
 from autotune.spec.space import DIMENSIONS, SearchSpace
 
 __all__ = ["Searcher", "SearchOutcome", "Pruner", "ProgressFn", "LoadCheck"]

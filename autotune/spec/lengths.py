@@ -68,12 +68,6 @@ class LengthDistribution:
             return max(1, min(self.bins[last + 1], seq_len))
         return max(1, min(max(self.lengths), seq_len))
 
-    def mean_length(self, seq_len: int, *, n: int = 4096, seed: int = 0) -> float:
-        """Mean length after clipping (estimated by sampling for the random kinds)."""
-        if self.kind == "fixed":
-            return float(seq_len)
-        return sum(sample_lengths(self, n, seq_len, seed)) / n
-
 
 def _bad(text: str, why: str) -> SpecError:
     return SpecError(f"lengths {text!r}: {why}; accepted: {ACCEPTED_LENGTHS}")

@@ -14,6 +14,7 @@ from typing import Any
 from autotune.errors import SpecError
 
 __all__ = [
+    "FLATTEN_ATTN",
     "ATTN_CHOICES",
     "PRECISION_CHOICES",
     "MODE_CHOICES",
@@ -30,6 +31,9 @@ __all__ = [
 ]
 
 ATTN_CHOICES = ("eager", "sdpa", "flash_attention_2", "flex_attention")
+# attention implementations that take packed sequences flattened, padding-free, with position_ids
+# only (no 4D mask): the probe's collator and the memory estimator both read this
+FLATTEN_ATTN = ("flash_attention_2", "flex_attention")
 PRECISION_CHOICES = ("fp32", "bf16", "fp16", "tf32")
 MODE_CHOICES = ("full", "lora", "qlora")
 OPTIM_CHOICES = (
@@ -91,10 +95,6 @@ class Candidate:
         if self.offload == "optimizer" and self.zero_stage == 0:
             p.append("offload=optimizer needs zero_stage >= 1")
         return p
-
-    def key(self) -> tuple[Any, ...]:
-        """Identity of the candidate (used to avoid probing a configuration twice)."""
-        return dataclasses.astuple(self)
 
 
 @dataclass(frozen=True)
@@ -189,11 +189,6 @@ class ProbeRequest:
             candidate=_build(Candidate, data.get("candidate", {}), "candidate"),
             settings=_build(ProbeSettings, data.get("settings", {}), "settings"),
         )
-
-    def tokens_per_optimizer_step(self) -> int:
-        """Upper bound of tokens per optimizer step (sequence slots, padding included)."""
-        c = self.candidate
-        return c.micro_batch * c.grad_accum * c.world_size * self.workload.seq_len
 
 
 def _build(cls: type, data: dict[str, Any], where: str) -> Any:

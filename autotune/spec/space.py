@@ -98,10 +98,6 @@ class SearchSpace:
             raise KeyError(dim)
         return tuple(getattr(self, dim))
 
-    def varying(self) -> list[str]:
-        """Dimensions with more than one choice (the ones a searcher has to pick)."""
-        return [d for d in DIMENSIONS if len(self.choices(d)) > 1]
-
     def size(self) -> int:
         """Number of raw combinations (before contradictions and effective-batch filtering)."""
         n = 1

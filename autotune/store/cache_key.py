@@ -15,7 +15,8 @@ is the same. The key is the sha256 of the canonical JSON of:
 * ``search``: what the search does with the probes (max trials, time budget, top-k, the
   confirmation's steps and policy (rounds, tolerance), whether the load monitor watches, seed,
   GPUs, the HF-default baseline, estimator pruning, ``--verify-loss`` steps and tolerance);
-* ``dataset``: the dataset file's content (sha256 and size), not its path or modification time;
+* ``dataset``: the dataset's content (a file's sha256 and size, a save_to_disk folder's or a cached Hub
+  dataset's digest of its files) and its ``--split``, not its path or modification time;
 * ``hardware``: device, platform, CPU model and core count, and per GPU its name, memory, driver
   and compute capability; the Ray address when one is given;
 * ``capabilities``: the optional packages and GPU features the space was filtered with;
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.env import cpu_model, package_versions
+from autotune.spec.dataset_ref import dataset_content_digest, find_hub_dataset, is_hub_dataset_id
 from autotune.spec.files import file_sha256
 from autotune.spec.probe_request import ProbeSettings, Workload
 
@@ -78,16 +80,24 @@ def hardware_fingerprint(device: str, gpus: list[dict[str, Any]] | None = None) 
     return fp
 
 
-def dataset_identity(dataset: str | os.PathLike[str] | None) -> dict[str, Any] | None:
-    """The file's content (sha256 and size): an edited file changes the key, a moved or touched one
-    does not. A file that cannot be read is keyed by its path (the request is refused later)."""
+def dataset_identity(dataset: str | os.PathLike[str] | None, split: str | None = None) -> dict[str, Any] | None:
+    """The data's content: a file's sha256 and size, a save_to_disk folder's digest of its files, a Hub
+    id's digest of its folder in the local datasets cache; an edited dataset changes the key, a moved
+    or touched one does not. ``split`` (a DatasetDict's) is part of it. A dataset that cannot be read
+    is keyed by its reference (the request is refused later)."""
     if dataset is None:
         return None
-    p = Path(dataset).expanduser()
+    ref = str(dataset)
+    out: dict[str, Any] = {"split": split} if split is not None else {}
+    p = find_hub_dataset(ref) if is_hub_dataset_id(ref) else Path(ref).expanduser()
+    if p is None:
+        return {"hub": ref, **out}
     try:
-        return {"sha256": file_sha256(p), "size": p.stat().st_size}
+        if p.is_dir():
+            return {"digest": dataset_content_digest(p), **({"hub": ref} if is_hub_dataset_id(ref) else {}), **out}
+        return {"sha256": file_sha256(p), "size": p.stat().st_size, **out}
     except OSError:
-        return {"path": str(dataset)}
+        return {"path": ref, **out}
 
 
 def workload_fields(workload: Workload) -> dict[str, Any]:

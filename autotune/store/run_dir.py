@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import SpecError, WriteError
-from autotune.search import TrialRecord
+from autotune.spec.trial import TrialRecord
 from autotune.store.atomic import write_error, write_json_atomic, write_text_atomic
 
 RESUME_HINT = "the run folder {path} is left resumable: free space, then rerun the same command with --resume"

@@ -1,0 +1,96 @@
+"""``--dataset`` references: a local path, or a Hub dataset id found in the local Hugging Face cache.
+
+A reference that is an existing path is a path (a ``.jsonl``/``.parquet`` file or a ``save_to_disk``
+directory). Otherwise a reference shaped like a Hub id (``org/name``) names a dataset that
+``datasets.load_dataset("org/name")`` has already prepared on this machine: its Arrow files live in
+the datasets cache as ``{org}___{snake_name}/{config}/{version}/{hash}/{snake_name}-{split}.arrow``
+(the layout ``datasets``' offline loader reads). The cache directory is ``$HF_DATASETS_CACHE``, else
+``$HF_HOME/datasets``, else ``$XDG_CACHE_HOME/huggingface/datasets``, else
+``~/.cache/huggingface/datasets``, as ``datasets`` decides it. autotune never downloads: the reading
+side (:mod:`autotune.probe.data`) loads it with the network forced off.
+
+This module imports no ``datasets``: locating and keying a cached dataset must stay cheap (the
+cache key is computed before anything heavy is imported).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+from autotune.spec.files import file_sha256
+
+__all__ = [
+    "default_datasets_cache_dir",
+    "is_hub_dataset_id",
+    "hub_dataset_dir",
+    "find_hub_dataset",
+    "missing_hub_dataset_message",
+    "dataset_content_digest",
+]
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# datasets.naming.camelcase_to_snakecase, the name part of the cache folder (a test holds the two equal)
+_UPPER_UPPER = re.compile(r"([A-Z]+)([A-Z][a-z])")
+_LOWER_UPPER = re.compile(r"([a-z\d])([A-Z])")
+_SKIPPED_SUFFIXES = (".lock",)
+
+
+def default_datasets_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """The ``datasets`` cache directory, decided as ``datasets.config`` decides it."""
+    env = os.environ if environ is None else environ
+    if env.get("HF_DATASETS_CACHE"):
+        return Path(env["HF_DATASETS_CACHE"]).expanduser()
+    if env.get("HF_HOME"):
+        return Path(env["HF_HOME"]).expanduser() / "datasets"
+    xdg = env.get("XDG_CACHE_HOME") or "~/.cache"
+    return Path(xdg).expanduser() / "huggingface" / "datasets"
+
+
+def is_hub_dataset_id(ref: str) -> bool:
+    """``org/name`` that is not an existing path (a path always wins)."""
+    return bool(_HUB_ID.match(ref)) and not Path(ref).expanduser().exists()
+
+
+def _snake(name: str) -> str:
+    return _LOWER_UPPER.sub(r"\1_\2", _UPPER_UPPER.sub(r"\1_\2", name)).lower()
+
+
+def hub_dataset_dir(ref: str, cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Where ``datasets`` keeps the prepared Arrow files of Hub dataset ``ref`` (present or not)."""
+    org, _, name = ref.partition("/")
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_datasets_cache_dir()
+    return root / f"{org}___{_snake(name)}"
+
+
+def find_hub_dataset(ref: str, cache_dir: str | os.PathLike[str] | None = None) -> Path | None:
+    """The cache folder of ``ref`` when it holds at least one prepared version (Arrow files under
+    ``{config}/{version}/{hash}/``), else None."""
+    d = hub_dataset_dir(ref, cache_dir)
+    if not d.is_dir():
+        return None
+    return d if any(p.is_file() for p in d.glob("*/*/*/*.arrow")) else None
+
+
+def missing_hub_dataset_message(ref: str, cache_dir: str | os.PathLike[str] | None = None) -> str:
+    """One line: where it was looked for and the fixes."""
+    return (
+        f"dataset {ref!r} is not a path and not in the local Hugging Face datasets cache at "
+        f"{hub_dataset_dir(ref, cache_dir)} (autotune never downloads); download it once with "
+        f"`python -c \"import datasets; datasets.load_dataset('{ref}')\"` (set HF_DATASETS_CACHE or HF_HOME "
+        "if your cache lives elsewhere), or pass a path to a .jsonl/.parquet file or a save_to_disk folder"
+    )
+
+
+def dataset_content_digest(path: str | os.PathLike[str]) -> str:
+    """sha256 over a folder's files (relative path and content; lock files skipped), or a file's sha256."""
+    p = Path(path)
+    if not p.is_dir():
+        return file_sha256(p)
+    h = hashlib.sha256()
+    for f in sorted(q for q in p.rglob("*") if q.is_file() and not q.name.endswith(_SKIPPED_SUFFIXES)):
+        h.update(f"{f.relative_to(p).as_posix()}:{file_sha256(f)}\n".encode())
+    return h.hexdigest()

@@ -1,0 +1,59 @@
+"""Parsers of the run's command-line values: a time budget and a list of GPU indices.  [pure]
+
+(The GPU memory budget is :func:`autotune.spec.budget.parse_budget`, sequence lengths
+:func:`autotune.spec.lengths.parse_lengths`.)
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from autotune.errors import SpecError
+
+__all__ = ["parse_duration", "parse_gpus"]
+
+_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(h|m|s|ms)?", re.IGNORECASE)
+
+
+def parse_duration(value: str | float | int | None) -> float | None:
+    """Seconds from ``20m``, ``1h30m``, ``90s``, ``1.5h`` or a bare number of seconds; None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise SpecError(f"time budget must be a duration like 20m; got {value!r}")
+    if isinstance(value, (int, float)):
+        if value <= 0:
+            raise SpecError(f"time budget must be positive; got {value!r}")
+        return float(value)
+    text = str(value).strip().lower().replace(" ", "")
+    pos, total = 0, 0.0
+    factors = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001, None: 1.0}
+    while pos < len(text):
+        m = _DURATION_RE.match(text, pos)
+        if not m or m.end() == pos:
+            raise SpecError(f"time budget {value!r} is not a duration; use e.g. 20m, 1h30m, 90s or 300")
+        total += float(m.group(1)) * factors[m.group(2)]
+        pos = m.end()
+    if not text or total <= 0:
+        raise SpecError(f"time budget must be positive; got {value!r}")
+    return total
+
+
+def parse_gpus(value: str | list[int] | tuple[int, ...] | None) -> list[int] | None:
+    """GPU indices from ``"0,1,2"`` or a list; None means all that are visible."""
+    if value is None:
+        return None
+    items: list[Any] = list(value) if isinstance(value, (list, tuple)) else [s for s in str(value).split(",")]
+    out: list[int] = []
+    for item in items:
+        try:
+            idx = int(str(item).strip())
+        except ValueError:
+            raise SpecError(f"--gpus must be comma-separated GPU indices like 0,1,2; got {value!r}") from None
+        if idx < 0:
+            raise SpecError(f"--gpus indices must be >= 0; got {value!r}")
+        out.append(idx)
+    if not out or len(set(out)) != len(out):
+        raise SpecError(f"--gpus must list distinct GPU indices like 0,1,2; got {value!r}")
+    return out

@@ -1,0 +1,84 @@
+"""summary.json has a published, versioned JSON Schema (issue 17): ``autotune schema``,
+docs/summary.schema.json, and every summary a run writes validates against it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+from _fakes import FakeExecutor
+from typer.testing import CliRunner
+
+import autotune._tune as tune_mod
+from autotune.cli.app import app
+from autotune.errors import NothingFitsError
+from autotune.spec.summary import SCHEMA_VERSION, RunSummary, summary_json_schema
+
+COMMITTED = Path(__file__).resolve().parents[1] / "docs" / "summary.schema.json"
+RUN = ["run", "--model", "tiny-llama", "--device", "cpu", "--seq-len", "512", "--effective-batch", "16",
+       "--space", "cpu", "--max-trials", "8", "--json"]
+
+
+def validate(summary: dict) -> None:
+    """Against the committed file (what a --json user holds) and the model."""
+    jsonschema.validate(summary, json.loads(COMMITTED.read_text(encoding="utf-8")))
+    RunSummary.model_validate(summary)
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tune_mod, "_default_executor", lambda **kw: FakeExecutor())
+
+
+def test_the_committed_schema_is_the_models() -> None:
+    assert json.loads(COMMITTED.read_text(encoding="utf-8")) == summary_json_schema(), (
+        "docs/summary.schema.json is stale: autotune schema > docs/summary.schema.json")
+
+
+def test_autotune_schema_prints_it() -> None:
+    res = CliRunner().invoke(app, ["schema"], catch_exceptions=False)
+    assert res.exit_code == 0
+    schema = json.loads(res.stdout)
+    assert schema == summary_json_schema()
+    assert schema["properties"]["schema_version"]["default"] == SCHEMA_VERSION
+    assert {"top", "best", "baseline", "trust"} <= set(schema["properties"])
+
+
+def test_a_runs_summary_and_its_json_output_validate(tmp_path: Path, fake: None) -> None:
+    res = CliRunner().invoke(app, [*RUN, "--gpu-budget", "10GiB", "--out", str(tmp_path)], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    printed = json.loads(res.stdout)
+    on_disk = json.loads((Path(printed["run_dir"]) / "summary.json").read_text(encoding="utf-8"))
+    assert on_disk["schema_version"] == SCHEMA_VERSION and on_disk["status"] == "complete"
+    assert on_disk["top"] and on_disk["best"] and on_disk["baseline"]
+    validate(on_disk)
+    validate(printed)
+    # the repeat is answered from the cache: still the same shape
+    again = CliRunner().invoke(app, [*RUN, "--gpu-budget", "10GiB", "--out", str(tmp_path)], catch_exceptions=False)
+    cached = json.loads(again.stdout)
+    assert cached["from_cache"] is True
+    validate(cached)
+
+
+def test_a_nothing_fits_summary_validates(tmp_path: Path) -> None:
+    with pytest.raises(NothingFitsError):
+        tune_mod.tune("tiny-llama", gpu_budget="1GiB", seq_len=512, effective_batch=16, space="cpu", device="cpu",
+                      max_trials=4, out=tmp_path, executor=FakeExecutor())
+    (summary_path,) = tmp_path.glob("*/summary.json")
+    summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    assert summary["status"] == "nothing_fits"
+    validate(summary)
+
+
+def test_the_schema_rejects_drift() -> None:
+    schema = json.loads(COMMITTED.read_text(encoding="utf-8"))
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"schema_version": SCHEMA_VERSION, "status": "complete"}, schema)  # fields missing
+    entry = {"label": "x", "status": "confirmed", "median_tokens_per_s": 1.0, "measurements": [1.0], "spread": 0.0,
+             "range": [1.0, 1.0], "rounds": 2, "search_tokens_per_s": 1.0, "step_time_spread": None,
+             "peak_mem_bytes": 1, "candidate": {}, "reason": "", "indistinguishable": None, "load_warnings": [],
+             "renamed_field": 1}
+    with pytest.raises(jsonschema.ValidationError, match="renamed_field"):
+        jsonschema.validate(entry, {**schema, **schema["$defs"]["RankingEntry"]})

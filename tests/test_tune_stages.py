@@ -1,0 +1,106 @@
+"""tune()'s stages, each alone (issue 17): request -> plan -> cache -> run folder -> search -> summary -> write."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from _fakes import FakeExecutor
+
+from autotune._tune import (
+    EstimatePruner,
+    TuneArgs,
+    answer_from_cache,
+    plan_search,
+    read_request,
+    run_search,
+    start_run,
+    summarize,
+    tune,
+    write_answer,
+)
+from autotune.errors import NothingFitsError, SpecError
+from autotune.models import resolve_model
+from autotune.spec.probe_request import Candidate, Workload
+from autotune.store import RunDir, make_run_id
+
+
+def args(tmp_path: Path, **kw) -> TuneArgs:
+    base = dict(model="tiny-llama", gpu_budget="10GiB", seq_len=512, effective_batch=16, mode="full", space="cpu",
+                dataset=None, split=None, tokenizer=None, lengths="fixed", max_trials=6, time_budget=None, gpus=None, ray_address=None,
+                device="cpu", storage=None, out=tmp_path, seed=42, resume=False, fresh=False,
+                executor=FakeExecutor(), progress=None, gpus_per_trial=None, top_k=2, steps=5, warmup_steps=2,
+                probe_timeout_s=300.0, baseline=True, trust_remote_code=False, pruner=None, prune=None,
+                verify_loss=0, verify_loss_tolerance=None, confirm_rounds=None, confirm_tolerance=None,
+                load_monitor=False)
+    return TuneArgs(**{**base, **kw})
+
+
+def test_tune_args_mirror_tunes_signature() -> None:
+    import dataclasses
+    import inspect
+
+    assert [f.name for f in dataclasses.fields(TuneArgs)] == list(inspect.signature(tune).parameters)
+
+
+def test_read_request_reports_every_problem_at_once_and_writes_nothing(tmp_path: Path) -> None:
+    with pytest.raises(SpecError) as err:
+        read_request(args(tmp_path / "o", seq_len=2, mode="lol", time_budget="soon", gpus="a"))
+    text = str(err.value)
+    for part in ("seq_len", "mode", "time budget", "--gpus"):
+        assert part in text
+    assert not (tmp_path / "o").exists()
+    r = read_request(args(tmp_path, time_budget="1m"))
+    assert r.time_budget_s == 60 and r.resolved.name == "tiny-llama" and r.space is not None
+
+
+def test_plan_search_is_deterministic_and_picks_the_hf_default(tmp_path: Path) -> None:
+    r = read_request(args(tmp_path))
+    a, b = plan_search(r), plan_search(r)
+    assert a.device == "cpu" and a.key == b.key
+    assert a.baseline is not None and a.baseline.micro_batch * a.baseline.grad_accum == 16
+    assert a.usable is not None and a.usable < a.settings.budget_bytes
+    other = plan_search(read_request(args(tmp_path, seq_len=256)))
+    assert other.key != a.key
+    assert plan_search(read_request(args(tmp_path, baseline=False))).baseline is None
+
+
+def test_the_stages_in_order_give_tunes_answer(tmp_path: Path) -> None:
+    r = read_request(args(tmp_path))
+    plan = plan_search(r)
+    assert answer_from_cache(r, plan, started=0.0) is None  # nothing stored yet
+    rd = RunDir.create(tmp_path, make_run_id("tiny-llama", plan.key))
+    started = start_run(r, plan, rd, resumed=False)
+    assert (rd.path / "run.json").exists() and started.history == []
+    searched = run_search(r, plan, rd, started)
+    assert searched.outcome.best is not None and searched.predictions is None  # not pruned on CPU
+    summary = summarize(r, plan, searched, started.base_summary)
+    assert summary["best"]["label"] == summary["top"][0]["label"]
+    result = write_answer(rd, summary, searched, device=plan.device, progress=None)
+    assert result.summary["status"] == "complete" and (rd.path / "summary.json").exists()
+    # the stored answer now answers the same request
+    again = answer_from_cache(r, plan, started=0.0)
+    assert again is not None and again.from_cache and again.run_dir == rd.path
+
+
+def test_the_estimate_pruner_keeps_its_predictions(tmp_path: Path) -> None:
+    resolved = resolve_model("llama-3.1-8b")
+    wl = Workload(model="llama-3.1-8b", model_path=resolved.path, seq_len=2048)
+    pruner = EstimatePruner(resolved.config, wl, "cuda", budget_bytes=40 * 2**30)
+    reason = pruner(Candidate(micro_batch=4))
+    assert reason is not None and "predicted peak" in reason
+    ((peak, label),) = pruner.predictions.values()
+    assert peak > 40 * 2**30 and label.startswith("mb4")
+
+
+def test_nothing_fits_uses_the_pruners_predictions(tmp_path: Path) -> None:
+    r = read_request(args(tmp_path, model="llama-3.1-8b", gpu_budget="40GB", seq_len=2048, prune=True))
+    plan = plan_search(r)
+    rd = RunDir.create(tmp_path, "stage-nothing")
+    started = start_run(r, plan, rd, resumed=False)
+    searched = run_search(r, plan, rd, started)
+    assert searched.predictions  # every candidate predicted, none probed
+    summary = summarize(r, plan, searched, started.base_summary)
+    assert summary["status"] == "nothing_fits" and "the memory model predicts" in summary["message"]
+    with pytest.raises(NothingFitsError, match="the memory model predicts"):
+        write_answer(rd, summary, searched, device=plan.device, progress=None)

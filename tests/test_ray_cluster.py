@@ -220,6 +220,15 @@ def _probe_on(node: _Node) -> psutil.Process | None:
     return None
 
 
+def _has_result(probe: psutil.Process) -> bool:
+    """Whether the probe wrote its result (or is gone): too late to lose it."""
+    try:
+        paths = [a for a in probe.cmdline() if a.endswith("result.json")]
+    except psutil.Error:
+        return True
+    return not paths or Path(paths[0]).exists()
+
+
 def _probe_request(probe: psutil.Process) -> dict | None:
     for arg in probe.cmdline():
         if arg.endswith("request.json"):
@@ -235,7 +244,7 @@ def test_a_run_on_a_two_node_cluster_survives_losing_the_worker_node(cluster: _C
     head, worker = cluster.nodes["head"], cluster.nodes["worker"]
     cmd = [sys.executable, "-m", "autotune", "run", "--model", "tiny-llama", "--device", "cpu",
            "--gpu-budget", "10GiB", "--seq-len", "64", "--effective-batch", "4", "--space", "cpu",
-           "--max-trials", "3", "--steps", "3", "--top-k", "1", "--confirm-rounds", "1:1",
+           "--max-trials", "4", "--steps", "3", "--top-k", "1", "--confirm-rounds", "1:1",
            "--probe-timeout", "300", "--ray-address", cluster.address, "--out", str(out), "--json"]
     env = {**cluster.env, "AUTOTUNE_CACHE": str(tmp_path / "cache")}
     driver = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -256,7 +265,8 @@ def test_a_run_on_a_two_node_cluster_survives_losing_the_worker_node(cluster: _C
             finished = [r for r in _journal(rds[0]) if r.get("result")] if rds else []
             assert worker.proc.poll() is None, f"the worker node died on its own: {worker.log.read_text()[-2000:]}"
             probe = _probe_on(worker)
-            if finished and probe is not None:
+            # a probe that has not written its result yet: killed now, its task cannot return one
+            if finished and probe is not None and not _has_result(probe):
                 lost_request = _probe_request(probe)
                 if lost_request is not None:
                     finished_before = finished

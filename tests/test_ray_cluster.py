@@ -298,6 +298,11 @@ def test_a_run_on_a_two_node_cluster_survives_losing_the_worker_node(cluster: _C
     nodes = {r["result"]["env"].get("ray_node_id") for r in records}
     assert nodes <= {head.node_id, worker.node_id} and head.node_id in nodes, (nodes, head, worker)
     assert all(r["result"]["env"].get("ray_worker_pid") for r in records)
+    # measured with the threads the emitted train.py gets (torch's default), not the OMP_NUM_THREADS
+    # Ray sets to a task's CPU count (1 here)
+    default = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], env=cluster.env,
+                             capture_output=True, text=True, check=True).stdout.strip()
+    assert {r["result"]["env"].get("torch_threads") for r in records} == {int(default)}, default
     assert not [c for c in driver_children if any(x in c for x in ("raylet", "gcs_server", "_reaper.py"))], \
         driver_children  # a driver of a cluster starts no Ray runtime
 

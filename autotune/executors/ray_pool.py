@@ -49,6 +49,7 @@ def _probe_task(request_dict: dict[str, Any], probe_fn: Callable[[ProbeRequest],
     a journal line shows which machine measured it.
     """
     request = ProbeRequest.from_dict(request_dict)
+    _drop_rays_thread_default()
     if probe_fn is None:
         from autotune.executors.local import run_probe_process
 
@@ -57,6 +58,27 @@ def _probe_task(request_dict: dict[str, Any], probe_fn: Callable[[ProbeRequest],
         result = probe_fn(request)
     result.env.update(_where())
     return result.to_dict()
+
+
+def _drop_rays_thread_default() -> None:
+    """Undo the OMP_NUM_THREADS Ray set for this task, so the probe gets torch's default threads.
+
+    A Ray worker sets ``OMP_NUM_THREADS`` to the task's CPU count when its node's environment has
+    none (``ray._private.utils.set_omp_num_threads_if_unset``): a probe reserving every logical CPU
+    would then run with as many threads, while the emitted train.py runs with torch's default (the
+    physical cores it may use). The node's own environment is its raylet's, this worker's parent:
+    a value set there (by the user) is kept.
+    """
+    if "OMP_NUM_THREADS" not in os.environ:
+        return
+    try:
+        import psutil
+
+        node_env = psutil.Process(os.getppid()).environ()
+    except Exception:  # cannot tell: leave it
+        return
+    if "OMP_NUM_THREADS" not in node_env:
+        os.environ.pop("OMP_NUM_THREADS", None)
 
 
 def _where() -> dict[str, Any]:

@@ -248,7 +248,7 @@ def _build_summary(
     summary["distinct_candidates"] = outcome.distinct_candidates
     # probes run, by what proposed them (TrialRecord.origin)
     summary["probes_by_origin"] = dict(Counter(r.origin or "unknown" for r in outcome.records
-                                               if r.phase == "search" and r.probed))
+                                               if r.phase in ("search", "recheck") and r.probed))
     summary["top"] = [RankingEntry.from_ranking(e).model_dump(mode="json") for e in outcome.ranking]
     summary["warnings"] = outcome.warnings
     summary["tie"] = outcome.tie
@@ -299,6 +299,8 @@ def tune(
     confirm_rounds: tuple[int, int] | None = None,
     confirm_tolerance: float | None = None,
     load_monitor: bool | None = None,
+    trainer: str = "hf",
+    strategy: str = "walk",
 ) -> TuneResult:
     """Find the fastest configuration of ``model`` that fits ``gpu_budget``, by measuring.
 
@@ -316,6 +318,8 @@ def tune(
     ``confirm_rounds`` (min, max) and ``confirm_tolerance`` set the confirmation policy (default:
     ``ConfirmPolicy.for_device``). ``load_monitor`` (default: on when autotune runs its own probes on
     this machine) watches for other load and fills ``summary["warnings"]``.
+    ``trainer`` ``"trl"`` measures every probe through TRL's SFTTrainer with the candidate's
+    ``sft_config.json`` (``autotune.probe.trl_probe``; it needs a ``tokenizer``).
 
     The stages, in order: :func:`read_request` (validate, parse, resolve the model) ->
     :func:`plan_search` (device, space, budget, preflight, cache key) -> :func:`answer_from_cache`
@@ -379,6 +383,8 @@ class TuneArgs:
     confirm_rounds: tuple[int, int] | None
     confirm_tolerance: float | None
     load_monitor: bool | None
+    trainer: str
+    strategy: str = "walk"
 
 
 @dataclass(frozen=True)
@@ -400,6 +406,10 @@ def read_request(a: TuneArgs) -> Request:
                          gpus_per_trial=a.gpus_per_trial)  # fmt: skip
     if isinstance(a.verify_loss, bool) or not isinstance(a.verify_loss, int) or a.verify_loss < 0:
         problems.append(f"verify-loss steps must be an integer >= 0; got {a.verify_loss!r}")
+    from autotune.search import STRATEGIES
+
+    if a.strategy not in STRATEGIES:
+        problems.append(f"unknown strategy {a.strategy!r}; choose one of {', '.join(STRATEGIES)}")
     from autotune.spec.lengths import parse_lengths
     from autotune.store.run_dir import check_out_dir
     from autotune.store.storage import check_storage_url
@@ -480,8 +490,12 @@ def plan_search(r: Request) -> SearchPlan:
         raise SpecError("--lengths describes synthetic sequences and --dataset brings real ones: give one of them")
     workload = Workload(model=r.resolved.name, model_path=r.resolved.path, seq_len=a.seq_len, mode=a.mode,
                         dataset=a.dataset, trust_remote_code=a.trust_remote_code, seed=a.seed, lengths=a.lengths,
-                        split=a.split, tokenizer=a.tokenizer)
+                        split=a.split, tokenizer=a.tokenizer, trainer=a.trainer)
     problems = workload.problems() + settings.problems()
+    if not problems:
+        from autotune.probe.trl_probe import trainer_problems
+
+        problems = trainer_problems(workload)
     if problems:
         raise SpecError(problems)
     notes += _preflight(r, dev, gpu_infos, space_obj, workload, budget_bytes)
@@ -532,6 +546,10 @@ def _cache_key(r: Request, dev: str, gpu_infos: list[dict[str, Any]], space: Sea
     if a.ray_address is not None:
         hardware["ray_address"] = a.ray_address
     software = software_versions()
+    if a.trainer == "trl":  # the probes measure TRL's code too
+        from autotune.env import versions_of
+
+        software.update(versions_of("trl", "datasets"))
     pruner = a.pruner
     search_settings = {"max_trials": a.max_trials, "seed": a.seed, "top_k": a.top_k, "confirm_steps": a.steps * 2,
                        "time_budget_s": r.time_budget_s, "gpus": r.gpu_list, "baseline": a.baseline,
@@ -539,6 +557,7 @@ def _cache_key(r: Request, dev: str, gpu_infos: list[dict[str, Any]], space: Sea
                                  if pruner is not None else bool(a.prune if a.prune is not None else dev == "cuda")),
                        "verify_loss": a.verify_loss, "verify_loss_tolerance": a.verify_loss_tolerance,
                        "confirm": confirm_policy.to_dict(),
+                       **({"strategy": a.strategy} if a.strategy != "walk" else {}),  # (walk: keys as before)
                        "load_monitor": bool(a.load_monitor if a.load_monitor is not None else (
                            a.executor is None and a.ray_address is None))}  # fmt: skip
     key = cache_key(model_config=r.resolved.config, space=space.to_dict(), budget_bytes=settings.budget_bytes,
@@ -605,6 +624,7 @@ def start_run(r: Request, plan: SearchPlan, run_dir: Any, resumed: bool) -> RunS
         "model_name": r.resolved.name,
         "model_source": str(r.resolved.source),
         "mode": a.mode,
+        "trainer": a.trainer,
         "seq_len": a.seq_len,
         "lengths": a.lengths,
         "effective_batch": a.effective_batch,
@@ -618,13 +638,13 @@ def start_run(r: Request, plan: SearchPlan, run_dir: Any, resumed: bool) -> RunS
         "dropped_choices": [d.to_dict() for d in plan.dropped],
         "search": {"max_trials": a.max_trials, "time_budget_s": r.time_budget_s, "top_k": a.top_k, "steps": a.steps,
                    "confirm_steps": a.steps * 2, "confirm": plan.confirm_policy.to_dict(), "storage": storage_url,
-                   "study_name": run_dir.run_id},
+                   "study_name": run_dir.run_id, "strategy": a.strategy},
         "environment": {"hardware": plan.hardware, "software": plan.software},
     }
     if not resumed:
         run_dir.write_json("run.json", {"cache_key": plan.key, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
                                         "request": {k: base_summary[k] for k in (
-                                            "model", "mode", "seq_len", "lengths", "effective_batch", "device",
+                                            "model", "mode", "trainer", "seq_len", "lengths", "effective_batch", "device",
                                             "gpu_budget", "seed", "space", "search")}})  # fmt: skip
     if progress is not None:
         progress("run_dir", {"run_dir": str(run_dir.path), "resumed": resumed, "restored": len(history)})
@@ -727,6 +747,7 @@ def _searcher(r: Request, plan: SearchPlan, run_dir: Any, started: RunStart, exe
         storage=study_storage, study_name=run_dir.run_id, top_k=a.top_k, device=dev, max_world=max_world,
         history=started.history, sink=run_dir.journal, pruner=pruner, progress=progress, baseline=plan.baseline,
         confirm=plan.confirm_policy, load_check=monitor.check if monitor is not None else None,
+        strategy=a.strategy,
     )
     return searcher, pruner
 
@@ -769,6 +790,8 @@ def write_answer(run_dir: Any, summary: dict[str, Any], searched: Searched, *, d
     run_dir.write_json("best_result.json", best.to_dict())
     files = _emit(best, run_dir, device, progress)
     summary["status"] = "complete"
+    if best.metrics.get("quality_notes"):  # e.g. TRL's packing (--trainer trl)
+        summary["quality_notes"] = list(best.metrics["quality_notes"])
     if verified is not None:
         run_dir.write_json("verify_loss.json", verified)
         summary["verify_loss"] = {k: verified.get(k) for k in ("steps", "max_abs_diff", "max_at_step", "tolerance",

@@ -11,7 +11,7 @@ import sys
 from importlib import metadata
 from typing import Any
 
-__all__ = ["fingerprint", "package_versions", "nvml_device_info", "cpu_model", "tail_lines"]
+__all__ = ["fingerprint", "package_versions", "versions_of", "nvml_device_info", "cpu_model", "tail_lines"]
 
 _PACKAGES = (
     "torch",
@@ -29,8 +29,13 @@ _PACKAGES = (
 
 
 def package_versions() -> dict[str, str | None]:
+    return versions_of(*_PACKAGES)
+
+
+def versions_of(*names: str) -> dict[str, str | None]:
+    """Installed version of each distribution (None: not installed)."""
     out: dict[str, str | None] = {}
-    for name in _PACKAGES:
+    for name in names:
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:

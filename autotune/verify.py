@@ -79,10 +79,20 @@ _EXPECT = {
 }
 
 
-def expected_differences(chosen: Candidate, reference: Candidate) -> list[dict[str, Any]]:
-    """The knobs that differ between the two, each with what it is expected to do to the loss."""
+# through TRL's SFTTrainer (--trainer trl) packing is TRL's own: measured 0.144 max |dloss| over 20
+# steps on tiny-llama chats (benchmarks/README.md, "TRL probes")
+_EXPECT_TRL = {
+    "packing": "changed batches (TRL packs the whole dataset into rows ahead of training: a step holds other "
+               "sequences than unpacked)",
+}
+
+
+def expected_differences(chosen: Candidate, reference: Candidate, *, trainer: str = "hf") -> list[dict[str, Any]]:
+    """The knobs that differ between the two, each with what it is expected to do to the loss
+    (``trainer``: the workload's, ``hf`` or ``trl``)."""
     a, b = dataclasses.asdict(chosen), dataclasses.asdict(reference)
-    return [{"knob": k, "chosen": a[k], "reference": b[k], "expected": _EXPECT.get(k, "unknown")}
+    expect = {**_EXPECT, **_EXPECT_TRL} if trainer == "trl" else _EXPECT
+    return [{"knob": k, "chosen": a[k], "reference": b[k], "expected": expect.get(k, "unknown")}
             for k in a if a[k] != b[k]]
 
 
@@ -147,7 +157,7 @@ def run_verify(executor: Executor, *, chosen: Candidate, reference: Candidate, w
         r = results[side]
         out[side] = {"label": candidate_label(cand), "candidate": dataclasses.asdict(cand), "status": r.status,
                      "reason": r.reason, "losses": [float(x) for x in r.metrics.get("losses") or []]}
-    out["differences"] = expected_differences(chosen, reference)
+    out["differences"] = expected_differences(chosen, reference, trainer=workload.trainer)
     out["expected_identical"] = all(d["knob"] in IDENTICAL_KNOBS for d in out["differences"])
     out.update(compare_losses(out["chosen"]["losses"], out["reference"]["losses"], tolerance=tolerance))
     if results["chosen"].status != "ok" or results["reference"].status != "ok":

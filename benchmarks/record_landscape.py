@@ -47,7 +47,7 @@ from autotune.spec.budget import parse_budget, parse_size  # noqa: E402
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload  # noqa: E402
 from autotune.spec.space import SearchSpace, load_space  # noqa: E402
 
-__all__ = ["grid", "landscape_path", "entry_status", "relabel", "record", "main"]
+__all__ = ["grid", "landscape_path", "entry_status", "relabel", "record", "main", "median_budget_text"]
 
 LANDSCAPES = Path(__file__).resolve().parent / "landscapes"
 FORMAT = 1
@@ -109,6 +109,19 @@ def summarise(entry: dict[str, Any], usable: int | None) -> dict[str, Any]:
     return entry
 
 
+def median_budget_text(land: dict[str, Any]) -> str:
+    """The budget rule of benchmarks/record_new_landscapes.sh: usable memory = the median peak of the
+    configurations (about half are over budget), i.e. budget = median / (1 - headroom), whole MiB up."""
+    import math
+
+    peaks = [e["peak_mem_bytes"] for e in land["entries"] if e.get("peak_mem_bytes")]
+    missing = len(land["entries"]) - len(peaks)
+    if missing or not peaks:
+        raise SystemExit(f"{missing} configuration(s) have no peak memory yet: finish the recording first")
+    usable = statistics.median(peaks)
+    return f"{math.ceil(usable / (1 - land.get('headroom', 0.05)) / 2**20)}MiB"
+
+
 def relabel(land: dict[str, Any]) -> dict[str, Any]:
     usable = int(land["budget_bytes"] * (1.0 - land.get("headroom", 0.05))) if land.get("budget_bytes") else None
     for e in land["entries"]:
@@ -150,7 +163,8 @@ def record(a: argparse.Namespace, *, log: Any = print) -> dict[str, Any]:
     budget = parse_budget(a.gpu_budget).resolve(None)
     probe_budget = parse_size(a.probe_budget, what="probe budget")
     out = Path(a.out) if a.out else landscape_path(a.device, a.model, Path(a.space).stem)
-    workload = Workload(model=resolved.name, model_path=resolved.path, seq_len=a.seq_len, lengths=a.lengths)
+    workload = Workload(model=resolved.name, model_path=resolved.path, seq_len=a.seq_len, lengths=a.lengths,
+                        mode=a.mode)
     settings = ProbeSettings(device=a.device, budget_bytes=probe_budget, budget_text=a.probe_budget,
                              warmup_steps=a.warmup, steps=a.steps, timeout_s=a.timeout,
                              cpu_threads=a.threads or None)
@@ -160,7 +174,7 @@ def record(a: argparse.Namespace, *, log: Any = print) -> dict[str, Any]:
 
         random.Random(0).shuffle(cands)
     meta = {"format": FORMAT, "model": a.model, "device": a.device, "space_name": Path(a.space).stem,
-            "seq_len": a.seq_len, "lengths": a.lengths, "effective_batch": a.effective_batch,
+            "seq_len": a.seq_len, "lengths": a.lengths, "mode": a.mode, "effective_batch": a.effective_batch,
             "budget_text": a.gpu_budget, "budget_bytes": budget, "headroom": settings.headroom,
             "probe_budget_bytes": probe_budget, "warmup_steps": a.warmup, "steps": a.steps,
             "cpu_threads": a.threads or None,
@@ -170,10 +184,11 @@ def record(a: argparse.Namespace, *, log: Any = print) -> dict[str, Any]:
         import json
 
         old = json.loads(out.read_text())
-        for k in ("model", "device", "seq_len", "lengths", "effective_batch", "warmup_steps", "steps", "space",
-                  "cpu_threads"):
-            if old.get(k) != meta[k]:
-                raise SystemExit(f"{out} was recorded with {k}={old.get(k)!r}, not {meta[k]!r}: use another --out")
+        for k in ("model", "device", "seq_len", "lengths", "mode", "effective_batch", "warmup_steps", "steps",
+                  "space", "cpu_threads"):
+            was = old.get(k, "full" if k == "mode" else None)  # (recordings before --mode were all full)
+            if was != meta[k]:
+                raise SystemExit(f"{out} was recorded with {k}={was!r}, not {meta[k]!r}: use another --out")
         land = {**old, **meta}
     by_id = {e["id"]: e for e in land["entries"]}
     for c in cands:
@@ -223,6 +238,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--lengths", default="fixed", help="sequence lengths, e.g. lognormal:3.5,1.0")
+    p.add_argument("--mode", default="full", choices=("full", "lora"), help="fine-tuning mode of every probe")
     p.add_argument("--effective-batch", type=int, default=8)
     p.add_argument("--gpu-budget", required=True, help="the landscape's budget (decides over_budget)")
     p.add_argument("--probe-budget", default="64GiB", help="ceiling the probes themselves run with")

@@ -13,22 +13,34 @@ median of probes / grid size (every probe it caused counts: baseline, search and
 
 Strategies
 ----------
-autotune
-    The real :class:`~autotune.search.Searcher` (Optuna TPE, expert seeds, inferred infeasibility,
-    confirmation of the top few), with the HF-default baseline as ``autotune run`` passes it, given
+Every strategy but ``seed-only`` and the reference is the package's own
+:class:`~autotune.search.AutotuneSampler` (``autotune run --strategy NAME``) driven by the real
+:class:`~autotune.search.Searcher`, so the benchmark and the product run the same code.
+
+autotune (``--strategy walk``)
+    The real :class:`~autotune.search.Searcher` (expert seeds, step-downs, the neighbourhood walk,
+    TPE as the fallback, inferred infeasibility, confirmation of the top few), with the HF-default
+    baseline as ``autotune run`` passes it, given
     a probe budget of ``--share`` x grid size: ``max_trials`` is the budget less the confirmation
     probes (``top_k`` = 2 and the baseline, in at least 2 interleaved rounds, when the budget is 8 or
     more, else no confirmation; rounds beyond the second, run while re-measurements disagree, count too).
-random
+tpe (``--strategy tpe``)
+    Optuna's multivariate TPE alone (no seeds, no walk), with autotune's probe budget, baseline and
+    confirmation.
+seed-only
+    The first expert seed (largest micro-batch <= 8, no checkpointing, sdpa, fused AdamW, packing
+    when lengths vary) and, while it does not fit, its step-downs to the next smaller micro-batch:
+    what the rules alone find, without any search.
+random (``--strategy random``)
     Uniform sampling without replacement of as many configurations as autotune probed on that
     seed; picks the fastest measured that fits.
-largest-micro-batch (HF ``auto_find_batch_size`` / Lightning ``BatchSizeFinder``)
+largest-micro-batch (``--strategy largest-fits``; HF ``auto_find_batch_size`` / Lightning ``BatchSizeFinder``)
     Every knob at the HF default (``hf_default_candidate``; a default the space does not offer is
     replaced by the space's first choice, e.g. pin_memory on a CPU space), then the micro-batch:
     start at the default (8, or the largest divisor of the effective batch below it), double while
     it fits, halve while it does not; take the largest that fits. The effective batch is held
-    (accumulation derived), which HF itself does not do.
-deepspeed (DeepSpeed autotuning's strategy, reproduced and adapted)
+    (accumulation derived), which HF itself does not do. Picks the fastest measured.
+deepspeed (``--strategy deepspeed``; DeepSpeed autotuning's strategy, reproduced and adapted)
     DeepSpeed's autotuner tunes two things: the ZeRO stage and the micro-batch. For each stage in
     order (0, 1, 2, 3) it finds the largest micro-batch that fits (from its memory model; here: by
     probing, doubling from the smallest, because the replay has no model), then measures a few
@@ -42,6 +54,10 @@ deepspeed (DeepSpeed autotuning's strategy, reproduced and adapted)
 grid-once (ceiling) -- a reference, not a competitor
     Every configuration probed once, the fastest measured taken: what measurement noise leaves to
     any strategy that picks on single measurements (on a quiet GPU it is ~1.0; on a busy CPU less).
+unpacked-best -- a reference column, per landscape
+    The best configuration without packing / the optimum (recorded medians): what any strategy that
+    keeps the HF default of no packing (random over the HF knobs, largest-micro-batch, deepspeed)
+    could reach at most on a landscape whose lengths vary.
 
 The last line printed is one summary: autotune's median best-found / optimum and median probes /
 grid size over all landscapes and seeds. Goal (issue 7): >= 0.97 of the optimum in <= 15 % of the
@@ -54,7 +70,6 @@ import argparse
 import dataclasses
 import json
 import math
-import random
 import statistics
 import sys
 import warnings
@@ -75,7 +90,10 @@ from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, 
 from autotune.spec.space import DIMENSIONS, SearchSpace  # noqa: E402
 
 LANDSCAPES = Path(__file__).resolve().parent / "landscapes"
-STRATEGIES = ("autotune", "random", "largest-micro-batch", "deepspeed")
+STRATEGIES = ("autotune", "tpe", "seed-only", "random", "largest-micro-batch", "deepspeed")
+# the package strategy (autotune run --strategy) behind each row
+PACKAGE_STRATEGY = {"autotune": "walk", "tpe": "tpe", "random": "random", "largest-micro-batch": "largest-fits",
+                    "deepspeed": "deepspeed"}
 # a reference row, not a competitor: every configuration probed once (noisy), the fastest measured
 # taken. Its median score is the ceiling that measurement noise leaves to any strategy.
 REFERENCE = "grid-once (ceiling)"
@@ -121,7 +139,8 @@ def problem(source: str | Path | dict[str, Any], *, budget_bytes: int | None = N
     settings = ProbeSettings(device=land.get("device", "cpu"), budget_bytes=budget_bytes or land["budget_bytes"],
                              headroom=float(land.get("headroom", 0.05)), steps=int(land.get("steps") or 5),
                              warmup_steps=int(land.get("warmup_steps") or 2))
-    workload = Workload(model=land["model"], seq_len=int(land["seq_len"]), lengths=land.get("lengths", "fixed"))
+    workload = Workload(model=land["model"], seq_len=int(land["seq_len"]), lengths=land.get("lengths", "fixed"),
+                        mode=land.get("mode", "full"))
     truth = ReplayExecutor(land, seed=0, noise=False)
     cands = grid(space, eb)
     fits = [truth.true_tokens_per_s(c) or 0.0 for c in cands
@@ -149,7 +168,8 @@ def _measure(p: Problem, ex: ReplayExecutor, c: Candidate) -> float | None:
 SEARCHER_OPTIONS: dict[str, Any] = {}  # extra Searcher keywords (--no-follow-ups sets follow_ups=False)
 
 
-def run_autotune(p: Problem, seed: int, budget: int) -> tuple[Candidate | None, ReplayExecutor]:
+def run_autotune(p: Problem, seed: int, budget: int, *, strategy: str = "walk") -> tuple[Candidate | None,
+                                                                                       ReplayExecutor]:
     import optuna
 
     from autotune.search import Searcher
@@ -167,8 +187,47 @@ def run_autotune(p: Problem, seed: int, budget: int) -> tuple[Candidate | None, 
     max_trials = max(1, budget - ((top_k + 1) * rounds if top_k else 0))
     out = Searcher(space=p.space, workload=p.workload, settings=p.settings, effective_batch=p.effective_batch,
                    executor=ex, max_trials=max_trials, seed=seed, top_k=top_k, device=p.settings.device,
-                   baseline=baseline, poll_interval_s=0.0, **SEARCHER_OPTIONS).run()
+                   baseline=baseline, poll_interval_s=0.0, strategy=strategy,
+                   **(SEARCHER_OPTIONS if strategy == "walk" else {})).run()
     return (out.best_record.candidate_obj() if out.best_record else None), ex
+
+
+def run_tpe(p: Problem, seed: int, budget: int) -> tuple[Candidate | None, ReplayExecutor]:
+    return run_autotune(p, seed, budget, strategy="tpe")
+
+
+def run_package(p: Problem, seed: int, max_trials: int, strategy: str) -> tuple[Candidate | None, ReplayExecutor]:
+    """A package strategy without the baseline probe or confirmation: the fastest measured is its pick."""
+    import optuna
+
+    from autotune.search import Searcher
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    warnings.simplefilter("ignore")
+    ex = ReplayExecutor(p.landscape, seed=seed, noise=True)
+    out = Searcher(space=p.space, workload=p.workload, settings=p.settings, effective_batch=p.effective_batch,
+                   executor=ex, max_trials=max(1, max_trials), seed=seed, top_k=0, device=p.settings.device,
+                   defaults=_baseline(p), poll_interval_s=0.0, strategy=strategy).run()
+    return (out.best_record.candidate_obj() if out.best_record else None), ex
+
+
+def run_seed_only(p: Problem, seed: int, budget: int) -> tuple[Candidate | None, ReplayExecutor]:
+    """The first expert seed, stepped down the micro-batches while it does not fit."""
+    from autotune.search import candidate_from_choice, expert_seeds
+
+    ex = ReplayExecutor(p.landscape, seed=seed, noise=True)
+    mbs = _mbs(p)
+    seeds = expert_seeds(p.space, effective_batch=p.effective_batch, micro_batches=mbs, worlds=[1],
+                         device=p.settings.device, limit=1,
+                         variable_lengths=p.workload.lengths != "fixed")
+    if not seeds:
+        return None, ex
+    first = seeds[0]
+    for mb in sorted((m for m in mbs if m <= first["micro_batch"]), reverse=True):
+        c = candidate_from_choice({**first, "micro_batch": mb}, effective_batch=p.effective_batch)
+        if isinstance(c, Candidate) and _measure(p, ex, c) is not None:
+            return c, ex
+    return None, ex
 
 
 def _baseline(p: Problem) -> Candidate | None:
@@ -190,14 +249,7 @@ def _baseline(p: Problem) -> Candidate | None:
 
 
 def run_random(p: Problem, seed: int, budget: int) -> tuple[Candidate | None, ReplayExecutor]:
-    ex = ReplayExecutor(p.landscape, seed=seed, noise=True)
-    rng = random.Random(seed)
-    best: tuple[float, Candidate] | None = None
-    for c in rng.sample(p.grid, min(budget, len(p.grid))):
-        t = _measure(p, ex, c)
-        if t is not None and (best is None or t > best[0]):
-            best = (t, c)
-    return (best[1] if best else None), ex
+    return run_package(p, seed, budget, PACKAGE_STRATEGY["random"])
 
 
 def hf_defaults_in_space(p: Problem, **override: Any) -> dict[str, Any]:
@@ -231,74 +283,11 @@ def _mbs(p: Problem) -> list[int]:
 
 
 def run_largest_mb(p: Problem, seed: int, budget: int) -> tuple[Candidate | None, ReplayExecutor]:
-    ex = ReplayExecutor(p.landscape, seed=seed, noise=True)
-    knobs = hf_defaults_in_space(p)
-    mbs = _mbs(p)
-    start = hf_default_candidate(p.effective_batch).micro_batch
-    i = min(range(len(mbs)), key=lambda j: (abs(mbs[j] - start), -mbs[j]))
-    fits: dict[int, bool] = {}
-
-    def fit(j: int) -> bool:
-        if j not in fits:
-            c = _make(p, knobs, mbs[j])
-            fits[j] = c is not None and _measure(p, ex, c) is not None
-        return fits[j]
-
-    if fit(i):
-        while i + 1 < len(mbs) and fit(i + 1):
-            i += 1
-    else:
-        while i > 0 and not fit(i):
-            i -= 1
-        if not fit(i):
-            return None, ex
-    return _make(p, knobs, mbs[i]), ex
+    return run_package(p, seed, len(p.grid), PACKAGE_STRATEGY["largest-micro-batch"])  # it stops by itself
 
 
 def run_deepspeed(p: Problem, seed: int, budget: int) -> tuple[Candidate | None, ReplayExecutor]:
-    ex = ReplayExecutor(p.landscape, seed=seed, noise=True)
-    mbs = _mbs(p)
-    stages: list[dict[str, Any]] = []
-    if len(p.space.zero_stage) > 1:
-        stages = [{"zero_stage": z} for z in sorted(p.space.zero_stage)]
-    else:
-        stages = [{}] + ([{"grad_ckpt": True}] if True in p.space.grad_ckpt and False in p.space.grad_ckpt else [])
-    best: tuple[float, Candidate] | None = None
-    for stage in stages:
-        knobs = hf_defaults_in_space(p, **stage)
-        # largest micro-batch that fits: double from the smallest until it does not fit
-        top = None
-        measured: dict[int, float] = {}
-        for mb in mbs:
-            c = _make(p, knobs, mb)
-            t = _measure(p, ex, c) if c is not None else None
-            if t is None:
-                break
-            top, measured[mb] = mb, t
-        if top is None:
-            continue
-        # micro-batches within +-5 % of the max (at least its lower neighbour) -- measured again
-        near = [mb for mb in mbs if abs(mb - top) <= 0.05 * top]
-        lower = [mb for mb in mbs if mb < top]
-        if len(near) < 2 and lower:
-            near.append(lower[-1])
-        stage_best: tuple[float, Candidate] | None = None
-        for mb in near:
-            c = _make(p, knobs, mb)
-            t = _measure(p, ex, c) if c is not None else None
-            if t is not None and mb in measured:
-                t = (t + measured[mb]) / 2.0
-            if c is not None and t is not None and (stage_best is None or t > stage_best[0]):
-                stage_best = (t, c)
-        if stage_best is None:
-            continue
-        if best is not None and stage_best[0] < 1.05 * best[0]:
-            if stage_best[0] > best[0]:
-                best = stage_best
-            break
-        if best is None or stage_best[0] > best[0]:
-            best = stage_best
-    return (best[1] if best else None), ex
+    return run_package(p, seed, len(p.grid), PACKAGE_STRATEGY["deepspeed"])  # it stops by itself
 
 
 def run_grid_once(p: Problem, seed: int, budget: int) -> tuple[Candidate | None, ReplayExecutor]:
@@ -314,6 +303,8 @@ def run_grid_once(p: Problem, seed: int, budget: int) -> tuple[Candidate | None,
 RUNNERS: dict[str, Strategy] = {
     REFERENCE: run_grid_once,
     "autotune": run_autotune,
+    "tpe": run_tpe,
+    "seed-only": run_seed_only,
     "random": run_random,
     "largest-micro-batch": run_largest_mb,
     "deepspeed": run_deepspeed,
@@ -332,10 +323,13 @@ def evaluate(p: Problem, *, seeds: int, share: float) -> dict[str, Any]:
         rows["autotune"].append((p.score(chosen), ex.probes / n))
         same = ex.probes
         for name in (*STRATEGIES[1:], REFERENCE):
-            chosen, ex = RUNNERS[name](p, seed, same)
+            # tpe gets autotune's budget (and confirmation); random as many probes as autotune ran
+            chosen, ex = RUNNERS[name](p, seed, budget if name == "tpe" else same)
             rows[name].append((p.score(chosen), ex.probes / n))
+    unpacked = max((p.score(c) for c in p.grid if not c.packing), default=0.0)
     out: dict[str, Any] = {"landscape": p.name, "grid": n, "probe_budget": budget,
-                           "infeasible_share": 1.0 - sum(p.score(c) > 0 for c in p.grid) / n, "strategies": {}}
+                           "infeasible_share": 1.0 - sum(p.score(c) > 0 for c in p.grid) / n,
+                           "unpacked_best_over_optimum": unpacked, "strategies": {}}
     for name, vals in rows.items():
         ratios = [v[0] for v in vals]
         shares = [v[1] for v in vals]
@@ -354,7 +348,8 @@ def render(results: list[dict[str, Any]], seeds: int, share: float) -> str:
     lines = []
     for res in results:
         lines.append(f"{res['landscape']}: grid {res['grid']} configurations, {res['infeasible_share']:.0%} "
-                     f"infeasible, probe budget {res['probe_budget']} ({share:.0%}), {seeds} seeds")
+                     f"infeasible, probe budget {res['probe_budget']} ({share:.0%}), {seeds} seeds; "
+                     f"unpacked-best {res['unpacked_best_over_optimum']:.3f} of the optimum")
         lines.append(f"  {'strategy':<22}{'best/optimum (median)':>22}{'min':>7}{'>=0.97':>8}{'probes/grid':>13}")
         for name, s in res["strategies"].items():
             lines.append(f"  {name:<22}{s['best_over_optimum_median']:>22.3f}{s['best_over_optimum_min']:>7.3f}"
@@ -386,12 +381,16 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                     help="autotune without its boundary follow-ups (for an A/B of that rule)")
     ap.add_argument("--no-neighbours", action="store_true",
                     help="autotune without the one-knob changes of a new best (for an A/B of that rule)")
+    ap.add_argument("--no-recheck", action="store_true",
+                    help="autotune without re-measuring a would-be walk centre within the noise (A/B of that rule)")
     a = ap.parse_args(argv)
     SEARCHER_OPTIONS.clear()
     if a.no_follow_ups:
         SEARCHER_OPTIONS["follow_ups"] = False
     if a.no_neighbours:
         SEARCHER_OPTIONS["neighbours"] = False
+    if a.no_recheck:
+        SEARCHER_OPTIONS["recheck"] = False
     paths: list[Any] = [Path(x) for x in a.landscapes] or ([] if a.synthetic else sorted(LANDSCAPES.glob("*.json")))
     for spec in a.synthetic:
         import search_vs_grid

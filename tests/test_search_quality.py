@@ -109,3 +109,28 @@ def test_knob_effects_are_the_ratios_of_one_knob_pairs() -> None:
     assert eff["packing=True vs False"] == (2.5, 2.0, 3.0, 2)
     assert eff["attn=sdpa vs eager"][1:] == (1.1, 1.65, 2)
     assert not any(k.startswith("micro_batch") for k in eff)
+
+
+def test_seed_only_steps_the_first_seed_down_until_it_fits_and_unpacked_best_is_reported() -> None:
+    p = sq.problem(landscape(budget=150 * MiB))
+    chosen, ex = sq.run_seed_only(p, 0, 99)
+    # the first seed: micro-batch 8, no checkpointing, sdpa, packed (lengths vary); 8 and 4 do not
+    # fit 150 MiB (220, 160 MiB), 2 does
+    assert (chosen.micro_batch, chosen.grad_ckpt, chosen.packing, chosen.attn) == (2, False, True, "sdpa")
+    assert ex.probes == 3
+    res = sq.evaluate(p, seeds=1, share=0.25)
+    # packing is worth 1.5x here: the best unpacked configuration is 1/1.5 of the optimum
+    assert res["unpacked_best_over_optimum"] == pytest.approx(1 / 1.5)
+    assert "unpacked-best 0.667" in sq.render([res], 1, 0.25)
+
+
+def test_the_new_landscapes_budget_rule_puts_the_usable_memory_at_the_median_peak() -> None:
+    land = landscape()
+    text = record_landscape.median_budget_text(land)
+    land["budget_bytes"] = int(text.removesuffix("MiB")) * MiB
+    record_landscape.relabel(land)
+    over = sum(e["status"] == "over_budget" for e in land["entries"])
+    assert abs(over - len(land["entries"]) / 2) <= 2  # about half (ties at the median fit)
+    land["entries"][0]["peak_mem_bytes"] = None
+    with pytest.raises(SystemExit, match="finish the recording"):
+        record_landscape.median_budget_text(land)

@@ -1,4 +1,4 @@
-"""``autotune probe``: measure one configuration, through the HF Trainer, in a fresh process."""
+"""``autotune probe``: measure one configuration, through the HF Trainer (or TRL's SFTTrainer), in a fresh process."""
 
 from __future__ import annotations
 
@@ -53,6 +53,7 @@ def build_probe_request(
     zero_stage: int = 0,
     offload: str = "none",
     sharding: str = "deepspeed",
+    trainer: str = "hf",
 ) -> ProbeRequest:
     """Resolve the model and validate everything; raise SpecError on bad input."""
     from autotune.models import check_seq_len, resolve_model
@@ -82,6 +83,7 @@ def build_probe_request(
             lora_alpha=2 * lora_r,
             trust_remote_code=trust_remote_code,
             seed=seed,
+            trainer=trainer,
         ),
         candidate=Candidate(
             micro_batch=micro_batch,
@@ -112,6 +114,11 @@ def build_probe_request(
         ),
     )
     req.validate()
+    from autotune.probe.trl_probe import trainer_problems
+
+    problems = trainer_problems(req.workload, req.candidate)
+    if problems:
+        raise SpecError(problems)
     if dataset is not None:
         # tokenized once here (bad files fail now, with exit 2); every probe then hits the cache
         from autotune.probe.data import find_tokenizer, load_token_sequences
@@ -176,6 +183,7 @@ def command(
     zero_stage: int = typer.Option(0, "--zero-stage", help="ZeRO stage 0-3 (DeepSpeed), or its FSDP equivalent with --sharding fsdp."),
     offload: str = typer.Option("none", "--offload", help="none | optimizer (ZeRO>=1) | params (ZeRO-3): offload to CPU memory."),
     sharding: str = typer.Option("deepspeed", "--sharding", help="deepspeed | fsdp (full_shard for stage 3, shard_grad_op for 1-2)."),
+    trainer: str = typer.Option("hf", "--trainer", help="hf | trl: time transformers.Trainer, or TRL's SFTTrainer with this candidate's sft_config.json (TRL's packing and collator)."),
     as_json: bool = typer.Option(False, "--json", help="Print only the result as JSON."),
 ) -> None:
     """Measure one training configuration (tokens/s of real tokens, peak memory, status)."""
@@ -187,7 +195,7 @@ def command(
         optim=optim, torch_compile=torch_compile, liger=liger, lengths=lengths, dataset=dataset,
         tokenizer=tokenizer, split=split, lora_r=lora_r, gpu_budget=gpu_budget, headroom=headroom, device=device,
         warmup_steps=warmup_steps, steps=steps, timeout=timeout, seed=seed, trust_remote_code=trust_remote_code,
-        world_size=world_size, zero_stage=zero_stage, offload=offload, sharding=sharding,
+        world_size=world_size, zero_stage=zero_stage, offload=offload, sharding=sharding, trainer=trainer,
     )  # fmt: skip
     if not as_json:
         console(stderr=True).print(f"[dim]probing {req.workload.model} ({req.workload.model_path}) ...[/dim]")

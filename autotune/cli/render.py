@@ -49,7 +49,7 @@ def probe_table_rows(result: ProbeResult) -> list[tuple[str, str]]:
     c, w, s = req.candidate, req.workload, req.settings
     rows: list[tuple[str, str]] = [
         ("status", result.status + (f" ({result.reason})" if result.reason else "")),
-        ("model", f"{w.model}  [{w.mode}]"),
+        ("model", f"{w.model}  [{w.mode}]" + ("  through TRL SFTTrainer" if w.trainer == "trl" else "")),
         (
             "config",
             f"micro-batch {c.micro_batch} × accum {c.grad_accum} × world {c.world_size}, seq {w.seq_len}, "
@@ -94,6 +94,13 @@ def probe_table_rows(result: ProbeResult) -> list[tuple[str, str]]:
         )
     if m.get("num_params"):
         rows.append(("parameters", f"{m['num_params']:,} ({m.get('trainable_params', 0):,} trainable)"))
+    if w.trainer == "trl" and (m.get("trainer_config") or {}).get("per_device_train_batch_size") is not None:
+        tc = m["trainer_config"]
+        rows.append(("SFTConfig", f"per_device_train_batch_size {tc['per_device_train_batch_size']}"
+                                  + (f" (rows of {tc.get('max_length')}, {tc.get('packing_strategy')})"
+                                     if tc.get("packing") else "") + f", {m.get('trl_rows')} prepared rows"))
+    for note in m.get("quality_notes") or []:
+        rows.append(("quality note", note))
     return rows
 
 

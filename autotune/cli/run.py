@@ -165,6 +165,8 @@ def render_summary(summary: dict[str, Any], con: Console) -> None:
         con.print(f"[yellow]doubtful answer:[/yellow] {'; '.join(trust.get('reasons') or [])}", highlight=False)
     if summary.get("from_cache"):
         con.print(f"(from the stored run {summary.get('run_dir')}; --fresh searches again)")
+    for note in summary.get("quality_notes") or []:
+        con.print(f"[yellow]quality note:[/yellow] {note}", highlight=False)
     vl = summary.get("verify_loss")
     if vl:
         con.print(f"verify-loss: {vl.get('verdict')}", highlight=False)
@@ -183,7 +185,7 @@ def command(
     space: str | None = typer.Option(None, "--space", help="Search space: a name in search_spaces/ (default, lora, cpu, multi-gpu) or a YAML path. Default: cpu on a CPU, default on a GPU."),
     dataset: str | None = typer.Option(None, "--dataset", help="Data to probe with (default: synthetic tokens): a .jsonl/.parquet file, a save_to_disk folder, or a Hub id (org/name) already in the local HF datasets cache."),
     split: str | None = typer.Option(None, "--split", help="Split of a DatasetDict folder or a cached Hub dataset (default: train)."),
-    tokenizer: str | None = typer.Option(None, "--tokenizer", help="Local tokenizer dir for text/chat data (chat needs a chat_template). Default: the model dir's own."),
+    tokenizer: str | None = typer.Option(None, "--tokenizer", help="Local tokenizer dir for text/chat data (chat needs a chat_template). Default: the model dir's own; --trainer trl takes its pad token from it."),
     lengths: str = typer.Option("fixed", "--lengths", help="Synthetic sequence lengths when there is no --dataset: fixed | lognormal:MU,SIGMA | uniform:LO-HI | histogram:FILE.json."),
     max_trials: int = typer.Option(40, "--max-trials", help="Most probes the search runs (inferred and skipped ones are free)."),
     time_budget: str | None = typer.Option(None, "--time-budget", help="Wall-clock budget of the search: 20m, 1h30m, 90s."),
@@ -204,7 +206,9 @@ def command(
     verify_loss_steps: int = typer.Option(20, "--verify-loss-steps", help="Optimizer steps of each --verify-loss run."),
     confirm_rounds: str | None = typer.Option(None, "--confirm-rounds", help="Confirmation rounds MIN:MAX (default 2:4): more rounds run while the repeats disagree."),
     confirm_tolerance: float | None = typer.Option(None, "--confirm-tolerance", help="Relative spread at which repeats agree (default 0.25 on CPU, 0.10 on a GPU)."),
+    strategy: str = typer.Option("walk", "--strategy", help="What proposes the probes: walk (expert seeds, memory-boundary step-downs, a neighbourhood walk, then TPE) | tpe | random | grid | largest-fits | deepspeed."),
     strict: bool = typer.Option(False, "--strict", help="Exit 5 when the answer is doubtful: the winner's repeats are noisy, or other load was seen."),
+    trainer: str = typer.Option("hf", "--trainer", help="hf | trl: measure through transformers.Trainer (train.py) or TRL's SFTTrainer (train_sft.py, sft_config.json)."),
     as_json: bool = typer.Option(False, "--json", help="Print only summary.json to stdout."),
 ) -> None:
     """Search for the fastest fine-tuning configuration that fits the budget, by measuring it."""
@@ -237,7 +241,8 @@ def command(
             fresh=fresh, progress=printer, gpus_per_trial=gpus_per_trial, top_k=top_k, steps=steps,
             probe_timeout_s=probe_timeout, trust_remote_code=trust_remote_code,
             verify_loss=verify_loss_steps if verify_loss else 0,
-            confirm_rounds=_rounds(confirm_rounds), confirm_tolerance=confirm_tolerance,
+            confirm_rounds=_rounds(confirm_rounds), confirm_tolerance=confirm_tolerance, strategy=strategy,
+            trainer=trainer,
         )  # fmt: skip
     finally:
         printer.close()

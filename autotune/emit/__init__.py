@@ -42,7 +42,7 @@ from autotune.errors import AutotuneError
 from autotune.spec.result import ProbeResult
 from autotune.store.atomic import write_text_atomic
 
-__all__ = ["EMITTED_FILES", "build_files", "emit_all", "target_device"]
+__all__ = ["EMITTED_FILES", "build_files", "emit_all", "target_device", "render_train_sft_script"]
 
 EMITTED_FILES = (
     "training_args.json",

@@ -124,37 +124,37 @@ def main(argv=None):
     model = load_model(a.model, a.config_dir)
     dataset = load_data(a.dataset, a.split)
 
-    steps = []
+    # --log-speed: each optimizer step's seconds (end of the previous step to the end of this one, so
+    # waiting for data counts, as autotune's probe times it) and real tokens (the attention mask's, or
+    # every position of a padding-free row), counted in this process whatever the data-loader workers
+    ends, counts = [], []
+    trainer_class = None
 
     class Clock(TrainerCallback):
-        tokens = 0
-
-        def on_step_begin(self, args, state, control, **kw):
-            if not steps or "end" in steps[-1]:
-                steps.append({"start": time.perf_counter()})
+        def on_train_begin(self, args, state, control, **kw):
+            ends.append(time.perf_counter())
 
         def on_step_end(self, args, state, control, **kw):
-            steps[-1]["end"] = time.perf_counter()
+            ends.append(time.perf_counter())
 
+    if a.log_speed:
+        from trl import SFTTrainer
+
+        class CountingSFTTrainer(SFTTrainer):
+            def training_step(self, model, inputs, *args, **kwargs):
+                mask = inputs.get("attention_mask")
+                counts.append(int(mask.sum()) if mask is not None else int(inputs["input_ids"].numel()))
+                return super().training_step(model, inputs, *args, **kwargs)
+
+        trainer_class = CountingSFTTrainer
     trainer = build_trainer(model=model, tokenizer=tokenizer, dataset=dataset, output_dir=a.output_dir,
                             config_dir=a.config_dir, overrides=overrides,
-                            callbacks=[Clock()] if a.log_speed else None)
-    if a.log_speed:
-        collate = trainer.data_collator
-        counts = []
-
-        def counting(features):
-            batch = collate(features)
-            mask = batch.get("attention_mask")
-            counts.append(int(mask.sum()) if mask is not None else int(batch["input_ids"].numel()))
-            return batch
-
-        trainer.data_collator = counting
+                            callbacks=[Clock()] if a.log_speed else None, trainer_class=trainer_class)
     trainer.train()
     if a.log_speed:
         accum = trainer.args.gradient_accumulation_steps
-        per_step = [sum(counts[i * accum:(i + 1) * accum]) for i in range(len(steps))]
-        durations = [s["end"] - s["start"] for s in steps]
+        durations = [b - e for e, b in zip(ends, ends[1:])]
+        per_step = [sum(counts[i * accum:(i + 1) * accum]) for i in range(len(durations))]
         Path(a.log_speed).write_text(json.dumps({"real_tokens": per_step, "seconds": durations}) + "\\n")
     trainer.save_model(a.output_dir)
 

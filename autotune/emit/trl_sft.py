@@ -22,10 +22,10 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.emit.axolotl import packed_rows
-from autotune.emit.training_args import emitted_training_args
+from autotune.emit.training_args import RUN_ONLY_KEYS, emitted_training_args, probe_kwargs
 from autotune.spec.probe_request import ProbeRequest
 
-__all__ = ["SFT_KEYS", "LEVER_KEYS", "PACKING_NOTE", "sft_config"]
+__all__ = ["SFT_KEYS", "LEVER_KEYS", "PACKING_NOTE", "TRL_PACKING_QUALITY_NOTE", "sft_config", "sft_probe_overrides"]
 
 # Keys TRL's SFTConfig adds to TrainingArguments that autotune writes (checked against the installed
 # trl by tests/test_emit_targets.py).
@@ -54,6 +54,28 @@ PACKING_NOTE = (
     "per_device_train_batch_size counts rows (autotune measured micro-batches of sequences): the rows "
     "written hold one measured micro-batch's real tokens"
 )
+
+
+# What a ``--trainer trl`` probe with packing records as a quality note (probe result, summary, report).
+TRL_PACKING_QUALITY_NOTE = (
+    "TRL packing (packing_strategy=bfd, padding-free) differs from autotune's: TRL packs the whole dataset into "
+    "rows of max_length before training, so an optimizer step holds other sequences than the unpacked run "
+    "(rows, not sequences, per micro-batch; sequences longer than max_length are truncated); attention stays "
+    "per-sequence (restarting position_ids, use_cache=False). `autotune run --trainer trl --verify-loss` "
+    "measures the loss difference against the unpacked HF default"
+)
+
+
+def sft_probe_overrides(request: ProbeRequest, *, fields: set[str], device: str) -> dict[str, Any]:
+    """What a ``--trainer trl`` probe changes in ``sft_config.json``: the run-only keys (schedule,
+    bookkeeping; :data:`RUN_ONLY_KEYS`) set to the probe's values, nothing that decides speed or memory.
+
+    The probe builds ``SFTConfig(**sft_config(...), **these)``, so every measured key is the emitted one.
+    The data order stays SFTTrainer's own (its seeded sampler, as ``train_sft.py`` reads), not the hf
+    probe's sequential one.
+    """
+    probe = probe_kwargs(request, fields=fields, device=device)
+    return {k: probe[k] for k in sorted(RUN_ONLY_KEYS - {"train_sampling_strategy"}) if k in probe}
 
 
 def sft_config(

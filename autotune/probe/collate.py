@@ -459,8 +459,10 @@ def _int(v: Any) -> int:
 def pop_counts(batch: dict[str, Any]) -> BatchCounts:
     """Counts of a collated batch; removes the collator's count keys so the model never sees them.
 
-    Without the keys (a batch from another collator): real tokens from a 2D attention mask, else
-    every input position; one sequence per row.
+    Without the keys (a batch from another collator, e.g. TRL's): real tokens from a 2D attention
+    mask, else every input position; one sequence per row, except in a padding-free row (no
+    attention mask; ``position_ids`` restarting at 0 for each sequence, as TRL's collator writes it),
+    which holds as many sequences as its positions hold zeros.
     """
     real = batch.pop(REAL_TOKENS_KEY, None)
     seqs = batch.pop(SEQUENCES_KEY, None)
@@ -474,6 +476,10 @@ def pop_counts(batch: dict[str, Any]) -> BatchCounts:
         tokens = int(mask.sum().item()) if mask is not None and mask.dim() == 2 else slots
     else:
         tokens = 0
+    if seqs is None and ids is not None and batch.get("attention_mask") is None:
+        pos = batch.get("position_ids")
+        if pos is not None and hasattr(pos, "shape") and tuple(pos.shape) == tuple(ids.shape):
+            seqs = (pos == 0).sum()
     return BatchCounts(tokens, _int(seqs) if seqs is not None else rows, rows, slots)
 
 

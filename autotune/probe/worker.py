@@ -107,6 +107,12 @@ def _precheck(req: ProbeRequest, device: str) -> None:
         raise _Unsupported("liger kernels need the liger-kernel package: pip install 'autotune[gpu]'")
     if c.liger and device != "cuda":
         raise _Unsupported("liger kernels are Triton kernels and need a GPU")
+    if w.trainer == "trl":
+        from autotune.probe.trl_probe import trl_unsupported_reason
+
+        why = trl_unsupported_reason(req)
+        if why is not None:
+            raise _Unsupported(why)
     if c.world_size > 1 or c.zero_stage > 0:
         _precheck_distributed(req, device)
 
@@ -236,10 +242,12 @@ def _apply_peft(model: Any, req: ProbeRequest) -> Any:
     return get_peft_model(model, cfg)
 
 
-def _make_trainer_class() -> Any:
+def _make_trainer_class(base: Any = None) -> Any:
+    """``base``: the trainer class measured (default ``transformers.Trainer``; TRL's ``SFTTrainer``
+    for ``--trainer trl``)."""
     from autotune.probe.collate import measured_trainer_class
 
-    class ProbeTrainer(measured_trainer_class()):  # type: ignore[misc]
+    class ProbeTrainer(measured_trainer_class(base)):  # type: ignore[misc]
         """The Trainer ``train.py`` runs (the data's sampler order, the collator's counts popped per
         optimizer step), plus timing: ``get_batch_samples`` fetches the micro-batches of one
         optimizer step, so timing it gives the time spent waiting for data.
@@ -492,7 +500,8 @@ def run_probe_in_process(
         t_build = time.perf_counter()
         try:
             model = _build_model(req, device)
-            model = _apply_peft(model, req)
+            if req.workload.trainer != "trl":  # SFTTrainer applies lora_config.json itself, as train_sft.py
+                model = _apply_peft(model, req)
         except Exception as exc:  # build failures: OOM for huge models, unsupported attention, ...
             status, reason = classify_exception(exc)
             _record_memory(metrics, device, sampler, nvml, usable)
@@ -504,49 +513,30 @@ def run_probe_in_process(
             sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
         )
 
-        from autotune.emit.training_args import model_dtype
-        from autotune.probe.collate import packing_mask_dtype, pad_token_id_of
-        from autotune.probe.data import build_train_data
-
-        cfg = model.config
-        pad_id = pad_token_id_of(cfg)
-        compute_dtype = packing_mask_dtype(req.candidate.precision, model_dtype(req.candidate, req.workload))
         n_steps = settings.warmup_steps + settings.steps
-        try:
-            data = build_train_data(
-                req.workload,
-                req.candidate,
-                num_optimizer_steps=n_steps,
-                vocab_size=int(cfg.vocab_size),
-                pad_token_id=pad_id,
-                mask_dtype=compute_dtype,
-                # longest sequences first make the measured peak the worst case: only a probe held
-                # to a budget needs that; one without (autotune.verify's loss comparison) needs the
-                # same data order whatever the micro-batch
-                worst_case_first=usable is not None,
-            )
-        except Exception as exc:
-            from autotune.errors import DatasetError, SpecError
-
-            if isinstance(exc, (DatasetError, SpecError)):
-                return result("crash", f"data: {exc}")
-            raise
-        metrics["token_slots_per_step"] = getattr(data, "token_slots_per_step", None)
-        # what the emitters for row-counting packers (Axolotl, LLaMA-Factory) and dataset types need
-        metrics["mean_seq_len"] = data.info.get("mean_seq_len")
-        if data.info.get("column"):
-            metrics["dataset_column"] = data.info["column"]
-
-        args = early_args if early_args is not None else _training_args(req, out_dir, device)
         meter = _Meter(sync)
-        trainer_cls = _make_trainer_class()
-        trainer = trainer_cls(
-            model=model,
-            args=args,
-            train_dataset=data.dataset,
-            data_collator=data.collator,
-            callbacks=[_make_callback(meter)],
-        )
+        if req.workload.trainer == "trl":
+            from autotune.errors import DatasetError, SpecError
+            from autotune.probe.trl_probe import build_sft_trainer
+
+            try:
+                trainer = build_sft_trainer(
+                    req, model, trainer_base=_make_trainer_class(_sft_trainer_class()), out_dir=out_dir,
+                    device=device, callbacks=[_make_callback(meter)], num_optimizer_steps=n_steps,
+                    worst_case_first=usable is not None, metrics=metrics,
+                )
+            except (DatasetError, SpecError) as exc:
+                return result("crash", f"data: {exc}")
+            except Exception as exc:
+                status, reason = classify_exception(exc)
+                _record_memory(metrics, device, sampler, nvml, usable)
+                return result(status, f"building the SFTTrainer: {reason}")
+            metrics["trainable_params"] = int(sum(p.numel() for p in trainer.model.parameters() if p.requires_grad))
+        else:
+            trainer = _hf_trainer(req, model, metrics, out_dir=out_dir, device=device, usable=usable,
+                                  n_steps=n_steps, meter=meter, early_args=early_args)
+            if isinstance(trainer, str):
+                return result("crash", trainer)
         trainer.probe_meter = meter
         if dist is not None:
             # what the Trainer made of it: DEEPSPEED / FSDP / MULTI_CPU (DDP) / MULTI_GPU, and the backend
@@ -591,6 +581,60 @@ def run_probe_in_process(
         import shutil
 
         shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def _sft_trainer_class() -> Any:
+    from trl import SFTTrainer
+
+    return SFTTrainer
+
+
+def _hf_trainer(
+    req: ProbeRequest, model: Any, metrics: dict[str, Any], *, out_dir: str, device: str, usable: int | None,
+    n_steps: int, meter: _Meter, early_args: Any,
+) -> Any:
+    """The ``transformers.Trainer`` the hf probe times, on autotune's own batches (or a crash reason)."""
+    from autotune.emit.training_args import model_dtype
+    from autotune.probe.collate import packing_mask_dtype, pad_token_id_of
+    from autotune.probe.data import build_train_data
+
+    cfg = model.config
+    pad_id = pad_token_id_of(cfg)
+    compute_dtype = packing_mask_dtype(req.candidate.precision, model_dtype(req.candidate, req.workload))
+    try:
+        data = build_train_data(
+            req.workload,
+            req.candidate,
+            num_optimizer_steps=n_steps,
+            vocab_size=int(cfg.vocab_size),
+            pad_token_id=pad_id,
+            mask_dtype=compute_dtype,
+            # longest sequences first make the measured peak the worst case: only a probe held
+            # to a budget needs that; one without (autotune.verify's loss comparison) needs the
+            # same data order whatever the micro-batch
+            worst_case_first=usable is not None,
+        )
+    except Exception as exc:
+        from autotune.errors import DatasetError, SpecError
+
+        if isinstance(exc, (DatasetError, SpecError)):
+            return f"data: {exc}"
+        raise
+    metrics["token_slots_per_step"] = getattr(data, "token_slots_per_step", None)
+    # what the emitters for row-counting packers (Axolotl, LLaMA-Factory) and dataset types need
+    metrics["mean_seq_len"] = data.info.get("mean_seq_len")
+    if data.info.get("column"):
+        metrics["dataset_column"] = data.info["column"]
+
+    args = early_args if early_args is not None else _training_args(req, out_dir, device)
+    trainer_cls = _make_trainer_class()
+    return trainer_cls(
+        model=model,
+        args=args,
+        train_dataset=data.dataset,
+        data_collator=data.collator,
+        callbacks=[_make_callback(meter)],
+    )
 
 
 def _training_args(req: ProbeRequest, out_dir: str, device: str) -> Any:
@@ -674,6 +718,12 @@ def _preload_libraries(req: ProbeRequest) -> None:
     c = req.candidate
     if c.zero_stage > 0 and c.sharding == "deepspeed":
         importlib.import_module("deepspeed")
+    if w.trainer == "trl":
+        for name in ("datasets", "trl", "trl.trainer.sft_trainer"):
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                pass  # the precheck has said what is missing
 
 
 def _record_window(

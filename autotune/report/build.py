@@ -44,11 +44,11 @@ def _read_json(path: Path) -> Any:
 # the types the renderers rely on, for the summary.json keys they read (None is always accepted)
 _SUMMARY_TYPES: dict[str, type | tuple[type, ...]] = {
     "best": dict, "baseline": dict, "top": list, "counts": dict, "probes_by_origin": dict, "space": dict,
-    "search": dict, "environment": dict, "verify_loss": dict, "skipped_choices": list,
+    "search": dict, "environment": dict, "verify_loss": dict, "skipped_choices": list, "quality_notes": list,
     "budget_bytes": int, "usable_bytes": int, "seq_len": int, "effective_batch": int,
     "wall_s": (int, float), "speedup_vs_baseline": (int, float), "headroom": (int, float),
     "status": str, "model": str, "model_name": str, "run_id": str, "mode": str, "device": str,
-    "gpu_budget": str, "message": str, "stop_reason": str,
+    "gpu_budget": str, "message": str, "stop_reason": str, "trainer": str,
 }
 
 

@@ -150,6 +150,7 @@ def render_report_md(
     for key, label in (
         ("model", "model"),
         ("mode", "mode"),
+        ("trainer", "trainer"),
         ("seq_len", "sequence length"),
         ("gpu_budget", "budget"),
         ("device", "device"),
@@ -161,6 +162,8 @@ def render_report_md(
     if facts:
         out.append("")
         out.append(", ".join(facts) + ".")
+    for note in summary.get("quality_notes") or []:  # e.g. TRL's packing (--trainer trl)
+        out += ["", f"**Quality note:** {_esc(note)}"]
 
     ok = sorted(
         (r for r in results if r.fits and r.tokens_per_s is not None), key=lambda r: -(r.tokens_per_s or 0)

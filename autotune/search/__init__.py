@@ -28,11 +28,14 @@ from autotune.search._logic import (
     usable_micro_batches,
     usable_worlds,
 )
+from autotune.search._strategies import STRATEGIES
 
 if TYPE_CHECKING:
+    from autotune.search._sampler import AutotuneSampler, Observation
     from autotune.search._searcher import LoadCheck, ProgressFn, Pruner, Searcher, SearchOutcome
 
 _LAZY = ("LoadCheck", "ProgressFn", "Pruner", "Searcher", "SearchOutcome")
+_LAZY_SAMPLER = ("AutotuneSampler", "Observation")
 
 
 def __getattr__(name: str) -> Any:
@@ -41,15 +44,22 @@ def __getattr__(name: str) -> Any:
         from autotune.search import _searcher
 
         return getattr(_searcher, name)
+    if name in _LAZY_SAMPLER:
+        from autotune.search import _sampler
+
+        return getattr(_sampler, name)
     raise AttributeError(f"module 'autotune.search' has no attribute {name!r}")
 
 __all__ = [
+    "AutotuneSampler",
     "ConfirmPolicy",
     "FAILED",
     "LoadCheck",
     "MEMORY_INFEASIBLE",
+    "Observation",
     "ProgressFn",
     "Pruner",
+    "STRATEGIES",
     "SearchOutcome",
     "Searcher",
     "Skip",

@@ -1,4 +1,8 @@
-"""The search loop: Optuna ask/tell driving an Executor, then confirmation of the top few.
+"""The search loop: Optuna ask -> probe -> tell driving an Executor, then confirmation of the top few.
+
+What to probe next is the study's sampler's decision: an :class:`~autotune.search.AutotuneSampler`
+with the chosen ``strategy`` (the walk by default: seeds, step-downs, the neighbourhood walk, TPE).
+The loop probes what it is asked, tells the study, and records each trial's ``origin``.
 
 Optuna 5 semantics used here (checked against the installed 5.0): an OOM / over-budget /
 unsupported probe is *information*: it is told COMPLETE with a value of 0 tok/s and a positive
@@ -15,16 +19,14 @@ stops it.
 from __future__ import annotations
 
 import dataclasses
-import random
 import time
 import uuid
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
-from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
+from optuna.distributions import BaseDistribution, IntDistribution
 from optuna.trial import Trial, TrialState
 
 from autotune.errors import SpecError
@@ -39,7 +41,6 @@ from autotune.search._confirm import (
 from autotune.search._logic import (
     FAILED,
     MEMORY_INFEASIBLE,
-    ORDERED_KNOBS,
     Skip,
     TrialRecord,
     candidate_from_choice,
@@ -47,7 +48,6 @@ from autotune.search._logic import (
     candidate_label,
     constraint_value,
     distinct_candidates,
-    expert_seeds,
     infer_infeasible,
     iter_choices,
     median,
@@ -55,7 +55,7 @@ from autotune.search._logic import (
     usable_micro_batches,
     usable_worlds,
 )
-from autotune.search._walk import FollowUps
+from autotune.search._sampler import AutotuneSampler, tpe_factory
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
 from autotune.spec.result import ProbeResult
 from autotune.spec.space import DIMENSIONS, SearchSpace
@@ -71,7 +71,6 @@ ProgressFn = Callable[[str, dict[str, Any]], None]
 LoadCheck = Callable[[str, "float | None"], "list[dict[str, Any]]"]
 _CONSTRAINT = "memory"
 _MAX_IDLE_ASKS = 120  # asks in a row that yield nothing new before the space counts as exhausted
-_NUDGE_EVERY = 8  # after this many such asks in a row, enqueue an unseen configuration
 # Knobs whose choices are ordered (ORDERED_KNOBS). ``ordinal=True`` suggests them as an index into the sorted
 # choices (TPE then sees that 8 lies between 4 and 16). Measured on synthetic landscapes (24 seeds,
 # 20-40 trials), categorical + multivariate TPE found >= 97 % of the optimum more often than
@@ -128,6 +127,9 @@ class Searcher:
         follow_ups: bool = True,
         neighbours: bool = True,
         load_check: LoadCheck | None = None,
+        strategy: str = "walk",
+        recheck: bool = True,
+        defaults: Candidate | None = None,
     ) -> None:
         problems = []
         if isinstance(effective_batch, bool) or not isinstance(effective_batch, int) or effective_batch < 1:
@@ -167,7 +169,6 @@ class Searcher:
         self.records: list[TrialRecord] = []
         self._durations: list[float] = []
         self._submitted_wall: dict[str, float] = {}
-        self._all_choices: list[dict[str, Any]] | None = None
         self._history = list(history or [])
 
         worlds, dropped_w = usable_worlds(space, max_world)
@@ -184,44 +185,28 @@ class Searcher:
             )
         self.worlds = worlds
         self.micro_batches = mbs
-        self.choices: dict[str, list[Any]] = {}
-        self.distributions: dict[str, BaseDistribution] = {}
-        self.fixed: dict[str, Any] = {}
-        for d in DIMENSIONS:
-            choices = mbs if d == "micro_batch" else worlds if d == "gpus_per_trial" else list(space.choices(d))
-            if len(choices) > 1:
-                if d in ORDERED_KNOBS and ordinal:
-                    choices = sorted(choices)
-                    self.distributions[d] = IntDistribution(0, len(choices) - 1)
-                else:
-                    self.distributions[d] = CategoricalDistribution(choices)
-                self.choices[d] = list(choices)
-            else:
-                self.fixed[d] = choices[0]
         self._origins: dict[str, str] = {}  # candidate key -> what proposed it (TrialRecord.origin)
-        self.walk = FollowUps(
-            choices=self.choices, micro_batches=mbs, grad_ckpt_choices=space.grad_ckpt,
-            effective_batch=effective_batch, in_space=lambda c: self._optuna_params_of(c) is not None,
-            records=lambda: self.records, baseline_key=candidate_id(baseline) if baseline is not None else None,
-            neighbours=neighbours,
-        )
         self.distinct = distinct_candidates(
             space, effective_batch=effective_batch, micro_batches=mbs, worlds=worlds
         )
-        self.seed_choices = expert_seeds(
-            space, effective_batch=effective_batch, micro_batches=mbs, worlds=worlds, device=device,
-            limit=min(seeds, max(1, max_trials // 3)),
-            variable_lengths=workload.lengths != "fixed" or workload.dataset is not None,
-        )
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            sampler = optuna.samplers.TPESampler(
-                seed=seed, n_startup_trials=min(10, max(3, max_trials // 4)),
-                multivariate=multivariate, group=multivariate,
+        try:
+            self.sampler = AutotuneSampler(
+                space, effective_batch=effective_batch, strategy=strategy, seed=seed,
+                base=tpe_factory(n_startup_trials=min(10, max(3, max_trials // 4)), multivariate=multivariate),
+                device=device, max_world=max_world, seeds=min(seeds, max(1, max_trials // 3)),
+                variable_lengths=workload.lengths != "fixed" or workload.dataset is not None,
+                baseline=baseline, defaults=defaults, recheck_tolerance=self.confirm.tolerance if recheck else None,
+                follow_ups=follow_ups, neighbours=neighbours, ordinal=ordinal,
             )
+        except ValueError as exc:
+            raise SpecError(str(exc)) from exc
+        self.choices: dict[str, list[Any]] = self.sampler.choices
+        self.distributions: dict[str, BaseDistribution] = self.sampler.distributions
+        self.fixed: dict[str, Any] = self.sampler.fixed
+        self.seed_choices = self.sampler.seed_choices
         self.study = optuna.create_study(
             storage=storage,
-            sampler=sampler,
+            sampler=self.sampler,
             study_name=study_name,
             direction="maximize",
             load_if_exists=True,
@@ -286,19 +271,19 @@ class Searcher:
             return None
         return self._to_optuna(self._choice_params(choice))
 
-    def _seed_params(self, choice: dict[str, Any]) -> dict[str, Any]:
-        return self._to_optuna(self._choice_params(choice)) or {}
-
-    def _tell(self, trial: Trial | int, record: TrialRecord) -> None:
+    def _tell(self, trial: Trial | int, record: TrialRecord, *, measured: bool = False) -> None:
+        """Tell the study; ``measured``: this trial's own probe measured it (not the cache, not an inference)."""
         number = trial if isinstance(trial, int) else trial.number
+        if isinstance(trial, Trial):
+            trial.set_user_attr("key", record.key)
+            trial.set_user_attr("status", record.status)
+            trial.set_user_attr("measured", measured)
         if record.status in FAILED:
             self.study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
             return
         if isinstance(trial, Trial):
             usable = self.settings.usable_bytes()
             trial.set_constraint(_CONSTRAINT, constraint_value(record.status, record.peak_mem_bytes, usable))
-            trial.set_user_attr("key", record.key)
-            trial.set_user_attr("status", record.status)
         value = float(record.tokens_per_s or 0.0) if record.status == "ok" else 0.0
         self.study.tell(number, value, skip_if_finished=True)
 
@@ -335,7 +320,8 @@ class Searcher:
     def _counts(self) -> dict[str, int]:
         search = [r for r in self.records if r.phase == "search"]
         return {
-            "probed": sum(1 for r in search if r.probed),
+            # every probe the search ran (what --max-trials counts), re-measures of a would-be centre included
+            "probed": sum(1 for r in search if r.probed) + sum(1 for r in self.records if r.phase == "recheck"),
             "ok": sum(1 for r in search if r.probed and r.status == "ok"),
             "infeasible": sum(1 for r in search if r.probed and r.status in MEMORY_INFEASIBLE),
             "unsupported": sum(1 for r in search if r.probed and r.status == "unsupported"),
@@ -343,6 +329,7 @@ class Searcher:
             "inferred": sum(1 for r in search if r.inferred),
             "skipped": sum(1 for r in search if r.status == "skipped"),
             "confirm_probes": sum(1 for r in self.records if r.phase == "confirm"),
+            "recheck_probes": sum(1 for r in self.records if r.phase == "recheck"),
         }
 
     def _median_probe_wall(self) -> float | None:
@@ -364,46 +351,6 @@ class Searcher:
                 if not self.pruner(c):
                     return False
         return bool(seen)
-
-    def _unseen_choice(self, seen: set[str], salt: int) -> dict[str, Any] | None:
-        """A runnable choice whose candidate is not in ``seen`` and not provably infeasible."""
-        rng = random.Random(self.seed * 1_000_003 + salt)
-        known = [r for r in self.records if r.phase == "search"]
-
-        def fresh(choice: dict[str, Any], *, probeable: bool = True) -> bool:
-            c = candidate_from_choice(choice, effective_batch=self.effective_batch)
-            if not isinstance(c, Candidate) or candidate_id(c) in seen:
-                return False
-            return not probeable or infer_infeasible(c, known) is None
-
-        if self.distinct is not None:
-            if self._all_choices is None:
-                self._all_choices = list(
-                    iter_choices(self.space, micro_batches=self.micro_batches, worlds=self.worlds)
-                )
-            # prefer one worth probing; else one that will be recorded as inferred (free)
-            pool = [ch for ch in self._all_choices if fresh(ch)] or [
-                ch for ch in self._all_choices if fresh(ch, probeable=False)
-            ]
-            return rng.choice(pool) if pool else None
-        for _ in range(500):
-            choice = {d: rng.choice(list(self.space.choices(d))) for d in DIMENSIONS}
-            choice["micro_batch"] = rng.choice(self.micro_batches)
-            choice["gpus_per_trial"] = rng.choice(self.worlds)
-            if fresh(choice):
-                return choice
-        return None
-
-    def _feed(self, cache: dict[str, TrialRecord], in_flight: dict[str, str]) -> None:
-        """Hand the study the next follow-up worth a probe (when it has no seed waiting)."""
-        if self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-            self.walk.advance(cache)
-            return
-        cand = self.walk.next(cache, in_flight)
-        if cand is not None:
-            key = candidate_id(cand)
-            self._origins.setdefault(key, self.walk.origins.get(key, "boundary"))
-            self.study.enqueue_trial(self._optuna_params_of(cand), skip_if_exists=False)
 
     def _submit(self, cand: Candidate, *, confirm: bool = False) -> str:
         self._check_load("before", None, candidate_label(cand))
@@ -427,7 +374,9 @@ class Searcher:
             out.append(str(entry.get("message", "")))
         return out
 
-    def _origin(self, key: str) -> str:
+    def _origin(self, key: str, trial: Trial | None = None) -> str:
+        if trial is not None and trial.user_attrs.get("origin"):
+            return str(trial.user_attrs["origin"])
         return self._origins.get(key, "tpe")
 
     # ---------------------------------------------------------------- resume
@@ -439,13 +388,24 @@ class Searcher:
         told = {
             t.user_attrs.get("key")
             for t in self.study.get_trials(deepcopy=False)
-            if t.state in (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
+            if t.state in (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED) and not t.user_attrs.get("remeasure")
         }
+        # re-measures (the walk's rechecks) the study holds, per key: a rebuilt study gets the others back
+        rechecks_told: dict[str, int] = {}
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            if t.user_attrs.get("remeasure") and t.user_attrs.get("key"):
+                rechecks_told[t.user_attrs["key"]] = rechecks_told.get(t.user_attrs["key"], 0) + 1
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
-            if t.state == TrialState.RUNNING:  # the killed run's in-flight asks
+            if t.state == TrialState.RUNNING:  # the killed run's in-flight asks: not evidence (re-proposed)
+                self.study._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
                 self.study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
         for r in self.records:
-            if r.phase != "search" or r.key in told or r.status in FAILED or not r.params:
+            if r.phase == "recheck" and rechecks_told.get(r.key, 0) > 0:
+                rechecks_told[r.key] -= 1
+                continue
+            if r.phase not in ("search", "recheck") or r.status in FAILED or not r.params:
+                continue
+            if r.phase == "search" and r.key in told:
                 continue
             internal = self._to_optuna(r.params)
             if internal is None:
@@ -456,7 +416,8 @@ class Searcher:
                     params=internal,
                     distributions={k: self.distributions[k] for k in r.params},
                     value=float(r.tokens_per_s or 0.0) if r.status == "ok" else 0.0,
-                    user_attrs={"key": r.key, "status": r.status, "restored": True},
+                    user_attrs={"key": r.key, "status": r.status, "restored": True, "origin": r.origin or "restored",
+                                "measured": r.probed, **({"remeasure": True} if r.phase == "recheck" else {})},
                     constraints={_CONSTRAINT: constraint_value(r.status, r.peak_mem_bytes, usable)},
                 )
             )
@@ -472,22 +433,26 @@ class Searcher:
         start = self.clock()
         self._restore()
         cache: dict[str, TrialRecord] = {r.key: r for r in self.records if r.phase == "search"}
-        for choice in self.seed_choices:
-            built = candidate_from_choice(choice, effective_batch=self.effective_batch)
-            if isinstance(built, Candidate):
-                self._origins.setdefault(candidate_id(built), "seed")
-            self.study.enqueue_trial(self._seed_params(choice), skip_if_exists=True)
-        # the baseline (the config a user would type) is probed like any other: inside the space
-        # as an enqueued trial, outside it as an extra probe the sampler does not see
+        # the baseline (the config a user would type) is probed like any other once the seeds are
+        # under way (a cold start's slowness falls on a seed): inside the space as an enqueued trial
+        # (origin "baseline"), outside it as an extra probe the sampler does not see
         extra: list[Candidate] = []
+        enqueue_baseline: dict[str, Any] | None = None
         if self.baseline is not None:
             self._origins[candidate_id(self.baseline)] = "baseline"
         if self.baseline is not None and candidate_id(self.baseline) not in cache:
             internal = self._optuna_params_of(self.baseline)
-            if internal is not None:
-                self.study.enqueue_trial(internal, skip_if_exists=True)
-            else:
+            waiting = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+                       if t.user_attrs.get("origin") == "baseline"]
+            if internal is not None and not waiting:
+                enqueue_baseline = internal
+            elif internal is None:
                 extra.append(self.baseline)
+        seed_keys = set()
+        for choice in self.seed_choices:
+            built_seed = candidate_from_choice(choice, effective_batch=self.effective_batch)
+            if isinstance(built_seed, Candidate):
+                seed_keys.add(candidate_id(built_seed))
         self._emit(
             "start", max_trials=self.max_trials, slots=self.executor.slots, distinct=self.distinct,
             restored=len(self.records), skipped_choices=self.skipped_choices,
@@ -497,7 +462,7 @@ class Searcher:
         in_flight_keys: dict[str, str] = {}  # candidate key -> ticket
         waiters: dict[str, list[Trial]] = {}
         submitted_at: dict[str, float] = {}
-        probes = sum(1 for r in self.records if r.phase == "search" and r.probed)
+        probes = sum(1 for r in self.records if r.phase in ("search", "recheck") and r.probed)
         idle_asks = 0
         stop_reason = ""
 
@@ -530,6 +495,9 @@ class Searcher:
                 stop_reason = may_start_another()
                 if stop_reason:
                     break
+                if enqueue_baseline is not None and seed_keys <= set(cache) | set(in_flight_keys):
+                    self.study.enqueue_trial(enqueue_baseline, user_attrs={"origin": "baseline"})
+                    enqueue_baseline = None
                 if extra and (probes > 0 or not self.seed_choices):
                     # after the first probe has landed: a cold start's slowness falls on a seed
                     cand = extra.pop(0)
@@ -543,35 +511,32 @@ class Searcher:
                     self._emit("submit", label=candidate_label(cand), key=key, in_flight=len(in_flight),
                                probes=probes + len(in_flight), max_trials=self.max_trials, time_left=time_left())
                     continue
-                if idle_asks and idle_asks % _NUDGE_EVERY == 0:
-                    # TPE keeps proposing what it has seen (common once few configurations are
-                    # left): hand it one it has not seen, so the search keeps covering the space
-                    unseen = self._unseen_choice(set(cache) | set(in_flight_keys), idle_asks)
-                    if unseen is not None:
-                        built_unseen = candidate_from_choice(unseen, effective_batch=self.effective_batch)
-                        if isinstance(built_unseen, Candidate):
-                            self._origins.setdefault(candidate_id(built_unseen), "coverage")
-                        self.study.enqueue_trial(self._seed_params(unseen), skip_if_exists=False)
-                if self.follow_ups:
-                    self._feed(cache, in_flight_keys)
+                if self.sampler.waiting(self.study):
+                    if not in_flight:  # a scripted strategy (largest-fits, deepspeed) has run its course
+                        stop_reason = f"the {self.sampler.strategy} strategy has nothing more to propose"
+                    break
                 trial = self.study.ask()
                 choice = self._suggest(trial)
                 params = self._choice_params(choice)
                 built = candidate_from_choice(choice, effective_batch=self.effective_batch)
+                remeasure = bool(trial.user_attrs.get("remeasure"))
                 if isinstance(built, Skip):
                     idle_asks += 1
                     rec = cache.get(built.key)
                     if rec is None:
                         rec = self._add(TrialRecord(key=built.key, status="skipped", params=params,
                                                     reason=built.reason, label=_choice_label(choice),
-                                                    origin=self._origin(built.key)))
+                                                    origin=self._origin(built.key, trial)))
                         cache[built.key] = rec
                         self._emit("record", record=rec, best=self._best_so_far(), counts=self._counts(),
                                    time_left=time_left())
                     self._tell(trial, rec)
                     continue
                 cand, key = built, candidate_id(built)
-                if key in cache:  # duplicate ask: answer from the cache, never probe twice
+                self._origins.setdefault(key, self._origin(key, trial))
+                if key in cache and not (remeasure and cache[key].probed and key not in in_flight_keys):
+                    # duplicate ask: answer from the cache, never probe twice (unless the sampler asks
+                    # for a re-measure: a would-be walk centre within the noise of the current one)
                     idle_asks += 1
                     self._tell(trial, cache[key])
                     continue
@@ -597,13 +562,15 @@ class Searcher:
                     idle_asks += 1
                     rec = self._add(TrialRecord(key=key, status=status, candidate=dataclasses.asdict(cand),
                                                 params=params, reason=reason, inferred=True,
-                                                label=candidate_label(cand), origin=self._origin(key)))
+                                                label=candidate_label(cand), origin=self._origin(key, trial)))
                     cache[key] = rec
                     self._tell(trial, rec)
                     self._emit("record", record=rec, best=self._best_so_far(), counts=self._counts(),
                                time_left=time_left())
                     continue
                 idle_asks = 0
+                if remeasure:
+                    params = {**params, "_remeasure": True}
                 ticket = self._submit(cand)
                 in_flight[ticket] = (trial, cand, key, params)
                 in_flight_keys[key] = ticket
@@ -622,15 +589,15 @@ class Searcher:
                 in_flight_keys.pop(key, None)
                 self._durations.append(self.clock() - submitted_at.pop(ticket))
                 probes += 1
-                rec = self._record_from_result(key, cand, params, result)
-                rec.origin = self._origin(key)
+                again = params.pop("_remeasure", False)
+                rec = self._record_from_result(key, cand, params, result, phase="recheck" if again else "search")
+                rec.origin = self._origin(key, asked) if not again else "recheck"
                 rec.warnings = self._check_load("during", self._submitted_wall.pop(ticket, None), rec.label)
                 rec = self._add(rec)
-                cache[key] = rec
+                if not again:
+                    cache[key] = rec
                 if asked is not None:
-                    self._tell(asked, rec)
-                if self.follow_ups:
-                    self.walk.after_probe(rec, cache)
+                    self._tell(asked, rec, measured=True)
                 for waiter in waiters.pop(key, []):
                     self._tell(waiter, rec)
                 self._emit("record", record=rec, best=self._best_so_far(), counts=self._counts(),

@@ -24,8 +24,15 @@ a centre has nothing better around it (TPE goes on from there). A change that di
 centre is not retried at the next. A new best found elsewhere (seeds, TPE, the combination)
 re-centres the walk. The HF-default baseline is never a centre: it is measured for the report.
 
-Nothing known, in flight or provably infeasible is handed out. The state lives in memory; a
-resumed search rebuilds it from the best record it restores.
+**Centres on confirmed evidence** (``recheck_tolerance``): a would-be new centre that beats the
+current one by less than the measurement noise (``ConfirmPolicy.tolerance``) and has been measured
+once is re-measured first (``recheck``: one more probe); its figure is then the median of its
+measurements, and the centre moves only if that still beats it.
+
+Nothing known, in flight or provably infeasible is handed out. The state is a function of the
+landed probes in the order they landed: :class:`~autotune.search.AutotuneSampler` rebuilds it by
+replaying the study's trials through ``land()`` and reads the next proposal with ``peek()``, so a
+resumed search continues exactly where the interrupted one was.
 """
 
 from __future__ import annotations
@@ -79,6 +86,7 @@ class FollowUps:
         records: Callable[[], list[TrialRecord]],
         baseline_key: str | None = None,
         neighbours: bool = True,
+        recheck_tolerance: float | None = None,
     ) -> None:
         self.choices = dict(choices)
         self.micro_batches = sorted(micro_batches)
@@ -98,6 +106,9 @@ class FollowUps:
         self.good: set[Change] = set()  # one-knob changes (knob, value) that beat a centre
         self.bad: set[Change] = set()  # ... and those that did not
         self.origins: dict[str, str] = {}  # key -> boundary | neighbour | combination (first reason wins)
+        self.recheck_tolerance = recheck_tolerance
+        self.measurements: dict[str, int] = {}  # key -> how many probes measured it (rechecks included)
+        self.recheck: str | None = None  # a would-be centre to re-measure before the walk moves to it
 
     # ------------------------------------------------------------------ the boundary rules
 
@@ -168,6 +179,54 @@ class FollowUps:
             return cand
         return None
 
+    def land(self, rec: TrialRecord, cache: Mapping[str, TrialRecord]) -> None:
+        """A probe (or an inference) landed: the boundary rules, the walk, then drop what is settled.
+
+        The canonical order the sampler replays: the state after n landings is a function of those n.
+        """
+        self.after_probe(rec, cache)
+        self.advance(cache)
+        self._drop_settled(cache)
+
+    def _drop_settled(self, cache: Mapping[str, TrialRecord]) -> None:
+        """Drop queued candidates that are known or provably infeasible (no longer awaited)."""
+        known = list(cache.values())
+        keep_s, keep_q = [], []
+        for lst, keep in ((self.step_downs, keep_s), (self.queue, keep_q)):
+            for cand in lst:
+                key = candidate_id(cand)
+                if key in cache:
+                    continue
+                if infer_infeasible(cand, known) is not None:
+                    self._nbrs.discard(key)
+                    self._boundary.discard(key)
+                    continue
+                keep.append(cand)
+        self.step_downs, self.queue = keep_s, keep_q
+        if self.neighbours:
+            self.advance(cache)  # a neighbourhood may be complete now that a member is proved infeasible
+
+    def peek(self, cache: Mapping[str, TrialRecord], in_flight: Mapping[str, Any]) -> tuple[Candidate, str] | None:
+        """The next proposal (candidate, origin) without changing the state; None when there is none."""
+        if self.recheck is not None and self.recheck not in in_flight:
+            rec = cache.get(self.recheck)
+            cand = rec.candidate_obj() if rec is not None else None
+            if cand is not None:
+                return cand, "recheck"
+        for cand in (*self.step_downs, *self.queue):
+            key = candidate_id(cand)
+            if key not in cache and key not in in_flight:
+                return cand, self.origins.get(key, "boundary")
+        return None
+
+    def _needs_recheck(self, best: TrialRecord, centre: TrialRecord | None) -> bool:
+        """``best`` beats ``centre`` by less than the noise, on one measurement: re-measure it first."""
+        if self.recheck_tolerance is None or centre is None or best.key == centre.key:
+            return False
+        if self.measurements.get(best.key, 1) >= 2 or not centre.tokens_per_s:
+            return False
+        return (best.tokens_per_s or 0.0) < centre.tokens_per_s * (1.0 + self.recheck_tolerance)
+
     def _runnable(self, cand: Candidate) -> tuple[Candidate, str] | None:
         """``cand`` with the accumulation its micro-batch needs, and its key; None if not in the space."""
         accum = derive_grad_accum(self.effective_batch, cand.micro_batch, cand.world_size)
@@ -209,8 +268,12 @@ class FollowUps:
         if best is None:
             return
         centre = self.centre
+        self.recheck = None
         if centre is None or best.key in self._boundary or (best.key != centre.key and best.key not in self._nbrs):
             if best.key not in self._closed and (centre is None or best.key != centre.key):
+                if self._needs_recheck(best, centre):
+                    self.recheck = best.key
+                    return
                 self._learn(cache)
                 self._recentre(best, cache)
             return
@@ -226,6 +289,9 @@ class FollowUps:
                 self.queue.insert(0, built[0])
                 self.origins.setdefault(built[1], "combination")
                 return
+        if best.key != centre.key and best.key not in self._closed and self._needs_recheck(best, centre):
+            self.recheck = best.key
+            return
         self._closed.add(centre.key)
         if best.key != centre.key and best.key not in self._closed:
             self._recentre(best, cache)

@@ -186,6 +186,7 @@ class RunSummary(_Closed):
     model_name: str
     model_source: str
     mode: str
+    trainer: str = Field("hf", description="hf: probes through transformers.Trainer; trl: TRL's SFTTrainer")
     seq_len: int
     lengths: str
     effective_batch: int
@@ -222,6 +223,8 @@ class RunSummary(_Closed):
     speedup_paired_rounds: int | None = None
     trust: Trust | None = None
     verify_loss: dict[str, Any] | None = None
+    quality_notes: list[str] | None = Field(None, description="how the measured path trains differently, "
+                                            "e.g. TRL's packing (--trainer trl)")
     files: list[str] | None = None
     # nothing fits
     message: str | None = None

@@ -1,0 +1,542 @@
+"""autotune's proposal policy as an Optuna sampler: ``AutotuneSampler``.  [pure + optuna]
+
+Every decision is a function of the study's trials (in trial-number order) and the sampler's
+seed, so a new sampler over the same storage (``autotune run --resume``) proposes what the
+interrupted one would have: nothing is kept between asks that the trials do not hold. What
+proposed each trial is its user attribute ``origin``.
+
+Strategies (``strategy=``):
+
+``walk`` (the default)
+    the expert seeds (``expert_seeds``), then the memory-boundary step-downs and the
+    neighbourhood walk around the best configuration (``_walk.FollowUps``, rebuilt by replaying
+    the trials; a would-be centre within the noise of the current one is re-measured first:
+    ``recheck``), then the base sampler (TPE); when the base keeps proposing configurations the
+    study has seen, an unseen one (``coverage``).
+``tpe``
+    the base sampler alone (with ``coverage`` when it keeps repeating itself).
+``random``
+    uniformly, configurations not seen yet.
+``grid``
+    every configuration once, in an order shuffled by the seed.
+``largest-fits`` (HF ``auto_find_batch_size`` / Lightning ``BatchSizeFinder``)
+    every knob at the defaults (``baseline``), the micro-batch from the default (8) up while it
+    fits, down while it does not; then nothing more (``finished``).
+``deepspeed`` (DeepSpeed autotuning's strategy)
+    for each ZeRO stage (or, without a ZeRO dimension: without then with checkpointing), at the
+    defaults, the largest micro-batch that fits, doubling from the smallest; the largest and its
+    lower neighbour re-measured; the next stage only while the last improved the best by >= 5 %.
+
+The objective tells a trial's throughput as its value; a configuration that does not fit is
+told 0 (or with user attribute ``status`` ``oom`` / ``over_budget``), and a crash is a FAIL.
+A re-measure (origin ``recheck``) proposes a configuration seen before: the objective must
+measure it again (user attribute ``remeasure`` is True), not answer from a cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import warnings
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
+from optuna.samplers import BaseSampler
+from optuna.study import Study
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.search._logic import (
+    ORDERED_KNOBS,
+    TrialRecord,
+    candidate_from_choice,
+    candidate_id,
+    derive_grad_accum,
+    expert_seeds,
+    infer_infeasible,
+    iter_choices,
+    median,
+    usable_micro_batches,
+    usable_worlds,
+)
+from autotune.search._strategies import STRATEGIES
+from autotune.search._walk import FollowUps
+from autotune.spec.probe_request import Candidate
+from autotune.spec.space import DIMENSIONS, SearchSpace
+
+__all__ = ["AutotuneSampler", "STRATEGIES", "Observation"]
+
+NUDGE_EVERY = 8  # the base sampler repeated seen configurations this many times in a row: coverage
+_NOT_PROPOSED = ("baseline", "enqueued")  # origins the policy did not choose (the scripts skip them)
+
+BaseFactory = Callable[[int], BaseSampler]
+# a scripted strategy: yields (candidate, origin) to measure, is sent its tok/s (None: did not fit)
+Script = Generator[tuple[Candidate, str], "float | None", None]
+
+
+@dataclass(frozen=True)
+class Observation:
+    """A finished trial as the policy sees it."""
+
+    number: int
+    key: str
+    candidate: Candidate | None
+    params: dict[str, Any]
+    status: str
+    value: float
+    measured: bool  # a probe measured it (not answered from a cache, inferred or skipped)
+    origin: str
+
+
+def tpe_factory(*, n_startup_trials: int = 10, multivariate: bool = True) -> BaseFactory:
+    """A base-sampler factory: TPE seeded with the given seed (one per trial)."""
+
+    def make(seed: int) -> BaseSampler:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup_trials,
+                                              multivariate=multivariate, group=multivariate)
+
+    return make
+
+
+class AutotuneSampler(BaseSampler):
+    """The proposal policy over an autotune search space (see the module docstring).
+
+    ``base`` makes the fallback sampler from a seed; each fallback proposal gets a fresh one seeded
+    by (seed, trial number), so it is a function of the trials too. ``baseline`` is the
+    configuration a user would type: never a walk centre, and the defaults of ``largest-fits`` and
+    ``deepspeed`` (unless ``defaults`` is given; without either, each knob's first choice). ``recheck_tolerance``: re-measure a would-be walk centre that beats the current
+    one by less than this share (``ConfirmPolicy.tolerance``); None never re-measures.
+    """
+
+    def __init__(
+        self,
+        space: SearchSpace,
+        *,
+        effective_batch: int,
+        strategy: str = "walk",
+        seed: int = 42,
+        base: BaseFactory | None = None,
+        device: str = "cuda",
+        max_world: int | None = None,
+        seeds: int = 3,
+        variable_lengths: bool = True,
+        baseline: Candidate | None = None,
+        defaults: Candidate | None = None,
+        recheck_tolerance: float | None = None,
+        follow_ups: bool = True,
+        neighbours: bool = True,
+        ordinal: bool = False,
+    ) -> None:
+        if strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+        worlds, _ = usable_worlds(space, max_world)
+        mbs, _ = usable_micro_batches(space, effective_batch, worlds)
+        if not worlds or not mbs:
+            raise ValueError(f"no micro_batch x gpus_per_trial of the space divides the effective batch {effective_batch}")
+        self.space = space
+        self.effective_batch = effective_batch
+        self.strategy = strategy
+        self.seed = seed
+        self.base = base or tpe_factory()
+        self.device = device
+        self.worlds = worlds
+        self.micro_batches = mbs
+        self.baseline = baseline
+        self.baseline_key = candidate_id(baseline) if baseline is not None else None
+        self.default_knobs = defaults if defaults is not None else baseline
+        self.recheck_tolerance = recheck_tolerance
+        self.follow_ups = follow_ups
+        self.neighbours = neighbours
+        self.choices: dict[str, list[Any]] = {}
+        self.distributions: dict[str, BaseDistribution] = {}
+        self.fixed: dict[str, Any] = {}
+        for d in DIMENSIONS:
+            choices = mbs if d == "micro_batch" else worlds if d == "gpus_per_trial" else list(space.choices(d))
+            if len(choices) > 1:
+                if d in ORDERED_KNOBS and ordinal:
+                    choices = sorted(choices)
+                    self.distributions[d] = IntDistribution(0, len(choices) - 1)
+                else:
+                    self.distributions[d] = CategoricalDistribution(choices)
+                self.choices[d] = list(choices)
+            else:
+                self.fixed[d] = choices[0]
+        self.seed_choices = expert_seeds(space, effective_batch=effective_batch, micro_batches=mbs, worlds=worlds,
+                                         device=device, limit=seeds, variable_lengths=variable_lengths) \
+            if strategy == "walk" else []
+        self._all: list[tuple[dict[str, Any], Candidate]] | None = None
+        self._bases: dict[int, BaseSampler] = {}
+
+    # ------------------------------------------------------------------ space <-> params
+
+    def choice_of(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """A full choice (every dimension) from a trial's params (plain values)."""
+        choice = dict(self.fixed)
+        for d, v in params.items():
+            if d in self.distributions:
+                choice[d] = self.choices[d][v] if isinstance(self.distributions[d], IntDistribution) else v
+        for d in DIMENSIONS:  # offload/sharding are not suggested without a ZeRO stage
+            if d not in choice:
+                choice[d] = self.choices[d][0] if d in self.choices else getattr(Candidate, d, None)
+        return choice
+
+    def suggest(self, trial: optuna.Trial) -> Candidate | None:
+        """Suggest every searched knob on ``trial`` (offload and sharding only with a ZeRO stage) and
+        return the configuration; None when the combination cannot run (tell it 0: it is not proposed again).
+        Whether it is a re-measure: ``trial.user_attrs.get("remeasure")``."""
+        params: dict[str, Any] = {}
+        for d, dist in self.distributions.items():
+            if d in ("offload", "sharding"):
+                continue
+            params[d] = (trial.suggest_int(d, dist.low, dist.high) if isinstance(dist, IntDistribution)
+                         else trial.suggest_categorical(d, self.choices[d]))
+        zero = self.choice_of(params).get("zero_stage", 0)
+        for d in ("offload", "sharding"):
+            if zero and d in self.distributions:
+                params[d] = trial.suggest_categorical(d, self.choices[d])
+        return self.candidate_of(params)
+
+    def candidate_of(self, params: Mapping[str, Any]) -> Candidate | None:
+        built = candidate_from_choice(self.choice_of(params), effective_batch=self.effective_batch)
+        return built if isinstance(built, Candidate) else None
+
+    def params_of(self, cand: Candidate) -> dict[str, Any] | None:
+        """Optuna params (internal repr) that produce exactly ``cand``; None when outside the space."""
+        choice = {d: getattr(cand, d) for d in DIMENSIONS if d != "gpus_per_trial"}
+        choice["gpus_per_trial"] = cand.world_size
+        if any(choice[d] != v for d, v in self.fixed.items()):
+            return None
+        built = candidate_from_choice(choice, effective_batch=self.effective_batch)
+        if not isinstance(built, Candidate) or candidate_id(built) != candidate_id(cand):
+            return None
+        out: dict[str, Any] = {}
+        for d, v in choice.items():
+            if d not in self.distributions or (d in ("offload", "sharding") and choice.get("zero_stage", 0) == 0):
+                continue
+            if v not in self.choices[d]:
+                return None
+            out[d] = self.choices[d].index(v) if isinstance(self.distributions[d], IntDistribution) else v
+        return out
+
+    def _all_candidates(self) -> list[tuple[dict[str, Any], Candidate]]:
+        """Every distinct runnable configuration (first choice producing it), in the space's order."""
+        if self._all is None:
+            seen: set[str] = set()
+            out = []
+            for choice in iter_choices(self.space, micro_batches=self.micro_batches, worlds=self.worlds):
+                c = candidate_from_choice(choice, effective_batch=self.effective_batch)
+                if isinstance(c, Candidate) and candidate_id(c) not in seen:
+                    seen.add(candidate_id(c))
+                    out.append((choice, c))
+            self._all = out
+        return self._all
+
+    # ------------------------------------------------------------------ the trials
+
+    def observations(self, study: Study) -> tuple[list[Observation], set[str]]:
+        """Finished trials (by number) and the keys of the running ones that have params."""
+        obs: list[Observation] = []
+        running: set[str] = set()
+        for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
+            if t.state == TrialState.RUNNING:
+                cand = self.candidate_of(t.params) if t.params else None
+                if cand is not None:
+                    running.add(candidate_id(cand))
+                continue
+            if t.state not in (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED) or t.user_attrs.get("interrupted"):
+                continue  # waiting, or in flight when a run was killed (not evidence: it is proposed again)
+            cand = self.candidate_of(t.params)
+            key = t.user_attrs.get("key") or (candidate_id(cand) if cand is not None else f"skip-{t.number}")
+            value = float(t.value) if t.state == TrialState.COMPLETE and t.value is not None else 0.0
+            status = t.user_attrs.get("status") or (
+                "crash" if t.state != TrialState.COMPLETE else "ok" if value > 0 else "over_budget")
+            obs.append(Observation(number=t.number, key=key, candidate=cand, params=dict(t.params), status=status,
+                                   value=value, measured=bool(t.user_attrs.get("measured", True)),
+                                   origin=str(t.user_attrs.get("origin", ""))))
+        return obs, running
+
+    @staticmethod
+    def records(obs: Sequence[Observation]) -> tuple[list[TrialRecord], dict[str, list[float]]]:
+        """One record per configuration (first trial), tok/s the median of its measurements."""
+        values: dict[str, list[float]] = {}
+        recs: dict[str, TrialRecord] = {}
+        for o in obs:
+            if o.measured and o.status == "ok":
+                values.setdefault(o.key, []).append(o.value)
+            if o.key not in recs:
+                recs[o.key] = TrialRecord(key=o.key, status=o.status, params=o.params, origin=o.origin,
+                                          candidate=dataclasses.asdict(o.candidate) if o.candidate else None,
+                                          tokens_per_s=o.value if o.status == "ok" else None,
+                                          inferred=not o.measured, result={} if o.measured else None)
+        for key, vals in values.items():
+            recs[key].tokens_per_s = median(vals)
+        return list(recs.values()), values
+
+    # ------------------------------------------------------------------ the policy
+
+    def propose(self, study: Study, number: int) -> tuple[Candidate, str] | None:
+        """What the policy proposes for trial ``number`` (None: the base sampler proposes)."""
+        obs, running = self.observations(study)
+        obs = [o for o in obs if o.number < number]
+        salt = self.seed * 1_000_003 + self.position(study, number)
+        seen = {o.key for o in obs} | running
+        if self.strategy == "walk":
+            for choice in self.seed_choices:
+                c = candidate_from_choice(choice, effective_batch=self.effective_batch)
+                if isinstance(c, Candidate) and candidate_id(c) not in seen:
+                    return c, "seed"
+            if self.follow_ups:
+                walk = self.replay_walk(obs)
+                _, cache = self._cache(obs)
+                nxt = walk.peek(cache, dict.fromkeys(running, ""))
+                if nxt is not None:
+                    return nxt
+        if self.strategy in ("walk", "tpe"):
+            repeats = 0
+            keys: set[str] = set()
+            firsts = []
+            for o in obs:
+                firsts.append(o.key in keys and not o.measured)
+                keys.add(o.key)
+            for dup in reversed(firsts):
+                if not dup:
+                    break
+                repeats += 1
+            if repeats and repeats % NUDGE_EVERY == 0:
+                c = self._unseen(seen, obs, random.Random(salt))
+                if c is not None:
+                    return c, "coverage"
+            return None
+        if self.strategy == "random":
+            c = self._unseen(seen, obs, random.Random(salt))
+            return (c, "random") if c is not None else None
+        if self.strategy == "grid":
+            order = list(self._all_candidates())
+            random.Random(self.seed).shuffle(order)
+            c = next((c for _, c in order if candidate_id(c) not in seen), None)
+            return (c, "grid") if c is not None else None
+        return self._scripted(obs, running)
+
+    def waiting(self, study: Study) -> bool:
+        """A scripted strategy has no proposal until a probe in flight lands, or none at all (``finished``)."""
+        if self.strategy not in ("largest-fits", "deepspeed"):
+            return False
+        obs, running = self.observations(study)
+        return self._scripted(obs, running) is None
+
+    def finished(self, study: Study) -> bool:
+        """True when the strategy has nothing more to propose (``largest-fits``, ``deepspeed``)."""
+        if self.strategy not in ("largest-fits", "deepspeed"):
+            return False
+        obs, running = self.observations(study)
+        return not running and self._scripted(obs, running) is None
+
+    def _cache(self, obs: Sequence[Observation]) -> tuple[list[TrialRecord], dict[str, TrialRecord]]:
+        recs, _ = self.records(obs)
+        return recs, {r.key: r for r in recs}
+
+    def replay_walk(self, obs: Sequence[Observation]) -> FollowUps:
+        """The walk's state after these trials: each lands in turn, in trial-number order."""
+        recs: list[TrialRecord] = []
+        cache: dict[str, TrialRecord] = {}
+        walk = FollowUps(
+            choices=self.choices, micro_batches=self.micro_batches, grad_ckpt_choices=self.space.grad_ckpt,
+            effective_batch=self.effective_batch, in_space=lambda c: self.params_of(c) is not None,
+            records=lambda: recs, baseline_key=self.baseline_key, neighbours=self.neighbours,
+            recheck_tolerance=self.recheck_tolerance,
+        )
+        values: dict[str, list[float]] = {}
+        for o in obs:
+            if o.measured and o.status == "ok":
+                values.setdefault(o.key, []).append(o.value)
+            rec = cache.get(o.key)
+            if rec is None:
+                rec = TrialRecord(key=o.key, status=o.status, params=o.params, origin=o.origin,
+                                  candidate=dataclasses.asdict(o.candidate) if o.candidate else None,
+                                  tokens_per_s=o.value if o.status == "ok" else None, inferred=not o.measured,
+                                  result={} if o.measured else None)
+                recs.append(rec)
+                cache[o.key] = rec
+            elif not o.measured:
+                continue  # a repeat answered from the cache: nothing new
+            if o.key in values:
+                rec.tokens_per_s = median(values[o.key])
+            walk.measurements[o.key] = len(values.get(o.key, [])) or 1
+            walk.land(rec, cache)
+        return walk
+
+    def _unseen(self, seen: set[str], obs: Sequence[Observation], rng: random.Random) -> Candidate | None:
+        """A random configuration not seen; one not provably infeasible when there is one."""
+        known, _ = self._cache(obs)
+        fresh = [c for _, c in self._all_candidates() if candidate_id(c) not in seen]
+        probeable = [c for c in fresh if infer_infeasible(c, known) is None]
+        pool = probeable or fresh
+        return rng.choice(pool) if pool else None
+
+    # ------------------------------------------------------------------ scripted strategies
+
+    def defaults(self, **override: Any) -> dict[str, Any]:
+        """The baseline's knobs, each replaced by the space's first choice where the space lacks it."""
+        d = dataclasses.asdict(self.default_knobs) if self.default_knobs is not None else {}
+        out: dict[str, Any] = {}
+        for dim in DIMENSIONS:
+            if dim == "gpus_per_trial":
+                continue
+            choices = self.space.choices(dim)
+            out[dim] = d[dim] if d.get(dim) in choices else choices[0]
+        out.update(override)
+        return out
+
+    def _make(self, knobs: Mapping[str, Any], mb: int) -> Candidate | None:
+        world = 1 if 1 in self.worlds else min(self.worlds)
+        accum = derive_grad_accum(self.effective_batch, mb, world)
+        if accum is None:
+            return None
+        fields = {f.name for f in dataclasses.fields(Candidate)}
+        c = Candidate(**{**{k: v for k, v in knobs.items() if k in fields}, "micro_batch": mb, "grad_accum": accum,
+                         "world_size": world})
+        return c if self.params_of(c) is not None else None
+
+    def _scripted(self, obs: Sequence[Observation], running: set[str]) -> tuple[Candidate, str] | None:
+        """Replay the strategy's script over its trials; the first request not yet answered (None when
+        it is in flight: the script needs its answer first)."""
+        script = self._largest_fits() if self.strategy == "largest-fits" else self._deepspeed()
+        answers = iter([o for o in obs if o.origin not in _NOT_PROPOSED])
+        try:
+            ask = next(script)
+            while True:
+                o = next(answers, None)
+                if o is None:
+                    return None if running else ask
+                ask = script.send(o.value if o.status == "ok" else None)
+        except StopIteration:
+            return None
+
+    def _start_index(self, mbs: list[int]) -> int:
+        start = self.default_knobs.micro_batch if self.default_knobs is not None else 8
+        return min(range(len(mbs)), key=lambda j: (abs(mbs[j] - start), -mbs[j]))
+
+    def _largest_fits(self) -> Script:
+        knobs = self.defaults()
+        mbs = [mb for mb in self.micro_batches if self._make(knobs, mb) is not None]
+        if not mbs:
+            return
+        i = self._start_index(mbs)
+        fits: dict[int, bool] = {}
+
+        def measure(j: int) -> Generator[tuple[Candidate, str], float | None, bool]:
+            if j not in fits:
+                c = self._make(knobs, mbs[j])
+                assert c is not None
+                fits[j] = (yield c, "largest-fits") is not None
+            return fits[j]
+
+        if (yield from measure(i)):
+            while i + 1 < len(mbs) and (yield from measure(i + 1)):
+                i += 1
+        else:
+            while i > 0 and not (yield from measure(i)):
+                i -= 1
+            yield from measure(i)
+
+    def _deepspeed(self) -> Script:
+        if len(self.space.zero_stage) > 1:
+            stages: list[dict[str, Any]] = [{"zero_stage": z} for z in sorted(self.space.zero_stage)]
+        else:
+            stages = [{}] + ([{"grad_ckpt": True}] if {True, False} <= set(self.space.grad_ckpt) else [])
+        best: float | None = None
+        for stage in stages:
+            knobs = self.defaults(**stage)
+            mbs = [mb for mb in self.micro_batches if self._make(knobs, mb) is not None]
+            top = None
+            measured: dict[int, float] = {}
+            for mb in mbs:  # the largest micro-batch that fits: up from the smallest until one does not
+                c = self._make(knobs, mb)
+                assert c is not None
+                t = yield c, "deepspeed"
+                if t is None:
+                    break
+                top, measured[mb] = mb, t
+            if top is None:
+                continue
+            near = [mb for mb in mbs if abs(mb - top) <= 0.05 * top]  # within +-5 % of it, at least its lower neighbour
+            lower = [mb for mb in mbs if mb < top]
+            if len(near) < 2 and lower:
+                near.append(lower[-1])
+            stage_best: float | None = None
+            for mb in near:  # measured again (DeepSpeed's own tuning runs): a re-measure
+                c = self._make(knobs, mb)
+                assert c is not None
+                t = yield c, "recheck"
+                if t is not None and mb in measured:
+                    t = (t + measured[mb]) / 2.0
+                if t is not None and (stage_best is None or t > stage_best):
+                    stage_best = t
+            if stage_best is None:
+                continue
+            if best is not None and stage_best < 1.05 * best:
+                return
+            best = stage_best if best is None else max(best, stage_best)
+
+    # ------------------------------------------------------------------ optuna's interface
+
+    def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        return dict(self.distributions)
+
+    def sample_relative(self, study: Study, trial: FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        proposal = self.propose(study, trial.number)
+        if proposal is not None:
+            cand, origin = proposal
+            params = self.params_of(cand)
+            if params is not None:
+                _set_attr(study, trial, "origin", origin)
+                if origin == "recheck":
+                    _set_attr(study, trial, "remeasure", True)
+                return {d: v for d, v in params.items() if d in search_space}
+        base = self._base_for(study, trial.number)
+        _set_attr(study, trial, "origin", _base_name(base))
+        return base.sample_relative(study, trial, base.infer_relative_search_space(study, trial))
+
+    def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,
+                           param_distribution: BaseDistribution) -> Any:
+        if "origin" not in trial.user_attrs:
+            _set_attr(study, trial, "origin", _base_name(self._base_for(study, trial.number)))
+        return self._base_for(study, trial.number).sample_independent(study, trial, param_name, param_distribution)
+
+    def before_trial(self, study: Study, trial: FrozenTrial) -> None:
+        if "fixed_params" in trial.system_attrs and "origin" not in trial.user_attrs:
+            _set_attr(study, trial, "origin", "enqueued")
+
+    def after_trial(self, study: Study, trial: FrozenTrial, state: TrialState, values: Sequence[float] | None) -> None:
+        base = self._bases.pop(trial.number, None)
+        if base is not None:
+            base.after_trial(study, trial, state, values)
+
+    def _base_for(self, study: Study, number: int) -> BaseSampler:
+        if number not in self._bases:
+            self._bases[number] = self.base(self.seed * 1_000_003 + self.position(study, number))
+        return self._bases[number]
+
+    @staticmethod
+    def position(study: Study, number: int) -> int:
+        """How many trials came before trial ``number``, not counting those a killed run left in flight
+        (so a resumed study seeds its random choices as the uninterrupted one did)."""
+        return sum(1 for t in study.get_trials(deepcopy=False)
+                   if t.number < number and not t.user_attrs.get("interrupted"))
+
+
+def _base_name(base: BaseSampler) -> str:
+    name = type(base).__name__.removesuffix("Sampler").lower()
+    return name or "base"
+
+
+def _set_attr(study: Study, trial: FrozenTrial, key: str, value: Any) -> None:
+    """A user attribute in the storage and on ``trial`` (the running Trial's cached copy: the objective
+    sees it in ``trial.user_attrs`` at once)."""
+    study._storage.set_trial_user_attr(trial._trial_id, key, value)
+    trial.set_user_attr(key, value)

@@ -1,0 +1,9 @@
+"""The search strategies ``autotune run --strategy`` offers (``AutotuneSampler(strategy=...)``).  [pure]"""
+
+from __future__ import annotations
+
+__all__ = ["STRATEGIES"]
+
+# walk: seeds, step-downs, the neighbourhood walk, TPE (the default); the others are what a user
+# might otherwise do, as samplers over the same study (see autotune/search/_sampler.py)
+STRATEGIES = ("walk", "tpe", "random", "grid", "largest-fits", "deepspeed")

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Score every strategy on the new landscapes (issue 15) once they are recorded
+# (benchmarks/record_new_landscapes.sh), writing benchmarks/results/.
+#
+#   bash benchmarks/score_new_landscapes.sh              # F, G, H
+#   bash benchmarks/score_new_landscapes.sh --held-out   # I alone: ONCE, after the last change to the sampler
+#
+# search_quality.py runs every strategy on each landscape at 15 % of the grid's probes, 30 seeds:
+# autotune (--strategy walk), tpe, seed-only, random, largest-micro-batch (largest-fits), deepspeed,
+# and the grid-once ceiling, with the unpacked-best reference. It replays the recordings (seconds,
+# no probes), so the machine's load does not matter here.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-python}
+export PYTHONPATH=${PYTHONPATH:-$PWD}
+L=benchmarks/landscapes
+mkdir -p benchmarks/results
+if [ "${1:-}" = "--held-out" ]; then
+    files=("$L/cpu-tiny-gpt2-landscape-cpu-i.json")
+    tag=heldout-i
+else
+    files=("$L/cpu-tiny-llama-landscape-cpu-f.json" "$L/cpu-tiny-qwen2-landscape-cpu-g.json"
+           "$L/cpu-tiny-qwen2-landscape-cpu-h.json")
+    tag=new-fgh
+fi
+for f in "${files[@]}"; do
+    [ -f "$f" ] || { echo "$f is not recorded yet: run benchmarks/record_new_landscapes.sh first" >&2; exit 2; }
+done
+"$PY" benchmarks/search_quality.py "${files[@]}" --seeds 30 --share 0.15 \
+    --json "benchmarks/results/search_quality-$tag.json" | tee "benchmarks/results/search_quality-$tag.txt"

@@ -729,7 +729,8 @@ def _searcher(r: Request, plan: SearchPlan, run_dir: Any, started: RunStart, exe
 
     a, dev, progress = r.args, plan.device, r.args.progress
     max_world = len(plan.gpu_infos) if dev == "cuda" and plan.gpu_infos else (1 if dev == "cpu" else None)
-    ex_gpus = getattr(executor, "total_gpus", None)
+    # a distributed probe's ranks run on one node: on a cluster, the largest node bounds the world
+    ex_gpus = getattr(executor, "max_gpus_per_node", None) or getattr(executor, "total_gpus", None)
     if dev == "cuda" and ex_gpus:
         max_world = int(ex_gpus) if a.ray_address is not None else min(max_world or ex_gpus, int(ex_gpus))
     pruner = a.pruner

@@ -362,9 +362,11 @@ def _alive(procs: set[tuple[int, float]]) -> list[str]:
     return out
 
 
-def _kill_when_probing(args: list[str], sig: signal.Signals, tmp: Path, *, wait_for: str) -> set[tuple[int, float]]:
+def _kill_when_probing(args: list[str], sig: signal.Signals, tmp: Path, *, wait_for: str,
+                       report: dict | None = None) -> set[tuple[int, float]]:
     """Start the real CLI, wait until a probe worker runs (and ``wait_for`` appears among its
-    descendants), send ``sig`` to the CLI process alone, and return every process it had started."""
+    descendants), send ``sig`` to the CLI process alone, and return every process it had started.
+    ``report`` (optional) receives the CLI's exit code, its stderr and the seconds it took to exit."""
     env = {**os.environ, "AUTOTUNE_CACHE": str(tmp / "cache")}
     proc = subprocess.Popen([sys.executable, "-m", "autotune", *args], cwd=tmp, env=env, text=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
@@ -381,8 +383,11 @@ def _kill_when_probing(args: list[str], sig: signal.Signals, tmp: Path, *, wait_
             raise AssertionError("no probe worker started within 240 s")
         time.sleep(1.0)
         seen |= _descendants(proc.pid)
+        sent = time.monotonic()
         os.kill(proc.pid, sig)  # the CLI process alone, as `timeout` or a pipeline would
-        proc.wait(timeout=60)
+        _, err = proc.communicate(timeout=60)
+        if report is not None:
+            report.update(code=proc.returncode, stderr=err, seconds=time.monotonic() - sent)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -415,9 +420,34 @@ def test_a_killed_autotune_probe_leaves_no_process_behind(tmp_path: Path, sig: s
 @pytest.mark.ray
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
 def test_a_killed_autotune_run_leaves_no_process_behind_ray_included(tmp_path: Path, sig: signal.Signals) -> None:
-    started = _kill_when_probing(RUN_REAL, sig, tmp_path, wait_for="autotune.probe.worker")
+    report: dict = {}
+    started = _kill_when_probing(RUN_REAL, sig, tmp_path, wait_for="autotune.probe.worker", report=report)
     assert len(started) > 5  # the Ray runtime (GCS, raylet, agents, a worker), the reaper and the probe
     _none_alive_soon(started, within=15.0)
+    if sig != signal.SIGKILL:  # unwound by autotune itself (ray.init had replaced its SIGTERM handler: exit 1)
+        assert report["code"] == 130 and "autotune: interrupted" in report["stderr"], report
+        assert "SIGTERM received" not in report["stderr"], report["stderr"][-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
+def test_an_interrupted_run_whose_probe_is_starved_of_cpu_stops_within_seconds(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    """Two busy loops per core starve the probe (and the CLI): Ctrl-C or SIGTERM still ends the run,
+    its Ray pool and its probe within a few seconds."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * (os.cpu_count() or 1))]
+    try:
+        report: dict = {}
+        started = _kill_when_probing(RUN_REAL, sig, tmp_path, wait_for="autotune.probe.worker", report=report)
+        assert report["code"] == 130 and "autotune: interrupted" in report["stderr"], report
+        assert report["seconds"] < 10.0, report
+        _none_alive_soon(started, within=5.0)
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
 
 
 def test_a_probe_kills_itself_and_its_group_at_its_own_deadline(tmp_path: Path) -> None:

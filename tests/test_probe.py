@@ -184,3 +184,25 @@ def test_classify_exception(exc: BaseException, status: str) -> None:
     got, reason = classify_exception(exc)
     assert got == status
     assert reason
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one CPU: every thread count is 1, the test could not fail")
+def test_a_cpu_probe_runs_with_the_threads_the_emitted_train_py_gets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe measures with torch's default thread count, as ``best/train.py`` (which sets none)
+    runs: the user's OMP_NUM_THREADS here. It used to pin ``os.cpu_count()``, overriding it."""
+    import subprocess
+    import sys
+
+    from autotune.executors.local import worker_env
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    req = tiny_request(seq_len=32, steps=2)
+    assert worker_env(req, 0.0)["OMP_NUM_THREADS"] == "1"  # the user's value, passed through
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert "OMP_NUM_THREADS" not in worker_env(req, 0.0)  # none added for a single-process probe
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    r = run_probe_process(req)
+    assert r.status == "ok", r.reason
+    train_py_threads = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                                      capture_output=True, text=True, check=True).stdout.strip()
+    assert r.env["torch_threads"] == int(train_py_threads) == 1

@@ -52,8 +52,10 @@ def worker_env(request: ProbeRequest, launch_time: float) -> dict[str, str]:
         }
     )
     threads = request.settings.cpu_threads
-    if request.settings.device == "cpu" or threads:
-        # the ranks of a distributed CPU probe share the cores
+    if threads or (request.settings.device == "cpu" and request.candidate.world_size > 1):
+        # an explicit thread count; or the ranks of a distributed CPU probe, which share the cores.
+        # A single-process probe sets none: it runs with torch's default (the user's
+        # OMP_NUM_THREADS, else the cores this process may use), as the emitted train.py does.
         n = str(threads or max(1, (os.cpu_count() or 1) // request.candidate.world_size))
         env.setdefault("OMP_NUM_THREADS", n)
     # No allocator tuning: the probe's timed window must run with the allocator the user's training

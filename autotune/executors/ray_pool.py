@@ -43,13 +43,62 @@ def import_ray() -> Any:
 
 
 def _probe_task(request_dict: dict[str, Any], probe_fn: Callable[[ProbeRequest], ProbeResult] | None) -> dict[str, Any]:
-    """Body of the Ray task (runs in the Ray worker process)."""
+    """Body of the Ray task (runs in the Ray worker process, on whichever node Ray chose).
+
+    The result says where it ran (``env``: ``ray_node_id``, ``hostname``, ``ray_worker_pid``), so
+    a journal line shows which machine measured it.
+    """
     request = ProbeRequest.from_dict(request_dict)
+    _drop_rays_thread_default()
     if probe_fn is None:
         from autotune.executors.local import run_probe_process
 
-        return run_probe_process(request).to_dict()
-    return probe_fn(request).to_dict()
+        result = run_probe_process(request)
+    else:
+        result = probe_fn(request)
+    result.env.update(_where())
+    return result.to_dict()
+
+
+def _drop_rays_thread_default() -> None:
+    """Undo the OMP_NUM_THREADS Ray set for this task, so the probe gets torch's default threads.
+
+    A Ray worker sets ``OMP_NUM_THREADS`` to the task's CPU count when its node's environment has
+    none (``ray._private.utils.set_omp_num_threads_if_unset``): a probe reserving every logical CPU
+    would then run with as many threads, while the emitted train.py runs with torch's default (the
+    physical cores it may use). The node's own environment is its raylet's, this worker's parent:
+    a value set there (by the user) is kept.
+    """
+    if "OMP_NUM_THREADS" not in os.environ:
+        return
+    try:
+        import psutil
+
+        node_env = psutil.Process(os.getppid()).environ()
+    except Exception:  # cannot tell: leave it
+        return
+    if "OMP_NUM_THREADS" not in node_env:
+        os.environ.pop("OMP_NUM_THREADS", None)
+
+
+def _where() -> dict[str, Any]:
+    where: dict[str, Any] = {"hostname": socket.gethostname(), "ray_worker_pid": os.getpid()}
+    try:
+        import ray
+
+        where["ray_node_id"] = ray.get_runtime_context().get_node_id()
+    except Exception:  # pragma: no cover - outside a Ray worker (a test calling the body directly)
+        pass
+    return where
+
+
+def _alive_nodes(ray: Any) -> list[dict[str, float]]:
+    """The resources of each alive node of the runtime (one entry for an embedded one)."""
+    try:
+        nodes = [dict(n.get("Resources") or {}) for n in ray.nodes() if n.get("Alive")]
+    except Exception:  # pragma: no cover - a Ray without the node table: the whole as one node
+        nodes = []
+    return nodes or [dict(ray.cluster_resources())]
 
 
 class RayExecutor:
@@ -59,7 +108,9 @@ class RayExecutor:
     otherwise ``ray://host:10001`` or ``host:6379`` of a running cluster, reached within
     ``connect_timeout_s`` or a SpecError. ``device``: ``cpu`` or ``cuda``. ``gpus``: GPU indices
     the embedded Ray may use (default: all it sees). ``cpus_per_probe``: CPUs reserved per probe
-    (default on CPU: all of them, so one probe at a time, since a probe uses every core).
+    (default on CPU: every core of the smallest node, so one probe per node at a time, since a
+    probe uses every core of the machine it runs on). Slots and limits are counted per node: a
+    probe runs on one node, ranks of a distributed probe included (``max_gpus_per_node``).
     ``probe_fn`` replaces ``run_probe_process`` (tests).
     """
 
@@ -85,24 +136,45 @@ class RayExecutor:
         self._probe_fn = probe_fn
         self._started = False
         self._private: _PrivateRuntime | None = None
+        self._restore_messages: Callable[[], None] | None = None
         if address is not None and ray.is_initialized():
             check_reachable(address, connect_timeout_s)  # a wrong address is an error even then
         if not ray.is_initialized():
             self._init(address, gpus=gpus, num_cpus=num_cpus, timeout=connect_timeout_s,
                        object_store_bytes=object_store_bytes)
             self._started = True
-        resources = ray.cluster_resources()
-        self.total_cpus = int(resources.get("CPU", 1))
-        self.total_gpus = int(resources.get("GPU", 0)) if device == "cuda" else 0
+        # A probe runs on one node: what it may ask for, and how many run at once, are counted per
+        # node (a cluster's totals would ask a CPU probe for every core of every node: no node has
+        # them, and Ray would leave the task pending for ever).
+        nodes = _alive_nodes(ray)
+        where = f"the Ray cluster at {address}" if address else "this machine"
+        node_cpus = [int(n.get("CPU", 0)) for n in nodes]
+        node_gpus = [int(n.get("GPU", 0)) for n in nodes] if device == "cuda" else [0 for _ in nodes]
+        self.total_cpus = max(1, sum(node_cpus))
+        self.total_gpus = sum(node_gpus)
+        #: the most GPUs one probe can have (a distributed probe's ranks run on one node)
+        self.max_gpus_per_node = max(node_gpus, default=0)
         if device == "cuda" and self.total_gpus < 1:
             self.close()
-            where = f"the Ray cluster at {address}" if address else "this machine"
             raise SpecError(f"device cuda was asked for, but {where} has no GPU visible to Ray")
-        self.cpus_per_probe = cpus_per_probe or (self.total_cpus if device == "cpu" else 1)
+        if device == "cuda" and self.max_gpus_per_node < gpus_per_probe:
+            self.close()
+            raise SpecError(f"{gpus_per_probe} GPUs per probe were asked for, but no node of {where} has more "
+                            f"than {self.max_gpus_per_node}; lower --gpus-per-trial")
+        if cpus_per_probe is None and device == "cpu":
+            # a CPU probe uses every core of its node: reserve a whole node (the smallest, so that
+            # every node can take one)
+            cpus_per_probe = min((c for c in node_cpus if c >= 1), default=1)
+        self.cpus_per_probe = cpus_per_probe or 1
+        if not any(c >= self.cpus_per_probe for c in node_cpus):
+            self.close()
+            raise SpecError(f"{self.cpus_per_probe} CPUs per probe were asked for, but no node of {where} has "
+                            f"that many (largest: {max(node_cpus, default=0)})")
         if device == "cuda":
-            self._slots = max(1, self.total_gpus // gpus_per_probe)
+            self._slots = max(1, sum(min(g // gpus_per_probe, c // self.cpus_per_probe)
+                                     for g, c in zip(node_gpus, node_cpus, strict=True)))
         else:
-            self._slots = max(1, self.total_cpus // max(1, self.cpus_per_probe))
+            self._slots = max(1, sum(c // self.cpus_per_probe for c in node_cpus))
         self._remote = ray.remote(max_calls=1, max_retries=0)(_probe_task)
         self._ids = itertools.count()
         self._refs: dict[Any, tuple[str, ProbeRequest, int]] = {}  # ObjectRef -> (ticket, request, tries)
@@ -148,12 +220,18 @@ class RayExecutor:
         saved_level = auth_log.level
         auth_log.setLevel(logging.ERROR)  # "token authentication is enabled" on every embedded start
         where = f"the Ray cluster at {address!r}" if address else "an embedded Ray runtime"
+        self._restore_messages = _ray_messages_to_stderr()
+        handlers = _python_signal_handlers()
         try:
             ray.init(**kwargs)
+            _reinstall(handlers)  # ray.init replaced them; the caller's decide how an interruption unwinds
         except Exception as exc:
             if self._private is not None:
                 self._private.release()
                 self._private = None
+            if self._restore_messages is not None:
+                self._restore_messages()
+                self._restore_messages = None
             msg = " ".join(str(exc).split())[:300]
             raise SpecError(f"could not start or reach {where}: {type(exc).__name__}: {msg}") from exc
         finally:
@@ -242,6 +320,9 @@ class RayExecutor:
         if getattr(self, "_private", None) is not None:
             self._private.release()  # type: ignore[union-attr]
             self._private = None
+        if getattr(self, "_restore_messages", None) is not None:
+            self._restore_messages()  # type: ignore[misc]
+            self._restore_messages = None
 
     def __enter__(self) -> RayExecutor:
         return self
@@ -311,6 +392,72 @@ class _PrivateRuntime:
             self._constants = None
         _refresh_ray_auth()
         self.reaper.release()  # sweeps what the shutdown left and removes the temporary folder
+
+
+_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+
+
+def _python_signal_handlers() -> dict[int, Any]:
+    """The Python handlers the caller installed (the CLI turns SIGTERM/SIGHUP into KeyboardInterrupt).
+
+    ``ray.init`` replaces them: SIGTERM with ``sys.exit`` at the Python level, and its core worker
+    puts a C-level failure handler on top ("*** SIGTERM received ..."), so ``autotune run`` killed
+    by SIGTERM ended with exit 1 and skipped its own unwinding (probes stopped, pool closed, lock
+    released). Only callables are kept: a default disposition stays Ray's choice.
+    """
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    out: dict[int, Any] = {}
+    for name in _SIGNALS:
+        sig = getattr(signal, name, None)
+        if sig is None:
+            continue
+        handler = signal.getsignal(sig)
+        if callable(handler):
+            out[int(sig)] = handler
+    return out
+
+
+def _reinstall(handlers: dict[int, Any]) -> None:
+    import signal
+
+    for sig, handler in handlers.items():
+        try:
+            signal.signal(sig, handler)
+        except (ValueError, OSError):  # pragma: no cover - not the main thread after all
+            pass
+
+
+def _ray_messages_to_stderr() -> Callable[[], None] | None:
+    """Send the messages Ray's driver prints about the cluster to stderr; return the undo.
+
+    Ray's driver prints the cluster's error messages ("Raylet is terminated", "A worker died or was
+    killed") on **stdout**, whatever ``log_to_driver`` says: a node lost mid-run would otherwise
+    corrupt ``autotune run --json``, whose stdout is summary.json alone. None when this Ray has no
+    such printer (nothing to undo).
+    """
+    try:
+        from ray._private import worker as ray_worker
+    except ImportError:  # pragma: no cover - another ray layout
+        return None
+    original = getattr(ray_worker, "print_to_stdstream", None)
+    if original is None or getattr(original, "_autotune_to_stderr", False):
+        return None
+
+    def to_stderr(data: dict[str, Any], ignore_prefix: bool) -> None:
+        original({**data, "is_err": True}, ignore_prefix)
+
+    to_stderr._autotune_to_stderr = True  # type: ignore[attr-defined]
+    ray_worker.print_to_stdstream = to_stderr
+
+    def undo() -> None:
+        if ray_worker.print_to_stdstream is to_stderr:
+            ray_worker.print_to_stdstream = original
+
+    return undo
 
 
 def _refresh_ray_auth() -> None:

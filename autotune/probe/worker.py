@@ -411,9 +411,14 @@ def run_probe_in_process(
     from autotune.probe.memory import NvmlSampler, RssSampler
 
     if device == "cpu":
-        # the ranks of a distributed CPU probe share the cores
-        threads = settings.cpu_threads or max(1, (os.cpu_count() or 1) // req.candidate.world_size)
-        torch.set_num_threads(threads)
+        # Threads as the emitted train.py will have them: torch's default (OMP_NUM_THREADS, else the
+        # physical cores this process may use). Pinning os.cpu_count() here measured another
+        # program: it counts SMT siblings and CPUs outside the affinity mask, and overrode the
+        # user's OMP_NUM_THREADS. Only an explicit --cpu-threads, or the ranks of a distributed
+        # CPU probe (which share the cores), set a count.
+        if settings.cpu_threads or req.candidate.world_size > 1:
+            torch.set_num_threads(settings.cpu_threads or max(1, (os.cpu_count() or 1) // req.candidate.world_size))
+        env["torch_threads"] = torch.get_num_threads()  # what was measured with
 
         def sync() -> None:
             return None

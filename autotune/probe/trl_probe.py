@@ -80,14 +80,32 @@ _NAMESPACE: dict[str, Any] | None = None
 
 
 def script_namespace() -> dict[str, Any]:
-    """The globals of ``train_sft.py``'s text, executed once in this process (not as ``__main__``)."""
+    """The globals of ``train_sft.py``, imported once in this process (not as ``__main__``).
+
+    The text is the one autotune writes to ``best/train_sft.py``: it is written to a private
+    temporary folder and imported from there as a module, so the probe runs that file's own
+    ``load_data``/``build_trainer``, exactly as the user's ``python best/train_sft.py`` will.
+    """
     global _NAMESPACE
     if _NAMESPACE is None:
+        import importlib.util
+        import shutil
+        import tempfile
+
         from autotune.emit import render_train_sft_script
 
-        ns: dict[str, Any] = {"__name__": "autotune_train_sft", "__file__": __file__}
-        exec(compile(render_train_sft_script(), "train_sft.py", "exec"), ns)
-        _NAMESPACE = ns
+        folder = Path(tempfile.mkdtemp(prefix="autotune-train-sft-"))
+        try:
+            path = folder / "train_sft.py"
+            path.write_text(render_train_sft_script(), encoding="utf-8")
+            spec = importlib.util.spec_from_file_location("autotune_train_sft", path)
+            if spec is None or spec.loader is None:  # pragma: no cover - a .py path always has a loader
+                raise ImportError(f"cannot import {path}")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        _NAMESPACE = vars(module)
     return _NAMESPACE
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 
 from autotune.executors.replay import ReplayExecutor, load_landscape
 from autotune.search import STRATEGIES, AutotuneSampler, Searcher, candidate_id
-from autotune.spec.probe_request import ProbeSettings, Workload
+from autotune.spec.probe_request import Candidate, ProbeSettings, Workload
 from autotune.spec.space import SearchSpace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,8 +122,10 @@ def test_every_strategy_runs_end_to_end_on_a_recorded_landscape(tmp_path: Path, 
 def test_a_would_be_centre_within_the_noise_is_re_measured_before_the_walk_moves() -> None:
     # a hand-made study: the first seed A at 1000 tok/s (the centre), then its boundary move B (the
     # next larger micro-batch) at 1050: 5 % better, within a 25 % tolerance -> the sampler asks for B
-    # again (origin recheck, remeasure) before moving the centre
-    sampler = AutotuneSampler(SPACE, effective_batch=EB, seed=0, device="cpu", seeds=1, recheck_tolerance=0.25)
+    # again (origin recheck, remeasure) before moving the centre. (fp32 only: from a full-precision
+    # centre, half precision would be asked first)
+    space = dataclasses.replace(SPACE, precision=("fp32",))
+    sampler = AutotuneSampler(space, effective_batch=EB, seed=0, device="cpu", seeds=1, recheck_tolerance=0.25)
     study = optuna.create_study(direction="maximize", sampler=sampler)
     seen: list[tuple[str, str]] = []
 
@@ -140,11 +143,37 @@ def test_a_would_be_centre_within_the_noise_is_re_measured_before_the_walk_moves
     assert seen[2] == (seen[1][0], "recheck")
     assert study.trials[2].user_attrs["remeasure"] is True
     # with rechecks off, the walk moves to B at once (no repeat)
-    plain = AutotuneSampler(SPACE, effective_batch=EB, seed=0, device="cpu", seeds=1, recheck_tolerance=None)
+    plain = AutotuneSampler(space, effective_batch=EB, seed=0, device="cpu", seeds=1, recheck_tolerance=None)
     study2 = optuna.create_study(direction="maximize", sampler=plain)
     seen.clear()
     study2.optimize(objective, n_trials=3)
     assert seen[2][0] != seen[1][0]
+
+
+def test_an_over_budget_seed_steps_down_first_and_half_precision_is_tried_early() -> None:
+    # seed A (mb8, no checkpointing, fp32) over budget -> its step-down B (mb4, same levers) next;
+    # B fits -> from a full-precision centre, half precision first (B in bf16); it beats B while B's
+    # larger micro-batch was over budget -> B in bf16 at that micro-batch (the lighter precision may fit it)
+    sampler = AutotuneSampler(SPACE, effective_batch=EB, seed=0, device="cpu", seeds=2, recheck_tolerance=None)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    seen: list[tuple[Candidate, str]] = []
+
+    def objective(trial: optuna.Trial) -> float:
+        cand = study.sampler.suggest(trial)
+        seen.append((cand, trial.user_attrs.get("origin", "")))
+        if cand.micro_batch >= 8 and cand.precision == "fp32" and not cand.grad_ckpt:
+            trial.set_user_attr("status", "over_budget")
+            return 0.0
+        return 1000.0 * cand.micro_batch ** 0.1 * (1.3 if cand.precision == "bf16" else 1.0) * (0.7 if cand.grad_ckpt else 1.0)
+
+    study.optimize(objective, n_trials=5)
+    (a, oa), (b, ob), (c, oc) = seen[:3]
+    assert (oa, a.micro_batch, a.grad_ckpt, a.precision) == ("seed", 8, False, "fp32")
+    assert ob == "boundary" and dataclasses.replace(b, micro_batch=8, grad_accum=a.grad_accum) == a and b.micro_batch == 4
+    assert oc == "seed" and c.grad_ckpt  # then the memory-safe seed
+    assert seen[3][1] == "neighbour" and seen[3][0] == dataclasses.replace(b, precision="bf16")
+    # b's next larger micro-batch (mb8 fp32) is known over budget, b in bf16 beat b: mb8 in bf16 next
+    assert seen[4][1] == "boundary" and seen[4][0] == dataclasses.replace(a, precision="bf16")
 
 
 def test_the_readme_snippet_runs_as_written() -> None:

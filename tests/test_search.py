@@ -434,7 +434,13 @@ def test_the_changes_that_beat_the_centre_are_tried_together_and_a_harmful_one_i
     keys = [r.key for r in probed]
     assert candidate_id(combined) in keys
     assert next(r for r in probed if r.key == candidate_id(combined)).origin == "combination"
-    assert {singles[ch].origin for ch in singles} == {"neighbour"} and [r.origin for r in probed[:3]] == ["seed"] * 3
+    assert {singles[ch].origin for ch in singles} == {"neighbour"}
+    # the first seed is over budget: its own step-down (same levers, the next smaller micro-batch)
+    # comes before the other seeds
+    assert [r.origin for r in probed[:4]] == ["seed", "boundary", "seed", "seed"] and probed[0].status == "over_budget"
+    first, down = probed[0].candidate_obj(), probed[1].candidate_obj()
+    assert dataclasses.replace(down, micro_batch=first.micro_batch, grad_accum=first.grad_accum) == first
+    assert down.micro_batch < first.micro_batch
     assert keys.index(candidate_id(combined)) > max(keys.index(r.key) for r in singles.values())
     # eager attention lost to sdpa at the first centre: no later centre tries it again
     assert sum(r.candidate_obj().attn == "eager" for r in probed) == 1

@@ -8,7 +8,8 @@ proposed each trial is its user attribute ``origin``.
 Strategies (``strategy=``):
 
 ``walk`` (the default)
-    the expert seeds (``expert_seeds``), then the memory-boundary step-downs and the
+    the expert seeds (``expert_seeds``; a seed over budget is followed by its own step-down, the
+    same levers at the next smaller micro-batch, before the next seed), then the memory-boundary step-downs and the
     neighbourhood walk around the best configuration (``_walk.FollowUps``, rebuilt by replaying
     the trials; a would-be centre within the noise of the current one is re-measured first:
     ``recheck``), then the base sampler (TPE); when the base keeps proposing configurations the
@@ -288,6 +289,13 @@ class AutotuneSampler(BaseSampler):
             for choice in self.seed_choices:
                 c = candidate_from_choice(choice, effective_batch=self.effective_batch)
                 if isinstance(c, Candidate) and candidate_id(c) not in seen:
+                    if self.follow_ups and obs:
+                        # a seed over budget: its own step-down (same levers, the next smaller
+                        # micro-batch) before the next seed (the fast region is right below it)
+                        _, cache = self._cache(obs)
+                        step = self.replay_walk(obs).peek_step_down(cache, dict.fromkeys(running, ""))
+                        if step is not None:
+                            return step
                     return c, "seed"
             if self.follow_ups:
                 walk = self.replay_walk(obs)

@@ -17,7 +17,10 @@ throughput are close to multiplicative, and memory caps the micro-batch, so the 
 is usually a few one-knob changes away from a good one. The best probe so far is the *centre*; its
 neighbourhood goes to the front of the queue: the *boundary moves* first (the next larger
 micro-batch; no checkpointing), each of which becomes the new centre as soon as it beats the old
-one (climbing to the memory boundary), then every other searched knob changed alone (each other
+one (climbing to the memory boundary), ahead of them from a full-precision centre its half-precision
+neighbour (bf16 first: faster and lighter; when it beats the centre whose next larger micro-batch was
+over budget, it is tried at that micro-batch next, as a boundary move: the lighter precision may fit
+it), then every other searched knob changed alone (each other
 choice; the next value for ordered knobs). Once all have landed, the changes that beat the centre
 are tried all together (one probe), and the best configuration seen becomes the next centre, until
 a centre has nothing better around it (TPE goes on from there). A change that did not help one
@@ -55,6 +58,8 @@ from autotune.spec.space import DIMENSIONS
 __all__ = ["FollowUps", "one_knob_change"]
 
 Change = tuple[str, Any]
+HALF_PRECISIONS = ("bf16", "fp16")  # preferred first
+FULL_PRECISIONS = ("fp32", "tf32")
 
 
 def one_knob_change(base: Candidate, other: Candidate) -> Change | None:
@@ -115,7 +120,7 @@ class FollowUps:
     def after_probe(self, rec: TrialRecord, cache: Mapping[str, TrialRecord]) -> None:
         """A probe landed: apply the memory-boundary rules."""
         cand = rec.candidate_obj()
-        if cand is None or rec.phase != "search" or rec.inferred or rec.key == self.baseline_key:
+        if cand is None or rec.phase != "search" or rec.inferred or self._is_baseline(rec):
             return
         if rec.status in MEMORY_INFEASIBLE:
             lower = [m for m in self.micro_batches if m < cand.micro_batch]
@@ -128,11 +133,18 @@ class FollowUps:
             self._push(self.boundary_moves(cand), cache, origin="boundary")
 
     def boundary_moves(self, cand: Candidate) -> list[Candidate]:
+        out: list[Candidate] = []
         higher = [m for m in self.micro_batches if m > cand.micro_batch]
-        out = [dataclasses.replace(cand, micro_batch=higher[0])] if higher else []
+        if higher:
+            out.append(dataclasses.replace(cand, micro_batch=higher[0]))
         if cand.grad_ckpt and False in self.grad_ckpt_choices:
             out.append(dataclasses.replace(cand, grad_ckpt=False))
         return out
+
+    def half_precision(self, cand: Candidate) -> list[Candidate]:
+        """``cand`` in half precision (bf16 first) when it runs in full precision and the space offers it."""
+        half = [p for p in HALF_PRECISIONS if p in self.choices.get("precision", ())]
+        return [dataclasses.replace(cand, precision=half[0])] if half and cand.precision in FULL_PRECISIONS else []
 
     def one_knob_changes(self, cand: Candidate) -> list[Candidate]:
         """``cand`` with one searched knob changed (not the micro-batch: the boundary moves own it)."""
@@ -219,6 +231,17 @@ class FollowUps:
                 return cand, self.origins.get(key, "boundary")
         return None
 
+    def peek_step_down(self, cache: Mapping[str, TrialRecord],
+                       in_flight: Mapping[str, Any]) -> tuple[Candidate, str] | None:
+        """The next pending step-down of a probe over budget (not known, in flight or provably
+        infeasible), without changing the state; None when there is none."""
+        known = list(cache.values())
+        for cand in self.step_downs:
+            key = candidate_id(cand)
+            if key not in cache and key not in in_flight and infer_infeasible(cand, known) is None:
+                return cand, self.origins.get(key, "boundary")
+        return None
+
     def _needs_recheck(self, best: TrialRecord, centre: TrialRecord | None) -> bool:
         """``best`` beats ``centre`` by less than the noise, on one measurement: re-measure it first."""
         if self.recheck_tolerance is None or centre is None or best.key == centre.key:
@@ -254,10 +277,15 @@ class FollowUps:
 
     # ------------------------------------------------------------------ the walk
 
+    def _is_baseline(self, rec: TrialRecord) -> bool:
+        """The HF-default baseline measured for the report; not when an expert seed (or the walk)
+        proposed the same configuration: then it is the search's own probe."""
+        return rec.key == self.baseline_key and rec.origin in ("baseline", "")
+
     def _best(self) -> TrialRecord | None:
         """The fastest search probe so far, the baseline excepted."""
         ok = [r for r in self.records() if r.phase == "search" and r.status == "ok" and r.tokens_per_s is not None
-              and r.probed and r.key != self.baseline_key]
+              and r.probed and not self._is_baseline(r)]
         return max(ok, key=lambda r: r.tokens_per_s or 0.0) if ok else None
 
     def advance(self, cache: Mapping[str, TrialRecord]) -> None:
@@ -277,6 +305,7 @@ class FollowUps:
                 self._learn(cache)
                 self._recentre(best, cache)
             return
+        self._climb_lighter(cache)
         if any(k not in cache for k in self._nbrs):
             return  # the neighbourhood is still being measured
         if not self._combined:
@@ -298,6 +327,29 @@ class FollowUps:
         else:
             self.centre, self._nbrs, self._boundary = None, set(), set()
 
+    def _climb_lighter(self, cache: Mapping[str, TrialRecord]) -> None:
+        """The centre's next larger micro-batch was over budget and its half-precision neighbour beat it:
+        that neighbour at the larger micro-batch next (a boundary move: the lighter precision may fit it)."""
+        centre = self.centre
+        base = centre.candidate_obj() if centre is not None else None
+        if centre is None or base is None or not centre.tokens_per_s:
+            return
+        higher = [m for m in self.micro_batches if m > base.micro_batch]
+        if not higher:
+            return
+        for half in self.half_precision(base):
+            built = self._runnable(half)
+            r = cache.get(built[1]) if built is not None else None
+            up = self._runnable(dataclasses.replace(base, micro_batch=higher[0]))
+            over = cache.get(up[1]) if up is not None else None
+            if r is None or r.status != "ok" or (r.tokens_per_s or 0.0) <= centre.tokens_per_s \
+                    or over is None or over.status not in MEMORY_INFEASIBLE:
+                continue
+            climb = self._runnable(dataclasses.replace(half, micro_batch=higher[0]))
+            if climb is not None and climb[1] not in cache and climb[1] not in self._boundary:
+                self._push([climb[0]], cache, keys=self._boundary, origin="boundary")
+                self._nbrs.add(climb[1])
+
     def _recentre(self, rec: TrialRecord, cache: Mapping[str, TrialRecord]) -> None:
         """Explore the neighbourhood of ``rec`` next (stale neighbours of the old centre dropped).
 
@@ -315,7 +367,10 @@ class FollowUps:
         untried = [c for c, ch in changes if ch not in self.good and ch not in self.bad]
         rest: set[str] = set()
         self._push(good + untried, cache, keys=rest, origin="neighbour")
-        self._push(self.boundary_moves(cand), cache, keys=self._boundary, origin="boundary")  # last: they lead
+        self._push(self.boundary_moves(cand), cache, keys=self._boundary, origin="boundary")  # they lead ...
+        # ... but for half precision from full: faster and lighter (a larger micro-batch may fit with it)
+        self._push([c for c in self.half_precision(cand) if one_knob_change(cand, c) not in self.bad],
+                   cache, keys=rest, origin="neighbour")
         self._nbrs = self._boundary | rest
 
     def _learn(self, cache: Mapping[str, TrialRecord]) -> None:

@@ -419,5 +419,7 @@ def test_the_cpu_rate_stays_above_every_recorded_cpu_landscape() -> None:
         land = json.loads(path.read_text())
         arch = arch_from_config(resolve_model(land["model"]).config)
         cores = land.get("cpu_threads") or land["environment"][0]["cpu_count"]
-        per_core = land["optimum_tokens_per_s"] * hardware_flops_per_token(arch, land["seq_len"]) / cores
+        # the landscape's own mode: a LoRA step does no weight-gradient matmuls (about 2/3 of full FT's FLOPs)
+        flops = hardware_flops_per_token(arch, land["seq_len"], land.get("mode", "full"))
+        per_core = land["optimum_tokens_per_s"] * flops / cores
         assert per_core * 2 < CPU_FLOPS_PER_CORE, (path.name, per_core)

@@ -31,14 +31,12 @@ from typing import Any
 from autotune.probe.failure import classify_exception
 from autotune.spec.budget import format_bytes
 from autotune.spec.probe_request import ProbeRequest
+from autotune.spec.probe_window import COMPILE_WARMUP_STEPS
 from autotune.spec.result import ProbeResult
 from autotune.store.atomic import write_json_atomic
 
 __all__ = ["run_probe_in_process", "main"]
 
-# warm-up steps of a torch.compile probe at least: the first steps compile (and the first
-# optimizer step, or the last partial micro-batch shape, can recompile)
-COMPILE_WARMUP_STEPS = 3
 
 
 def compiled_graphs() -> int:

@@ -15,7 +15,7 @@ from autotune.spec.budget import Budget, parse_budget
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
 from autotune.spec.space import SearchSpace, load_space
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "AutotuneError",

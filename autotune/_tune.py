@@ -932,7 +932,12 @@ def trust_verdict(summary: dict[str, Any]) -> dict[str, Any]:
         reasons.append(f"the winner's re-measurements are {status}")
     kinds = sorted({str(w.get("kind")) for w in summary.get("warnings") or []})
     if kinds:
-        reasons.append(f"{len(summary['warnings'])} load warning(s) ({', '.join(kinds)})")
+        load = [k for k in kinds if k != "composition_noisy"]
+        n_load = sum(1 for w in summary["warnings"] if str(w.get("kind")) != "composition_noisy")
+        if load:
+            reasons.append(f"{n_load} load warning(s) ({', '.join(load)})")
+        if "composition_noisy" in kinds:
+            reasons.append(f"{len(summary['warnings']) - n_load} probe(s) whose composed figure was too noisy")
     return {"doubtful": bool(reasons), "reasons": reasons}
 
 

@@ -135,7 +135,8 @@ def verify_requests(chosen: Candidate, reference: Candidate, *, workload: Worklo
     """The two probes: ``steps`` optimizer steps, no warm-up, no memory ceiling, same workload."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"verify-loss steps must be an integer >= 1, got {steps!r}")
-    s = dataclasses.replace(settings, warmup_steps=0, steps=steps, budget_bytes=None, budget_text=None,
+    # whole steps at the true accumulation: the loss comparison must train exactly the user's batches
+    s = dataclasses.replace(settings, warmup_steps=0, steps=steps, budget_bytes=None, budget_text=None, window="whole",
                             timeout_s=max(settings.timeout_s, 60.0) * max(1.0, steps / max(1, settings.steps)))
     return (ProbeRequest(workload=workload, candidate=chosen, settings=s),
             ProbeRequest(workload=workload, candidate=reference, settings=s))

@@ -51,10 +51,11 @@ PLAN=(
     "estimator|100|85|45|memory estimator vs 26 GPU probes (4 at once), GPU constants fitted -> estimator.json"
     "spread|95|90|70|2 configurations x 3 repeats of the 1B model, interleaved -> spread.json"
     "fidelity|65|60|50|probe vs a plain Trainer process of the emitted files (fidelity.py) -> fidelity.json"
-    "zero|100|100|45|ZeRO-2/3 and offload under DeepSpeed and FSDP, by value, until the cap -> rows.jsonl"
+    "composition|40|35|30|short probe vs whole steps at accumulation 8: composed tok/s and peak (composition.py) -> rows.jsonl"
+    "zero|70|70|45|ZeRO-2/3 and offload under DeepSpeed and FSDP, by value, until the cap -> rows.jsonl"
     "levers|65|65|55|sdpa vs eager (+ flash-attn), packing on long-tail lengths, liger, QLoRA, MFU -> rows.jsonl"
     "tuned|45|40|40|the fastest config measured in this pass vs the HF default at the same precision"
-    "landscape|25|25|30|a shuffled bounded landscape of landscape-gpu-1b (a random sample) -> landscape.json"
+    "landscape|15|15|30|a shuffled bounded landscape of landscape-gpu-1b (a random sample) -> landscape.json"
     "pytest|35|35|30|the GPU test tier, pytest -m gpu, over the files that hold gpu-marked tests"
 )
 if [ $MODE = cpu ]; then
@@ -205,7 +206,13 @@ else
     note "fidelity: skipped (benchmarks/fidelity.py is not in this tree)"
 fi
 
-# 6. ZeRO stages and offload, DeepSpeed and FSDP (rows by value, until the cap)
+# 6. the short probe's composition: composed at accumulation 8 vs whole steps at 8, same configuration
+begin composition
+step composition "$PY" benchmarks/composition.py --device "$DEVICE" --model "$MODEL" --seq-len "$SEQ" \
+    --micro-batch "$MB" --grad-accum 8 --precision "$PREC" --repeats 1 --steps "$STEPS" --warmup-steps "$WARMUP" \
+    --timeout "$PROBE_TIMEOUT" --jsonl "$ROWS"
+
+# 6b. ZeRO stages and offload, DeepSpeed and FSDP (rows by value, until the cap)
 begin zero
 # shellcheck disable=SC2086
 step zero "$PY" benchmarks/gpu_zero_stages.py "$WORK/zero_stages.json" $ZERO_ARGS --sharding "$ZERO_SHARDING" \

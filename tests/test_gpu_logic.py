@@ -203,7 +203,10 @@ def test_tf32_is_decided_by_training_arguments_only() -> None:
 def test_a_compile_probe_gets_more_warmup_and_its_window_recompiles_are_counted() -> None:
     req = ProbeRequest(Workload(model="m", model_path="/x", seq_len=64), Candidate(torch_compile=True),
                        ProbeSettings(device="cpu", warmup_steps=3, steps=3))  # fmt: skip
-    meter = worker._Meter(lambda: None)
+    from autotune.spec.probe_window import COMPILE_WARMUP_STEPS, probe_window
+
+    window = probe_window(req.settings, req.candidate)
+    meter = worker._Meter(lambda: None, window=window)
     meter.first_fetch_t = 0.0
     meter.step_end_t = [1.0, 2.0, 3.0, 3.5, 4.0, 4.9]
     meter.tokens, meter.rows, meter.slots = [64] * 6, [1] * 6, [64] * 6
@@ -211,13 +214,13 @@ def test_a_compile_probe_gets_more_warmup_and_its_window_recompiles_are_counted(
     meter.fetch_wait = [0.0] * 6
     meter.graphs = [1, 1, 2, 2, 3, 3]  # one recompile in warm-up step 3, one in timed step 5
     m: dict[str, Any] = {}
-    worker._record_window(m, meter, req, 0.0, 0.0, 0.0)
+    worker._record_window(m, meter, window, 0.0, 0.0, 0.0)
     assert m["recompiles_in_window"] == 1 and "inside the timed window" in m["warnings"][0]
     meter.graphs = [1, 2, 2, 2, 2, 2]
     m = {}
-    worker._record_window(m, meter, req, 0.0, 0.0, 0.0)
+    worker._record_window(m, meter, window, 0.0, 0.0, 0.0)
     assert m["recompiles_in_window"] == 0 and "warnings" not in m
-    assert worker.COMPILE_WARMUP_STEPS >= 3
+    assert COMPILE_WARMUP_STEPS >= 3 and window.warmup_steps >= 3 and not window.composed
 
 
 # --- item 8: MASTER_PORT chosen again when it was taken ----------------------------------------

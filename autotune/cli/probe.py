@@ -54,6 +54,7 @@ def build_probe_request(
     offload: str = "none",
     sharding: str = "deepspeed",
     trainer: str = "hf",
+    window: str = "adaptive",
 ) -> ProbeRequest:
     """Resolve the model and validate everything; raise SpecError on bad input."""
     from autotune.models import check_seq_len, resolve_model
@@ -111,6 +112,7 @@ def build_probe_request(
             steps=steps,
             timeout_s=timeout,
             cpu_threads=cpu_threads,
+            window=window,
         ),
     )
     req.validate()
@@ -175,7 +177,8 @@ def command(
     headroom: float = typer.Option(0.05, "--headroom", help="Share of the budget kept free (default 5%)."),
     device: str = typer.Option("auto", "--device", help="auto | cuda | cpu."),
     warmup_steps: int = typer.Option(2, "--warmup-steps", help="Optimizer steps before the timed window."),
-    steps: int = typer.Option(5, "--steps", help="Timed optimizer steps."),
+    steps: int = typer.Option(5, "--steps", help="Timed optimizer steps at most (the window stops earlier once the figure is stable; exactly this many with --window whole)."),
+    window: str = typer.Option("adaptive", "--window", help="adaptive: time a non-boundary micro-step and the boundary at accumulation 2 and compose the step at --grad-accum (cost independent of the accumulation); whole: time whole optimizer steps at --grad-accum (a direct measurement)."),
     timeout: float = typer.Option(300.0, "--timeout", help="Hard timeout of the probe process (s)."),
     seed: int = typer.Option(42, "--seed", help="Seed for weights and synthetic data."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow model code from the model dir (off by default)."),
@@ -196,6 +199,7 @@ def command(
         tokenizer=tokenizer, split=split, lora_r=lora_r, gpu_budget=gpu_budget, headroom=headroom, device=device,
         warmup_steps=warmup_steps, steps=steps, timeout=timeout, seed=seed, trust_remote_code=trust_remote_code,
         world_size=world_size, zero_stage=zero_stage, offload=offload, sharding=sharding, trainer=trainer,
+        window=window,
     )  # fmt: skip
     if not as_json:
         console(stderr=True).print(f"[dim]probing {req.workload.model} ({req.workload.model_path}) ...[/dim]")

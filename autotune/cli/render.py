@@ -76,6 +76,19 @@ def probe_table_rows(result: ProbeResult) -> list[tuple[str, str]]:
             ),
             ("padding", f"{m.get('padding_fraction', 0.0):.1%} of token slots"),
         ]
+        comp = m.get("composition")
+        if m.get("composed") and comp:
+            ms, bd = comp["micro_step"], comp["boundary"]
+            rows.append((
+                "composed",
+                f"for accumulation {comp['grad_accum']} from {comp['timed_micro_batches']} timed micro-batches at "
+                f"accumulation {comp['probe_grad_accum']}: micro-step {ms['median_s'] * 1000:.1f} ms "
+                f"(spread {ms['spread'] or 0:.0%}), boundary {bd['median_s'] * 1000:.1f} ms "
+                f"(spread {bd['spread'] or 0:.0%})",
+            ))
+        if m.get("rel_std_error") is not None:
+            rows.append(("standard error", f"{m['rel_std_error']:.1%} of tokens/s"
+                         + (" (window stopped early: stable)" if m.get("stopped_early") else "")))
         if m.get("data_wait_fraction") is not None:
             rows.append(("waiting for data", f"{m['data_wait_fraction']:.1%} of step time"))
     if m.get("loss_first") is not None:
@@ -101,6 +114,8 @@ def probe_table_rows(result: ProbeResult) -> list[tuple[str, str]]:
                                      if tc.get("packing") else "") + f", {m.get('trl_rows')} prepared rows"))
     for note in m.get("quality_notes") or []:
         rows.append(("quality note", note))
+    for warning in m.get("warnings") or []:
+        rows.append(("warning", str(warning)))
     return rows
 
 

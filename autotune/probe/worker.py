@@ -15,6 +15,12 @@ warm-up steps, then a window of timed optimizer steps. Each step's time runs fro
 previous step to the end of this one, with ``torch.cuda.synchronize()`` at both ends on GPU, so it
 includes fetching the batches (data-loader starvation shows) as well as forward, backward and the
 optimizer. Throughput counts only real tokens (the collator reports them), never padding.
+
+Short probes (``autotune.spec.probe_window``): the Trainer runs at a small probe accumulation, each
+micro-step is timed too (CUDA events on a GPU, so nothing extra is synchronised), and the step at
+the candidate's true accumulation is composed from a non-boundary micro-step and the boundary
+(``autotune.probe.compose``). The window stops once the composed figure is stable. The result's
+request, and everything emitted from it, keep the true accumulation.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from typing import Any
 from autotune.probe.failure import classify_exception
 from autotune.spec.budget import format_bytes
 from autotune.spec.probe_request import ProbeRequest
-from autotune.spec.probe_window import COMPILE_WARMUP_STEPS
+from autotune.spec.probe_window import ProbeWindow, probe_window
 from autotune.spec.result import ProbeResult
 from autotune.store.atomic import write_json_atomic
 
@@ -268,7 +274,9 @@ def _make_trainer_class(base: Any = None) -> Any:
             return out
 
         def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:
+            self.probe_meter.micro_started()
             loss = super().training_step(model, inputs, num_items_in_batch)
+            self.probe_meter.micro_done()
             self.probe_meter.add_loss(loss)
             return loss
 
@@ -296,11 +304,59 @@ def _fsdp_on_cpu(trainer: Any) -> None:
     trainer.is_fsdp_enabled = True
 
 
-class _Meter:
-    """Per-optimizer-step records, filled by the trainer subclass and the step-end callback."""
+def _timed_request(req: ProbeRequest, window: ProbeWindow) -> ProbeRequest:
+    """The request the Trainer runs: the window's accumulation, warm-up and step count."""
+    import dataclasses
 
-    def __init__(self, sync: Any) -> None:
+    c, s = req.candidate, req.settings
+    if c.grad_accum == window.grad_accum and s.warmup_steps == window.warmup_steps:
+        return req
+    return dataclasses.replace(
+        req,
+        candidate=dataclasses.replace(c, grad_accum=window.grad_accum),
+        settings=dataclasses.replace(s, warmup_steps=window.warmup_steps),
+    )
+
+
+def _cpu_mark() -> Any:
+    return time.perf_counter()
+
+
+def _cuda_mark() -> Any:
+    """A CUDA event on the current stream: it times the GPU's work without a host synchronisation."""
+    import torch
+
+    ev = torch.cuda.Event(enable_timing=True)
+    ev.record()
+    return ev
+
+
+def _mark_seconds(a: Any, b: Any) -> float:
+    if isinstance(a, float):
+        return b - a
+    return float(a.elapsed_time(b)) / 1000.0  # both recorded before the step's synchronize()
+
+
+class _Meter:
+    """Per-optimizer-step records, filled by the trainer subclass and the step-end callback.
+
+    ``micro_times[j]``: the forward + backward time of each micro-step of step ``j``, from marks
+    taken around ``training_step`` (perf_counter on cpu; CUDA events on a GPU, resolved after the
+    step's synchronize()).
+    """
+
+    def __init__(self, sync: Any, mark: Any = _cpu_mark, *, window: ProbeWindow | None = None,
+                 true_accum: int = 1, collective_stop: bool = False) -> None:
         self.sync = sync
+        self.mark = mark
+        self.window = window
+        self.true_accum = true_accum
+        self.collective_stop = collective_stop
+        self.micro_times: list[list[float]] = []
+        self._marks: list[tuple[Any, Any]] = []
+        self._micro_t0: Any = None
+        self.stopped_early_at: int | None = None
+        self.rel_errors: list[float | None] = []
         self.first_fetch_t: float | None = None
         self.step_end_t: list[float] = []
         self.fetch_wait: list[float] = []
@@ -333,13 +389,93 @@ class _Meter:
     def add_loss(self, loss: Any) -> None:
         self._loss_acc = loss if self._loss_acc is None else self._loss_acc + loss
 
+    def micro_started(self) -> None:
+        self._micro_t0 = self.mark()
+
+    def micro_done(self) -> None:
+        if self._micro_t0 is not None:
+            self._marks.append((self._micro_t0, self.mark()))
+            self._micro_t0 = None
+
     def step_end(self) -> None:
         self.sync()
         self.step_end_t.append(time.perf_counter())
+        self.micro_times.append([_mark_seconds(a, b) for a, b in self._marks])
+        self._marks = []
         self.graphs.append(compiled_graphs())
         if self._loss_acc is not None:
             self.losses.append(float(self._loss_acc.float().item()))
             self._loss_acc = None
+
+    def timed_durations(self) -> list[float]:
+        """The timed steps so far (after the warm-up), each from the previous step's end."""
+        if self.first_fetch_t is None or self.window is None:
+            return []
+        ends = [self.first_fetch_t, *self.step_end_t]
+        durations = [b - a for a, b in zip(ends, ends[1:], strict=False)]
+        w = self.window.warmup_steps
+        return durations[w : w + self.window.max_timed_steps]
+
+    def composed(self) -> Any:
+        """The timed window so far at the true accumulation (``autotune.probe.compose``), or None
+        when the window does not compose or has no timed step yet."""
+        win = self.window
+        durations = self.timed_durations()
+        if win is None or not win.composed or not durations:
+            return None
+        from autotune.probe.compose import compose_window
+
+        w, n = win.warmup_steps, len(durations)
+        return compose_window(
+            step_times=durations, fetch_wait=self.fetch_wait[w : w + n], micro_times=self.micro_times[w : w + n],
+            tokens=self.tokens[w : w + n], sequences=self.sequences[w : w + n], slots=self.slots[w : w + n],
+            probe_accum=win.grad_accum, true_accum=self.true_accum,
+        )
+
+    def rel_error(self) -> float | None:
+        """Relative standard error of the window's tokens/s so far (jackknife over timed steps)."""
+        from autotune.probe.compose import jackknife_rel_error
+
+        comp = self.composed()
+        if comp is not None:
+            return comp.info["rel_std_error"]
+        durations = self.timed_durations()
+        w = self.window.warmup_steps if self.window is not None else 0
+        return jackknife_rel_error(self.tokens[w : w + len(durations)], durations)
+
+    def should_stop(self) -> bool:
+        """The adaptive rule: at least ``min_timed_steps`` timed, and the estimate's relative standard
+        error at most ``STABLE_REL_ERROR`` (every rank's, in a distributed probe)."""
+        from autotune.spec.probe_window import STABLE_REL_ERROR
+
+        win = self.window
+        if win is None or not win.adaptive:
+            return False
+        n = len(self.timed_durations())
+        if n < win.min_timed_steps or n >= win.max_timed_steps:
+            return False
+        rel = self.rel_error()
+        self.rel_errors.append(rel)
+        stable = rel is not None and rel <= STABLE_REL_ERROR
+        if self.collective_stop:
+            stable = _all_ranks(stable)
+        if stable:
+            self.stopped_early_at = n
+        return stable
+
+
+def _all_ranks(flag: bool) -> bool:
+    """True only if every rank's ``flag`` is (a one-element all-reduce; every rank calls it at the
+    same step, so no rank stops while another waits for it in a collective)."""
+    import torch
+    import torch.distributed as tdist
+
+    if not tdist.is_available() or not tdist.is_initialized():
+        return flag
+    dev = "cuda" if tdist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor([1 if flag else 0], device=dev, dtype=torch.int32)
+    tdist.all_reduce(t, op=tdist.ReduceOp.MIN)
+    return bool(int(t.item()))
 
 
 def _make_callback(meter: _Meter) -> Any:
@@ -348,6 +484,8 @@ def _make_callback(meter: _Meter) -> Any:
     class _StepClock(TrainerCallback):
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
             meter.step_end()
+            if meter.should_stop():
+                control.should_training_stop = True
             return control
 
     return _StepClock()
@@ -361,14 +499,17 @@ def run_probe_in_process(
     wall0 = time.time()
     metrics: dict[str, Any] = {}
     env: dict[str, Any] = {}
-    reqd = req.to_dict()
-    if req.candidate.torch_compile and req.settings.warmup_steps < COMPILE_WARMUP_STEPS:
-        import dataclasses
-
-        req = dataclasses.replace(
-            req, settings=dataclasses.replace(req.settings, warmup_steps=COMPILE_WARMUP_STEPS)
-        )
-        metrics["warmup_steps_extended_to"] = COMPILE_WARMUP_STEPS
+    reqd = req.to_dict()  # the request as asked: the true accumulation, the user's warm-up
+    window = probe_window(req.settings, req.candidate)
+    if window.warmup_steps != req.settings.warmup_steps:
+        metrics["warmup_steps_extended_to"] = window.warmup_steps
+    metrics["window"] = {
+        "probe_grad_accum": window.grad_accum, "composed": window.composed, "adaptive": window.adaptive,
+        "warmup_steps": window.warmup_steps, "min_timed_steps": window.min_timed_steps,
+        "max_timed_steps": window.max_timed_steps,
+    }
+    # what the Trainer runs: the probe's accumulation and warm-up (emitted files never see this)
+    timed = _timed_request(req, window)
 
     def result(status: str, reason: str = "") -> ProbeResult:
         metrics["wall_s"] = time.time() - launch_time
@@ -480,7 +621,7 @@ def run_probe_in_process(
             import torch._dynamo  # noqa: F401  (zero.Init fails without it imported first)
 
             try:
-                early_args = _training_args(req, out_dir, device)
+                early_args = _training_args(timed, out_dir, device)
                 _ = early_args.device
                 if req.candidate.zero_stage > 0 and req.candidate.sharding == "deepspeed":
                     # deepspeed.comm wraps the process group now, else zero.Init's config counts 1 rank
@@ -511,15 +652,16 @@ def run_probe_in_process(
             sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
         )
 
-        n_steps = settings.warmup_steps + settings.steps
-        meter = _Meter(sync)
+        n_steps = window.max_optimizer_steps
+        meter = _Meter(sync, _cuda_mark if device == "cuda" else _cpu_mark, window=window,
+                       true_accum=req.candidate.grad_accum, collective_stop=dist is not None)
         if req.workload.trainer == "trl":
             from autotune.errors import DatasetError, SpecError
             from autotune.probe.trl_probe import build_sft_trainer
 
             try:
                 trainer = build_sft_trainer(
-                    req, model, trainer_base=_make_trainer_class(_sft_trainer_class()), out_dir=out_dir,
+                    timed, model, trainer_base=_make_trainer_class(_sft_trainer_class()), out_dir=out_dir,
                     device=device, callbacks=[_make_callback(meter)], num_optimizer_steps=n_steps,
                     worst_case_first=usable is not None, metrics=metrics,
                 )
@@ -531,7 +673,7 @@ def run_probe_in_process(
                 return result(status, f"building the SFTTrainer: {reason}")
             metrics["trainable_params"] = int(sum(p.numel() for p in trainer.model.parameters() if p.requires_grad))
         else:
-            trainer = _hf_trainer(req, model, metrics, out_dir=out_dir, device=device, usable=usable,
+            trainer = _hf_trainer(timed, model, metrics, out_dir=out_dir, device=device, usable=usable,
                                   n_steps=n_steps, meter=meter, early_args=early_args)
             if isinstance(trainer, str):
                 return result("crash", trainer)
@@ -549,7 +691,7 @@ def run_probe_in_process(
         except Exception as exc:
             status, reason = classify_exception(exc)
             _record_memory(metrics, device, sampler, nvml, usable)
-            _record_window(metrics, meter, req, launch_time, wall0, t_start)
+            _record_window(metrics, meter, window, launch_time, wall0, t_start)
             return result(status, f"training: {reason}")
         metrics["train_s"] = time.perf_counter() - t_train
         if dist is not None:
@@ -558,11 +700,12 @@ def run_probe_in_process(
             if p0 is not None:
                 metrics["param_type"] = type(p0).__name__
                 metrics["param_local_numel"] = int(p0.numel())
-        _record_window(metrics, meter, req, launch_time, wall0, t_start)
-        _record_utilisation(metrics, meter, req, sampler, nvml)
+        _record_window(metrics, meter, window, launch_time, wall0, t_start)
+        _record_utilisation(metrics, meter, window, sampler, nvml)
         _record_memory(metrics, device, sampler, nvml, usable)
         if metrics.get("tokens_per_s") is None:
-            return result("crash", f"no timed step completed ({len(meter.step_end_t)} steps ran)")
+            return result("crash", f"no timed window completed ({len(meter.step_end_t)} optimizer steps ran, "
+                                   f"{window.warmup_steps} warm-up + at least {window.min_timed_steps} timed needed)")
         peak = metrics.get("peak_mem_bytes")
         if usable is not None and peak is not None and peak > usable:
             return result(
@@ -725,23 +868,25 @@ def _preload_libraries(req: ProbeRequest) -> None:
 
 
 def _record_window(
-    metrics: dict[str, Any], meter: _Meter, req: ProbeRequest, launch_time: float, wall0: float, t0: float
+    metrics: dict[str, Any], meter: _Meter, window: ProbeWindow, launch_time: float, wall0: float, t0: float
 ) -> None:
     from autotune.probe.stats import per_step_counts, summarize_window
+    from autotune.spec.probe_window import NOISY_REL_ERROR, STABLE_REL_ERROR
 
-    s = req.settings
     if meter.first_fetch_t is None:
         return
     ends = [meter.first_fetch_t, *meter.step_end_t]
     durations = [b - a for a, b in zip(ends, ends[1:], strict=False)]
     metrics["steps_completed"] = len(durations)
+    metrics["probe_micro_batches"] = sum(len(m) for m in meter.micro_times)
     if meter.losses:
         metrics["losses"] = meter.losses
         metrics["loss_first"] = meter.losses[0]
         metrics["loss_last"] = meter.losses[-1]
-    w = s.warmup_steps
-    window = durations[w : w + s.steps]
-    if len(window) < s.steps:
+    w = window.warmup_steps
+    timed = meter.timed_durations()
+    n = len(timed)
+    if n < window.min_timed_steps:
         return
     # launch -> start of the first timed step: imports, build, data, Trainer setup, warm-up
     first_timed_start = ends[w]
@@ -750,34 +895,54 @@ def _record_window(
     # warm-up steps (the measurement's own cost, proportional to the step time)
     metrics["setup_s"] = (wall0 - launch_time) + (ends[0] - t0)
     metrics["warmup_s"] = first_timed_start - ends[0]
-    metrics.update(
-        summarize_window(
-            window,
-            meter.tokens[w : w + s.steps],
-            meter.sequences[w : w + s.steps],
-            meter.fetch_wait[w : w + s.steps],
+    metrics["probe_window_s"] = ends[w + n] - first_timed_start  # the timed steps as they ran
+    comp = meter.composed()
+    if comp is not None:
+        step_times, tokens, seqs, fetch, slot_list = comp.step_times, comp.tokens, comp.sequences, comp.fetch_wait, comp.slots
+        metrics["composed"] = True
+        metrics["composition"] = comp.info
+        rel = comp.info["rel_std_error"]
+    else:
+        step_times, tokens, seqs = timed, meter.tokens[w : w + n], meter.sequences[w : w + n]
+        fetch, slot_list = meter.fetch_wait[w : w + n], meter.slots[w : w + n]
+        metrics["composed"] = False
+        rel = meter.rel_error()
+    metrics["rel_std_error"] = rel
+    metrics["stopped_early"] = meter.stopped_early_at is not None
+    if window.adaptive:
+        metrics["window_rule"] = (
+            f"stop after >= {window.min_timed_steps} timed steps once the relative standard error of tokens/s "
+            f"is <= {STABLE_REL_ERROR:.0%}; at most {window.max_timed_steps}"
         )
-    )
-    metrics.update(per_step_counts(meter.sequences[w : w + s.steps], meter.tokens[w : w + s.steps]))
-    if req.candidate.torch_compile and len(meter.graphs) >= w + s.steps:
+    if rel is not None and rel > NOISY_REL_ERROR and window.composed:
+        metrics["composition_noisy"] = True
+        metrics.setdefault("warnings", []).append(
+            f"the composed figure is too noisy to combine: relative standard error {rel:.0%} > "
+            f"{NOISY_REL_ERROR:.0%} after {n} timed steps (other load, or a variable-length stream); "
+            "re-measure on a quiet machine, with more --steps, or with --window whole"
+        )
+    metrics.update(summarize_window(step_times, tokens, seqs, fetch))
+    metrics.update(per_step_counts(seqs, tokens))
+    if meter.graphs and len(meter.graphs) >= w + n:
         before = meter.graphs[w - 1] if w > 0 else 0
-        recompiles = meter.graphs[w + s.steps - 1] - before
-        metrics["compiled_graphs"] = meter.graphs[-1]
-        metrics["recompiles_in_window"] = recompiles
+        recompiles = meter.graphs[w + n - 1] - before
+        if recompiles or meter.graphs[-1]:
+            metrics["compiled_graphs"] = meter.graphs[-1]
+            metrics["recompiles_in_window"] = recompiles
         if recompiles:
             metrics.setdefault("warnings", []).append(
                 f"torch.compile compiled {recompiles} graph(s) inside the timed window: its tok/s includes"
                 " compilation; more warm-up steps (or packing / fixed lengths, which keep shapes static) fix it"
             )
-    slots = sum(meter.slots[w : w + s.steps])
+    slots = sum(slot_list)
     metrics["token_slots"] = slots
     if slots:
         metrics["padding_fraction"] = max(0.0, 1.0 - metrics["real_tokens"] / slots)
 
 
-def _window_bounds(meter: _Meter, req: ProbeRequest) -> tuple[float, float] | None:
+def _window_bounds(meter: _Meter, window: ProbeWindow) -> tuple[float, float] | None:
     """perf_counter times of the timed window's start and end, if it ran."""
-    w = req.settings.warmup_steps
+    w = window.warmup_steps
     ends = [meter.first_fetch_t, *meter.step_end_t] if meter.first_fetch_t is not None else []
     if len(ends) <= w + 1:
         return None
@@ -785,13 +950,13 @@ def _window_bounds(meter: _Meter, req: ProbeRequest) -> tuple[float, float] | No
 
 
 def _record_utilisation(
-    metrics: dict[str, Any], meter: _Meter, req: ProbeRequest, sampler: Any, nvml: Any
+    metrics: dict[str, Any], meter: _Meter, window: ProbeWindow, sampler: Any, nvml: Any
 ) -> None:
     """Utilisation during the timed window only (imports, build and warm-up would read as idle).
 
     CPU: mean share of the available cores this process kept busy. GPU: NVML's utilisation %.
     """
-    bounds = _window_bounds(meter, req)
+    bounds = _window_bounds(meter, window)
     if bounds is None:
         return
     t0, t1 = bounds

@@ -374,6 +374,19 @@ class Searcher:
             out.append(str(entry.get("message", "")))
         return out
 
+    def _note_noisy_composition(self, rec: TrialRecord, result: ProbeResult) -> None:
+        """A composed figure whose components were too noisy to combine: a ``warnings`` entry (the
+        confirmation never calls such a figure confirmed, see ``_rank_entry``)."""
+        m = result.metrics or {}
+        if not m.get("composition_noisy"):
+            return
+        rel = m.get("rel_std_error")
+        entry = {"kind": "composition_noisy", "phase": rec.phase, "label": rec.label,
+                 "message": f"{rec.label}: the composed tokens/s is too noisy to combine (relative standard "
+                            f"error {rel:.0%})" if isinstance(rel, (int, float)) else f"{rec.label}: too noisy"}
+        self.warnings.append(entry)
+        self._emit("warning", **entry)
+
     def _origin(self, key: str, trial: Trial | None = None) -> str:
         if trial is not None and trial.user_attrs.get("origin"):
             return str(trial.user_attrs["origin"])
@@ -593,6 +606,7 @@ class Searcher:
                 rec = self._record_from_result(key, cand, params, result, phase="recheck" if again else "search")
                 rec.origin = self._origin(key, asked) if not again else "recheck"
                 rec.warnings = self._check_load("during", self._submitted_wall.pop(ticket, None), rec.label)
+                self._note_noisy_composition(rec, result)
                 rec = self._add(rec)
                 if not again:
                     cache[key] = rec
@@ -657,6 +671,7 @@ class Searcher:
                 new.session = self.session
                 new.origin = rec.origin
                 new.warnings = self._check_load("during", self._submitted_wall.pop(ticket, None), rec.label)
+                self._note_noisy_composition(new, result)
                 self._add(new)
                 self._emit("record", record=new, best=self._best_so_far(), counts=self._counts(), time_left=None)
 
@@ -765,6 +780,11 @@ def _rank_entry(search: TrialRecord, confirms: list[TrialRecord], policy: Confir
         status = "pending"
     elif len(clean) < len(measured) and status == "confirmed":
         reason = f"{len(measured) - len(clean)} re-measurement(s) under other load set aside"
+    noisy = [c for c in confirmed_ok if ((c.result or {}).get("metrics") or {}).get("composition_noisy")]
+    if status == "confirmed" and confirmed_ok and len(noisy) == len(confirmed_ok):
+        status, reason = "noisy", "every re-measurement's composed figure was too noisy to combine"
+    elif status == "confirmed" and noisy:
+        reason = f"{len(noisy)} re-measurement(s) with a noisy composition"
     measurements = ([float(search.tokens_per_s or 0.0)] if policy.include_search else []) + values
     peaks = [p for p in [search.peak_mem_bytes] + [c.peak_mem_bytes for c in confirms] if p is not None]
     spreads = [c.step_time_spread for c in confirmed_ok if c.step_time_spread is not None]

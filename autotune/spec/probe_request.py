@@ -23,6 +23,7 @@ __all__ = [
     "SHARDING_CHOICES",
     "DEVICE_CHOICES",
     "TRAINER_CHOICES",
+    "WINDOW_CHOICES",
     "STATUSES",
     "Candidate",
     "Workload",
@@ -43,6 +44,11 @@ OFFLOAD_CHOICES = ("none", "optimizer", "params")
 SHARDING_CHOICES = ("deepspeed", "fsdp")
 DEVICE_CHOICES = ("auto", "cuda", "cpu")
 TRAINER_CHOICES = ("hf", "trl")
+# "adaptive": the probe times components at a small accumulation, composes the true step and stops
+# once the estimate is stable (autotune.spec.probe_window); "whole": ``warmup_steps`` + ``steps``
+# whole optimizer steps at the candidate's own accumulation (a direct measurement; what a loss
+# comparison needs, since it must train exactly the user's batches)
+WINDOW_CHOICES = ("adaptive", "whole")
 # ok: measured and fits; the others are information, not errors.
 STATUSES = ("ok", "oom", "over_budget", "unsupported", "timeout", "crash")
 
@@ -129,7 +135,11 @@ class Workload:
 
 @dataclass(frozen=True)
 class ProbeSettings:
-    """How a probe measures: device, memory ceiling, window and timeout."""
+    """How a probe measures: device, memory ceiling, window and timeout.
+
+    ``steps`` is the most timed optimizer steps an adaptive window runs (it may stop after
+    ``autotune.spec.probe_window.MIN_TIMED_STEPS``), and exactly what a ``whole`` window runs.
+    """
 
     device: str = "auto"
     budget_bytes: int | None = None
@@ -139,10 +149,12 @@ class ProbeSettings:
     steps: int = 5
     timeout_s: float = 300.0
     cpu_threads: int | None = None
+    window: str = "adaptive"
 
     def problems(self) -> list[str]:
         p: list[str] = []
         _check_choice(p, "device", self.device, DEVICE_CHOICES)
+        _check_choice(p, "window", self.window, WINDOW_CHOICES)
         _check_int(p, "warmup_steps", self.warmup_steps, 0)
         _check_int(p, "steps", self.steps, 1)
         if not isinstance(self.timeout_s, (int, float)) or self.timeout_s <= 0:

@@ -70,6 +70,7 @@ class ProbeWindow:
     min_timed_steps: int
     max_timed_steps: int
     composed: bool
+    adaptive: bool = True  # stop once the estimate is stable (else run max_timed_steps)
 
     @property
     def max_micro_batches(self) -> int:
@@ -87,14 +88,19 @@ class ProbeWindow:
 
 def probe_window(settings: ProbeSettings, candidate: Candidate) -> ProbeWindow:
     """The window a probe of ``candidate`` under ``settings`` runs (what the worker does, and what a
-    probe-time prediction counts)."""
+    probe-time prediction counts). ``settings.window == "whole"``: ``steps`` whole optimizer steps at
+    the candidate's own accumulation, no early stop (a direct measurement)."""
     warmup = settings.warmup_steps
     if candidate.torch_compile:
         warmup = max(warmup, COMPILE_WARMUP_STEPS)
+    if getattr(settings, "window", "adaptive") == "whole":
+        return ProbeWindow(grad_accum=candidate.grad_accum, warmup_steps=warmup, min_timed_steps=settings.steps,
+                           max_timed_steps=settings.steps, composed=False, adaptive=False)
     return ProbeWindow(
         grad_accum=probe_grad_accum(candidate),
         warmup_steps=warmup,
         min_timed_steps=min(MIN_TIMED_STEPS, settings.steps),
         max_timed_steps=settings.steps,
         composed=composes(candidate),
+        adaptive=True,
     )

@@ -301,6 +301,9 @@ def command(
     attn: str | None = typer.Option(
         None, "--attn", help="Pin attention: flash_attention_2 | sdpa | eager | flex_attention."
     ),
+    liger: bool | None = typer.Option(
+        None, "--liger/--no-liger", help="Pin Liger's fused linear+cross-entropy loss on or off."
+    ),
     catalog: list[str] | None = typer.Option(  # noqa: B008
         None, "--catalog", help="Extra GPU catalog YAML (repeatable); also $AUTOTUNE_GPU_CATALOG."
     ),
@@ -312,7 +315,7 @@ def command(
     """Plan capacity without a GPU: does it fit, with which levers, how fast, how long, what cost."""
     pin = {
         "micro_batch": micro_batch, "grad_ckpt": grad_ckpt, "zero_stage": zero_stage, "world_size": world_size,
-        "offload": offload, "optim": optim, "precision": precision, "attn": attn,
+        "offload": offload, "optim": optim, "precision": precision, "attn": attn, "liger": liger,
     }  # fmt: skip
     result = gather(
         model=model, gpu=gpu, gpus_per_node=gpus_per_node, seq_len=seq_len, effective_batch=effective_batch,

@@ -212,9 +212,10 @@ def render(result: PlanResult, *, width: int = 160, color: bool = False) -> str:
     con.print(table)
     dates = sorted({r.gpu.price_date for r in result.rows if r.gpu.price_date})
     lines = [
-        "Estimates, not measurements: memory from the term-by-term model (5% headroom kept), speed = peak "
-        "bf16/fp16 FLOP/s x assumed efficiency / FLOPs per token (6N full, 4N LoRA, +2N with checkpointing, "
-        "+ PaLM attention term); MFU counts model FLOPs. Measure with `autotune run`.",
+        "Estimates, not measurements: memory from the term-by-term model (5% headroom kept), step time = FLOPs "
+        "(6N full, 4N LoRA, +2N with checkpointing, + causal attention) / (peak bf16/fp16 FLOP/s x efficiency) "
+        "+ fixed time per layer, per step and QLoRA's dequantization, fitted on published runs; MFU counts "
+        "model FLOPs. Measure with `autotune run`.",
     ]
     if dates:
         lines.append(

@@ -422,7 +422,7 @@ def memory_rows(doc: dict[str, Any] | None = None) -> list[Row]:
             continue
         a, wl, c, _ = run_setup(doc, run)
         loss = "model" if run.get("loss") == "model" else None
-        br = estimate_memory(a, wl, c, quant=run.get("quant"), loss_dtype=loss)
+        br = estimate_memory(a, wl, c, quant=run.get("quant"), loss_dtype=loss, bucket_elements=run.get("zero_bucket_elements"))
         out.append(Row("peak memory (published runs)", _run_label(run), run["published_memory_gib"], br.total / GiB, "GiB",
                        run["cite"], run.get("ambiguity", "")))  # fmt: skip
     return out

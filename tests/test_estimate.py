@@ -246,6 +246,9 @@ def test_qlora_without_fp32_casts_gptq_deepspeed_and_16bit_loss() -> None:
     own = estimate_memory(LLAMA8, wl, c, quant="gptq", loss_dtype="model")
     assert own.terms["logits_loss"] == LOGITS_MODEL_DTYPE_BYTES * 8192 * LLAMA8.vocab == 8 * 8192 * LLAMA8.vocab
     assert gptq.terms["logits_loss"] == (LOGITS_BYTES_PER_ELEMENT + LOGITS_16BIT_BYTES) * 8192 * LLAMA8.vocab
+    small = estimate_memory(LLAMA8, wl, Candidate(grad_ckpt=True, precision="fp16", zero_stage=2,
+                                                  optim="adamw_torch_fused"), bucket_elements=10**7)  # fmt: skip
+    assert small.terms["zero_buffers"] == round(2 * 2 * 10**7 * 4.5) < ds.terms["zero_buffers"]
     with pytest.raises(SpecError, match="quant must be one of nf4, gptq"):
         estimate_memory(LLAMA8, wl, c, quant="awq")
     with pytest.raises(SpecError, match="loss_dtype must be fp32 or model"):

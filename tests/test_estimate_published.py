@@ -214,14 +214,13 @@ def test_speed_model_on_the_held_out_half() -> None:
 
 
 def test_qlora_memory_of_published_runs_at_2k_to_8k() -> None:
-    """Qwen's published Q-LoRA (GPTQ, DeepSpeed fp16) at 2,048-8,192 tokens: 1.48-1.75x before the
-    16-bit terms, 0.98-1.18x after (the 14B at 8,192 is the one above 1.15)."""
+    """Qwen's published Q-LoRA (GPTQ, DeepSpeed fp16 with 2e8-element buckets) at 2,048-8,192 tokens:
+    1.48-1.75x before the 16-bit terms, 0.98-1.15x after (goal: within 15%)."""
     bench = _bench()
     mem = [r for r in bench.memory_rows() if " qlora " in r.what and r.what.startswith("qwen")]
     long = [r for r in mem if any(f"seq {s}," in r.what for s in (2048, 4096, 8192))]
     assert len(long) == 9
-    assert all(0.95 <= r.ratio <= 1.19 for r in long), [(r.what, round(r.ratio, 2)) for r in long]
-    assert sum(r.ratio > 1.15 for r in long) == 1
+    assert all(0.95 <= r.ratio <= 1.15 for r in long), [(r.what, round(r.ratio, 2)) for r in long]
 
 
 # ---------------------------------------------------------------- eager attention with dropout (item 7)

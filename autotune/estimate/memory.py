@@ -349,6 +349,7 @@ def estimate_memory(
     gpu: GPU | None = None,
     quant: str | None = None,
     loss_dtype: str | None = None,
+    bucket_elements: int | None = None,
 ) -> MemoryBreakdown:
     """Predicted peak bytes on one device for this workload and candidate (see module docstring).
 
@@ -357,6 +358,8 @@ def estimate_memory(
     ``quant``: QLoRA's 4-bit backend (``QUANT_BACKENDS``; default "nf4", bitsandbytes as the probe runs it).
     ``loss_dtype``: "fp32" (default: transformers upcasts the logits, and autocast runs log_softmax in
     fp32) or "model" (a loss in the model's 16-bit dtype, without autocast; ``LOGITS_MODEL_DTYPE_BYTES``).
+    ``bucket_elements``: DeepSpeed ZeRO-1/2's reduce/allgather bucket size when the config sets one
+    (default ``DEEPSPEED_BUCKET_ELEMENTS``, DeepSpeed's own default).
     """
     if device not in ("cuda", "cpu"):
         raise SpecError(f"device must be 'cuda' or 'cpu', got {device!r}")
@@ -485,7 +488,7 @@ def estimate_memory(
     if ds:
         ov = OVERLAP_COMM_FACTOR
         if c.zero_stage in (1, 2):
-            bucket = min(DEEPSPEED_BUCKET_ELEMENTS, trainable)
+            bucket = min(bucket_elements or DEEPSPEED_BUCKET_ELEMENTS, trainable)
             t["zero_buffers"] = 2 * 2 * bucket * ov
         else:
             h2 = arch.hidden**2

@@ -102,7 +102,7 @@ def gather(
     )  # fmt: skip
     extra = [default_note] if default_note else []
     extra += calibration_notes
-    extra += [f"--calibrate: no probe of {calibrate_from} ran on {g.name}; its speed uses the catalog efficiency"
+    extra += [f"--calibrate: no probe of {calibrate_from} ran on {g.name}; its speed uses the default efficiency"
               for g in gpus if efficiency is not None and g.name not in efficiency]
     if extra:
         result = dataclasses.replace(result, notes=(*result.notes, *extra))
@@ -146,7 +146,7 @@ def calibration_from_run(run_dir: str, catalog: Any = None) -> tuple[dict[str, f
             continue
         efficiency[name] = eff
         notes.append(f"--calibrate: {name} speed from {len(pairs)} probe(s) of {run_dir}: base efficiency "
-                     f"{eff:.2f} (catalog {gpu.efficiency or DEFAULT_EFFICIENCY:.2f})")
+                     f"{eff:.2f} (default {gpu.efficiency or DEFAULT_EFFICIENCY:.2f})")
     return efficiency, notes
 
 

@@ -35,8 +35,8 @@ from autotune.estimate import (
 from autotune.estimate.catalog import builtin_catalog, catalog_paths_from_env, parse_catalog
 from autotune.estimate.memory import (
     CUDA_CONTEXT_BYTES,
-    LOGITS_16BIT_BYTES,
     GPTQ_BYTES_PER_PARAM,
+    LOGITS_16BIT_BYTES,
     LOGITS_BYTES_PER_ELEMENT,
     LOGITS_MODEL_DTYPE_BYTES,
     QLORA_BYTES_PER_PARAM,

@@ -26,7 +26,8 @@ Conventions (autotune's, see ``autotune/emit/training_args.py::model_dtype``):
 * LoRA/QLoRA hold the frozen base in the 16-bit type (2 B/param) or NF4 (QLoRA ≈ 0.516 B/param for
   the blocks' linears; embeddings, ``lm_head`` and norms are cast to fp32 by peft's
   ``prepare_model_for_kbit_training``, so the residual stream is fp32 too); adapters are fp32 with fp32 grads and
-  states (16 B per adapter param).
+  states (16 B per adapter param). A GPTQ base (``quant="gptq"``: peft skips the fp32 cast) and DeepSpeed
+  with 16-bit precision (its engine casts the module) keep those parameters and the residual stream 16-bit.
 * Activations are counted tensor by tensor for HF's Llama-style blocks (RMSNorm computed in fp32,
   autocast casts per consuming linear, fused attention keeping q, k, v, output and the fp32
   log-sum-exp; eager attention adds the s² scores: fp32 softmax plus its 16-bit cast). This refines
@@ -35,7 +36,8 @@ Conventions (autotune's, see ``autotune/emit/training_args.py::model_dtype``):
   activations during its recompute.
 * Logits/loss: transformers upcasts the logits to fp32 and runs log_softmax + nll; at the start of
   backward the saved log-probabilities, the nll gradient and the log_softmax gradient are live:
-  ``LOGITS_BYTES_PER_ELEMENT`` (12) x s·b·V. A fused linear+cross-entropy (Liger) keeps O(s·b·h).
+  ``LOGITS_BYTES_PER_ELEMENT`` (12) x s·b·V. A fused linear+cross-entropy (Liger) keeps O(s·b·h). A model's
+  own loss in its 16-bit dtype without autocast (``loss_dtype="model"``) keeps ``LOGITS_MODEL_DTYPE_BYTES`` (8).
 * ZeRO-Offload (DeepSpeed's own estimators, checked in tests/test_estimate_published.py): the fp32
   master weights, optimizer states and (stage 2/3) gradient partitions go to the host; ``host_bytes``
   is the host RAM per node. ``MemoryBreakdown.model_states`` is what those estimators count.

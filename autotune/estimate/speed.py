@@ -10,7 +10,8 @@ FLOP convention (stated, because conventions differ by 10–20% at long sequence
   head_dim); LoRA/QLoRA ``4N + 12·L·H·Q·T`` (no weight gradients for the frozen base; the
   adapters' FLOPs are negligible). FlashAttention's own recompute is not counted.
 * Hardware FLOPs add the recomputed forward with gradient checkpointing: ``+2N + 4·L·H·Q·T``
-  (full fine-tuning: 8N). Predicted tokens/s divide the achievable FLOP/s by hardware FLOPs;
+  (full fine-tuning: 8N). The step time counts hardware FLOPs, the attention term at the causal
+  share a fused kernel computes (``ATTN_CAUSAL_SHARE``);
   ``mfu()`` reports model FLOPs (pass ``hardware=True`` for HFU).
 
 Predicted step time (``predict_speed(...).step_time_s``, or :func:`predict_step_time`) = the compute

@@ -1,14 +1,20 @@
-"""autotune's memory and speed model against figures others published (issue 14).
+"""autotune's memory and speed model against figures others published.
 
 Each row: a published figure with its source, autotune's figure for the same setup, the ratio
 (autotune / published) and a one-line judgement where the two differ by definition rather than by
 error. DeepSpeed's estimators are run in place when deepspeed is installed (otherwise those rows are
 left out and said so). ``PUBLISHED_OOM`` lists setups a published measurement ran out of memory
 on; ``plan_verdict`` asks the planner about each (tests/test_estimate_published.py asserts that
-none says "fits"). Pure arithmetic: runs in about a second.
+none says "fits"). ``benchmarks/published_runs.json`` holds published single-node fine-tuning runs
+with their configurations (Qwen's profiling table, torchtune's README, Answer.AI's FSDP+QLoRA
+benchmarks, LLaMA-Factory's table): each gives a speed row (and a memory row where the memory is
+comparable), split into a fit half and a held-out half by a rule written before any fit; the speed
+model's constants were fitted on the fit half only (``--fit`` refits and prints them). Pure
+arithmetic: runs in a few seconds.
 
-    python benchmarks/estimator_vs_published.py            # table + summary
+    python benchmarks/estimator_vs_published.py            # table + summary (fit / held-out halves)
     python benchmarks/estimator_vs_published.py --markdown # the table for benchmarks/README.md
+    python benchmarks/estimator_vs_published.py --fit      # refit the speed constants on the fit half
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from autotune.estimate import arch_from_config, estimate_memory, find_gpu, mfu, plan, predict_speed  # noqa: E402
+from autotune.estimate import speed as speed_model  # noqa: E402
 from autotune.estimate.arch import Arch  # noqa: E402
 from autotune.estimate.catalog import GPU  # noqa: E402
 from autotune.spec.probe_request import Candidate, Workload  # noqa: E402
@@ -338,8 +345,165 @@ def _torchtitan_rows() -> list[Row]:
     ]  # fmt: skip
 
 
+RUNS_FILE = ROOT / "benchmarks" / "published_runs.json"
+# Per-stack efficiency multiplier for trainers other than the HF Trainer the planner models, fitted with
+# the speed constants on the fit half (the same role as ``plan --calibrate``: a measured efficiency for a
+# stack): torchtune's compiled single-device recipes. Runs of other sources use 1.0.
+STACK_FACTOR = {"torchtune": 2.2}
+
+
+def load_runs() -> dict[str, Any]:
+    return json.loads(RUNS_FILE.read_text())
+
+
+def _run_arch(doc: dict[str, Any], name: str) -> Arch:
+    m = doc["models"][name]
+    return arch_from_config(m["config"]) if "config" in m else _preset(m["preset"])
+
+
+def _run_gpu(doc: dict[str, Any], name: str) -> GPU:
+    if name in doc["gpus"]:
+        g = doc["gpus"][name]
+        tf = float(g["bf16_tflops"])
+        base = find_gpu(g["like"])
+        return dataclasses.replace(base, name=name, bf16_tflops=tf, fp16_tflops=tf, memory_bytes=int(g["memory_gib"] * GiB))
+    return find_gpu(name)
+
+
+def run_setup(doc: dict[str, Any], run: dict[str, Any]) -> tuple[Arch, Workload, Candidate, GPU]:
+    """The published run as autotune's (Arch, Workload, Candidate, GPU)."""
+    t = run.get("lora_targets", "all-linear")
+    targets = ALL_LINEAR if t == "all-linear" else tuple(t.split(","))
+    wl = Workload("m", seq_len=run["seq_len"], mode=run["method"], lora_r=run.get("lora_r", 16), lora_targets=targets)
+    fsdp = run.get("sharding") == "fsdp"
+    # DeepSpeed's engine runs its own fused Adam (the config's "optimizer" block); the rest torch's default
+    optim = "adamw_torch_fused" if run["zero_stage"] and not fsdp else "adamw_torch"
+    c = Candidate(micro_batch=run["micro_batch"], grad_accum=run["grad_accum"], grad_ckpt=run["grad_ckpt"], attn=run["attn"],
+                  precision=run["precision"], world_size=run["gpus"], zero_stage=run["zero_stage"],
+                  sharding="fsdp" if fsdp else "deepspeed", torch_compile=run["compile"], optim=optim)  # fmt: skip
+    return _run_arch(doc, run["model"]), wl, c, _run_gpu(doc, run["gpu"])
+
+
+def published_tokens_per_s(run: dict[str, Any]) -> float:
+    """Tokens/s per GPU as published, or from the published seconds per optimizer step."""
+    if "published_s_per_step" in run:
+        return float(run["micro_batch"] * run["grad_accum"] * run["seq_len"] / run["published_s_per_step"])
+    return float(run["published_tokens_per_s_per_gpu"])
+
+
+def predicted_tokens_per_s(doc: dict[str, Any], run: dict[str, Any]) -> float:
+    a, wl, c, g = run_setup(doc, run)
+    g = dataclasses.replace(g, efficiency=None)  # the fitted default, not a catalog figure
+    eff = speed_model.DEFAULT_EFFICIENCY * STACK_FACTOR.get(run["source"], 1.0)
+    return predict_speed(a, wl, c, g, efficiency=eff, quant=run.get("quant")).tokens_per_s_per_gpu
+
+
+def _run_label(run: dict[str, Any]) -> str:
+    g = f"{run['gpus']}x {run['gpu']}"
+    return (f"{run['id']} {run['model']} {run['method']} {g}, seq {run['seq_len']}, {run['micro_batch']}x{run['grad_accum']}"
+            f"{', ckpt' if run['grad_ckpt'] else ''}, {run['attn']}")  # fmt: skip
+
+
+def speed_rows(doc: dict[str, Any] | None = None) -> list[Row]:
+    doc = doc or load_runs()
+    out = []
+    for run in doc["runs"]:
+        group = "speed (fit)" if run["split"] == "fit" else "speed (held out)"
+        out.append(Row(group, _run_label(run), published_tokens_per_s(run), predicted_tokens_per_s(doc, run),
+                       "tok/s/GPU", run["cite"], run.get("ambiguity", "")))  # fmt: skip
+    return out
+
+
+def memory_rows(doc: dict[str, Any] | None = None) -> list[Row]:
+    doc = doc or load_runs()
+    out = []
+    for run in doc["runs"]:
+        if run.get("published_memory_gib") is None:
+            continue
+        a, wl, c, _ = run_setup(doc, run)
+        loss = "model" if run.get("loss") == "model" else None
+        br = estimate_memory(a, wl, c, quant=run.get("quant"), loss_dtype=loss, bucket_elements=run.get("zero_bucket_elements"))
+        out.append(Row("peak memory (published runs)", _run_label(run), run["published_memory_gib"], br.total / GiB, "GiB",
+                       run["cite"], run.get("ambiguity", "")))  # fmt: skip
+    return out
+
+
+def split_summary(rs: list[Row]) -> dict[str, float]:
+    q = [r.ratio for r in rs if r.ratio is not None]
+    return {"n": len(q), "median": statistics.median(q), "min": min(q), "max": max(q),
+            "outside_0.6_1.6": sum(1 for x in q if x < 0.6 or x > 1.6)}  # fmt: skip
+
+
+# the constants --fit adjusts (log-space Nelder-Mead on the squared log ratios of the fit half)
+FIT_PARAMS = ("DEFAULT_EFFICIENCY", "SATURATION_TOKENS", "LAYER_OVERHEAD_S", "LORA_MODULE_OVERHEAD_S",
+              "DEQUANT_nf4", "DEQUANT_gptq", "STEP_OVERHEAD_S", "STACK_torchtune")  # fmt: skip
+
+
+def _set_params(x: list[float]) -> None:
+    speed_model.DEFAULT_EFFICIENCY = min(x[0], 1.0)
+    speed_model.SATURATION_TOKENS = x[1]
+    speed_model.LAYER_OVERHEAD_S = x[2]
+    speed_model.LORA_MODULE_OVERHEAD_S = x[3]
+    speed_model.DEQUANT_S_PER_PARAM = {"nf4": x[4], "gptq": x[5]}
+    speed_model.STEP_OVERHEAD_S = x[6]
+    STACK_FACTOR["torchtune"] = x[7]
+
+
+def _nelder_mead(f: Any, x0: list[float], step: float, iters: int = 3000) -> tuple[list[float], float]:
+    n = len(x0)
+    pts = [list(x0)] + [[x0[j] + (step if j == i else 0.0) for j in range(n)] for i in range(n)]
+    vals = [f(p) for p in pts]
+    for _ in range(iters):
+        order = sorted(range(n + 1), key=lambda i: vals[i])
+        pts, vals = [pts[i] for i in order], [vals[i] for i in order]
+        c = [sum(p[j] for p in pts[:-1]) / n for j in range(n)]
+        xr = [c[j] + (c[j] - pts[-1][j]) for j in range(n)]
+        fr = f(xr)
+        if fr < vals[0]:
+            xe = [c[j] + 2 * (c[j] - pts[-1][j]) for j in range(n)]
+            fe = f(xe)
+            pts[-1], vals[-1] = (xe, fe) if fe < fr else (xr, fr)
+        elif fr < vals[-2]:
+            pts[-1], vals[-1] = xr, fr
+        else:
+            xc = [c[j] + 0.5 * (pts[-1][j] - c[j]) for j in range(n)]
+            fc = f(xc)
+            if fc < vals[-1]:
+                pts[-1], vals[-1] = xc, fc
+            else:
+                pts = [pts[0]] + [[pts[0][j] + 0.5 * (p[j] - pts[0][j]) for j in range(n)] for p in pts[1:]]
+                vals = [vals[0]] + [f(p) for p in pts[1:]]
+        if max(vals) - min(vals) < 1e-10:
+            break
+    i = min(range(n + 1), key=lambda k: vals[k])
+    return pts[i], vals[i]
+
+
+def fit_speed(doc: dict[str, Any] | None = None, start: list[float] | None = None) -> dict[str, float]:
+    """Refit the speed constants on the fit half (from ``start``, default the constants in
+    autotune/estimate/speed.py, a zero replaced by a small positive value). Leaves them set."""
+    doc = doc or load_runs()
+    fit_runs = [r for r in doc["runs"] if r["split"] == "fit"]
+    start = start or [speed_model.DEFAULT_EFFICIENCY, speed_model.SATURATION_TOKENS, speed_model.LAYER_OVERHEAD_S,
+                      speed_model.LORA_MODULE_OVERHEAD_S, speed_model.DEQUANT_S_PER_PARAM["nf4"],
+                      speed_model.DEQUANT_S_PER_PARAM["gptq"], speed_model.STEP_OVERHEAD_S, STACK_FACTOR["torchtune"]]  # fmt: skip
+    floor = [0.3, 64, 1e-4, 1e-5, 1e-13, 1e-12, 0.05, 1.0]
+    x0 = [math.log(v if v > 0 else f) for v, f in zip(start, floor, strict=False)]
+
+    def loss(lx: list[float]) -> float:
+        _set_params([math.exp(v) for v in lx])
+        return sum(math.log(predicted_tokens_per_s(doc, r) / published_tokens_per_s(r)) ** 2 for r in fit_runs)
+
+    best, _ = _nelder_mead(loss, x0, 0.5)
+    best, _ = _nelder_mead(loss, best, 0.2)
+    x = [math.exp(v) for v in best]
+    _set_params(x)
+    return dict(zip(FIT_PARAMS, x, strict=False))
+
+
 def rows() -> list[Row]:
     ds, _ = _deepspeed_rows()
+    doc = load_runs()
     return (
         ds
         + _per_param_rows()
@@ -347,6 +511,8 @@ def rows() -> list[Row]:
         + _unsloth_rows()
         + [_qlora_paper_row()]
         + _torchtitan_rows()
+        + speed_rows(doc)
+        + memory_rows(doc)
     )
 
 
@@ -387,7 +553,11 @@ def markdown(rs: list[Row]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--markdown", action="store_true", help="print the markdown table only")
+    ap.add_argument("--fit", action="store_true", help="refit the speed constants on the fit half first, print them")
     a = ap.parse_args(argv)
+    if a.fit:
+        fitted = fit_speed()
+        print("fitted on the fit half: " + ", ".join(f"{k} {v:.3g}" for k, v in fitted.items()) + "\n")
     rs = rows()
     _, missing = _deepspeed_rows()
     if a.markdown:
@@ -403,6 +573,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{s['within_15pct']} within 15%")  # fmt: skip
     if missing:
         print(missing)
+    for group in ("speed (fit)", "speed (held out)", "peak memory (published runs)"):
+        sel = [r for r in rs if r.group == group]
+        if sel:
+            q = split_summary(sel)
+            print(f"{group}: {q['n']} rows, ratio median {q['median']:.2f}, min {q['min']:.2f}, max {q['max']:.2f}, "
+                  f"{q['outside_0.6_1.6']} outside 0.6-1.6")  # fmt: skip
     print("\npublished out-of-memory setups (the plan must not say fits):")
     bad = 0
     for case in PUBLISHED_OOM:

@@ -132,6 +132,22 @@ def test_no_grad_ckpt_and_lora_targets_pins() -> None:
     assert o["memory"]["trainable_params"] > 2 * attn["memory"]["trainable_params"]
 
 
+def test_liger_pin_on_and_off() -> None:
+    """--liger/--no-liger pins the fused loss: "does my config fit without Liger?" is a question."""
+    base = ["--model", "llama-3.1-8b", "--gpu", "L4", "--gpus-per-node", "1", "--mode", "qlora", "--lora-r", "16",
+            "--seq-len", "8192", "--effective-batch", "8", "--grad-ckpt", "--json"]  # fmt: skip
+    off = json.loads(run(*base, "--no-liger").output)
+    on = json.loads(run(*base, "--liger").output)
+    assert off["pinned"]["liger"] is False and on["pinned"]["liger"] is True
+    g_off, g_on = off["gpus"][0], on["gpus"][0]
+    assert g_on["option"]["candidate"]["liger"] is True and "Liger fused loss" in g_on["option"]["levers"]
+    if g_off["option"] is not None:
+        assert g_off["option"]["candidate"]["liger"] is False
+        assert g_off["option"]["memory"]["terms"]["logits_loss"] > g_on["option"]["memory"]["terms"]["logits_loss"]
+    text = run(*base[:-1], "--no-liger").output
+    assert "liger=False" in text
+
+
 def test_bad_pins_exit_2_with_one_line() -> None:
     assert "offload params needs ZeRO stage 3" in _one_line_error(
         run("--model", "gpt2", "--seq-len", "512", "--zero-stage", "2", "--offload", "params")
@@ -163,8 +179,8 @@ def test_text_shows_breakdown_dominant_term_and_zero_wording() -> None:
 
 
 def _run_folder(tmp_path: Path, *, on_gpu: str | None, share: float = 0.4) -> Path:
-    """A run folder written by tune(): probes answered at ``share`` of the speed model's ideal on
-    ``on_gpu`` (the device name NVML/torch report), or with no GPU (a CPU run)."""
+    """A run folder written by tune(): probes answered at the speed the step-time model predicts at
+    base efficiency ``share`` on ``on_gpu`` (the device name NVML/torch report), or with no GPU (a CPU run)."""
     import sys as _sys
 
     _sys.path.insert(0, str(Path(__file__).parent))
@@ -172,7 +188,7 @@ def _run_folder(tmp_path: Path, *, on_gpu: str | None, share: float = 0.4) -> Pa
 
     from autotune._tune import tune
     from autotune.estimate import arch_from_config, find_gpu
-    from autotune.estimate.speed import ideal_tokens_per_s
+    from autotune.estimate.speed import predict_speed
     from autotune.models import resolve_model
     from autotune.spec.probe_request import Workload
     from autotune.spec.result import ProbeResult
@@ -182,7 +198,8 @@ def _run_folder(tmp_path: Path, *, on_gpu: str | None, share: float = 0.4) -> Pa
 
     def landscape(c, seq_len):  # noqa: ANN001, ANN202
         peak, _ = synthetic(c, seq_len)
-        return peak, share * ideal_tokens_per_s(arch, Workload("tiny-llama", seq_len=seq_len), c, gpu)
+        sp = predict_speed(arch, Workload("tiny-llama", seq_len=seq_len), c, gpu, efficiency=share)
+        return peak, sp.tokens_per_s_per_gpu
 
     class OnGpu(FakeExecutor):
         def result_for(self, request):  # noqa: ANN001, ANN202

@@ -12,6 +12,7 @@ import pytest
 
 from autotune.errors import SpecError
 from autotune.estimate import (
+    DEFAULT_EFFICIENCY,
     PRUNE_FACTOR,
     arch_from_config,
     calibrate,
@@ -27,13 +28,17 @@ from autotune.estimate import (
     plan,
     predict_peak_bytes,
     predict_speed,
+    predict_step_time,
     should_prune,
+    speed,
 )
 from autotune.estimate.catalog import builtin_catalog, catalog_paths_from_env, parse_catalog
 from autotune.estimate.memory import (
     CUDA_CONTEXT_BYTES,
+    GPTQ_BYTES_PER_PARAM,
     LOGITS_16BIT_BYTES,
     LOGITS_BYTES_PER_ELEMENT,
+    LOGITS_MODEL_DTYPE_BYTES,
     QLORA_BYTES_PER_PARAM,
     layer_activation_bytes_per_token,
 )
@@ -223,6 +228,33 @@ def test_lora_and_qlora_weights() -> None:
         estimate_memory(LLAMA8, Workload("m", mode="qlora"), Candidate(precision="fp32"), device="cpu")
 
 
+def test_qlora_without_fp32_casts_gptq_deepspeed_and_16bit_loss() -> None:
+    """The QLoRA terms that over-counted Qwen's published Q-LoRA (GPTQ, DeepSpeed fp16, the model's own
+    16-bit loss) by 1.3-1.75x at 256-8192 tokens: peft leaves a GPTQ model 16-bit (no fp32 embeddings,
+    lm_head or residual stream, no autocast copy of the lm_head), and a loss computed in fp16 without
+    autocast keeps 8 B per logit, not transformers' fp32 working set."""
+    wl = Workload("m", seq_len=8192, mode="qlora", lora_r=64, lora_targets=("all-linear",))
+    c = Candidate(grad_ckpt=True, precision="fp16", attn="flash_attention_2")
+    nf4 = estimate_memory(LLAMA8, wl, c)
+    gptq = estimate_memory(LLAMA8, wl, c, quant="gptq")
+    linear = LLAMA8.params_linear_total
+    assert gptq.terms["weights"] == round(GPTQ_BYTES_PER_PARAM * linear + 2 * (N8 - linear))
+    assert "weight_copies" not in gptq.terms and nf4.terms["weight_copies"] > 0
+    assert gptq.phase_terms["backward_start"]["activations"] < nf4.phase_terms["backward_start"]["activations"]
+    ds = estimate_memory(LLAMA8, wl, Candidate(grad_ckpt=True, precision="fp16", zero_stage=2, optim="adamw_torch_fused"))
+    assert ds.terms["weights"] == round(QLORA_BYTES_PER_PARAM * linear + 2 * (N8 - linear))  # the engine's .half()
+    own = estimate_memory(LLAMA8, wl, c, quant="gptq", loss_dtype="model")
+    assert own.terms["logits_loss"] == LOGITS_MODEL_DTYPE_BYTES * 8192 * LLAMA8.vocab == 8 * 8192 * LLAMA8.vocab
+    assert gptq.terms["logits_loss"] == (LOGITS_BYTES_PER_ELEMENT + LOGITS_16BIT_BYTES) * 8192 * LLAMA8.vocab
+    small = estimate_memory(LLAMA8, wl, Candidate(grad_ckpt=True, precision="fp16", zero_stage=2,
+                                                  optim="adamw_torch_fused"), bucket_elements=10**7)  # fmt: skip
+    assert small.terms["zero_buffers"] == round(2 * 2 * 10**7 * 4.5) < ds.terms["zero_buffers"]
+    with pytest.raises(SpecError, match="quant must be one of nf4, gptq"):
+        estimate_memory(LLAMA8, wl, c, quant="awq")
+    with pytest.raises(SpecError, match="loss_dtype must be fp32 or model"):
+        estimate_memory(LLAMA8, wl, c, loss_dtype="bf16")
+
+
 def test_activation_count_by_hand_for_llama_amp() -> None:
     a = LLAMA8
     h, kv, f, heads = a.hidden, a.kv_width, a.intermediate, a.heads
@@ -314,7 +346,8 @@ def test_speed_levers_and_calibration() -> None:
     base = predict_speed(LLAMA8, wl, Candidate(micro_batch=4), g)
     ck = predict_speed(LLAMA8, wl, Candidate(micro_batch=4, grad_ckpt=True), g)
     assert ck.tokens_per_s < base.tokens_per_s
-    assert base.base_efficiency == g.efficiency
+    assert g.efficiency is None and base.base_efficiency == DEFAULT_EFFICIENCY  # the fitted default
+    assert base.step_time_s == pytest.approx(base.compute_time_s + base.overhead_time_s)
     off = predict_speed(
         LLAMA8, wl, Candidate(micro_batch=4, world_size=8, zero_stage=3, offload="optimizer"), g
     )
@@ -323,11 +356,50 @@ def test_speed_levers_and_calibration() -> None:
     assert calibrate([(0.3 * ideal, ideal), (0.5 * ideal, ideal), (0.4 * ideal, ideal)]) == pytest.approx(0.4)
     assert calibrate([]) is None and calibrate([(0, 10)]) is None
     cal = predict_speed(LLAMA8, wl, Candidate(micro_batch=4), g, efficiency=0.4)
-    assert cal.tokens_per_s_per_gpu == pytest.approx(0.4 * ideal)
+    assert cal.compute_time_s == pytest.approx(base.compute_time_s * DEFAULT_EFFICIENCY / 0.4)
+    # round trip: a probe measured at what efficiency 0.3 predicts calibrates to 0.3 (overheads taken out)
+    measured = predict_speed(LLAMA8, wl, Candidate(micro_batch=4), g, efficiency=0.3).tokens_per_s_per_gpu
     req = ProbeRequest(wl, Candidate(micro_batch=4)).to_dict()
-    recs = [{"status": "ok", "request": req, "metrics": {"tokens_per_s": 0.3 * ideal}},
+    recs = [{"status": "ok", "request": req, "metrics": {"tokens_per_s": measured}},
             {"status": "oom", "request": req, "metrics": {}}]  # fmt: skip
     assert calibrate(calibration_pairs(recs, LLAMA8, g)) == pytest.approx(0.3)
+    # a measured step shorter than the fixed overheads alone gives no pair
+    fast = {"status": "ok", "request": req, "metrics": {"tokens_per_s": 1e9}}
+    assert calibration_pairs([fast], LLAMA8, g) == []
+
+
+def test_step_time_model_terms_and_fitted_constants() -> None:
+    """The fitted constants (benchmarks/estimator_vs_published.py --fit, fit half of
+    benchmarks/published_runs.json) and what each term of the step time does."""
+    assert DEFAULT_EFFICIENCY == 0.59
+    assert speed.SATURATION_TOKENS == 0
+    assert speed.LAYER_OVERHEAD_S == 2.3e-4
+    assert speed.LORA_MODULE_OVERHEAD_S == 0.0
+    assert speed.DEQUANT_S_PER_PARAM == {"nf4": 1.2e-11, "gptq": 1.1e-11}
+    assert speed.STEP_OVERHEAD_S == 0.66
+    assert speed.COMPILE_FACTOR == 1.0
+    g = find_gpu("A100-80GB")
+    lora = Workload("m", seq_len=256, mode="lora", lora_r=16, lora_targets=("all-linear",))
+    c = Candidate(micro_batch=1, grad_accum=8, grad_ckpt=True, attn="flash_attention_2")
+    sp = predict_speed(LLAMA8, lora, c, g)
+    # fixed time: 8 micro-batches x 3 passes x 32 layers + the per-step time + the (tiny) LoRA update
+    fixed = 8 * 3 * LLAMA8.layers * speed.LAYER_OVERHEAD_S + speed.STEP_OVERHEAD_S
+    assert sp.overhead_time_s == pytest.approx(fixed, rel=0.01)
+    assert predict_step_time(LLAMA8, lora, c, g) == sp.step_time_s
+    # short sequences are overhead-bound: tokens/s rises with the sequence length at a fixed batch
+    long = predict_speed(LLAMA8, Workload("m", seq_len=4096, mode="lora", lora_targets=("all-linear",)), c, g)
+    assert long.tokens_per_s > 2 * sp.tokens_per_s
+    # QLoRA pays to dequantize every pass, more with checkpointing (3 passes) than without (2)
+    q = Workload("m", seq_len=1024, mode="qlora", lora_targets=("all-linear",))
+    qs = predict_speed(LLAMA8, q, c, g)
+    assert qs.dequant_time_s == pytest.approx(8 * 3 * LLAMA8.params_linear_total * 1.2e-11)
+    assert predict_speed(LLAMA8, q, c, g, quant="gptq").dequant_time_s < qs.dequant_time_s
+    with pytest.raises(SpecError, match="quant must be one of nf4, gptq"):
+        predict_speed(LLAMA8, q, c, g, quant="awq")
+    # FlashAttention's causal kernel counts half the attention FLOPs; eager the full s x s products
+    fa = predict_speed(LLAMA8, Workload("m", seq_len=8192), Candidate(attn="flash_attention_2"), g)
+    eg = predict_speed(LLAMA8, Workload("m", seq_len=8192), Candidate(attn="eager"), g)
+    assert eg.compute_time_s > fa.compute_time_s / speed.ATTN_FACTOR["eager"] * 0.999
 
 
 # ---------------------------------------------------------------- catalog

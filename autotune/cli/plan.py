@@ -102,7 +102,7 @@ def gather(
     )  # fmt: skip
     extra = [default_note] if default_note else []
     extra += calibration_notes
-    extra += [f"--calibrate: no probe of {calibrate_from} ran on {g.name}; its speed uses the catalog efficiency"
+    extra += [f"--calibrate: no probe of {calibrate_from} ran on {g.name}; its speed uses the default efficiency"
               for g in gpus if efficiency is not None and g.name not in efficiency]
     if extra:
         result = dataclasses.replace(result, notes=(*result.notes, *extra))
@@ -146,7 +146,7 @@ def calibration_from_run(run_dir: str, catalog: Any = None) -> tuple[dict[str, f
             continue
         efficiency[name] = eff
         notes.append(f"--calibrate: {name} speed from {len(pairs)} probe(s) of {run_dir}: base efficiency "
-                     f"{eff:.2f} (catalog {gpu.efficiency or DEFAULT_EFFICIENCY:.2f})")
+                     f"{eff:.2f} (default {gpu.efficiency or DEFAULT_EFFICIENCY:.2f})")
     return efficiency, notes
 
 
@@ -212,9 +212,10 @@ def render(result: PlanResult, *, width: int = 160, color: bool = False) -> str:
     con.print(table)
     dates = sorted({r.gpu.price_date for r in result.rows if r.gpu.price_date})
     lines = [
-        "Estimates, not measurements: memory from the term-by-term model (5% headroom kept), speed = peak "
-        "bf16/fp16 FLOP/s x assumed efficiency / FLOPs per token (6N full, 4N LoRA, +2N with checkpointing, "
-        "+ PaLM attention term); MFU counts model FLOPs. Measure with `autotune run`.",
+        "Estimates, not measurements: memory from the term-by-term model (5% headroom kept), step time = FLOPs "
+        "(6N full, 4N LoRA, +2N with checkpointing, + causal attention) / (peak bf16/fp16 FLOP/s x efficiency) "
+        "+ fixed time per layer, per step and QLoRA's dequantization, fitted on published runs; MFU counts "
+        "model FLOPs. Measure with `autotune run`.",
     ]
     if dates:
         lines.append(
@@ -301,6 +302,9 @@ def command(
     attn: str | None = typer.Option(
         None, "--attn", help="Pin attention: flash_attention_2 | sdpa | eager | flex_attention."
     ),
+    liger: bool | None = typer.Option(
+        None, "--liger/--no-liger", help="Pin Liger's fused linear+cross-entropy loss on or off."
+    ),
     catalog: list[str] | None = typer.Option(  # noqa: B008
         None, "--catalog", help="Extra GPU catalog YAML (repeatable); also $AUTOTUNE_GPU_CATALOG."
     ),
@@ -312,7 +316,7 @@ def command(
     """Plan capacity without a GPU: does it fit, with which levers, how fast, how long, what cost."""
     pin = {
         "micro_batch": micro_batch, "grad_ckpt": grad_ckpt, "zero_stage": zero_stage, "world_size": world_size,
-        "offload": offload, "optim": optim, "precision": precision, "attn": attn,
+        "offload": offload, "optim": optim, "precision": precision, "attn": attn, "liger": liger,
     }  # fmt: skip
     result = gather(
         model=model, gpu=gpu, gpus_per_node=gpus_per_node, seq_len=seq_len, effective_batch=effective_batch,

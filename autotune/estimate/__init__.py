@@ -3,7 +3,7 @@ beyond the package's own gpus.yaml and catalog files passed in explicitly]
 
     arch_from_config(config.json dict) -> Arch
     estimate_memory(arch, workload, candidate, device=..., gpu=...) -> MemoryBreakdown
-    predict_speed(...) / mfu(...) / calibrate(...);  cpu_probe_seconds(...) (a CPU probe's least time)
+    predict_speed(...) / predict_step_time(...) (the one step-time model) / mfu(...) / calibrate(...);  cpu_probe_seconds(...) (a CPU probe's least time)
     find_gpu(name) / load_catalog(extra=...)
     plan(config, gpus=..., ...) -> PlanResult;  predict_peak_bytes / should_prune (PRUNE_FACTOR)
 """
@@ -34,6 +34,7 @@ from autotune.estimate.speed import (
     mfu,
     model_flops_per_token,
     predict_speed,
+    predict_step_time,
 )
 
 __all__ = [
@@ -64,5 +65,6 @@ __all__ = [
     "plan",
     "predict_peak_bytes",
     "predict_speed",
+    "predict_step_time",
     "should_prune",
 ]

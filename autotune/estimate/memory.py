@@ -26,7 +26,8 @@ Conventions (autotune's, see ``autotune/emit/training_args.py::model_dtype``):
 * LoRA/QLoRA hold the frozen base in the 16-bit type (2 B/param) or NF4 (QLoRA ≈ 0.516 B/param for
   the blocks' linears; embeddings, ``lm_head`` and norms are cast to fp32 by peft's
   ``prepare_model_for_kbit_training``, so the residual stream is fp32 too); adapters are fp32 with fp32 grads and
-  states (16 B per adapter param).
+  states (16 B per adapter param). A GPTQ base (``quant="gptq"``: peft skips the fp32 cast) and DeepSpeed
+  with 16-bit precision (its engine casts the module) keep those parameters and the residual stream 16-bit.
 * Activations are counted tensor by tensor for HF's Llama-style blocks (RMSNorm computed in fp32,
   autocast casts per consuming linear, fused attention keeping q, k, v, output and the fp32
   log-sum-exp; eager attention adds the s² scores: fp32 softmax plus its 16-bit cast). This refines
@@ -35,7 +36,8 @@ Conventions (autotune's, see ``autotune/emit/training_args.py::model_dtype``):
   activations during its recompute.
 * Logits/loss: transformers upcasts the logits to fp32 and runs log_softmax + nll; at the start of
   backward the saved log-probabilities, the nll gradient and the log_softmax gradient are live:
-  ``LOGITS_BYTES_PER_ELEMENT`` (12) x s·b·V. A fused linear+cross-entropy (Liger) keeps O(s·b·h).
+  ``LOGITS_BYTES_PER_ELEMENT`` (12) x s·b·V. A fused linear+cross-entropy (Liger) keeps O(s·b·h). A model's
+  own loss in its 16-bit dtype without autocast (``loss_dtype="model"``) keeps ``LOGITS_MODEL_DTYPE_BYTES`` (8).
 * ZeRO-Offload (DeepSpeed's own estimators, checked in tests/test_estimate_published.py): the fp32
   master weights, optimizer states and (stage 2/3) gradient partitions go to the host; ``host_bytes``
   is the host RAM per node. ``MemoryBreakdown.model_states`` is what those estimators count.
@@ -76,6 +78,9 @@ __all__ = [
     "STATIC_TERMS",
     "LOGITS_16BIT_BYTES",
     "LOGITS_BYTES_PER_ELEMENT",
+    "LOGITS_MODEL_DTYPE_BYTES",
+    "GPTQ_BYTES_PER_PARAM",
+    "QUANT_BACKENDS",
     "OVERLAP_COMM_FACTOR",
     "QLORA_BYTES_PER_PARAM",
     "MemoryBreakdown",
@@ -113,8 +118,18 @@ CPU_RUNTIME_OVERHEAD_BYTES = CPU_LIBRARY_PAGES_BYTES + CPU_TRAINER_IMPORTS_BYTES
 CPU_OVERHEAD_TERMS = ("runtime_overhead",)
 # NF4 4 bits + double-quantized block constants (~0.127 bit) per quantized weight (arXiv:2305.14314).
 QLORA_BYTES_PER_PARAM = 0.5 + 0.127 / 8
+# GPTQ int4 (auto-gptq's layout, group size 128): 4 bits + an fp16 scale and a packed 4-bit zero point
+# per group of 128 weights (the int32 g_idx per input feature adds under 0.001 B per weight).
+GPTQ_BYTES_PER_PARAM = 0.5 + 2.5 / 128
+# QLoRA's 4-bit backends: "nf4" (bitsandbytes; peft's prepare_model_for_kbit_training casts every other
+# parameter to fp32) and "gptq" (peft leaves a GPTQ model in its 16-bit dtype: no fp32 cast).
+QUANT_BACKENDS = ("nf4", "gptq")
 # fp32 log-probs saved by log_softmax + nll grad + log_softmax grad at the start of backward.
 LOGITS_BYTES_PER_ELEMENT = 12
+# A loss computed in the model's 16-bit dtype (``loss_dtype="model"``: a model's own loss code that does not
+# upcast, run without autocast, e.g. DeepSpeed fp16): the 16-bit logits the model returns, the 16-bit
+# log-probs log_softmax saves, and in backward the nll gradient and log_softmax's input gradient, 2 B each.
+LOGITS_MODEL_DTYPE_BYTES = 8
 # 16-bit training: the 16-bit logits the model computed, counted live beside the fp32 working set.
 # transformers 5.x frees them before backward (its peak is 12 B at the start of backward), but
 # versions before 4.48 also held a shifted fp32 copy; with these 2 B the plan's longest context for
@@ -318,9 +333,11 @@ def layer_activation_bytes_per_token(
     return total
 
 
-def _logits_bytes(arch: Arch, tokens: int, liger: bool, cb: int = 4) -> int:
+def _logits_bytes(arch: Arch, tokens: int, liger: bool, cb: int = 4, loss_dtype: str = "fp32") -> int:
     if liger:
         return int(8 * tokens * arch.hidden)
+    if loss_dtype == "model" and cb < 4:
+        return int((LOGITS_MODEL_DTYPE_BYTES + (8 if arch.logit_softcap else 0)) * tokens * arch.vocab)
     per = LOGITS_BYTES_PER_ELEMENT + (8 if arch.logit_softcap else 0) + (LOGITS_16BIT_BYTES if cb < 4 else 0)
     return int(per * tokens * arch.vocab)
 
@@ -332,11 +349,19 @@ def estimate_memory(
     *,
     device: str = "cuda",
     gpu: GPU | None = None,
+    quant: str | None = None,
+    loss_dtype: str | None = None,
+    bucket_elements: int | None = None,
 ) -> MemoryBreakdown:
     """Predicted peak bytes on one device for this workload and candidate (see module docstring).
 
     ``device="cpu"``: fp32 CPU training as the CPU probe runs it, no CUDA context or reserve.
     ``gpu`` is only used to check bf16 support; its capacity is the caller's business.
+    ``quant``: QLoRA's 4-bit backend (``QUANT_BACKENDS``; default "nf4", bitsandbytes as the probe runs it).
+    ``loss_dtype``: "fp32" (default: transformers upcasts the logits, and autocast runs log_softmax in
+    fp32) or "model" (a loss in the model's 16-bit dtype, without autocast; ``LOGITS_MODEL_DTYPE_BYTES``).
+    ``bucket_elements``: DeepSpeed ZeRO-1/2's reduce/allgather bucket size when the config sets one
+    (default ``DEEPSPEED_BUCKET_ELEMENTS``, DeepSpeed's own default).
     """
     if device not in ("cuda", "cpu"):
         raise SpecError(f"device must be 'cuda' or 'cpu', got {device!r}")
@@ -348,6 +373,12 @@ def estimate_memory(
         raise SpecError(f"{gpu.name} has no bf16; use precision fp16")
     if w.mode == "qlora" and device == "cpu":
         raise SpecError("QLoRA (bitsandbytes 4-bit) needs a GPU; the CPU has no 4-bit kernels")
+    backend = quant or "nf4"
+    if backend not in QUANT_BACKENDS:
+        raise SpecError(f"quant must be one of {', '.join(QUANT_BACKENDS)}; got {quant!r}")
+    loss = loss_dtype or "fp32"
+    if loss not in ("fp32", "model"):
+        raise SpecError(f"loss_dtype must be fp32 or model; got {loss_dtype!r}")
     notes: list[str] = []
     s, b = w.seq_len, c.micro_batch
     tokens = s * b
@@ -426,13 +457,17 @@ def estimate_memory(
         if w.mode == "qlora":
             # peft's prepare_model_for_kbit_training (the probe and the HF recipe call it) casts every
             # parameter bitsandbytes did not quantize (embeddings, lm_head, norms) to fp32, so the
-            # residual stream is fp32 too, and autocast keeps a 16-bit copy of the fp32 lm_head
+            # residual stream is fp32 too, and autocast keeps a 16-bit copy of the fp32 lm_head. Two
+            # setups keep them 16-bit: a GPTQ model (peft skips the cast) and DeepSpeed with 16-bit
+            # precision (its engine casts the whole module to fp16/bf16 after peft's preparation).
             linear = arch.params_linear_total
-            t["weights"] = (QLORA_BYTES_PER_PARAM * linear + 4 * (psi - linear)) / base_div
+            rest = 2 if half and (backend == "gptq" or ds) else 4
+            bpp = GPTQ_BYTES_PER_PARAM if backend == "gptq" else QLORA_BYTES_PER_PARAM
+            t["weights"] = (bpp * linear + rest * (psi - linear)) / base_div
             largest_linear = max((i * o for _, i, o in arch.linears), default=0)
             t["qlora_dequant"] = 2 * 2 * largest_linear
-            wb = 4
-            if half:
+            wb = rest
+            if half and rest == 4:
                 t["weight_copies"] = 2 * arch.vocab * arch.hidden
         else:
             t["weights"] = wb * psi / base_div
@@ -455,7 +490,7 @@ def estimate_memory(
     if ds:
         ov = OVERLAP_COMM_FACTOR
         if c.zero_stage in (1, 2):
-            bucket = min(DEEPSPEED_BUCKET_ELEMENTS, trainable)
+            bucket = min(bucket_elements or DEEPSPEED_BUCKET_ELEMENTS, trainable)
             t["zero_buffers"] = 2 * 2 * bucket * ov
         else:
             h2 = arch.hidden**2
@@ -535,7 +570,7 @@ def estimate_memory(
     elif c.attn == "eager" and c.grad_ckpt:
         # transformers materialises the causal mask for eager attention; checkpointed layers keep it
         t["attention_mask"] = wb * b * s * s
-    logits = _logits_bytes(arch, tokens, c.liger, cb)
+    logits = _logits_bytes(arch, tokens, c.liger, cb, loss)
     saved: float
     working: float
     if c.grad_ckpt:

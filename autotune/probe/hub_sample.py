@@ -11,9 +11,11 @@ what the cache key holds. The emitted ``train.py`` / ``train_sft.py`` load the f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,35 +72,24 @@ def sample_hub_dataset(
     except ImportError:
         raise DatasetError("reading a Hub dataset needs the datasets library: pip install datasets") from None
     chosen = split or "train"
-    saved = {k: os.environ.get(k) for k in ("HF_ENDPOINT",)}
     try:
-        os.environ["HF_ENDPOINT"] = endpoint
-        stream = datasets.load_dataset(ref, name=config_name, split=chosen, streaming=True, token=token,
-                                       revision=commit or None, trust_remote_code=False) \
-            if _accepts_trust_remote_code(datasets) else \
-            datasets.load_dataset(ref, name=config_name, split=chosen, streaming=True, token=token,
-                                  revision=commit or None)
-        taken = []
-        for row in stream:
-            taken.append({k: row[k] for k in _COLUMNS if k in row})
-            if len(taken) >= rows:
-                break
+        with _endpoint(endpoint, datasets):
+            kwargs: dict[str, Any] = {"trust_remote_code": False} if _accepts_trust_remote_code(datasets) else {}
+            stream = datasets.load_dataset(ref, name=config_name, split=chosen, streaming=True, token=token,
+                                           revision=commit or None, **kwargs)
+            taken = []
+            for row in stream:
+                taken.append({k: row[k] for k in _COLUMNS if k in row})
+                if len(taken) >= rows:
+                    break
     except DatasetError:
         raise
     except Exception as exc:
         text = _one_line(exc)
-        hint = ""
-        if "split" in text.lower() or isinstance(exc, ValueError | KeyError):
-            hint = "; check --split and --config-name"
+        hint = "; check --split and --config-name" if isinstance(exc, ValueError | KeyError) else ""
         raise DatasetError(f"dataset {ref}: reading a sample of split {chosen!r}"
                            + (f" (config {config_name!r})" if config_name else "")
                            + f" from the Hub failed ({type(exc).__name__}: {text}){hint}") from None
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     if not taken:
         raise DatasetError(f"dataset {ref}: split {chosen!r} is empty on the Hub; it needs at least one row")
     if not any(taken[0]):
@@ -110,6 +101,29 @@ def sample_hub_dataset(
     _write_atomic(file, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in taken))
     _write_atomic(file.with_suffix(".json"), json.dumps(meta, indent=2) + "\n")
     return file, meta
+
+
+@contextlib.contextmanager
+def _endpoint(endpoint: str, datasets: Any) -> Iterator[None]:
+    """``endpoint`` (HF_ENDPOINT) for datasets and huggingface_hub, which read it once at import, and the
+    Hub switched on for them (the caller decided to go online); everything put back afterwards."""
+    import huggingface_hub.constants as hub_constants
+
+    saved = (os.environ.get("HF_ENDPOINT"), datasets.config.HF_ENDPOINT, datasets.config.HUB_DATASETS_URL,
+             hub_constants.ENDPOINT, datasets.config.HF_HUB_OFFLINE, hub_constants.HF_HUB_OFFLINE)
+    os.environ["HF_ENDPOINT"] = endpoint
+    datasets.config.HF_ENDPOINT = hub_constants.ENDPOINT = endpoint
+    datasets.config.HUB_DATASETS_URL = endpoint + "/datasets/{repo_id}/resolve/{revision}/{path}"
+    datasets.config.HF_HUB_OFFLINE = hub_constants.HF_HUB_OFFLINE = False
+    try:
+        yield
+    finally:
+        env, datasets.config.HF_ENDPOINT, datasets.config.HUB_DATASETS_URL, hub_constants.ENDPOINT, \
+            datasets.config.HF_HUB_OFFLINE, hub_constants.HF_HUB_OFFLINE = saved
+        if env is None:
+            os.environ.pop("HF_ENDPOINT", None)
+        else:
+            os.environ["HF_ENDPOINT"] = env
 
 
 def _accepts_trust_remote_code(datasets: Any) -> bool:

@@ -160,7 +160,14 @@ def test_gated_private_and_missing_repositories_are_one_line(hub) -> None:
 def test_a_config_that_needs_remote_code_is_refused_and_its_code_never_fetched(hub) -> None:
     line = one_line(cli("plan", "--model", "standin/remote-code", "--gpu", "L4"))
     assert "--trust-remote-code" in line and "auto_map" in line
-    # (the teardown checks that configuration_acme.py was never requested)
+    assert not [p for p in hub.paths() if p.endswith(".py")], "the code is never fetched without the flag"
+    # with it, the code the config's auto_map names comes along (a probe imports it from the snapshot, offline)
+    from autotune.models import HubAccess, resolve_model
+
+    resolved = resolve_model("standin/remote-code", trust_remote_code=True, hub=HubAccess.from_env())
+    assert resolved.source == "hf-cache"  # (the refused request left its config.json in the cache)
+    assert (Path(resolved.path) / "configuration_acme.py").is_file()
+    hub.requests[:] = [r for r in hub.requests if not r[1].endswith(".py")]  # (allowed here; the teardown checks)
 
 
 def test_revisions_and_a_network_failure_fall_back_to_the_cache(hub, tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ __all__ = [
     "HubAccess",
     "HubError",
     "Fetched",
+    "fetch_code",
     "fetch_config",
     "fetch_tokenizer",
     "is_offline",
@@ -204,10 +205,21 @@ def fetch_tokenizer(repo_id: str, commit: str, access: HubAccess, cache_dir: Pat
     The repository's file list comes from ``/api/models/{repo}/revision/{commit}``; only names in
     :data:`TOKENIZER_FILES` are fetched. Raises HubError / HubUnreachable.
     """
+    return _fetch_some(repo_id, commit, access, cache_dir, lambda n: n in TOKENIZER_FILES, "tokenizer")
+
+
+def fetch_code(repo_id: str, commit: str, access: HubAccess, cache_dir: Path) -> list[str]:
+    """The model's own code (top-level ``*.py``), fetched only when ``--trust-remote-code`` allows it and the
+    config's ``auto_map`` needs it, so that a probe (offline) can import it from the snapshot."""
+    return _fetch_some(repo_id, commit, access, cache_dir, lambda n: n.endswith(".py") and "/" not in n,
+                       "remote code")
+
+
+def _fetch_some(repo_id: str, commit: str, access: HubAccess, cache_dir: Path, wanted: Any, what: str) -> list[str]:
     hub = _hub()
     try:
         info = hub.HfApi(endpoint=access.endpoint, token=access.token).model_info(repo_id, revision=commit)
-        names = sorted({s.rfilename for s in (info.siblings or [])} & set(TOKENIZER_FILES))
+        names = sorted({s.rfilename for s in (info.siblings or []) if wanted(s.rfilename)})
         for name in names:
             hub.hf_hub_download(repo_id, name, revision=commit, cache_dir=str(cache_dir), endpoint=access.endpoint,
                                 token=access.token, etag_timeout=access.timeout_s)  # fmt: skip
@@ -216,7 +228,7 @@ def fetch_tokenizer(repo_id: str, commit: str, access: HubAccess, cache_dir: Pat
             raise HubUnreachable(
                 f"the Hub at {access.endpoint} cannot be reached ({type(exc).__name__}: {_one_line(exc)})"
             ) from None
-        raise _refusal(exc, repo_id, commit, access, "tokenizer") from None
+        raise _refusal(exc, repo_id, commit, access, what) from None
     return names
 
 

@@ -47,6 +47,7 @@ from autotune.models.hub import (
     TOKENIZER_FILES,
     HubAccess,
     HubUnreachable,
+    fetch_code,
     fetch_config,
     fetch_tokenizer,
     is_hub_repo_id,
@@ -313,9 +314,22 @@ def _has_tokenizer(snapshot: Path) -> bool:
 
 def _tokenizer_for(repo: str, snapshot: Path, hub: HubAccess, cache_dir: Path, wanted: bool,
                    trust_remote_code: bool) -> tuple[str, ...]:
-    """Fetch the tokenizer files of a Hub snapshot that lacks them (``wanted`` only); notes on a fallback."""
-    if not wanted or not is_hub_repo_id(repo) or _has_tokenizer(snapshot):
-        _check_tokenizer_code(snapshot, trust_remote_code) if wanted else None
+    """What a Hub snapshot lacks: the model's own code when ``trust_remote_code`` allows it and the config's
+    auto_map needs it; the tokenizer files (``wanted`` only). Notes on a fallback."""
+    if trust_remote_code and is_hub_repo_id(repo) and not any(snapshot.glob("*.py")):
+        try:
+            config = json.loads((snapshot / CONFIG_NAME).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            config = {}
+        if isinstance(config, dict) and isinstance(config.get("auto_map"), dict):
+            try:
+                fetch_code(repo, snapshot.name, hub, cache_dir)
+            except HubUnreachable as exc:
+                return (f"{repo}: its own code (auto_map) is not in the local cache and {exc}",)
+    if not wanted:
+        return ()
+    if not is_hub_repo_id(repo) or _has_tokenizer(snapshot):
+        _check_tokenizer_code(snapshot, trust_remote_code)
         return ()
     try:
         fetch_tokenizer(repo, snapshot.name, hub, cache_dir)

@@ -38,7 +38,12 @@ from pathlib import Path
 from typing import Any
 
 from autotune.env import cpu_model, package_versions
-from autotune.spec.dataset_ref import dataset_content_digest, find_hub_dataset, find_hub_sample, is_hub_dataset_id
+from autotune.spec.dataset_ref import (
+    dataset_content_digest,
+    find_hub_dataset,
+    find_hub_sample,
+    is_hub_dataset_id,
+)
 from autotune.spec.files import file_sha256
 from autotune.spec.probe_request import ProbeSettings, Workload
 

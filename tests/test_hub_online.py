@@ -274,3 +274,17 @@ def test_a_real_probe_of_a_hub_model_on_a_streamed_hub_dataset(hub, tmp_path: Pa
     result = json.loads(res.stdout)
     assert result["status"] == "ok" and result["metrics"]["dataset_column"] == "text"
     assert "read the first 40 rows" in res.stderr
+
+
+def test_train_py_loads_the_full_dataset_by_id_not_the_sample(hub, tmp_path: Path) -> None:
+    sample = tmp_path / "autotune-cache" / "hub-samples" / "standin___tiny-data" / "train" / "sample.jsonl"
+    sample.parent.mkdir(parents=True)
+    sample.write_text(json.dumps({"text": "the probes' sample"}) + "\n")
+    code = ("from autotune.probe.data import load_token_sequences as L; "
+            f"d = L({DATA!r}, seq_len=64, tokenizer={str(TOK_DIR)!r}, local_files_only=False); print(d.num_records)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split()[-1] == str(3 * 2000), "train.py (local_files_only=False) reads every shard"
+    assert all(any(s in p for p in hub.paths()) for s in SHARDS)
+    hub.requests[:] = [r for r in hub.requests if "tiny-data" not in r[1]]  # the full download is the point here

@@ -110,16 +110,19 @@ def _endpoint(endpoint: str, datasets: Any) -> Iterator[None]:
     import huggingface_hub.constants as hub_constants
 
     saved = (os.environ.get("HF_ENDPOINT"), datasets.config.HF_ENDPOINT, datasets.config.HUB_DATASETS_URL,
-             hub_constants.ENDPOINT, datasets.config.HF_HUB_OFFLINE, hub_constants.HF_HUB_OFFLINE)
+             hub_constants.ENDPOINT, hub_constants.HUGGINGFACE_CO_URL_TEMPLATE, datasets.config.HF_HUB_OFFLINE,
+             hub_constants.HF_HUB_OFFLINE)
     os.environ["HF_ENDPOINT"] = endpoint
     datasets.config.HF_ENDPOINT = hub_constants.ENDPOINT = endpoint
+    hub_constants.HUGGINGFACE_CO_URL_TEMPLATE = endpoint + "/{repo_id}/resolve/{revision}/{filename}"
     datasets.config.HUB_DATASETS_URL = endpoint + "/datasets/{repo_id}/resolve/{revision}/{path}"
     datasets.config.HF_HUB_OFFLINE = hub_constants.HF_HUB_OFFLINE = False
     try:
         yield
     finally:
-        env, datasets.config.HF_ENDPOINT, datasets.config.HUB_DATASETS_URL, hub_constants.ENDPOINT, \
-            datasets.config.HF_HUB_OFFLINE, hub_constants.HF_HUB_OFFLINE = saved
+        (env, datasets.config.HF_ENDPOINT, datasets.config.HUB_DATASETS_URL, hub_constants.ENDPOINT,
+         hub_constants.HUGGINGFACE_CO_URL_TEMPLATE, datasets.config.HF_HUB_OFFLINE,
+         hub_constants.HF_HUB_OFFLINE) = saved
         if env is None:
             os.environ.pop("HF_ENDPOINT", None)
         else:

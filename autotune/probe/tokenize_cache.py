@@ -186,14 +186,14 @@ def load_token_sequences(
     reader_hub_id = hub_id
     if hub_id is not None:
         located = find_hub_dataset(hub_id)
-        if located is None:
-            # the bounded sample streamed when online (autotune.probe.hub_sample): JSON lines of the split
-            located = find_hub_sample(hub_id, split)
-            reader_hub_id = None
         if located is None and not local_files_only:
-            # train.py on a machine online: the full dataset, by id, as the user would load it
+            # train.py: the full dataset, by id, as the user would load it (never the probes' sample)
             return _tokenize(hub_id, *read_hub_online(hub_id, split), tokenizer=tokenizer, seq_len=seq_len,
                              local_files_only=local_files_only, cfile=None)
+        if located is None:
+            # the probes: the bounded sample streamed when online (autotune.probe.hub_sample), JSON lines
+            located = find_hub_sample(hub_id, split)
+            reader_hub_id = None
         if located is None:
             raise DatasetError(missing_hub_dataset_message(hub_id))
         p = located

@@ -288,3 +288,36 @@ def test_train_py_loads_the_full_dataset_by_id_not_the_sample(hub, tmp_path: Pat
     assert res.stdout.split()[-1] == str(3 * 2000), "train.py (local_files_only=False) reads every shard"
     assert all(any(s in p for p in hub.paths()) for s in SHARDS)
     hub.requests[:] = [r for r in hub.requests if "tiny-data" not in r[1]]  # the full download is the point here
+
+
+def test_model_references_and_the_offline_switch() -> None:
+    from autotune.errors import SpecError
+    from autotune.models import HubAccess
+    from autotune.models.hub import split_revision
+
+    assert split_revision("org/name@main") == ("org/name", "main")
+    assert split_revision("org/name@v1.0") == ("org/name", "v1.0")
+    assert split_revision("org/name") == ("org/name", None)
+    for bad in ("org/name@", "@main", "org/name@a b", "org/name@../x"):
+        with pytest.raises(SpecError, match="ORG/NAME@REVISION"):
+            split_revision(bad)
+    assert HubAccess.from_env({"HF_HUB_OFFLINE": "1"}) is None
+    assert HubAccess.from_env({"TRANSFORMERS_OFFLINE": "true"}) is None
+    assert HubAccess.from_env({}, offline=True) is None
+    assert HubAccess.from_env({"HF_HUB_OFFLINE": "0"}) == HubAccess()
+    got = HubAccess.from_env({"HF_ENDPOINT": "http://127.0.0.1:9/", "HF_TOKEN": "t"})
+    assert got is not None and got.endpoint == "http://127.0.0.1:9" and got.token == "t"
+
+
+@pytest.mark.slow
+def test_a_real_run_with_a_hub_model_and_a_hub_dataset(hub, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    res = cli("run", "--model", MODEL, "--dataset", DATA, "--sample-rows", "32", "--device", "cpu", "--seq-len", "64",
+              "--effective-batch", "4", "--gpu-budget", "8GiB", "--max-trials", "2", "--top-k", "1", "--steps", "1",
+              "--confirm-rounds", "1:1", "--out", str(out), "--json", timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads(res.stdout)
+    assert summary["status"] == "complete" and summary["model_name"] == MODEL
+    run_json = json.loads((Path(summary["run_dir"]) / "run.json").read_text())
+    assert run_json["model_revision"] == hub.repos[("model", MODEL)].commit
+    assert "read the first 32 rows" in res.stderr

@@ -150,7 +150,7 @@ def test_gated_private_and_missing_repositories_are_one_line(hub) -> None:
     assert f"{hub.url}/standin/gated-model" in gated and "HF_TOKEN" in gated and "401" in gated
     with_token = one_line(cli("plan", "--model", "standin/gated-model", "--gpu", "L4",
                               env_extra={"HF_TOKEN": "hf_test_token_without_access"}))
-    assert "403" in with_token and "refused" in with_token and "HF_TOKEN" in with_token
+    assert "403" in with_token and "has no access" in with_token and "HF_TOKEN" in with_token
     missing = one_line(cli("plan", "--model", "standin/no-such-model", "--gpu", "L4"))
     assert "does not exist on the Hub" in missing and "404" in missing
     bad_rev = one_line(cli("plan", "--model", f"{MODEL}@no-such-branch", "--gpu", "L4"))

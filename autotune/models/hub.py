@@ -152,9 +152,11 @@ def _refusal(exc: BaseException, repo_id: str, revision: str | None, access: Hub
     at = f"@{revision}" if revision else ""
     page = access.model_page(repo_id)
     if isinstance(exc, errors.GatedRepoError) or status in (401, 403):
-        have = "the token given was refused" if access.token or status == 403 else "no token was sent"
+        have = "the token sent has no access" if status == 403 else "not authenticated"
+        what_it_is = "is gated or private" if isinstance(exc, errors.GatedRepoError) else (
+            "is private or does not exist")  # (the Hub answers 401 for both when not authenticated)
         return HubError(
-            f"model {repo_id}{at} is gated or private on the Hub ({status or 'refused'}; {have}): accept its "
+            f"model {repo_id}{at} {what_it_is} on the Hub ({status or 'refused'}; {have}): accept its "
             f"terms at {page} and set HF_TOKEN to a token with access (or run `hf auth login`), "
             "or pass a local directory or a preset"
         )

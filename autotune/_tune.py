@@ -301,6 +301,9 @@ def tune(
     load_monitor: bool | None = None,
     trainer: str = "hf",
     strategy: str = "walk",
+    hub: Any = None,
+    config_name: str | None = None,
+    sample_rows: int | None = None,
 ) -> TuneResult:
     """Find the fastest configuration of ``model`` that fits ``gpu_budget``, by measuring.
 
@@ -320,6 +323,10 @@ def tune(
     this machine) watches for other load and fills ``summary["warnings"]``.
     ``trainer`` ``"trl"`` measures every probe through TRL's SFTTrainer with the candidate's
     ``sft_config.json`` (``autotune.probe.trl_probe``; it needs a ``tokenizer``).
+    ``hub`` (an ``autotune.models.HubAccess``; None: never the network) lets a model id missing from
+    the cache be fetched (config.json, tokenizer files) and a Hub ``dataset`` missing from the datasets
+    cache be read as a streamed sample of ``sample_rows`` rows (default 1000) of ``split``
+    (``config_name``).
 
     The stages, in order: :func:`read_request` (validate, parse, resolve the model) ->
     :func:`plan_search` (device, space, budget, preflight, cache key) -> :func:`answer_from_cache`
@@ -385,6 +392,9 @@ class TuneArgs:
     load_monitor: bool | None
     trainer: str
     strategy: str = "walk"
+    hub: Any = None  # autotune.models.HubAccess: online; None: offline
+    config_name: str | None = None
+    sample_rows: int | None = None
 
 
 @dataclass(frozen=True)
@@ -436,13 +446,29 @@ def read_request(a: TuneArgs) -> Request:
     from autotune._preflight import check_model_config
     from autotune.models import check_seq_len, resolve_model
 
-    resolved = resolve_model(a.model, trust_remote_code=a.trust_remote_code)
+    resolved = resolve_model(a.model, trust_remote_code=a.trust_remote_code, hub=a.hub,
+                             tokenizer=a.dataset is not None and a.tokenizer is None)
     check_model_config(resolved.config, resolved.config_path)
     check_seq_len(resolved, a.seq_len)
+    if a.progress is not None:
+        for text in resolved.notes:
+            a.progress("note", {"text": text})
     if a.dataset is not None:
-        from autotune.spec.dataset_ref import find_hub_dataset, is_hub_dataset_id, missing_hub_dataset_message
+        from autotune.probe.hub_sample import prepare_hub_dataset
 
-        if is_hub_dataset_id(a.dataset) and find_hub_dataset(a.dataset) is None:
+        note = prepare_hub_dataset(a.dataset, split=a.split, config_name=a.config_name, rows=a.sample_rows,
+                                   hub=a.hub)
+        if note and a.progress is not None:
+            a.progress("note", {"text": note})
+        from autotune.spec.dataset_ref import (
+            find_hub_dataset,
+            find_hub_sample,
+            is_hub_dataset_id,
+            missing_hub_dataset_message,
+        )
+
+        if is_hub_dataset_id(a.dataset) and find_hub_dataset(a.dataset) is None \
+                and (a.hub is None or find_hub_sample(a.dataset, a.split) is None):
             raise SpecError(missing_hub_dataset_message(a.dataset))
         if not is_hub_dataset_id(a.dataset) and not Path(a.dataset).exists():
             raise SpecError(f"dataset {a.dataset!r} does not exist")
@@ -562,7 +588,8 @@ def _cache_key(r: Request, dev: str, gpu_infos: list[dict[str, Any]], space: Sea
                            a.executor is None and a.ray_address is None))}  # fmt: skip
     key = cache_key(model_config=r.resolved.config, space=space.to_dict(), budget_bytes=settings.budget_bytes,
                     seq_len=a.seq_len, effective_batch=a.effective_batch, mode=a.mode, hardware=hardware,
-                    software=software, dataset=dataset_identity(a.dataset), search=search_settings,
+                    software=software, dataset=dataset_identity(a.dataset, a.split) if a.hub is not None else
+                    dataset_identity(a.dataset), search=search_settings, model_revision=r.resolved.revision,
                     workload=workload_fields(workload), probe=probe_fields(settings), capabilities=caps)  # fmt: skip
     return hardware, software, key
 
@@ -646,7 +673,9 @@ def start_run(r: Request, plan: SearchPlan, run_dir: Any, resumed: bool) -> RunS
         run_dir.write_json("run.json", {"cache_key": plan.key, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
                                         "request": {k: base_summary[k] for k in (
                                             "model", "mode", "trainer", "seq_len", "lengths", "effective_batch", "device",
-                                            "gpu_budget", "seed", "space", "search")}})  # fmt: skip
+                                            "gpu_budget", "seed", "space", "search")},
+                                        **({"model_revision": r.resolved.revision, "model_path": r.resolved.path}
+                                           if r.resolved.revision else {})})  # fmt: skip
     if progress is not None:
         progress("run_dir", {"run_dir": str(run_dir.path), "resumed": resumed, "restored": len(history)})
         for text in plan.notes:

@@ -194,7 +194,8 @@ def test_documented_flags_reach_tune(tmp_path: Path, monkeypatch: pytest.MonkeyP
                "--time-budget", "20m", "--gpus", "0,1", "--ray-address", "ray://h:10001", "--device", "cuda",
                "--storage", "sqlite:///x.db", "--out", "o", "--seed", "3", "--resume", "--gpus-per-trial", "2",
                "--top-k", "2", "--steps", "4", "--probe-timeout", "60", "--confirm-rounds", "3:5",
-               "--confirm-tolerance", "0.2", "--strategy", "tpe", "--trainer", "trl"])
+               "--confirm-tolerance", "0.2", "--strategy", "tpe", "--trainer", "trl", "--config-name", "cfg",
+               "--sample-rows", "9", "--offline"])
     assert res.exit_code == 2
     assert seen == {
         "model": "m", "gpu_budget": "24GB", "seq_len": 4096, "effective_batch": 32, "mode": "lora", "space": "lora",
@@ -204,6 +205,7 @@ def test_documented_flags_reach_tune(tmp_path: Path, monkeypatch: pytest.MonkeyP
         "trust_remote_code": False, "verify_loss": 0, "confirm_rounds": (3, 5), "confirm_tolerance": 0.2,
         "trainer": "trl",
         "strategy": "tpe",
+        "hub": None, "config_name": "cfg", "sample_rows": 9,  # --offline: no HubAccess
     }
 
 

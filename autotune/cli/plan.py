@@ -43,11 +43,14 @@ def gather(
     environ: Mapping[str, str] | None = None,
     pin: Mapping[str, Any] | None = None,
     calibrate_from: str | None = None,
+    hub: Any = None,
 ) -> PlanResult:
     """Validate the flags, resolve the model and plan. Raises SpecError with one line.
 
     ``pin``: Candidate fields fixed from the command line (``PIN_FIELDS``; None values are ignored).
     ``calibrate_from``: a run folder whose probes calibrate the speed model (:func:`calibration_from_run`).
+    ``hub``: an ``autotune.models.HubAccess`` (None: offline): a model id missing from the HF cache has its
+    config.json fetched from the Hub (nothing else).
     """
     from autotune.models import resolve_model
 
@@ -82,7 +85,7 @@ def gather(
     calibration_notes: list[str] = []
     if calibrate_from is not None:
         efficiency, calibration_notes = calibration_from_run(calibrate_from, load_catalog(paths or None))
-    resolved = resolve_model(model)
+    resolved = resolve_model(model, hub=hub)
     assert gpus is not None
     from autotune.estimate import arch_from_config
 
@@ -101,6 +104,7 @@ def gather(
         lora_targets=targets, pin=pinned, efficiency=efficiency,
     )  # fmt: skip
     extra = [default_note] if default_note else []
+    extra += list(resolved.notes)
     extra += calibration_notes
     extra += [f"--calibrate: no probe of {calibrate_from} ran on {g.name}; its speed uses the default efficiency"
               for g in gpus if efficiency is not None and g.name not in efficiency]
@@ -148,6 +152,12 @@ def calibration_from_run(run_dir: str, catalog: Any = None) -> tuple[dict[str, f
         notes.append(f"--calibrate: {name} speed from {len(pairs)} probe(s) of {run_dir}: base efficiency "
                      f"{eff:.2f} (default {gpu.efficiency or DEFAULT_EFFICIENCY:.2f})")
     return efficiency, notes
+
+
+def _hub_access(offline: bool) -> Any:
+    from autotune.models import HubAccess
+
+    return HubAccess.from_env(offline=offline)
 
 
 ATTN_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -266,7 +276,8 @@ def _breakdown_lines(row: Any) -> list[str]:
 
 def command(
     model: str = typer.Option(
-        ..., "--model", "-m", help="Preset name, hub id (in the HF cache) or directory."
+        ..., "--model", "-m",
+        help="Preset name, directory, or hub id ORG/NAME[@REVISION] (the HF cache, else config.json from the Hub when online).",
     ),
     gpu: str = typer.Option(DEFAULT_GPUS, "--gpu", help="Comma-separated GPU names from the catalog."),
     gpus_per_node: int = typer.Option(8, "--gpus-per-node", help="Most GPUs the plan may use (one node)."),
@@ -311,6 +322,7 @@ def command(
     calibrate: str | None = typer.Option(
         None, "--calibrate", help="A run folder (results/<run>): calibrate the speed model from its probes on a GPU."
     ),
+    offline: bool = typer.Option(False, "--offline", help="Never contact the Hub (as HF_HUB_OFFLINE=1): models and datasets only from local folders, the HF caches and the presets."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON only."),
 ) -> None:
     """Plan capacity without a GPU: does it fit, with which levers, how fast, how long, what cost."""
@@ -321,7 +333,7 @@ def command(
     result = gather(
         model=model, gpu=gpu, gpus_per_node=gpus_per_node, seq_len=seq_len, effective_batch=effective_batch,
         mode=mode, tokens=tokens, lora_r=lora_r, lora_targets=lora_targets, catalog=catalog, pin=pin,
-        calibrate_from=calibrate,
+        calibrate_from=calibrate, hub=_hub_access(offline),
     )  # fmt: skip
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=2))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import typer
 
@@ -55,12 +56,23 @@ def build_probe_request(
     sharding: str = "deepspeed",
     trainer: str = "hf",
     window: str = "adaptive",
+    hub: Any = None,
+    config_name: str | None = None,
+    sample_rows: int | None = None,
+    notes: list[str] | None = None,
 ) -> ProbeRequest:
-    """Resolve the model and validate everything; raise SpecError on bad input."""
+    """Resolve the model and validate everything; raise SpecError on bad input.
+
+    ``hub`` (an ``autotune.models.HubAccess``; None: offline) lets a model or dataset missing from the
+    local caches come from the Hub (config.json and tokenizer files; a streamed sample of the data);
+    what the user should know about it is appended to ``notes``."""
     from autotune.models import check_seq_len, resolve_model
     from autotune.spec.lengths import parse_lengths
 
-    resolved = resolve_model(model, trust_remote_code=trust_remote_code)
+    resolved = resolve_model(model, trust_remote_code=trust_remote_code, hub=hub,
+                             tokenizer=dataset is not None and tokenizer is None)
+    if notes is not None:
+        notes.extend(resolved.notes)
     if precision == "auto":
         precision = "fp32" if _probe_device(device) == "cpu" else "bf16"
     check_seq_len(resolved, seq_len)
@@ -122,6 +134,12 @@ def build_probe_request(
     if problems:
         raise SpecError(problems)
     if dataset is not None:
+        from autotune.probe.hub_sample import prepare_hub_dataset
+
+        note = prepare_hub_dataset(dataset, split=split, config_name=config_name, rows=sample_rows, hub=hub)
+        if note and notes is not None:
+            notes.append(note)
+    if dataset is not None:
         # tokenized once here (bad files fail now, with exit 2); every probe then hits the cache
         from autotune.probe.data import find_tokenizer, load_token_sequences
 
@@ -154,7 +172,7 @@ def _device_total_bytes(device: str) -> int | None:
 
 
 def command(
-    model: str = typer.Option(..., "--model", "-m", help="Preset (llama-3.1-8b), hub id in the local cache, or a local dir with config.json."),
+    model: str = typer.Option(..., "--model", "-m", help="Local dir with config.json, hub id (ORG/NAME[@REVISION]: the HF cache, else config.json and tokenizer fetched from the Hub when online) or preset (llama-3.1-8b)."),
     seq_len: int = typer.Option(512, "--seq-len", help="Sequence length (tokens)."),
     micro_batch: int = typer.Option(4, "--micro-batch", help="per_device_train_batch_size."),
     grad_accum: int = typer.Option(1, "--grad-accum", help="gradient_accumulation_steps."),
@@ -169,9 +187,12 @@ def command(
     torch_compile: bool = typer.Option(False, "--compile/--no-compile", help="TrainingArguments.torch_compile."),
     liger: bool = typer.Option(False, "--liger/--no-liger", help="Liger kernels (GPU, liger-kernel installed)."),
     lengths: str = typer.Option("fixed", "--lengths", help="Synthetic length distribution: fixed | lognormal:MU,SIGMA | uniform:LO-HI | histogram:FILE.json."),
-    dataset: str | None = typer.Option(None, "--dataset", help="jsonl/parquet file, save_to_disk dir, or Hub id (org/name) in the local HF datasets cache, with a text, messages (chat), prompt+completion or input_ids column."),
+    dataset: str | None = typer.Option(None, "--dataset", help="jsonl/parquet file, save_to_disk dir, or Hub id (ORG/NAME: the local HF datasets cache, else a streamed sample when online), with a text, messages (chat), prompt+completion or input_ids column."),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="Local tokenizer dir (for text/chat data; chat needs a chat_template)."),
-    split: str | None = typer.Option(None, "--split", help="Split of a DatasetDict save_to_disk dir or a cached Hub dataset (default: train)."),
+    split: str | None = typer.Option(None, "--split", help="Split of a DatasetDict save_to_disk dir or a Hub dataset (default: train)."),
+    config_name: str | None = typer.Option(None, "--config-name", help="Configuration (subset) of a Hub dataset read as a streamed sample."),
+    sample_rows: int | None = typer.Option(None, "--sample-rows", help="Rows of a Hub dataset's streamed sample (default 1000: the first N rows of the split)."),
+    offline: bool = typer.Option(False, "--offline", help="Never contact the Hub (as HF_HUB_OFFLINE=1): models and datasets only from local folders, the HF caches and the presets."),
     lora_r: int = typer.Option(16, "--lora-r", help="LoRA rank (alpha = 2r)."),
     gpu_budget: str | None = typer.Option(None, "--gpu-budget", help="Memory budget: 24GB, 24GiB, 24g or 80%. On CPU it caps RSS growth."),
     headroom: float = typer.Option(0.05, "--headroom", help="Share of the budget kept free (default 5%)."),
@@ -191,7 +212,9 @@ def command(
 ) -> None:
     """Measure one training configuration (tokens/s of real tokens, peak memory, status)."""
     from autotune.executors.local import run_probe_process
+    from autotune.models import HubAccess
 
+    notes: list[str] = []
     req = build_probe_request(
         model=model, seq_len=seq_len, micro_batch=micro_batch, grad_accum=grad_accum, grad_ckpt=grad_ckpt,
         attn=attn, workers=workers, pin_memory=pin_memory, precision=precision, mode=mode, packing=packing,
@@ -200,7 +223,10 @@ def command(
         warmup_steps=warmup_steps, steps=steps, timeout=timeout, seed=seed, trust_remote_code=trust_remote_code,
         world_size=world_size, zero_stage=zero_stage, offload=offload, sharding=sharding, trainer=trainer,
         window=window,
+        hub=HubAccess.from_env(offline=offline), config_name=config_name, sample_rows=sample_rows, notes=notes,
     )  # fmt: skip
+    for note in notes:
+        console(stderr=True).print(f"[yellow]note:[/yellow] {note}", highlight=False, markup=True)
     if not as_json:
         console(stderr=True).print(f"[dim]probing {req.workload.model} ({req.workload.model_path}) ...[/dim]")
     result: ProbeResult = run_probe_process(req)

@@ -174,7 +174,7 @@ def render_summary(summary: dict[str, Any], con: Console) -> None:
 
 
 def command(
-    model: str | None = typer.Option(None, "--model", "-m", help="Preset, hub id in the local HF cache, or a local dir with config.json (required unless --from names one)."),
+    model: str | None = typer.Option(None, "--model", "-m", help="Local dir with config.json, hub id (ORG/NAME[@REVISION]: the HF cache, else its config.json fetched from the Hub when online) or preset (required unless --from names one)."),
     gpu_budget: str = typer.Option(..., "--gpu-budget", help="Memory budget per GPU: 24GB, 24GiB, 24g or 80%."),
     seq_len: int | None = typer.Option(None, "--seq-len", help="Sequence length (tokens). Default: --from's, else 2048."),
     effective_batch: int | None = typer.Option(None, "--effective-batch", help="Sequences per optimizer step, held fixed (micro-batch × accumulation × GPUs). Default: --from's, else 64."),
@@ -183,8 +183,11 @@ def command(
     write_back: str | None = typer.Option(None, "--write-back", help="With --from: write your file with the tuned keys changed (nothing else) here. Default: best/<its name> in the run directory."),
     fmt: str | None = typer.Option(None, "--format", help="With --from: the file's format (default: detected from its keys)."),
     space: str | None = typer.Option(None, "--space", help="Search space: a name in search_spaces/ (default, lora, cpu, multi-gpu) or a YAML path. Default: cpu on a CPU, default on a GPU."),
-    dataset: str | None = typer.Option(None, "--dataset", help="Data to probe with (default: synthetic tokens): a .jsonl/.parquet file, a save_to_disk folder, or a Hub id (org/name) already in the local HF datasets cache."),
-    split: str | None = typer.Option(None, "--split", help="Split of a DatasetDict folder or a cached Hub dataset (default: train)."),
+    dataset: str | None = typer.Option(None, "--dataset", help="Data to probe with (default: synthetic tokens): a .jsonl/.parquet file, a save_to_disk folder, or a Hub id (ORG/NAME): the local HF datasets cache, else a streamed sample when online."),
+    split: str | None = typer.Option(None, "--split", help="Split of a DatasetDict folder or a Hub dataset (default: train)."),
+    config_name: str | None = typer.Option(None, "--config-name", help="Configuration (subset) of a Hub dataset read as a streamed sample."),
+    sample_rows: int | None = typer.Option(None, "--sample-rows", help="Rows of a Hub dataset's streamed sample (default 1000: the first N rows of the split)."),
+    offline: bool = typer.Option(False, "--offline", help="Never contact the Hub (as HF_HUB_OFFLINE=1): models and datasets only from local folders, the HF caches and the presets."),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="Local tokenizer dir for text/chat data (chat needs a chat_template). Default: the model dir's own; --trainer trl takes its pad token from it."),
     lengths: str = typer.Option("fixed", "--lengths", help="Synthetic sequence lengths when there is no --dataset: fixed | lognormal:MU,SIGMA | uniform:LO-HI | histogram:FILE.json."),
     max_trials: int = typer.Option(40, "--max-trials", help="Most probes the search runs (inferred and skipped ones are free)."),
@@ -242,7 +245,7 @@ def command(
             probe_timeout_s=probe_timeout, trust_remote_code=trust_remote_code,
             verify_loss=verify_loss_steps if verify_loss else 0,
             confirm_rounds=_rounds(confirm_rounds), confirm_tolerance=confirm_tolerance, strategy=strategy,
-            trainer=trainer,
+            trainer=trainer, hub=_hub_access(offline), config_name=config_name, sample_rows=sample_rows,
         )  # fmt: skip
     finally:
         printer.close()
@@ -257,6 +260,13 @@ def command(
         err.print(f"--strict: the answer is doubtful ({'; '.join(trust.get('reasons') or [])}); exit 5",
                   highlight=False)
         raise typer.Exit(5)
+
+
+def _hub_access(offline: bool) -> Any:
+    """How to reach the Hub (HF_ENDPOINT, HF_TOKEN), or None when offline (--offline, HF_HUB_OFFLINE)."""
+    from autotune.models import HubAccess
+
+    return HubAccess.from_env(offline=offline)
 
 
 def _rounds(text: str | None) -> tuple[int, int] | None:

@@ -1,4 +1,4 @@
-"""Model references: built-in presets, tiny test models, local directories and the HF cache.
+"""Model references: built-in presets, tiny test models, local directories, the HF cache and the Hub.
 
 Only configs live here; probes build models from them with random weights. Importing this
 package imports neither torch nor transformers.
@@ -7,6 +7,7 @@ package imports neither torch nor transformers.
 from __future__ import annotations
 
 from autotune.models._registry import PRESETS, TINY, PresetInfo
+from autotune.models.hub import HubAccess, HubError, is_offline
 from autotune.models.resolve import (
     ModelSource,
     ResolvedModel,
@@ -18,10 +19,13 @@ from autotune.models.resolve import (
 __all__ = [
     "PRESETS",
     "TINY",
+    "HubAccess",
+    "HubError",
     "ModelSource",
     "PresetInfo",
     "ResolvedModel",
     "check_seq_len",
     "default_hf_cache_dir",
+    "is_offline",
     "resolve_model",
 ]

@@ -1,4 +1,4 @@
-"""Model references → a ``config.json`` on disk. Never touches the network.
+"""Model references → a ``config.json`` on disk. The network only with a :class:`HubAccess`.
 
 A reference is resolved in this order; the first match wins:
 
@@ -13,6 +13,16 @@ A reference is resolved in this order; the first match wins:
 3. **preset** / **tiny**: a built-in config, named by its short name (``llama-3.1-8b``), one of
    its hub ids (``meta-llama/Llama-3.1-8B``, ``meta-llama/Meta-Llama-3.1-8B``) or its bare repo
    name (``Mistral-7B-v0.3``), in any case.
+
+4. **hub** (only when given ``hub``, a :class:`~autotune.models.hub.HubAccess`: the machine is online
+   and not ``HF_HUB_OFFLINE``): an ``org/name`` id is fetched from the Hub, ``config.json`` only (and
+   the tokenizer files when ``tokenizer=True``), into the HF cache (:mod:`autotune.models.hub`).
+
+``org/name@REVISION`` names a branch, tag or commit: a commit hash in the cache is used as it is; a
+branch or tag is asked of the Hub when online (one HEAD request when the cached file is current),
+and a network failure then falls back to the cached snapshot of that name, with a note. Without
+``hub`` (offline) a revision is looked up in the cache only. The snapshot's commit hash is
+``ResolvedModel.revision`` (None for local folders and presets).
 
 Anything else raises :class:`~autotune.errors.ModelNotFoundError`. Only the config is needed:
 probes build models from it with random weights.
@@ -33,6 +43,16 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from autotune.errors import ModelNotFoundError, SpecError
 from autotune.models._registry import PRESETS, TINY, lookup
+from autotune.models.hub import (
+    TOKENIZER_FILES,
+    HubAccess,
+    HubUnreachable,
+    fetch_code,
+    fetch_config,
+    fetch_tokenizer,
+    is_hub_repo_id,
+    split_revision,
+)
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -45,7 +65,7 @@ __all__ = [
     "resolve_model",
 ]
 
-ModelSource = Literal["local", "hf-cache", "preset", "tiny"]
+ModelSource = Literal["local", "hf-cache", "hub", "preset", "tiny"]
 
 CONFIG_NAME = "config.json"
 
@@ -64,6 +84,7 @@ _NATIVE_MODEL_TYPES = frozenset(
 
 # A hub id: "org/name" or a bare legacy name ("gpt2"). Hub names use letters, digits, "-", "_", ".".
 _HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+_COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 
 
 @dataclass(frozen=True)
@@ -83,6 +104,8 @@ class ResolvedModel:
     model_type: str
     max_positions: int | None
     trust_remote_code: bool = False
+    revision: str | None = None  # the HF cache snapshot's commit hash (hf-cache, hub); None otherwise
+    notes: tuple[str, ...] = field(default=(), compare=False)  # what the user should know (a fallback)
 
     @property
     def config_path(self) -> str:
@@ -120,11 +143,18 @@ def resolve_model(
     *,
     trust_remote_code: bool = False,
     hf_cache: str | os.PathLike[str] | None = None,
+    hub: HubAccess | None = None,
+    tokenizer: bool = False,
 ) -> ResolvedModel:
     """Resolve ``ref`` (local path, hub id or preset name) to its config; see the module doc.
 
+    ``hub``: fetch from the Hub what the cache lacks (None: never touch the network). ``tokenizer``:
+    the caller will tokenize with the model's own tokenizer, so a Hub model's tokenizer files are
+    fetched too (when ``hub`` is given and the snapshot lacks them).
+
     Raises ModelNotFoundError when nothing matches, SpecError when the ``config.json`` found is
-    malformed or needs remote code that ``trust_remote_code`` does not allow.
+    malformed or needs remote code that ``trust_remote_code`` does not allow, HubError (a SpecError)
+    when the Hub refuses.
     """
     if not isinstance(ref, str) or not ref.strip():
         raise SpecError(f"model must be a non-empty string (preset, hub id or directory), got {ref!r}")
@@ -149,18 +179,28 @@ def resolve_model(
             f"or use a preset ({_preset_names()})"
         )
 
-    # 2. the local Hugging Face cache
     cache_dir = Path(hf_cache).expanduser() if hf_cache is not None else default_hf_cache_dir()
+    repo, revision = split_revision(text) if "@" in text else (text, None)
+    if revision is not None:
+        return _resolve_revision(ref, repo, revision, cache_dir, hub, trust_remote_code, tokenizer)
+
+    # 2. the local Hugging Face cache
     if _HUB_ID_RE.match(text):
         found = _find_in_hf_cache(cache_dir, text)
         if found is not None:
             hub_id, snapshot = found
-            return _build(ref, hub_id, str(snapshot), "hf-cache", trust_remote_code)
+            notes = _tokenizer_for(hub_id, snapshot, hub, cache_dir, tokenizer, trust_remote_code) if hub else ()
+            return _build(ref, hub_id, str(snapshot), "hf-cache", trust_remote_code, revision=snapshot.name,
+                          notes=notes)
 
     # 3. the built-in presets and tiny test models
     info = lookup(text)
     if info is not None:
         return _build(ref, info.display_name, info.path, info.kind, trust_remote_code)
+
+    # 4. the Hub, when online
+    if hub is not None and is_hub_repo_id(text):
+        return _fetch(ref, text, None, cache_dir, hub, trust_remote_code, tokenizer)
 
     hint = ""
     if "/" in text and _HUB_ID_RE.match(text):
@@ -204,13 +244,29 @@ def _looks_like_path(text: str) -> bool:
     )
 
 
-def _find_in_hf_cache(cache_dir: Path, hub_id: str) -> tuple[str, Path] | None:
+def _find_in_hf_cache(cache_dir: Path, hub_id: str, revision: str | None = None) -> tuple[str, Path] | None:
     """(hub id as cached, snapshot directory) for ``hub_id`` in ``cache_dir``, or None.
 
     Matches the repo folder case-insensitively (the hub treats ids so). Prefers the snapshot
     ``refs/main`` names; otherwise the most recently modified snapshot that has a config.json.
+    With ``revision``: the snapshot ``refs/<revision>`` names, or the snapshot of that commit, only.
     """
     if not cache_dir.is_dir():
+        return None
+    if revision is not None:
+        repo_dir = _hf_cache_repo_dir(cache_dir, hub_id)
+        if repo_dir is None:
+            return None
+        commit = revision
+        ref_file = repo_dir / "refs" / revision
+        if not _COMMIT_RE.match(revision):
+            try:
+                commit = ref_file.read_text(encoding="utf-8").strip() if ref_file.is_file() else ""
+            except OSError:
+                commit = ""
+        snap = repo_dir / "snapshots" / commit
+        if commit and (snap / CONFIG_NAME).is_file():
+            return _cached_hub_id(repo_dir), snap
         return None
     wanted = "models--" + hub_id.replace("/", "--")
     repo_dir = cache_dir / wanted
@@ -241,17 +297,114 @@ def _find_in_hf_cache(cache_dir: Path, hub_id: str) -> tuple[str, Path] | None:
     return _cached_hub_id(repo_dir), newest
 
 
+def _hf_cache_repo_dir(cache_dir: Path, hub_id: str) -> Path | None:
+    wanted = "models--" + hub_id.replace("/", "--")
+    if (cache_dir / wanted).is_dir():
+        return cache_dir / wanted
+    try:
+        matches = [d for d in cache_dir.iterdir() if d.name.lower() == wanted.lower() and d.is_dir()]
+    except OSError:
+        return None
+    return sorted(matches)[0] if matches else None
+
+
+def _has_tokenizer(snapshot: Path) -> bool:
+    return any((snapshot / name).is_file() for name in TOKENIZER_FILES)
+
+
+def _tokenizer_for(repo: str, snapshot: Path, hub: HubAccess, cache_dir: Path, wanted: bool,
+                   trust_remote_code: bool) -> tuple[str, ...]:
+    """What a Hub snapshot lacks: the model's own code when ``trust_remote_code`` allows it and the config's
+    auto_map needs it; the tokenizer files (``wanted`` only). Notes on a fallback."""
+    if trust_remote_code and is_hub_repo_id(repo) and not any(snapshot.glob("*.py")):
+        try:
+            config = json.loads((snapshot / CONFIG_NAME).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            config = {}
+        if isinstance(config, dict) and isinstance(config.get("auto_map"), dict):
+            try:
+                fetch_code(repo, snapshot.name, hub, cache_dir)
+            except HubUnreachable as exc:
+                return (f"{repo}: its own code (auto_map) is not in the local cache and {exc}",)
+    if not wanted:
+        return ()
+    if not is_hub_repo_id(repo) or _has_tokenizer(snapshot):
+        _check_tokenizer_code(snapshot, trust_remote_code)
+        return ()
+    try:
+        fetch_tokenizer(repo, snapshot.name, hub, cache_dir)
+    except HubUnreachable as exc:
+        return (f"{repo}: its tokenizer is not in the local cache and {exc}; going on without it",)
+    _check_tokenizer_code(snapshot, trust_remote_code)
+    return ()
+
+
+def _check_tokenizer_code(snapshot: Path, trust_remote_code: bool) -> None:
+    """A tokenizer whose tokenizer_config.json maps to its own code (auto_map) needs --trust-remote-code."""
+    file = snapshot / "tokenizer_config.json"
+    if trust_remote_code or not file.is_file():
+        return
+    try:
+        cfg = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if isinstance(cfg, dict) and cfg.get("auto_map"):
+        raise SpecError(f"{file}: the tokenizer needs its own code (auto_map); pass --trust-remote-code to run "
+                        "that code, or --tokenizer DIR of another tokenizer")
+
+
+def _fetch(ref: str, repo: str, revision: str | None, cache_dir: Path, hub: HubAccess, trust_remote_code: bool,
+           tokenizer: bool, fallback: Path | None = None) -> ResolvedModel:
+    """config.json (and the tokenizer) from the Hub; on a network failure the cached ``fallback``."""
+    at = f"@{revision}" if revision else ""
+    try:
+        fetched = fetch_config(repo, revision, hub, cache_dir)
+    except HubUnreachable as exc:
+        if fallback is not None:
+            note = (f"{repo}{at}: {exc}; using the cached snapshot {fallback.name[:12]} of {revision or 'main'} "
+                    f"from {cache_dir}")
+            return _build(ref, _cached_hub_id(fallback.parent.parent), str(fallback), "hf-cache", trust_remote_code,
+                          revision=fallback.name, notes=(note,))
+        raise HubUnreachable(
+            f"model {repo}{at} is not in the local Hugging Face cache ({cache_dir}) and {exc}; connect and retry, "
+            f"put its config in the cache (`hf download {repo} {CONFIG_NAME}`), or pass a local directory or a preset"
+        ) from None
+    snapshot = fetched.snapshot
+    _build(ref, repo, str(snapshot), "hub", trust_remote_code)  # refuses remote code before anything else
+    notes = _tokenizer_for(repo, snapshot, hub, cache_dir, tokenizer, trust_remote_code)
+    return _build(ref, repo, str(snapshot), "hub", trust_remote_code, revision=fetched.commit, notes=notes)
+
+
+def _resolve_revision(ref: str, repo: str, revision: str, cache_dir: Path, hub: HubAccess | None,
+                      trust_remote_code: bool, tokenizer: bool) -> ResolvedModel:
+    """``org/name@revision``: a cached commit as it is; a branch or tag asked of the Hub when online."""
+    found = _find_in_hf_cache(cache_dir, repo, revision)
+    if found is not None and (hub is None or _COMMIT_RE.match(revision)):
+        hub_id, snapshot = found
+        notes = _tokenizer_for(hub_id, snapshot, hub, cache_dir, tokenizer, trust_remote_code) if hub else ()
+        return _build(ref, hub_id, str(snapshot), "hf-cache", trust_remote_code, revision=snapshot.name, notes=notes)
+    if hub is not None:
+        return _fetch(ref, repo, revision, cache_dir, hub, trust_remote_code, tokenizer,
+                      fallback=found[1] if found is not None else None)
+    raise ModelNotFoundError(
+        f"model {ref!r}: revision {revision!r} of {repo} is not in the local Hugging Face cache ({cache_dir}) and "
+        f"the Hub is off (HF_HUB_OFFLINE or --offline); `hf download {repo} {CONFIG_NAME} --revision {revision}` "
+        "puts it there, or drop the revision"
+    )
+
+
 def _cached_hub_id(repo_dir: Path) -> str:
     return repo_dir.name.removeprefix("models--").replace("--", "/")
 
 
 def _build(
-    ref: str, name: str, directory: str, source: ModelSource, trust_remote_code: bool
+    ref: str, name: str, directory: str, source: ModelSource, trust_remote_code: bool,
+    revision: str | None = None, notes: tuple[str, ...] = (),
 ) -> ResolvedModel:
     config_file = os.path.join(directory, CONFIG_NAME)
     config = _read_config(config_file)
     model_type = config["model_type"]
-    if source in ("local", "hf-cache"):
+    if source in ("local", "hf-cache", "hub"):
         _check_model_type(config, config_file, trust_remote_code)
     return ResolvedModel(
         ref=ref,
@@ -262,6 +415,8 @@ def _build(
         model_type=model_type,
         max_positions=_max_positions(config),
         trust_remote_code=trust_remote_code,
+        revision=revision if revision and _COMMIT_RE.match(revision) else None,
+        notes=notes,
     )
 
 

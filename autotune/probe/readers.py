@@ -23,7 +23,7 @@ from autotune.spec.dataset_ref import (
     missing_hub_dataset_message,
 )
 
-__all__ = ["DATASET_EXTENSIONS", "read_dataset", "render_chat"]
+__all__ = ["DATASET_EXTENSIONS", "read_dataset", "read_hub_online", "render_chat"]
 
 DATASET_EXTENSIONS = (".jsonl", ".parquet")
 
@@ -237,6 +237,17 @@ def _read_hub(ref: str, split: str | None) -> tuple[str, list[Any]]:
             f"('{ref}') while online, or pass a path"
         ) from None
     return _rows_of(ds, split, Path(ref), datasets)
+
+
+def read_hub_online(ref: str, split: str | None) -> tuple[str, list[Any]]:
+    """The whole split of Hub dataset ``ref``, downloaded by ``datasets`` as the user would (train.py)."""
+    datasets = _import_datasets(f"the Hub dataset {ref!r}")
+    try:
+        ds = datasets.load_dataset(ref, split=split or "train")
+    except Exception as e:
+        raise DatasetError(f"dataset {ref!r} cannot be loaded from the Hub ({type(e).__name__}: "
+                           f"{' '.join(str(e).split())[:200]}); check the id and --split, or pass a path") from None
+    return _rows_of(ds, None, Path(ref), datasets)
 
 
 def _rows_of(ds: Any, split: str | None, path: Path, datasets: Any) -> tuple[str, list[Any]]:

@@ -24,10 +24,11 @@ from autotune.errors import DatasetError
 from autotune.probe.collate import (
     TokenSequences,
 )
-from autotune.probe.readers import DATASET_EXTENSIONS, read_dataset, render_chat
+from autotune.probe.readers import DATASET_EXTENSIONS, read_dataset, read_hub_online, render_chat
 from autotune.spec.dataset_ref import (
     dataset_content_digest,
     find_hub_dataset,
+    find_hub_sample,
     is_hub_dataset_id,
     missing_hub_dataset_message,
 )
@@ -182,8 +183,17 @@ def load_token_sequences(
     """
     p = Path(path).expanduser()
     hub_id = str(path) if is_hub_dataset_id(str(path)) else None
+    reader_hub_id = hub_id
     if hub_id is not None:
         located = find_hub_dataset(hub_id)
+        if located is None and not local_files_only:
+            # train.py: the full dataset, by id, as the user would load it (never the probes' sample)
+            return _tokenize(hub_id, *read_hub_online(hub_id, split), tokenizer=tokenizer, seq_len=seq_len,
+                             local_files_only=local_files_only, cfile=None)
+        if located is None:
+            # the probes: the bounded sample streamed when online (autotune.probe.hub_sample), JSON lines
+            located = find_hub_sample(hub_id, split)
+            reader_hub_id = None
         if located is None:
             raise DatasetError(missing_hub_dataset_message(hub_id))
         p = located
@@ -222,7 +232,13 @@ def load_token_sequences(
                 num_empty=meta["num_empty"],
             )
 
-    column, values = read_dataset(p, split, hub_id)
+    column, values = read_dataset(p, split, reader_hub_id) if reader_hub_id or not hub_id else read_dataset(p)
+    return _tokenize(source, column, values, tokenizer=tokenizer, seq_len=seq_len, local_files_only=local_files_only,
+                     cfile=cfile)
+
+
+def _tokenize(source: str, column: str, values: list[Any], *, tokenizer: str | None, seq_len: int,
+              local_files_only: bool, cfile: Path | None) -> LoadedDataset:
     if column != "input_ids":
         if tokenizer is None:
             raise DatasetError(

@@ -30,6 +30,8 @@ __all__ = [
     "find_hub_dataset",
     "missing_hub_dataset_message",
     "dataset_content_digest",
+    "hub_sample_file",
+    "find_hub_sample",
 ]
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -73,6 +75,25 @@ def find_hub_dataset(ref: str, cache_dir: str | os.PathLike[str] | None = None) 
     if not d.is_dir():
         return None
     return d if any(p.is_file() for p in d.glob("*/*/*/*.arrow")) else None
+
+
+def hub_sample_file(ref: str, split: str | None = None, root: str | os.PathLike[str] | None = None,
+                    environ: Mapping[str, str] | None = None) -> Path:
+    """Where the streamed sample of Hub dataset ``ref`` (split ``split``, default train) is kept:
+    ``$AUTOTUNE_CACHE/hub-samples/{org}___{name}/{split}/sample.jsonl`` (``~/.cache/autotune`` without it)."""
+    env = os.environ if environ is None else environ
+    if root is None:
+        base = Path(env["AUTOTUNE_CACHE"]).expanduser() if env.get("AUTOTUNE_CACHE") else (
+            Path("~/.cache/autotune").expanduser())
+        root = base / "hub-samples"
+    org, _, name = ref.partition("/")
+    return Path(root) / f"{org}___{name}" / (split or "train") / "sample.jsonl"
+
+
+def find_hub_sample(ref: str, split: str | None = None, root: str | os.PathLike[str] | None = None) -> Path | None:
+    """The streamed sample of ``ref``'s split when one was taken (``autotune.probe.hub_sample``), else None."""
+    f = hub_sample_file(ref, split, root)
+    return f if f.is_file() and f.stat().st_size > 0 else None
 
 
 def missing_hub_dataset_message(ref: str, cache_dir: str | os.PathLike[str] | None = None) -> str:

@@ -4,7 +4,7 @@ A repeat request is answered from the stored run only when *everything that chan
 is the same. The key is the sha256 of the canonical JSON of:
 
 * ``model_config``: the model's config dict (its content, not its name: a renamed copy of the
-  same config hits);
+  same config hits); for a model from the HF cache or the Hub, ``model_revision``: its commit hash;
 * ``space``: the searched dimensions and their choices (the content of the YAML, after the
   choices this machine cannot run were dropped; not the space's name);
 * ``budget_bytes``, ``seq_len``, ``effective_batch``, ``mode``;
@@ -38,7 +38,12 @@ from pathlib import Path
 from typing import Any
 
 from autotune.env import cpu_model, package_versions
-from autotune.spec.dataset_ref import dataset_content_digest, find_hub_dataset, is_hub_dataset_id
+from autotune.spec.dataset_ref import (
+    dataset_content_digest,
+    find_hub_dataset,
+    find_hub_sample,
+    is_hub_dataset_id,
+)
 from autotune.spec.files import file_sha256
 from autotune.spec.probe_request import ProbeSettings, Workload
 
@@ -89,13 +94,16 @@ def dataset_identity(dataset: str | os.PathLike[str] | None, split: str | None =
         return None
     ref = str(dataset)
     out: dict[str, Any] = {"split": split} if split is not None else {}
-    p = find_hub_dataset(ref) if is_hub_dataset_id(ref) else Path(ref).expanduser()
+    hub = is_hub_dataset_id(ref)
+    p = (find_hub_dataset(ref) or find_hub_sample(ref, split)) if hub else Path(ref).expanduser()
     if p is None:
         return {"hub": ref, **out}
     try:
         if p.is_dir():
-            return {"digest": dataset_content_digest(p), **({"hub": ref} if is_hub_dataset_id(ref) else {}), **out}
-        return {"sha256": file_sha256(p), "size": p.stat().st_size, **out}
+            return {"digest": dataset_content_digest(p), **({"hub": ref} if hub else {}), **out}
+        # a file; for a Hub id, its streamed sample (autotune.probe.hub_sample)
+        return {"sha256": file_sha256(p), "size": p.stat().st_size, **({"hub": ref, "sample": True} if hub else {}),
+                **out}
     except OSError:
         return {"path": ref, **out}
 
@@ -130,8 +138,10 @@ def cache_key(
     workload: dict[str, Any] | None = None,
     probe: dict[str, Any] | None = None,
     capabilities: dict[str, Any] | None = None,
+    model_revision: str | None = None,
 ) -> str:
-    """sha256 hex of the canonical JSON of everything above."""
+    """sha256 hex of the canonical JSON of everything above (``model_revision``, the HF cache snapshot's
+    commit of a Hub model, only when there is one: presets and local folders key as before)."""
     payload = {
         "model_config": model_config,
         "space": space,
@@ -147,5 +157,7 @@ def cache_key(
         "probe": probe or {},
         "capabilities": capabilities or {},
     }
+    if model_revision is not None:
+        payload["model_revision"] = model_revision
     text = json.dumps(payload, sort_keys=True, default=str, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()

@@ -1,0 +1,181 @@
+"""A bounded sample of a Hub dataset, streamed when the machine is online.  [effectful: network]
+
+``--dataset ORG/NAME`` that is not prepared in the local datasets cache is read, when online, as a
+sample: the first ``rows`` rows of ``--split`` (``--config-name``) through ``datasets``' streaming
+mode, which reads the first data files by byte range and stops; the whole dataset is never
+downloaded. The sample is written as JSON lines (only the columns autotune reads) to
+``$AUTOTUNE_CACHE/hub-samples/{org}___{name}/{split}/sample.jsonl`` with a ``sample.json`` beside it
+(repository, commit, config, split, rows); the probes (offline) read that file, and its content is
+what the cache key holds. The emitted ``train.py`` / ``train_sft.py`` load the full dataset by id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import DatasetError
+from autotune.spec.dataset_ref import hub_sample_file
+
+__all__ = ["DEFAULT_SAMPLE_ROWS", "prepare_hub_dataset", "sample_hub_dataset"]
+
+DEFAULT_SAMPLE_ROWS = 1000
+_COLUMNS = ("input_ids", "messages", "prompt", "completion", "text")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:200] + ("..." if len(text) > 200 else "")
+
+
+def _check_repo(ref: str, endpoint: str, token: str | None) -> str:
+    """The dataset's commit on the Hub (one request), or one line for a refusal."""
+    import huggingface_hub as hub
+
+    page = f"{endpoint}/datasets/{ref}"
+    try:
+        info = hub.HfApi(endpoint=endpoint, token=token).dataset_info(ref)
+    except Exception as exc:
+        status = getattr(getattr(exc, "response", None), "status_code", None)
+        if isinstance(exc, hub.errors.GatedRepoError) or status in (401, 403):
+            raise DatasetError(
+                f"dataset {ref} is gated or private on the Hub ({status or 'refused'}): accept its terms at {page} "
+                "and set HF_TOKEN to a token with access (or run `hf auth login`), or pass a local file"
+            ) from None
+        if isinstance(exc, hub.errors.RepositoryNotFoundError) or status == 404:
+            raise DatasetError(f"dataset {ref} does not exist on the Hub ({page}, 404): check the id, "
+                               "or pass a local .jsonl/.parquet file or save_to_disk folder") from None
+        if status is None:
+            raise DatasetError(
+                f"dataset {ref!r} is not in the local Hugging Face datasets cache and the Hub at {endpoint} cannot "
+                f"be reached ({type(exc).__name__}: {_one_line(exc)}); connect and retry, or pass a local file"
+            ) from None
+        raise DatasetError(f"dataset {ref}: the Hub answered {status} ({_one_line(exc)})") from None
+    return str(info.sha or "")
+
+
+def sample_hub_dataset(
+    ref: str, *, split: str | None, config_name: str | None, rows: int, endpoint: str, token: str | None,
+    cache_root: Path | None = None,
+) -> tuple[Path, dict[str, Any]]:
+    """Stream the first ``rows`` rows of ``ref`` and write them as the sample; (file, its metadata)."""
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+        raise DatasetError(f"--sample-rows must be a positive integer, got {rows!r}")
+    commit = _check_repo(ref, endpoint, token)
+    try:
+        import datasets
+    except ImportError:
+        raise DatasetError("reading a Hub dataset needs the datasets library: pip install datasets") from None
+    chosen = split or "train"
+    try:
+        with _endpoint(endpoint, datasets):
+            kwargs: dict[str, Any] = {"trust_remote_code": False} if _accepts_trust_remote_code(datasets) else {}
+            stream = datasets.load_dataset(ref, name=config_name, split=chosen, streaming=True, token=token,
+                                           revision=commit or None, **kwargs)
+            taken = []
+            for row in stream:
+                taken.append({k: row[k] for k in _COLUMNS if k in row})
+                if len(taken) >= rows:
+                    break
+    except DatasetError:
+        raise
+    except Exception as exc:
+        text = _one_line(exc)
+        hint = "; check --split and --config-name" if isinstance(exc, ValueError | KeyError) else ""
+        raise DatasetError(f"dataset {ref}: reading a sample of split {chosen!r}"
+                           + (f" (config {config_name!r})" if config_name else "")
+                           + f" from the Hub failed ({type(exc).__name__}: {text}){hint}") from None
+    if not taken:
+        raise DatasetError(f"dataset {ref}: split {chosen!r} is empty on the Hub; it needs at least one row")
+    if not any(taken[0]):
+        raise DatasetError(f"dataset {ref}: split {chosen!r} has no usable column; autotune reads 'text', 'messages' "
+                           "(chat), 'prompt' + 'completion' or 'input_ids'")
+    file = hub_sample_file(ref, split, cache_root)
+    meta = {"repo": ref, "commit": commit, "config": config_name, "split": chosen, "rows": len(taken),
+            "rows_asked": rows, "complete": len(taken) < rows}
+    _write_atomic(file, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in taken))
+    _write_atomic(file.with_suffix(".json"), json.dumps(meta, indent=2) + "\n")
+    return file, meta
+
+
+@contextlib.contextmanager
+def _endpoint(endpoint: str, datasets: Any) -> Iterator[None]:
+    """``endpoint`` (HF_ENDPOINT) for datasets and huggingface_hub, which read it once at import, and the
+    Hub switched on for them (the caller decided to go online); everything put back afterwards."""
+    import huggingface_hub.constants as hub_constants
+
+    saved = (os.environ.get("HF_ENDPOINT"), datasets.config.HF_ENDPOINT, datasets.config.HUB_DATASETS_URL,
+             hub_constants.ENDPOINT, hub_constants.HUGGINGFACE_CO_URL_TEMPLATE, datasets.config.HF_HUB_OFFLINE,
+             hub_constants.HF_HUB_OFFLINE)
+    os.environ["HF_ENDPOINT"] = endpoint
+    datasets.config.HF_ENDPOINT = hub_constants.ENDPOINT = endpoint
+    hub_constants.HUGGINGFACE_CO_URL_TEMPLATE = endpoint + "/{repo_id}/resolve/{revision}/{filename}"
+    datasets.config.HUB_DATASETS_URL = endpoint + "/datasets/{repo_id}/resolve/{revision}/{path}"
+    datasets.config.HF_HUB_OFFLINE = hub_constants.HF_HUB_OFFLINE = False
+    try:
+        yield
+    finally:
+        (env, datasets.config.HF_ENDPOINT, datasets.config.HUB_DATASETS_URL, hub_constants.ENDPOINT,
+         hub_constants.HUGGINGFACE_CO_URL_TEMPLATE, datasets.config.HF_HUB_OFFLINE,
+         hub_constants.HF_HUB_OFFLINE) = saved
+        if env is None:
+            os.environ.pop("HF_ENDPOINT", None)
+        else:
+            os.environ["HF_ENDPOINT"] = env
+
+
+def _accepts_trust_remote_code(datasets: Any) -> bool:
+    import inspect
+
+    try:
+        return "trust_remote_code" in inspect.signature(datasets.load_dataset).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def prepare_hub_dataset(dataset: str, *, split: str | None, config_name: str | None, rows: int | None,
+                        hub: Any) -> str | None:
+    """Before the probes: a Hub id not prepared in the local datasets cache is sampled when ``hub`` (an
+    ``autotune.models.HubAccess``) is given. Returns the note that says what was read, or None.
+
+    Offline (``hub`` None), or for a path or a dataset already in the datasets cache, nothing happens;
+    ``--config-name`` and ``--sample-rows`` then have nothing to act on and are refused."""
+    from autotune.spec.dataset_ref import find_hub_dataset, is_hub_dataset_id
+
+    if not is_hub_dataset_id(dataset) or find_hub_dataset(dataset) is not None or hub is None:
+        given = [f for f, v in (("--config-name", config_name), ("--sample-rows", rows)) if v is not None]
+        if given:
+            why = ("the Hub is off (HF_HUB_OFFLINE or --offline)" if hub is None and is_hub_dataset_id(dataset)
+                   else "it is read whole from a local copy")
+            raise DatasetError(f"{' and '.join(given)} apply to a Hub dataset read as a streamed sample; {dataset!r} "
+                               f"is not ({why}): drop {' and '.join(given)}")
+        return None
+    n = DEFAULT_SAMPLE_ROWS if rows is None else rows
+    file, meta = sample_hub_dataset(dataset, split=split, config_name=config_name, rows=n, endpoint=hub.endpoint,
+                                    token=hub.token)
+    got = (f"all {meta['rows']} rows" if meta["complete"] else f"the first {meta['rows']} rows")
+    return (f"dataset {dataset}: read {got} of split {meta['split']}"
+            + (f" (config {config_name})" if config_name else "")
+            + f" from the Hub (commit {str(meta['commit'])[:12]}) as the sample the probes measure, streamed, not "
+            f"downloaded whole (--sample-rows N changes it); kept in {file}; train.py / train_sft.py load the full "
+            "dataset by id")

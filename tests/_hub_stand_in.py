@@ -1,0 +1,290 @@
+"""A stand-in for the Hugging Face Hub on 127.0.0.1, for tests that must never reach the real one.
+
+It answers the routes ``huggingface_hub`` and ``datasets`` use, with the headers they read:
+
+* ``HEAD``/``GET /{repo}/resolve/{rev}/{path}`` (models) and ``/datasets/{repo}/resolve/{rev}/{path}``:
+  ``X-Repo-Commit``, ``ETag`` (the file's sha256, quoted), ``Content-Length``, byte ranges (parquet is
+  read by range); a missing file is 404 with ``X-Error-Code: EntryNotFound`` and the commit header;
+* ``GET /api/{models,datasets}/{repo}[/revision/{rev}]``: the repo's info with ``sha`` and ``siblings``;
+* ``GET /api/{models,datasets}/{repo}/tree/{rev}[/{path}]`` and ``POST .../paths-info/{rev}``: listings;
+* a gated repo answers 401 (403 with a token) ``X-Error-Code: GatedRepo``; an unknown repo 404
+  ``X-Error-Code: RepoNotFound``; an unknown revision 404 ``RevisionNotFound``.
+
+Every request is recorded (method, path) in :attr:`HubStandIn.requests`, so a test can check what
+was fetched. Start it with :func:`serve` (a context manager) and point ``HF_ENDPOINT`` at ``.url``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import re
+import threading
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+__all__ = ["HubStandIn", "Repo", "serve"]
+
+
+@dataclass
+class Repo:
+    """One repository: its files at one commit (``files``: path -> bytes)."""
+
+    repo_id: str
+    kind: str  # "model" | "dataset"
+    files: dict[str, bytes]
+    commit: str = ""
+    gated: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.commit:
+            h = hashlib.sha1(self.repo_id.encode())
+            for name in sorted(self.files):
+                h.update(name.encode() + b"\0" + self.files[name])
+            self.commit = h.hexdigest()
+
+
+@dataclass
+class HubStandIn:
+    repos: dict[tuple[str, str], Repo] = field(default_factory=dict)
+    requests: list[tuple[str, str]] = field(default_factory=list)
+    ranges: list[tuple[str, str | None, int]] = field(default_factory=list)  # (path, Range header, bytes sent)
+    url: str = ""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, repo: Repo) -> Repo:
+        self.repos[(repo.kind, repo.repo_id)] = repo
+        return repo
+
+    def paths(self, method: str | None = None) -> list[str]:
+        with self.lock:
+            return [p for m, p in self.requests if method is None or m == method]
+
+    def files_fetched(self) -> list[str]:
+        """The file paths whose bytes were sent (GET of a resolve URL)."""
+        out = []
+        for p in self.paths("GET"):
+            m = _RESOLVE.match(urllib.parse.unquote(p.split("?")[0]))
+            if m:
+                out.append(m.group("path"))
+        return out
+
+
+_RESOLVE = re.compile(r"^/(?:(?P<ds>datasets)/)?(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)$")
+_API = re.compile(
+    r"^/api/(?P<kind>models|datasets)/(?P<repo>[^/]+/[^/]+)"
+    r"(?:/(?P<what>revision|tree|paths-info)/(?P<rev>[^/]+)(?:/(?P<path>.*))?)?$"
+)
+
+
+def _etag(data: bytes) -> str:
+    return '"' + hashlib.sha256(data).hexdigest() + '"'
+
+
+class _Handler(BaseHTTPRequestHandler):
+    hub: HubStandIn
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: object) -> None:  # quiet
+        return
+
+    # --- plumbing
+    def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None,
+              content_type: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+            if status in (200, 206) and content_type == "application/octet-stream":
+                with self.hub.lock:
+                    self.hub.ranges.append((urllib.parse.unquote(self.path.split("?")[0]),
+                                            self.headers.get("Range"), len(body)))
+
+    def _error(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
+        body = json.dumps({"error": message}).encode()
+        self._send(status, body, {"X-Error-Code": code, "X-Error-Message": message, **(headers or {})})
+
+    def _record(self) -> None:
+        with self.hub.lock:
+            self.hub.requests.append((self.command, self.path))
+
+    def _repo(self, kind: str, repo_id: str) -> Repo | None:
+        repo = self.hub.repos.get((kind, repo_id))
+        if repo is None:
+            self._error(404, "RepoNotFound", f"Repository Not Found for url: {self.path}.")
+            return None
+        if repo.gated:
+            authorized = "authorization" in {k.lower() for k in self.headers}
+            self._error(403 if authorized else 401, "GatedRepo",
+                        f"Access to {kind} {repo_id} is restricted. You must have access to it and be authenticated.")
+            return None
+        return repo
+
+    def _revision_ok(self, repo: Repo, rev: str) -> bool:
+        if urllib.parse.unquote(rev) in ("main", repo.commit):
+            return True
+        self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
+        return False
+
+    # --- routes
+    def do_HEAD(self) -> None:
+        self._record()
+        self._resolve()
+
+    def do_GET(self) -> None:
+        self._record()
+        path = urllib.parse.unquote(self.path.split("?")[0])
+        if path.startswith("/api/"):
+            self._api(path)
+        else:
+            self._resolve()
+
+    def do_POST(self) -> None:
+        self._record()
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        path = urllib.parse.unquote(self.path.split("?")[0])
+        m = _API.match(path)
+        if not m or m.group("what") != "paths-info":
+            self._error(404, "EntryNotFound", f"no route {path}")
+            return
+        repo = self._repo("dataset" if m.group("kind") == "datasets" else "model", m.group("repo"))
+        if repo is None or not self._revision_ok(repo, m.group("rev")):
+            return
+        ctype = self.headers.get("Content-Type", "")
+        if "json" in ctype:
+            wanted = json.loads(body or b"{}").get("paths", [])
+        else:
+            wanted = urllib.parse.parse_qs(body.decode()).get("paths", [])
+        out = []
+        for p in wanted:
+            p = p.strip("/")
+            if p in repo.files:
+                out.append(self._file_entry(p, repo.files[p]))
+            elif any(f.startswith(p + "/") for f in repo.files):
+                out.append({"type": "directory", "path": p, "oid": repo.commit})
+        self._send(200, json.dumps(out).encode())
+
+    def _file_entry(self, path: str, data: bytes) -> dict[str, object]:
+        return {"type": "file", "path": path, "size": len(data), "oid": hashlib.sha1(data).hexdigest()}
+
+    def _api(self, path: str) -> None:
+        m = _API.match(path)
+        if not m:
+            self._error(404, "EntryNotFound", f"no route {path}")
+            return
+        kind = "dataset" if m.group("kind") == "datasets" else "model"
+        repo = self._repo(kind, m.group("repo"))
+        if repo is None:
+            return
+        what, rev = m.group("what"), m.group("rev") or "main"
+        if not self._revision_ok(repo, rev):
+            return
+        if what in (None, "revision"):
+            info = {"id": repo.repo_id, "_id": repo.commit[:24], "sha": repo.commit, "private": False,
+                    "gated": False, "disabled": False, "downloads": 0, "likes": 0, "tags": [],
+                    "lastModified": "2026-01-01T00:00:00.000Z", "createdAt": "2026-01-01T00:00:00.000Z",
+                    "siblings": [{"rfilename": f} for f in sorted(repo.files)]}
+            if kind == "dataset":
+                info["cardData"] = {}
+            self._send(200, json.dumps(info).encode())
+            return
+        if what == "tree":
+            sub = (m.group("path") or "").strip("/")
+            query = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
+            recursive = query.get("recursive", ["false"])[0].lower() in ("true", "1")
+            entries: dict[str, dict[str, object]] = {}
+            for f, data in sorted(repo.files.items()):
+                if sub and not f.startswith(sub + "/"):
+                    continue
+                rest = f[len(sub) + 1 :] if sub else f
+                if recursive:
+                    parts = rest.split("/")
+                    for i in range(1, len(parts)):
+                        d = "/".join(([sub] if sub else []) + parts[:i])
+                        entries.setdefault(d, {"type": "directory", "path": d, "oid": repo.commit})
+                    entries[f] = self._file_entry(f, data)
+                elif "/" in rest:
+                    d = (sub + "/" if sub else "") + rest.split("/")[0]
+                    entries.setdefault(d, {"type": "directory", "path": d, "oid": repo.commit})
+                else:
+                    entries[f] = self._file_entry(f, data)
+            if sub and not entries:
+                self._error(404, "EntryNotFound", f"{sub} does not exist on {rev}")
+                return
+            self._send(200, json.dumps(list(entries.values())).encode())
+            return
+        self._error(404, "EntryNotFound", f"no route {path}")
+
+    def _resolve(self) -> None:
+        path = urllib.parse.unquote(self.path.split("?")[0])
+        m = _RESOLVE.match(path)
+        if not m:
+            self._error(404, "EntryNotFound", f"no route {path}")
+            return
+        repo = self._repo("dataset" if m.group("ds") else "model", m.group("repo"))
+        if repo is None or not self._revision_ok(repo, m.group("rev")):
+            return
+        name = m.group("path")
+        commit = {"X-Repo-Commit": repo.commit}
+        if name not in repo.files:
+            self._error(404, "EntryNotFound", f"{name} does not exist on {m.group('rev')}", commit)
+            return
+        data = repo.files[name]
+        headers = {**commit, "ETag": _etag(data), "Accept-Ranges": "bytes"}
+        rng = self.headers.get("Range")
+        if rng and self.command == "GET":
+            mm = re.match(r"bytes=(\d*)-(\d*)", rng)
+            if mm:
+                start_s, end_s = mm.groups()
+                if start_s == "":
+                    start, end = max(0, len(data) - int(end_s)), len(data) - 1
+                else:
+                    start = int(start_s)
+                    end = min(int(end_s), len(data) - 1) if end_s else len(data) - 1
+                if start >= len(data):
+                    self._send(416, b"", {**headers, "Content-Range": f"bytes */{len(data)}"})
+                    return
+                part = data[start : end + 1]
+                self._send(206, part, {**headers, "Content-Range": f"bytes {start}-{end}/{len(data)}"},
+                           content_type="application/octet-stream")
+                return
+        self._send(200, data, headers, content_type="application/octet-stream")
+
+
+@contextlib.contextmanager
+def serve(*repos: Repo) -> Iterator[HubStandIn]:
+    """A running stand-in on 127.0.0.1 (a free port) holding ``repos``; shut down on exit."""
+    hub = HubStandIn()
+    for r in repos:
+        hub.add(r)
+    handler = type("Handler", (_Handler,), {"hub": hub})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    hub.url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield hub
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def parquet_bytes(rows: list[dict[str, object]]) -> bytes:
+    """``rows`` as one parquet file (pyarrow)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buf = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows), buf)
+    return buf.getvalue()

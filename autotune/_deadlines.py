@@ -62,10 +62,13 @@ def _gpu_of(gpu_infos: list[dict[str, Any]]) -> Any:
     from autotune.estimate import find_gpu
 
     for g in gpu_infos:
-        try:
-            return find_gpu(str(g.get("name") or ""))
-        except SpecError:
-            continue
+        name = str(g.get("name") or "")
+        # NVML's names: "NVIDIA A10G", "NVIDIA H100 80GB HBM3"
+        for candidate in (name, name.removeprefix("NVIDIA").strip()):
+            try:
+                return find_gpu(candidate)
+            except SpecError:
+                continue
     return None
 
 

@@ -239,7 +239,7 @@ def command(
             space=space, dataset=dataset, split=split, tokenizer=tokenizer, lengths=lengths, max_trials=max_trials, time_budget=time_budget, gpus=gpus,
             ray_address=ray_address, device=device, storage=storage, out=out, seed=seed, resume=resume,
             fresh=fresh, progress=printer, gpus_per_trial=gpus_per_trial, top_k=top_k, steps=steps,
-            probe_timeout_s=probe_timeout, trust_remote_code=trust_remote_code,
+            probe_timeout_s=_probe_timeout(probe_timeout), trust_remote_code=trust_remote_code,
             verify_loss=verify_loss_steps if verify_loss else 0,
             confirm_rounds=_rounds(confirm_rounds), confirm_tolerance=confirm_tolerance, strategy=strategy,
             trainer=trainer,
@@ -257,6 +257,14 @@ def command(
         err.print(f"--strict: the answer is doubtful ({'; '.join(trust.get('reasons') or [])}); exit 5",
                   highlight=False)
         raise typer.Exit(5)
+
+
+def _probe_timeout(text: str) -> float | str:
+    """``--probe-timeout``: ``predicted``, or fixed seconds (``300``, ``10m``) for every probe."""
+    from autotune._deadlines import PREDICTED, parse_probe_timeout
+
+    seconds = parse_probe_timeout(text)
+    return PREDICTED if seconds is None else seconds
 
 
 def _rounds(text: str | None) -> tuple[int, int] | None:

@@ -101,7 +101,13 @@ def make_predictor(
 
 
 def _candidates(space: SearchSpace, effective_batch: int, max_world: int | None) -> list[Candidate]:
-    from autotune.search import candidate_from_choice, candidate_id, iter_choices, usable_micro_batches, usable_worlds
+    from autotune.search import (
+        candidate_from_choice,
+        candidate_id,
+        iter_choices,
+        usable_micro_batches,
+        usable_worlds,
+    )
 
     worlds, _ = usable_worlds(space, max_world)
     mbs, _ = usable_micro_batches(space, effective_batch, worlds)

@@ -410,11 +410,10 @@ def read_request(a: TuneArgs) -> Request:
 
     if a.strategy not in STRATEGIES:
         problems.append(f"unknown strategy {a.strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    from autotune._deadlines import parse_probe_timeout
     from autotune.spec.lengths import parse_lengths
     from autotune.store.run_dir import check_out_dir
     from autotune.store.storage import check_storage_url
-
-    from autotune._deadlines import parse_probe_timeout
 
     for fn in (lambda: parse_duration(a.time_budget), lambda: parse_budget(a.gpu_budget),
                lambda: parse_probe_timeout(a.probe_timeout_s),

@@ -76,11 +76,11 @@ def test_a_pessimistic_prediction_is_corrected_down_but_never_below_the_floor() 
 
 
 def test_a_probe_stopped_at_its_deadline_says_it_was_far_slower_than_predicted() -> None:
-    d = Deadlines(rule=DeadlineRule(), predictor=lambda c, s: 50.0)
+    d = Deadlines(rule=DeadlineRule(), predictor=lambda c, s: 100.0)
     req, p, dl = d.apply(_req(Candidate()))
     d.issued("t", p, dl)
-    res = _landed(d, "t", req, "timeout", 150.0)
-    assert res.reason.startswith("far slower than predicted: predicted 50 s, deadline 150 s")
+    res = _landed(d, "t", req, "timeout", 300.0)
+    assert res.reason.startswith("far slower than predicted: predicted 100 s, deadline 300 s")
     assert "the probe process was killed" in res.reason
 
 

@@ -39,7 +39,7 @@ __all__ = [
 # x the corrected prediction: room for a slower load, a cold cache, a planner constant that is off
 DEADLINE_MARGIN = 3.0
 # no probe gets less: the fixed set-up (imports, the CUDA context) varies most with machine load
-DEADLINE_FLOOR_S = 120.0
+DEADLINE_FLOOR_S = 180.0
 # the deadline of a probe the estimator cannot predict (what every probe had before)
 UNPREDICTED_S = 300.0
 # statuses whose wall time is a whole window (an oom or crash stops early, a timeout is censored)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import random
 import statistics
 from typing import Any
 
@@ -29,8 +30,8 @@ __all__ = ["PREDICTED", "parse_probe_timeout", "make_predictor", "forecast", "fo
            "duration_text"]
 
 PREDICTED = "predicted"
-# candidates of the space whose predictions give the typical probe time (the space is sampled in order)
-_SAMPLE = 2000
+# configurations of the space whose predictions give the typical probe time (a seeded uniform sample)
+_SAMPLE = 300
 
 
 def parse_probe_timeout(value: Any) -> float | None:
@@ -100,43 +101,51 @@ def make_predictor(
     return predict
 
 
-def _candidates(space: SearchSpace, effective_batch: int, max_world: int | None) -> list[Candidate]:
-    from autotune.search import (
-        candidate_from_choice,
-        candidate_id,
-        iter_choices,
-        usable_micro_batches,
-        usable_worlds,
-    )
+def _candidates(space: SearchSpace, effective_batch: int, max_world: int | None, n: int = _SAMPLE) -> list[Candidate]:
+    """Up to ``n`` distinct runnable candidates of the space, drawn uniformly (seeded: the same each time)."""
+    from autotune.search import candidate_from_choice, candidate_id, usable_micro_batches, usable_worlds
+    from autotune.spec.space import DIMENSIONS
 
     worlds, _ = usable_worlds(space, max_world)
     mbs, _ = usable_micro_batches(space, effective_batch, worlds)
+    if not worlds or not mbs:
+        return []
+    lists = {d: mbs if d == "micro_batch" else worlds if d == "gpus_per_trial" else list(space.choices(d))
+             for d in DIMENSIONS}
+    rng = random.Random(0)
     seen: dict[str, Candidate] = {}
-    for i, choice in enumerate(iter_choices(space, micro_batches=mbs, worlds=worlds)):
-        if i >= _SAMPLE * 4 or len(seen) >= _SAMPLE:
-            break
-        c = candidate_from_choice(choice, effective_batch=effective_batch)
+    for _ in range(n * 5):
+        c = candidate_from_choice({d: rng.choice(v) for d, v in lists.items()}, effective_batch=effective_batch)
         if isinstance(c, Candidate):
             seen.setdefault(candidate_id(c), c)
+            if len(seen) >= n:
+                break
     return list(seen.values())
 
 
 def forecast(
     predictor: Any, *, space: SearchSpace, settings: ProbeSettings, effective_batch: int, max_world: int | None,
     max_trials: int, top_k: int, confirm_min_rounds: int, confirm_steps: int, baseline: Candidate | None,
-    slots: int, distinct: int | None = None,
+    slots: int, distinct: int | None = None, fits: Any = None,
 ) -> dict[str, Any]:
-    """The predicted time to answer (seconds; None where nothing can be predicted) and how it was counted."""
+    """The predicted time to answer (seconds; None where nothing can be predicted) and how it was counted.
+
+    The typical probe is the median prediction over a seeded sample of the space's configurations,
+    those the memory model puts within the budget (``fits``) when any are, since a configuration that
+    does not fit stops at its out-of-memory error long before its window ends.
+    """
     cands = _candidates(space, effective_batch, max_world)
+    if fits is not None:
+        fitting = [c for c in cands if fits(c)]
+        cands = fitting or cands
     confirm_settings = dataclasses.replace(settings, steps=confirm_steps)
-    preds = [p for p in (predictor(c, settings) for c in cands)] if predictor else []
-    preds = [p for p in preds if p]
+    preds = [p for p in (predictor(c, settings) for c in cands) if p] if predictor else []
     confirm_preds = [p for p in (predictor(c, confirm_settings) for c in cands) if p] if predictor else []
     search_probes = min(max_trials, distinct) if distinct else max_trials
     confirm_probes = (top_k + (1 if baseline is not None else 0)) * confirm_min_rounds if top_k else 0
     out: dict[str, Any] = {"search_probes": search_probes, "confirm_probes": confirm_probes, "slots": slots,
                            "probe_s": None, "min_probe_s": None, "confirm_probe_s": None, "baseline_probe_s": None,
-                           "time_to_answer_s": None}
+                           "time_to_answer_s": None, "sampled": len(cands)}
     if not preds:
         return out
     typical = statistics.median(preds)

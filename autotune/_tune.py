@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # the searcher imports optuna: loaded when a search actually 
 
 __all__ = [
     "tune", "TuneResult", "TuneArgs", "Request", "SearchPlan", "RunStart", "Searched", "EstimatePruner",
-    "read_request", "plan_search", "answer_from_cache", "start_run", "run_search", "summarize", "write_answer",
+    "read_request", "plan_search", "answer_from_cache", "predict_run", "start_run", "run_search", "summarize", "write_answer",
     "nothing_fits_message",
 ]
 
@@ -323,7 +323,7 @@ def tune(
 
     The stages, in order: :func:`read_request` (validate, parse, resolve the model) ->
     :func:`plan_search` (device, space, budget, preflight, cache key) -> :func:`answer_from_cache`
-    -> :func:`start_run` (claim the run folder) -> :func:`run_search` (probe, confirm the top-k,
+    -> :func:`predict_run` (each probe's deadline, the time to answer, ``--time-budget``) -> :func:`start_run` (claim the run folder) -> :func:`run_search` (probe, confirm the top-k,
     verify the loss) -> :func:`summarize` -> :func:`write_answer`. Nothing is written before
     ``start_run``.
     """
@@ -335,6 +335,7 @@ def tune(
     cached = answer_from_cache(request, plan, started=t0)
     if cached is not None:
         return cached
+    plan = predict_run(request, plan)
     run_dir, lock, resumed = _claim_run_dir(Path(out), plan.key, request.resolved.name, resume)
     with lock:  # held until the run ends; the kernel drops it if this process is killed
         started = start_run(request, plan, run_dir, resumed)
@@ -470,8 +471,9 @@ class SearchPlan:
     hardware: dict[str, Any]
     software: dict[str, Any]
     key: str
-    deadlines: Any = None  # search.Deadlines: each probe's deadline from its prediction
+    deadlines: Any = None  # search.Deadlines: each probe's deadline from its prediction (predict_run)
     forecast: dict[str, Any] = field(default_factory=dict)  # the predicted time to answer (_deadlines.forecast)
+    rule: Any = None  # search.DeadlineRule: --probe-timeout's
 
     @property
     def usable(self) -> int | None:
@@ -510,18 +512,33 @@ def plan_search(r: Request) -> SearchPlan:
     if problems:
         raise SpecError(problems)
     baseline_cand = _baseline_candidate(space_obj, a.effective_batch, dev) if a.baseline else None
-    deadlines, fc = _predict(r, dev, gpu_infos, space_obj, workload, settings, rule, confirm_policy, baseline_cand)
-    notes += _preflight(r, dev, gpu_infos, space_obj, workload, budget_bytes, fc, rule)
-    from autotune._deadlines import check_time_budget, forecast_line
-
-    check_time_budget(fc, time_budget_s=r.time_budget_s, time_budget_text=a.time_budget, steps=a.steps,
-                      model_ref=a.model)
-    notes.append(forecast_line(fc))
+    deadlines = fc = None
+    if dev == "cpu":  # the --device auto refusal reads the prediction (a CPU space is small: milliseconds)
+        deadlines, fc = _predict(r, dev, gpu_infos, space_obj, workload, settings, rule, confirm_policy,
+                                 baseline_cand)  # fmt: skip
+    notes += _preflight(r, dev, gpu_infos, space_obj, workload, budget_bytes, fc or {}, rule)
     hardware, software, key = _cache_key(r, dev, gpu_infos, space_obj, settings, workload, confirm_policy, caps,
                                          rule)  # fmt: skip
     return SearchPlan(device=dev, gpu_infos=gpu_infos, space=space_obj, dropped=dropped, notes=notes,
                       confirm_policy=confirm_policy, settings=settings, workload=workload, baseline=baseline_cand,
-                      hardware=hardware, software=software, key=key, deadlines=deadlines, forecast=fc)  # fmt: skip
+                      hardware=hardware, software=software, key=key, deadlines=deadlines, forecast=fc or {},
+                      rule=rule)  # fmt: skip
+
+
+def predict_run(r: Request, plan: SearchPlan) -> SearchPlan:
+    """Stage 3b (a search will run, nothing is written yet): each probe's deadline rule and the predicted
+    time to answer, printed with the run's notes; SpecError (exit 2) when ``--time-budget`` cannot hold
+    the baseline and one candidate."""
+    from autotune._deadlines import check_time_budget, forecast_line
+
+    a = r.args
+    deadlines, fc = plan.deadlines, plan.forecast
+    if deadlines is None:
+        deadlines, fc = _predict(r, plan.device, plan.gpu_infos, plan.space, plan.workload, plan.settings, plan.rule,
+                                 plan.confirm_policy, plan.baseline)  # fmt: skip
+    check_time_budget(fc, time_budget_s=r.time_budget_s, time_budget_text=a.time_budget, steps=a.steps,
+                      model_ref=a.model)
+    return dataclasses.replace(plan, deadlines=deadlines, forecast=fc, notes=[*plan.notes, forecast_line(fc)])
 
 
 def _slots(r: Request, dev: str, gpu_infos: list[dict[str, Any]], space: SearchSpace) -> int:
@@ -541,6 +558,15 @@ def _predict(r: Request, dev: str, gpu_infos: list[dict[str, Any]], space: Searc
 
     a = r.args
     predictor = make_predictor(r.resolved.config, workload, device=dev, gpu_infos=gpu_infos)
+
+    def fits(c: Candidate) -> bool:
+        from autotune.estimate import fits as fits_budget
+
+        try:
+            return fits_budget(workload, c, r.resolved.config, settings.budget_bytes, device=dev)
+        except Exception:  # an architecture the memory model does not know: count it
+            return True
+
     max_world = (len(gpu_infos) or None) if dev == "cuda" and a.ray_address is None else (1 if dev == "cpu" else None)
     worlds, _ = usable_worlds(space, max_world)
     mbs, _ = usable_micro_batches(space, a.effective_batch, worlds)
@@ -549,7 +575,7 @@ def _predict(r: Request, dev: str, gpu_infos: list[dict[str, Any]], space: Searc
     fc = forecast(predictor, space=space, settings=settings, effective_batch=a.effective_batch, max_world=max_world,
                   max_trials=a.max_trials, top_k=a.top_k, confirm_min_rounds=confirm_policy.min_rounds,
                   confirm_steps=a.steps * 2, baseline=baseline, slots=_slots(r, dev, gpu_infos, space),
-                  distinct=distinct)  # fmt: skip
+                  distinct=distinct, fits=fits)  # fmt: skip
     fc["deadline_text"] = rule.text() if fc.get("time_to_answer_s") is not None or rule.fixed_s is not None \
         else f"{rule.unpredicted_s:g} s"
     return Deadlines(rule=rule, predictor=predictor), fc

@@ -269,3 +269,29 @@ def test_a_gpu_run_predicts_from_the_planner(tmp_path: Path, monkeypatch: pytest
     fc = result.summary["search"]["deadlines"]["forecast"]
     assert fc["probe_s"] is not None and ex.requests
     assert all(r.settings.timeout_s == DEADLINE_FLOOR_S for r in ex.requests)  # a tiny model: the floor
+
+
+def test_confirmation_probes_are_short_probes_at_any_accumulation(tmp_path: Path) -> None:
+    """The confirmation's requests keep the true accumulation and run the probe window, with deadlines."""
+    from autotune.spec.probe_window import probe_grad_accum, probe_window
+
+    ex = FakeExecutor()
+    _tune(tmp_path, ex, effective_batch=4096, max_trials=3, top_k=2)
+    confirms = [r for r in ex.requests if r.settings.steps == 6]
+    assert confirms
+    for r in confirms:
+        c = r.candidate
+        assert c.micro_batch * c.grad_accum == 4096 and c.grad_accum >= 512
+        win = probe_window(r.settings, c)
+        assert win.max_micro_batches == (1 + 6) * probe_grad_accum(c) == 14
+        assert r.settings.timeout_s >= DEADLINE_FLOOR_S
+
+
+def test_before_any_probe_lands_the_time_budget_counts_the_predicted_probe_time() -> None:
+    d = Deadlines(rule=DeadlineRule(), predictor=lambda c, s: 100.0)
+    assert d.expected_s() is None
+    d.issued("a", 100.0, 300.0)
+    d.issued("b", 300.0, 900.0)
+    assert d.expected_s() == 200.0
+    _landed(d, "a", _req(Candidate()), "ok", 150.0)
+    assert d.expected_s() == 200.0 * 1.5

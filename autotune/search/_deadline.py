@@ -82,6 +82,7 @@ class Deadlines:
     ratios: list[float] = field(default_factory=list)
     # ticket -> (predicted s or None, deadline s)
     _issued: dict[str, tuple[float | None, float]] = field(default_factory=dict)
+    _predictions: list[float] = field(default_factory=list)
 
     def correction(self) -> float:
         return statistics.median(self.ratios) if self.ratios else 1.0
@@ -112,6 +113,12 @@ class Deadlines:
 
     def issued(self, ticket: str, predicted: float | None, deadline: float) -> None:
         self._issued[ticket] = (predicted, deadline)
+        if predicted is not None:
+            self._predictions.append(predicted)
+
+    def expected_s(self) -> float | None:
+        """A typical probe's seconds, corrected: the median prediction issued so far x the correction."""
+        return statistics.median(self._predictions) * self.correction() if self._predictions else None
 
     def landed(self, ticket: str, result: ProbeResult) -> ProbeResult:
         """Learn from a finished probe; a timed-out one's reason says how far off the prediction was.

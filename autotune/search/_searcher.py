@@ -495,7 +495,9 @@ class Searcher:
                 return f"space exhausted (the sampler proposed only seen configurations {idle_asks} times)"
             left = time_left()
             if left is not None:
-                per_probe = self._median_probe_wall() or 0.0
+                # measured walls; before any probe has landed, the predicted probe time
+                per_probe = self._median_probe_wall() or (
+                    self.deadlines.expected_s() if self.deadlines is not None else None) or 0.0
                 rounds = self.confirm.min_rounds if self.top_k else 0
                 reserve = per_probe * (self.top_k + 1) * rounds * 1.5 / max(1, self.executor.slots)
                 if left <= per_probe + reserve:

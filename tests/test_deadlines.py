@@ -295,3 +295,11 @@ def test_before_any_probe_lands_the_time_budget_counts_the_predicted_probe_time(
     assert d.expected_s() == 200.0
     _landed(d, "a", _req(Candidate()), "ok", 150.0)
     assert d.expected_s() == 200.0 * 1.5
+
+
+def test_a_resumed_run_keeps_its_correction() -> None:
+    d = Deadlines(rule=DeadlineRule(), predictor=lambda c, s: 100.0)
+    d.restore([{"status": "ok", "metrics": {"predicted_s": 100.0, "wall_s": 250.0}},
+               {"status": "oom", "metrics": {"predicted_s": 100.0, "wall_s": 5.0}},
+               {"status": "ok", "metrics": {"wall_s": 5.0}}])
+    assert d.ratios == [2.5] and d.deadline(Candidate(), SETTINGS) == (100.0, DEADLINE_MARGIN * 250.0)

@@ -116,6 +116,15 @@ class Deadlines:
         if predicted is not None:
             self._predictions.append(predicted)
 
+    def restore(self, results: list[dict[str, Any]]) -> None:
+        """Seed the correction from a resumed run's recorded results (their ``predicted_s`` and wall)."""
+        for r in results:
+            m = r.get("metrics") or {}
+            p, wall = m.get("predicted_s"), m.get("wall_s")
+            if r.get("status") in _COUNTED and isinstance(p, (int, float)) and p > 0 \
+                    and isinstance(wall, (int, float)) and wall > 0:
+                self.ratios.append(float(wall) / float(p))
+
     def expected_s(self) -> float | None:
         """A typical probe's seconds, corrected: the median prediction issued so far x the correction."""
         return statistics.median(self._predictions) * self.correction() if self._predictions else None

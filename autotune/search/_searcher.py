@@ -158,6 +158,8 @@ class Searcher:
         self.load_check = load_check
         # each probe's deadline (settings.timeout_s) from its prediction; None: settings.timeout_s as given
         self.deadlines = deadlines
+        if deadlines is not None and history:  # a resumed run keeps what its probes taught the correction
+            deadlines.restore([r.result for r in history if r.probed and r.result])
         self.warnings: list[dict[str, Any]] = []
         self._tie: list[str] = []
         # confirmation values of one process only: a resumed run re-measures its rounds as a block

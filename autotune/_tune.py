@@ -493,7 +493,7 @@ def plan_search(r: Request) -> SearchPlan:
     from autotune._deadlines import parse_probe_timeout
     from autotune.search import DeadlineRule
 
-    rule = DeadlineRule(fixed_s=parse_probe_timeout(a.probe_timeout_s))
+    rule = DeadlineRule.for_device(dev, parse_probe_timeout(a.probe_timeout_s))
     # the run-level timeout: the fixed one, else what an unpredictable probe gets (each probe's own
     # deadline is set when it is submitted: search.Deadlines)
     settings = ProbeSettings(device=dev, budget_bytes=budget_bytes, budget_text=budget.text,

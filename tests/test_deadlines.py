@@ -22,7 +22,14 @@ from autotune.errors import SpecError  # noqa: E402
 from autotune.estimate import arch_from_config, find_gpu  # noqa: E402
 from autotune.estimate.probe_time import predict_probe_time  # noqa: E402
 from autotune.models import resolve_model  # noqa: E402
-from autotune.search import DEADLINE_FLOOR_S, DEADLINE_MARGIN, UNPREDICTED_S, DeadlineRule, Deadlines  # noqa: E402
+from autotune.search import (  # noqa: E402
+    CPU_DEADLINE_FLOOR_S,
+    DEADLINE_FLOOR_S,
+    DEADLINE_MARGIN,
+    UNPREDICTED_S,
+    DeadlineRule,
+    Deadlines,
+)
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload  # noqa: E402
 from autotune.spec.result import ProbeResult  # noqa: E402
 from autotune.spec.space import load_space  # noqa: E402
@@ -192,7 +199,8 @@ def test_each_probe_and_each_confirmation_gets_its_predicted_deadline(tmp_path: 
         p = predict(req.candidate, req.settings)
         assert p is not None
         corr = statistics.median(ratios) if ratios else 1.0
-        assert req.settings.timeout_s == pytest.approx(max(DEADLINE_FLOOR_S, DEADLINE_MARGIN * p * corr), abs=0.1)
+        assert req.settings.timeout_s == pytest.approx(max(CPU_DEADLINE_FLOOR_S, DEADLINE_MARGIN * p * corr),
+                                                       abs=0.1)
         seen_correction |= bool(ratios)
         ratios.append(ex.wall / p)
     assert seen_correction
@@ -220,7 +228,7 @@ def test_run_json_records_the_rule_and_the_forecast(tmp_path: Path) -> None:
     result = _tune(tmp_path, FakeExecutor())
     run = json.loads((result.run_dir / "run.json").read_text())
     dl = run["request"]["search"]["deadlines"]
-    assert dl["kind"] == "predicted" and dl["floor_s"] == DEADLINE_FLOOR_S
+    assert dl["kind"] == "predicted" and dl["floor_s"] == CPU_DEADLINE_FLOOR_S  # a CPU run's floor
     assert dl["forecast"]["search_probes"] == 3 and dl["forecast"]["probe_s"] > 0
 
 
@@ -268,7 +276,7 @@ def test_a_gpu_run_predicts_from_the_planner(tmp_path: Path, monkeypatch: pytest
                   top_k=0, out=tmp_path, executor=ex)
     fc = result.summary["search"]["deadlines"]["forecast"]
     assert fc["probe_s"] is not None and ex.requests
-    assert all(r.settings.timeout_s == DEADLINE_FLOOR_S for r in ex.requests)  # a tiny model: the floor
+    assert all(r.settings.timeout_s == DEADLINE_FLOOR_S for r in ex.requests)  # a tiny model: the GPU floor
 
 
 def test_confirmation_probes_are_short_probes_at_any_accumulation(tmp_path: Path) -> None:
@@ -284,7 +292,7 @@ def test_confirmation_probes_are_short_probes_at_any_accumulation(tmp_path: Path
         assert c.micro_batch * c.grad_accum == 4096 and c.grad_accum >= 512
         win = probe_window(r.settings, c)
         assert win.max_micro_batches == (1 + 6) * probe_grad_accum(c) == 14
-        assert r.settings.timeout_s >= DEADLINE_FLOOR_S
+        assert r.settings.timeout_s >= CPU_DEADLINE_FLOOR_S
 
 
 def test_before_any_probe_lands_the_time_budget_counts_the_predicted_probe_time() -> None:

@@ -200,7 +200,7 @@ def command(
     fresh: bool = typer.Option(False, "--fresh", help="Search again even if a stored run answers this request."),
     top_k: int = typer.Option(3, "--top-k", help="Configurations re-measured with a longer window before choosing."),
     steps: int = typer.Option(5, "--steps", help="Timed optimizer steps per probe (the confirmation uses twice as many)."),
-    probe_timeout: str = typer.Option("predicted", "--probe-timeout", help="Deadline of each probe: predicted (its predicted time x 3, corrected by the run's finished probes, at least 180 s) or fixed seconds for every probe (300, 10m)."),
+    probe_timeout: str = typer.Option("predicted", "--probe-timeout", help="Deadline of each probe: predicted (its predicted time x 3, corrected by the run's finished probes, at least 120 s on a GPU, 300 s on a CPU) or fixed seconds for every probe (300, 10m)."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow model code from the model dir."),
     verify_loss: bool = typer.Option(False, "--verify-loss", help="After the search, train the chosen config and the HF-default reference from the same seed and data and compare their losses (verify_loss.json)."),
     verify_loss_steps: int = typer.Option(20, "--verify-loss-steps", help="Optimizer steps of each --verify-loss run."),

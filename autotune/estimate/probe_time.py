@@ -42,7 +42,8 @@ __all__ = [
 ]
 
 # fixed set-up: python + torch + transformers imports, the CUDA context, the synthetic data and the
-# Trainer (tiny-llama's import_s + setup_s on a CPU were 8-20 s on this project's busy 2-core machine)
+# Trainer (a smollm2-135m CPU probe's set-up was 5.0 s on a quiet 2-core machine:
+# benchmarks/results/probe_overhead-cpu.json; 3x that leaves room for a loaded one)
 SETUP_S = {"cpu": 15.0, "cuda": 25.0}
 # random-weight model build: initialisation kernels on the device (a CPU initialises ~1e8-1e9 params/s)
 BUILD_PARAMS_PER_S = {"cpu": 2.0e8, "cuda": 2.0e9}

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.search._confirm import ConfirmPolicy, choose_winner, speedup
 from autotune.search._deadline import (
+    CPU_DEADLINE_FLOOR_S,
     DEADLINE_FLOOR_S,
     DEADLINE_MARGIN,
     UNPREDICTED_S,
@@ -58,6 +59,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "AutotuneSampler",
+    "CPU_DEADLINE_FLOOR_S",
     "ConfirmPolicy",
     "DEADLINE_FLOOR_S",
     "DEADLINE_MARGIN",

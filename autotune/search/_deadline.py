@@ -3,7 +3,8 @@
 The rule (``DeadlineRule``), per probe:
 
     corrected = predicted x correction
-    deadline  = max(DEADLINE_FLOOR_S, DEADLINE_MARGIN x corrected)
+    deadline  = max(floor, DEADLINE_MARGIN x corrected)
+    floor     = DEADLINE_FLOOR_S on a GPU, CPU_DEADLINE_FLOOR_S on a CPU
 
 ``predicted`` is :func:`autotune.estimate.probe_time.predict_probe_time`'s total (set-up + the
 probe window). ``correction`` is 1 until a probe of this run has finished, then the median over
@@ -28,6 +29,7 @@ from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings
 from autotune.spec.result import ProbeResult
 
 __all__ = [
+    "CPU_DEADLINE_FLOOR_S",
     "DEADLINE_FLOOR_S",
     "DEADLINE_MARGIN",
     "UNPREDICTED_S",
@@ -38,8 +40,12 @@ __all__ = [
 
 # x the corrected prediction: room for a slower load, a cold cache, a planner constant that is off
 DEADLINE_MARGIN = 3.0
-# no probe gets less: the fixed set-up (imports, the CUDA context) varies most with machine load
-DEADLINE_FLOOR_S = 180.0
+# no GPU probe gets less: the fixed set-up (imports, the CUDA context) varies most with machine load
+DEADLINE_FLOOR_S = 120.0
+# no CPU probe gets less (the deadline every probe had before): a CPU probe shares its cores with
+# whatever else runs, and on this project's 2-core machine at load average 10 a tiny-llama probe
+# predicted at 15 s was still running at 180 s
+CPU_DEADLINE_FLOOR_S = 300.0
 # the deadline of a probe the estimator cannot predict (what every probe had before)
 UNPREDICTED_S = 300.0
 # statuses whose wall time is a whole window (an oom or crash stops early, a timeout is censored)
@@ -57,6 +63,11 @@ class DeadlineRule:
     margin: float = DEADLINE_MARGIN
     floor_s: float = DEADLINE_FLOOR_S
     unpredicted_s: float = UNPREDICTED_S
+
+    @classmethod
+    def for_device(cls, device: str, fixed_s: float | None = None) -> DeadlineRule:
+        """The rule for probes on ``device`` (``cpu`` or ``cuda``): its floor."""
+        return cls(fixed_s=fixed_s, floor_s=CPU_DEADLINE_FLOOR_S if device == "cpu" else DEADLINE_FLOOR_S)
 
     def describe(self) -> dict[str, Any]:
         """What the cache key and summary.json hold: the rule, never a probe's seconds."""

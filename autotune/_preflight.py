@@ -19,8 +19,9 @@ Run earlier by ``tune`` (each also exit 2, nothing written):
   read (``hidden_size``, ``vocab_size``, ...) are positive integers and the heads divide evenly;
 * ``detect_capabilities`` (effectful: installed packages, GPU compute capability) feeds
   ``autotune.spec.capabilities.filter_space``, which drops the choices that cannot run here;
-* ``check_cpu_probe_time``: with ``--device auto`` resolved to a CPU, a model whose one probe
-  the estimator puts above the probe timeout is refused (``autotune.estimate.cpu``).
+* ``check_cpu_probe_time``: with ``--device auto`` resolved to a CPU, a model whose cheapest probe
+  is predicted (``autotune.estimate.probe_time``) above ``AUTO_CPU_PROBE_LIMIT_S`` (or the explicit
+  ``--probe-timeout``) is refused.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from autotune.spec.space import SearchSpace
 
 __all__ = ["RAY_CONNECT_TIMEOUT_S", "check_batch", "weights_floor", "check_weights", "check_ray", "check_dataset",
            "preflight", "check_model_config", "detect_capabilities", "default_space_for", "mean_sequence_tokens",
-           "check_cpu_probe_time"]
+           "check_cpu_probe_time", "AUTO_CPU_PROBE_LIMIT_S"]
 
 RAY_CONNECT_TIMEOUT_S = 10.0
 
@@ -264,32 +265,30 @@ def mean_sequence_tokens(workload: Workload) -> float:
     return sum(sample) / len(sample)
 
 
+# one probe on a CPU that --device auto fell back to may take this long before the request is refused
+# (an explicit --probe-timeout is the limit instead)
+AUTO_CPU_PROBE_LIMIT_S = 300.0
+
+
 def check_cpu_probe_time(
-    config: dict[str, Any], *, workload: Workload, effective_batch: int, optimizer_steps: int, timeout_s: float,
-    requested_device: str, cores: int | None = None, model_ref: str | None = None,
+    seconds: float | None, *, workload: Workload, effective_batch: int, limit_s: float, limit_text: str,
+    requested_device: str, model_ref: str | None = None,
 ) -> float | None:
-    """Seconds the estimator puts one CPU probe at, at the least (None: an unknown architecture).
+    """``seconds``: the least predicted time of one CPU probe of the space (``autotune._deadlines``).
 
-    Raises SpecError when ``--device auto`` resolved to this CPU and that exceeds ``timeout_s``;
-    an explicit ``--device cpu`` is the user saying they want it, and only gets the figure back.
+    Raises SpecError when ``--device auto`` resolved to this CPU and that exceeds ``limit_s``; an
+    explicit ``--device cpu`` is the user saying they want it, and only gets the figure back.
     """
-    from autotune.estimate import arch_from_config, cpu_probe_seconds
-
-    try:
-        arch = arch_from_config(config)
-    except Exception:
+    if seconds is None:
         return None
-    seconds = cpu_probe_seconds(arch, mode=workload.mode, seq_len=workload.seq_len,
-                                mean_tokens=mean_sequence_tokens(workload), effective_batch=effective_batch,
-                                optimizer_steps=optimizer_steps, cores=cores or os.cpu_count() or 1)
-    if requested_device == "auto" and seconds > timeout_s:
+    if requested_device == "auto" and seconds > limit_s:
         ref = model_ref or workload.model
         raise SpecError(
             f"no GPU found, and on this CPU one probe of {workload.model} (--mode {workload.mode}, --seq-len "
-            f"{workload.seq_len}, --effective-batch {effective_batch}) would take at least {_duration(seconds)}, "
-            f"past the {timeout_s:g} s probe timeout: see what it needs on a GPU with `autotune plan --model "
+            f"{workload.seq_len}, --effective-batch {effective_batch}) is predicted to take {_duration(seconds)}, "
+            f"past the {limit_text}: see what it needs on a GPU with `autotune plan --model "
             f"{ref} --mode {workload.mode} --seq-len {workload.seq_len}`, or pass --device cpu "
-            "(and a larger --probe-timeout) to search on this CPU anyway")
+            "to search on this CPU anyway")
     return seconds
 
 

@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # the searcher imports optuna: loaded when a search actually 
 
 __all__ = [
     "tune", "TuneResult", "TuneArgs", "Request", "SearchPlan", "RunStart", "Searched", "EstimatePruner",
-    "read_request", "plan_search", "answer_from_cache", "start_run", "run_search", "summarize", "write_answer",
+    "read_request", "plan_search", "answer_from_cache", "predict_run", "start_run", "run_search", "summarize", "write_answer",
     "nothing_fits_message",
 ]
 
@@ -289,7 +289,7 @@ def tune(
     top_k: int = 3,
     steps: int = 5,
     warmup_steps: int = 2,
-    probe_timeout_s: float = 300.0,
+    probe_timeout_s: float | str = "predicted",
     baseline: bool = True,
     trust_remote_code: bool = False,
     pruner: Pruner | None = None,
@@ -330,7 +330,7 @@ def tune(
 
     The stages, in order: :func:`read_request` (validate, parse, resolve the model) ->
     :func:`plan_search` (device, space, budget, preflight, cache key) -> :func:`answer_from_cache`
-    -> :func:`start_run` (claim the run folder) -> :func:`run_search` (probe, confirm the top-k,
+    -> :func:`predict_run` (each probe's deadline, the time to answer, ``--time-budget``) -> :func:`start_run` (claim the run folder) -> :func:`run_search` (probe, confirm the top-k,
     verify the loss) -> :func:`summarize` -> :func:`write_answer`. Nothing is written before
     ``start_run``.
     """
@@ -342,6 +342,7 @@ def tune(
     cached = answer_from_cache(request, plan, started=t0)
     if cached is not None:
         return cached
+    plan = predict_run(request, plan)
     run_dir, lock, resumed = _claim_run_dir(Path(out), plan.key, request.resolved.name, resume)
     with lock:  # held until the run ends; the kernel drops it if this process is killed
         started = start_run(request, plan, run_dir, resumed)
@@ -380,7 +381,7 @@ class TuneArgs:
     top_k: int
     steps: int
     warmup_steps: int
-    probe_timeout_s: float
+    probe_timeout_s: float | str | None
     baseline: bool
     trust_remote_code: bool
     pruner: Pruner | None
@@ -420,11 +421,13 @@ def read_request(a: TuneArgs) -> Request:
 
     if a.strategy not in STRATEGIES:
         problems.append(f"unknown strategy {a.strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    from autotune._deadlines import parse_probe_timeout
     from autotune.spec.lengths import parse_lengths
     from autotune.store.run_dir import check_out_dir
     from autotune.store.storage import check_storage_url
 
     for fn in (lambda: parse_duration(a.time_budget), lambda: parse_budget(a.gpu_budget),
+               lambda: parse_probe_timeout(a.probe_timeout_s),
                lambda: parse_gpus(a.gpus), lambda: parse_lengths(a.lengths), lambda: check_out_dir(a.out),
                lambda: check_storage_url(a.storage)):  # fmt: skip
         try:
@@ -494,6 +497,9 @@ class SearchPlan:
     hardware: dict[str, Any]
     software: dict[str, Any]
     key: str
+    deadlines: Any = None  # search.Deadlines: each probe's deadline from its prediction (predict_run)
+    forecast: dict[str, Any] = field(default_factory=dict)  # the predicted time to answer (_deadlines.forecast)
+    rule: Any = None  # search.DeadlineRule: --probe-timeout's
 
     @property
     def usable(self) -> int | None:
@@ -510,8 +516,15 @@ def plan_search(r: Request) -> SearchPlan:
     confirm_policy = _confirm_policy(dev, a.confirm_rounds, a.confirm_tolerance)
     budget = r.budget
     budget_bytes = budget.resolve(_device_total_bytes(dev, gpu_infos) if budget.fraction is not None else None)
+    from autotune._deadlines import parse_probe_timeout
+    from autotune.search import DeadlineRule
+
+    rule = DeadlineRule.for_device(dev, parse_probe_timeout(a.probe_timeout_s))
+    # the run-level timeout: the fixed one, else what an unpredictable probe gets (each probe's own
+    # deadline is set when it is submitted: search.Deadlines)
     settings = ProbeSettings(device=dev, budget_bytes=budget_bytes, budget_text=budget.text,
-                             warmup_steps=a.warmup_steps, steps=a.steps, timeout_s=a.probe_timeout_s)
+                             warmup_steps=a.warmup_steps, steps=a.steps,
+                             timeout_s=rule.fixed_s if rule.fixed_s is not None else rule.unpredicted_s)
     if a.dataset is not None and a.lengths != "fixed":
         raise SpecError("--lengths describes synthetic sequences and --dataset brings real ones: give one of them")
     workload = Workload(model=r.resolved.name, model_path=r.resolved.path, seq_len=a.seq_len, mode=a.mode,
@@ -524,29 +537,94 @@ def plan_search(r: Request) -> SearchPlan:
         problems = trainer_problems(workload)
     if problems:
         raise SpecError(problems)
-    notes += _preflight(r, dev, gpu_infos, space_obj, workload, budget_bytes)
-    hardware, software, key = _cache_key(r, dev, gpu_infos, space_obj, settings, workload, confirm_policy, caps)
     baseline_cand = _baseline_candidate(space_obj, a.effective_batch, dev) if a.baseline else None
+    deadlines = fc = None
+    if dev == "cpu":  # the --device auto refusal reads the prediction (a CPU space is small: milliseconds)
+        deadlines, fc = _predict(r, dev, gpu_infos, space_obj, workload, settings, rule, confirm_policy,
+                                 baseline_cand)  # fmt: skip
+    notes += _preflight(r, dev, gpu_infos, space_obj, workload, budget_bytes, fc or {}, rule)
+    hardware, software, key = _cache_key(r, dev, gpu_infos, space_obj, settings, workload, confirm_policy, caps,
+                                         rule)  # fmt: skip
     return SearchPlan(device=dev, gpu_infos=gpu_infos, space=space_obj, dropped=dropped, notes=notes,
                       confirm_policy=confirm_policy, settings=settings, workload=workload, baseline=baseline_cand,
-                      hardware=hardware, software=software, key=key)  # fmt: skip
+                      hardware=hardware, software=software, key=key, deadlines=deadlines, forecast=fc or {},
+                      rule=rule)  # fmt: skip
+
+
+def predict_run(r: Request, plan: SearchPlan) -> SearchPlan:
+    """Stage 3b (a search will run, nothing is written yet): each probe's deadline rule and the predicted
+    time to answer, printed with the run's notes; SpecError (exit 2) when ``--time-budget`` cannot hold
+    the baseline and one candidate."""
+    from autotune._deadlines import check_time_budget, forecast_line
+
+    a = r.args
+    deadlines, fc = plan.deadlines, plan.forecast
+    if deadlines is None:
+        deadlines, fc = _predict(r, plan.device, plan.gpu_infos, plan.space, plan.workload, plan.settings, plan.rule,
+                                 plan.confirm_policy, plan.baseline)  # fmt: skip
+    check_time_budget(fc, time_budget_s=r.time_budget_s, time_budget_text=a.time_budget, steps=a.steps,
+                      model_ref=a.model)
+    return dataclasses.replace(plan, deadlines=deadlines, forecast=fc, notes=[*plan.notes, forecast_line(fc)])
+
+
+def _slots(r: Request, dev: str, gpu_infos: list[dict[str, Any]], space: SearchSpace) -> int:
+    """Probes that will run at once (before the executor exists: its rule, read from the request)."""
+    if r.args.executor is not None:
+        return max(1, int(r.args.executor.slots))
+    if dev == "cuda" and gpu_infos and r.args.ray_address is None:
+        return max(1, len(gpu_infos) // max(1, min(space.gpus_per_trial)))
+    return 1  # a CPU probe takes every core; a cluster's GPUs are not visible from here (at least 1)
+
+
+def _predict(r: Request, dev: str, gpu_infos: list[dict[str, Any]], space: SearchSpace, workload: Workload,
+             settings: ProbeSettings, rule: Any, confirm_policy: Any, baseline: Candidate | None) -> tuple[Any, dict]:
+    """(the run's Deadlines, the forecast of its time to answer)."""
+    from autotune._deadlines import forecast, make_predictor
+    from autotune.search import Deadlines, distinct_candidates, usable_micro_batches, usable_worlds
+
+    a = r.args
+    predictor = make_predictor(r.resolved.config, workload, device=dev, gpu_infos=gpu_infos)
+
+    def fits(c: Candidate) -> bool:
+        from autotune.estimate import fits as fits_budget
+
+        try:
+            return fits_budget(workload, c, r.resolved.config, settings.budget_bytes, device=dev)
+        except Exception:  # an architecture the memory model does not know: count it
+            return True
+
+    max_world = (len(gpu_infos) or None) if dev == "cuda" and a.ray_address is None else (1 if dev == "cpu" else None)
+    worlds, _ = usable_worlds(space, max_world)
+    mbs, _ = usable_micro_batches(space, a.effective_batch, worlds)
+    distinct = distinct_candidates(space, effective_batch=a.effective_batch, micro_batches=mbs, worlds=worlds) \
+        if worlds and mbs else None
+    fc = forecast(predictor, space=space, settings=settings, effective_batch=a.effective_batch, max_world=max_world,
+                  max_trials=a.max_trials, top_k=a.top_k, confirm_min_rounds=confirm_policy.min_rounds,
+                  confirm_steps=a.steps * 2, baseline=baseline, slots=_slots(r, dev, gpu_infos, space),
+                  distinct=distinct, fits=fits)  # fmt: skip
+    fc["deadline_text"] = rule.text() if fc.get("time_to_answer_s") is not None or rule.fixed_s is not None \
+        else f"{rule.unpredicted_s:g} s"
+    return Deadlines(rule=rule, predictor=predictor), fc
 
 
 def _preflight(r: Request, dev: str, gpu_infos: list[dict[str, Any]], space: SearchSpace, workload: Workload,
-               budget_bytes: int) -> list[str]:
+               budget_bytes: int, fc: dict[str, Any], rule: Any) -> list[str]:
     """Before anything is written: the CPU probe time, the batch, the weights, --ray-address, the dataset.
 
     Raises SpecError for what cannot run; returns notes for what can but the user should know."""
-    from autotune._preflight import check_cpu_probe_time, preflight
+    from autotune._preflight import AUTO_CPU_PROBE_LIMIT_S, check_cpu_probe_time, preflight
 
     a, notes = r.args, []
     if dev == "cpu":
-        cpu_s = check_cpu_probe_time(r.resolved.config, workload=workload, effective_batch=a.effective_batch,
-                                     optimizer_steps=a.warmup_steps + a.steps, timeout_s=a.probe_timeout_s,
-                                     requested_device=a.device, model_ref=a.model)  # fmt: skip
-        if cpu_s is not None and cpu_s > a.probe_timeout_s:
+        limit = rule.fixed_s if rule.fixed_s is not None else AUTO_CPU_PROBE_LIMIT_S
+        limit_text = (f"{limit:g} s probe timeout (--probe-timeout)" if rule.fixed_s is not None
+                      else f"{limit:g} s one probe may take on a CPU that --device auto fell back to")
+        cpu_s = check_cpu_probe_time(fc.get("min_probe_s"), workload=workload, effective_batch=a.effective_batch,
+                                     limit_s=limit, limit_text=limit_text, requested_device=a.device,
+                                     model_ref=a.model)  # fmt: skip
+        if cpu_s is not None and rule.fixed_s is not None and cpu_s > rule.fixed_s:
             notes.append(f"one probe is predicted to take at least {cpu_s:,.0f} s on this CPU, past the "
-                         f"{a.probe_timeout_s:g} s probe timeout (--probe-timeout)")
+                         f"{rule.fixed_s:g} s probe timeout (--probe-timeout)")
     preflight(config=r.resolved.config, name=r.resolved.name, workload=workload, space=space,
               effective_batch=a.effective_batch, device=dev, budget_text=r.budget.text, budget_bytes=budget_bytes,
               max_world=(len(gpu_infos) or None) if dev == "cuda" and a.ray_address is None else (
@@ -556,7 +634,7 @@ def _preflight(r: Request, dev: str, gpu_infos: list[dict[str, Any]], space: Sea
 
 
 def _cache_key(r: Request, dev: str, gpu_infos: list[dict[str, Any]], space: SearchSpace, settings: ProbeSettings,
-               workload: Workload, confirm_policy: Any, caps: dict[str, Any]) -> tuple[dict, dict, str]:
+               workload: Workload, confirm_policy: Any, caps: dict[str, Any], rule: Any = None) -> tuple[dict, dict, str]:
     """(hardware, software, key): everything that changes the answer (autotune/store/cache_key.py lists it)."""
     from autotune.store import (
         cache_key,
@@ -568,6 +646,10 @@ def _cache_key(r: Request, dev: str, gpu_infos: list[dict[str, Any]], space: Sea
     )
 
     a = r.args
+    probe = probe_fields(settings)
+    if rule is not None and rule.fixed_s is None:
+        # each probe's deadline comes from its prediction: the key holds the rule, not the seconds
+        probe["timeout_s"] = rule.describe()
     hardware = hardware_fingerprint(dev, gpu_infos)
     if a.ray_address is not None:
         hardware["ray_address"] = a.ray_address
@@ -590,7 +672,7 @@ def _cache_key(r: Request, dev: str, gpu_infos: list[dict[str, Any]], space: Sea
                     seq_len=a.seq_len, effective_batch=a.effective_batch, mode=a.mode, hardware=hardware,
                     software=software, dataset=dataset_identity(a.dataset, a.split) if a.hub is not None else
                     dataset_identity(a.dataset), search=search_settings, model_revision=r.resolved.revision,
-                    workload=workload_fields(workload), probe=probe_fields(settings), capabilities=caps)  # fmt: skip
+                    workload=workload_fields(workload), probe=probe, capabilities=caps)  # fmt: skip
     return hardware, software, key
 
 
@@ -666,7 +748,9 @@ def start_run(r: Request, plan: SearchPlan, run_dir: Any, resumed: bool) -> RunS
         "dropped_choices": [d.to_dict() for d in plan.dropped],
         "search": {"max_trials": a.max_trials, "time_budget_s": r.time_budget_s, "top_k": a.top_k, "steps": a.steps,
                    "confirm_steps": a.steps * 2, "confirm": plan.confirm_policy.to_dict(), "storage": storage_url,
-                   "study_name": run_dir.run_id, "strategy": a.strategy},
+                   "study_name": run_dir.run_id, "strategy": a.strategy,
+                   "deadlines": {**(plan.deadlines.rule.describe() if plan.deadlines is not None else {}),
+                                 "forecast": plan.forecast}},
         "environment": {"hardware": plan.hardware, "software": plan.software},
     }
     if not resumed:
@@ -777,7 +861,7 @@ def _searcher(r: Request, plan: SearchPlan, run_dir: Any, started: RunStart, exe
         storage=study_storage, study_name=run_dir.run_id, top_k=a.top_k, device=dev, max_world=max_world,
         history=started.history, sink=run_dir.journal, pruner=pruner, progress=progress, baseline=plan.baseline,
         confirm=plan.confirm_policy, load_check=monitor.check if monitor is not None else None,
-        strategy=a.strategy,
+        strategy=a.strategy, deadlines=plan.deadlines,
     )
     return searcher, pruner
 
@@ -792,6 +876,9 @@ def summarize(r: Request, plan: SearchPlan, searched: Searched, base_summary: di
         _, summary["baseline"] = _baseline_summary(outcome, plan.baseline)
         summary.update(_speedup_summary(outcome, plan.baseline))
     summary["trust"] = trust_verdict(summary)
+    if plan.deadlines is not None:  # the rule, the forecast and what the run's probes corrected it by
+        summary["search"] = {**summary["search"], "deadlines": {**summary["search"].get("deadlines", {}),
+                                                                **plan.deadlines.summary()}}
     if outcome.best is None:
         a = r.args
         message = nothing_fits_message(outcome.records, budget_text=r.budget.text, usable_bytes=plan.usable,

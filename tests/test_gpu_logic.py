@@ -158,7 +158,7 @@ def test_flash_attention_is_refused_without_a_16_bit_dtype(monkeypatch: pytest.M
         worker._precheck(_req(attn="flash_attention_2", precision=precision), "cuda")
 
 
-def test_qlora_loads_on_the_ranks_own_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_qlora_loads_on_the_ranks_own_gpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     import transformers
     from transformers import AutoConfig
 
@@ -172,6 +172,7 @@ def test_qlora_loads_on_the_ranks_own_gpu(monkeypatch: pytest.MonkeyPatch) -> No
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", fake_from_pretrained)
     monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path))  # the random-weight base is cached there
     cfg = AutoConfig.from_pretrained(resolve_model("tiny-llama").path)
     wl = Workload(model="tiny-llama", model_path=resolve_model("tiny-llama").path, seq_len=64, mode="qlora")
     try:
@@ -179,6 +180,7 @@ def test_qlora_loads_on_the_ranks_own_gpu(monkeypatch: pytest.MonkeyPatch) -> No
     except ImportError as exc:  # BitsAndBytesConfig without bitsandbytes on some transformers
         pytest.skip(str(exc))
     assert seen["device_map"] == {"": 3}
+    assert len(list((tmp_path / "qlora-base").glob("*/model.safetensors"))) == 1
     monkeypatch.delenv("LOCAL_RANK")
     assert worker.qlora_device_index() == 0
 

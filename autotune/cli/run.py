@@ -195,7 +195,7 @@ def command(
     gpus: str | None = typer.Option(None, "--gpus", help="GPU indices to use, e.g. 0,1,2,3 (default: all visible)."),
     gpus_per_trial: int | None = typer.Option(None, "--gpus-per-trial", help="GPUs per probe (overrides the space's gpus_per_trial)."),
     ray_address: str | None = typer.Option(None, "--ray-address", help="Ray cluster (ray://head:10001); default: embedded Ray."),
-    device: str = typer.Option("auto", "--device", help="auto | cuda | cpu. auto: a GPU if NVML sees one, else cpu (with the cpu space, and refused if one probe would outlast --probe-timeout)."),
+    device: str = typer.Option("auto", "--device", help="auto | cuda | cpu. auto: a GPU if NVML sees one, else cpu (with the cpu space, and refused if one probe is predicted past 300 s)."),
     storage: str | None = typer.Option(None, "--storage", help="Optuna storage URL (default: sqlite in the run directory)."),
     out: str = typer.Option("results", "--out", help="Folder for run directories."),
     seed: int = typer.Option(42, "--seed", help="Seed of the sampler, weights and data."),
@@ -203,7 +203,7 @@ def command(
     fresh: bool = typer.Option(False, "--fresh", help="Search again even if a stored run answers this request."),
     top_k: int = typer.Option(3, "--top-k", help="Configurations re-measured with a longer window before choosing."),
     steps: int = typer.Option(5, "--steps", help="Timed optimizer steps per probe at most: a probe stops after 3 once its figure is stable, and times accumulation 2 whatever the effective batch (the confirmation allows twice as many)."),
-    probe_timeout: float = typer.Option(300.0, "--probe-timeout", help="Hard timeout of one probe (s)."),
+    probe_timeout: str = typer.Option("predicted", "--probe-timeout", help="Deadline of each probe: predicted (its predicted time x 3, corrected by the run's finished probes, at least 120 s on a GPU, 300 s on a CPU) or fixed seconds for every probe (300, 10m)."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow model code from the model dir."),
     verify_loss: bool = typer.Option(False, "--verify-loss", help="After the search, train the chosen config and the HF-default reference from the same seed and data and compare their losses (verify_loss.json)."),
     verify_loss_steps: int = typer.Option(20, "--verify-loss-steps", help="Optimizer steps of each --verify-loss run."),
@@ -242,7 +242,7 @@ def command(
             space=space, dataset=dataset, split=split, tokenizer=tokenizer, lengths=lengths, max_trials=max_trials, time_budget=time_budget, gpus=gpus,
             ray_address=ray_address, device=device, storage=storage, out=out, seed=seed, resume=resume,
             fresh=fresh, progress=printer, gpus_per_trial=gpus_per_trial, top_k=top_k, steps=steps,
-            probe_timeout_s=probe_timeout, trust_remote_code=trust_remote_code,
+            probe_timeout_s=_probe_timeout(probe_timeout), trust_remote_code=trust_remote_code,
             verify_loss=verify_loss_steps if verify_loss else 0,
             confirm_rounds=_rounds(confirm_rounds), confirm_tolerance=confirm_tolerance, strategy=strategy,
             trainer=trainer, hub=_hub_access(offline), config_name=config_name, sample_rows=sample_rows,
@@ -267,6 +267,14 @@ def _hub_access(offline: bool) -> Any:
     from autotune.models import HubAccess
 
     return HubAccess.from_env(offline=offline)
+
+
+def _probe_timeout(text: str) -> float | str:
+    """``--probe-timeout``: ``predicted``, or fixed seconds (``300``, ``10m``) for every probe."""
+    from autotune._deadlines import PREDICTED, parse_probe_timeout
+
+    seconds = parse_probe_timeout(text)
+    return PREDICTED if seconds is None else seconds
 
 
 def _rounds(text: str | None) -> tuple[int, int] | None:

@@ -198,29 +198,11 @@ def _build_model(req: ProbeRequest, device: str) -> Any:
 
 
 def _build_qlora_base(cfg: Any, mk: dict[str, Any], w: Any) -> Any:
-    """4-bit NF4 base: bitsandbytes quantizes at load time, so save random weights, then load them."""
-    import torch
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+    """4-bit NF4 base: bitsandbytes quantizes at load time, from the random-weight checkpoint built
+    once per (config, dtype, seed) and cached (autotune.probe.qlora_base)."""
+    from autotune.probe.qlora_base import load_qlora_base
 
-    compute = _torch_dtype(mk["dtype"])
-    with tempfile.TemporaryDirectory(prefix="autotune-qlora-") as tmp:
-        with torch.device("cpu"):
-            m = AutoModelForCausalLM.from_config(cfg, dtype=compute, trust_remote_code=w.trust_remote_code)
-        m.save_pretrained(tmp, safe_serialization=True)
-        del m
-        return AutoModelForCausalLM.from_pretrained(
-            tmp,
-            quantization_config=BitsAndBytesConfig(
-                load_in_4bit=True,
-                bnb_4bit_quant_type="nf4",
-                bnb_4bit_compute_dtype=compute,
-                bnb_4bit_use_double_quant=True,
-            ),
-            dtype=compute,
-            attn_implementation=mk["attn_implementation"],
-            device_map={"": qlora_device_index()},
-            local_files_only=True,
-        )
+    return load_qlora_base(cfg, mk, w, device_index=qlora_device_index())
 
 
 def qlora_device_index() -> int:

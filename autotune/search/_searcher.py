@@ -38,6 +38,7 @@ from autotune.search._confirm import (
     interleaved_order,
     measured_range,
 )
+from autotune.search._deadline import Deadlines
 from autotune.search._logic import (
     FAILED,
     MEMORY_INFEASIBLE,
@@ -130,6 +131,7 @@ class Searcher:
         strategy: str = "walk",
         recheck: bool = True,
         defaults: Candidate | None = None,
+        deadlines: Deadlines | None = None,
     ) -> None:
         problems = []
         if isinstance(effective_batch, bool) or not isinstance(effective_batch, int) or effective_batch < 1:
@@ -154,6 +156,10 @@ class Searcher:
         self.confirm_steps = confirm_steps or settings.steps * 2
         self.confirm = confirm if confirm is not None else ConfirmPolicy.for_device(device)
         self.load_check = load_check
+        # each probe's deadline (settings.timeout_s) from its prediction; None: settings.timeout_s as given
+        self.deadlines = deadlines
+        if deadlines is not None and history:  # a resumed run keeps what its probes taught the correction
+            deadlines.restore([r.result for r in history if r.probed and r.result])
         self.warnings: list[dict[str, Any]] = []
         self._tie: list[str] = []
         # confirmation values of one process only: a resumed run re-measures its rounds as a block
@@ -354,9 +360,19 @@ class Searcher:
 
     def _submit(self, cand: Candidate, *, confirm: bool = False) -> str:
         self._check_load("before", None, candidate_label(cand))
-        ticket = self.executor.submit(self._request(cand, confirm=confirm))
+        request = self._request(cand, confirm=confirm)
+        if self.deadlines is None:
+            ticket = self.executor.submit(request)
+        else:
+            request, predicted, deadline = self.deadlines.apply(request)
+            ticket = self.executor.submit(request)
+            self.deadlines.issued(ticket, predicted, deadline)
         self._submitted_wall[ticket] = time.monotonic()
         return ticket
+
+    def _landed(self, ticket: str, result: ProbeResult) -> ProbeResult:
+        """A probe's result as recorded: with its prediction and deadline, and a timeout's reason."""
+        return result if self.deadlines is None else self.deadlines.landed(ticket, result)
 
     def _check_load(self, phase: str, since: float | None, label: str) -> list[str]:
         """Ask the load monitor; each finding is a progress event and an entry of ``warnings``."""
@@ -494,7 +510,9 @@ class Searcher:
                 return f"space exhausted (the sampler proposed only seen configurations {idle_asks} times)"
             left = time_left()
             if left is not None:
-                per_probe = self._median_probe_wall() or 0.0
+                # measured walls; before any probe has landed, the predicted probe time
+                per_probe = self._median_probe_wall() or (
+                    self.deadlines.expected_s() if self.deadlines is not None else None) or 0.0
                 rounds = self.confirm.min_rounds if self.top_k else 0
                 reserve = per_probe * (self.top_k + 1) * rounds * 1.5 / max(1, self.executor.slots)
                 if left <= per_probe + reserve:
@@ -599,6 +617,7 @@ class Searcher:
                 if ticket not in in_flight:
                     continue
                 asked, cand, key, params = in_flight.pop(ticket)
+                result = self._landed(ticket, result)
                 in_flight_keys.pop(key, None)
                 self._durations.append(self.clock() - submitted_at.pop(ticket))
                 probes += 1
@@ -664,6 +683,7 @@ class Searcher:
                 if ticket not in in_flight:
                     continue
                 rec = in_flight.pop(ticket)
+                result = self._landed(ticket, result)
                 cand = rec.candidate_obj()
                 assert cand is not None
                 new = self._record_from_result(rec.key, cand, rec.params, result, phase="confirm",

@@ -1,0 +1,199 @@
+"""``autotune run``'s probe-time prediction: each probe's deadline, the time to answer, the time budget.
+
+Run by ``tune`` before anything is written (``plan_search``):
+
+* :func:`parse_probe_timeout`: ``--probe-timeout`` is ``predicted`` (the default: each probe's deadline
+  from its prediction, ``autotune.search.DeadlineRule``) or fixed seconds (``300``, ``10m``);
+* :func:`make_predictor`: one probe's predicted seconds (``autotune.estimate.probe_time``) for this
+  model, workload and device; None when the estimator does not know the architecture;
+* :func:`forecast`: the time to answer, probes x predicted probe time / parallel slots, over the
+  probes a run makes (the search's ``--max-trials``, or fewer when the space holds fewer distinct
+  configurations, plus the confirmation's rounds over the top-k and the baseline);
+* :func:`check_time_budget`: with ``--time-budget``, how many probes it buys; SpecError (exit 2,
+  one line) when not even the baseline and one candidate fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import random
+import statistics
+from typing import Any
+
+from autotune.errors import SpecError
+from autotune.spec.probe_request import Candidate, ProbeSettings, Workload
+from autotune.spec.space import SearchSpace
+
+__all__ = ["PREDICTED", "parse_probe_timeout", "make_predictor", "forecast", "forecast_line", "check_time_budget",
+           "duration_text"]
+
+PREDICTED = "predicted"
+# configurations of the space whose predictions give the typical probe time (a seeded uniform sample)
+_SAMPLE = 300
+
+
+def parse_probe_timeout(value: Any) -> float | None:
+    """``predicted`` -> None (the predicted rule); seconds or a duration (``90s``, ``10m``) -> seconds."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == PREDICTED):
+        return None
+    if isinstance(value, bool):
+        raise SpecError(f"probe timeout must be 'predicted' or positive seconds; got {value!r}")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        from autotune.spec.parse import parse_duration
+
+        try:
+            seconds = float(value)
+        except ValueError:
+            try:
+                parsed = parse_duration(value)
+            except SpecError:
+                raise SpecError(f"probe timeout must be 'predicted' or positive seconds (300, 10m); got {value!r}") \
+                    from None
+            seconds = float(parsed) if parsed is not None else 0.0
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise SpecError(f"probe timeout must be 'predicted' or positive seconds (300, 10m); got {value!r}")
+    return seconds
+
+
+def _gpu_of(gpu_infos: list[dict[str, Any]]) -> Any:
+    from autotune.estimate import find_gpu
+
+    for g in gpu_infos:
+        name = str(g.get("name") or "")
+        # NVML's names: "NVIDIA A10G", "NVIDIA H100 80GB HBM3"
+        for candidate in (name, name.removeprefix("NVIDIA").strip()):
+            try:
+                return find_gpu(candidate)
+            except SpecError:
+                continue
+    return None
+
+
+def make_predictor(
+    config: dict[str, Any], workload: Workload, *, device: str, gpu_infos: list[dict[str, Any]],
+    gpu: Any = None, cores: int | None = None,
+) -> Any:
+    """``predict(candidate, settings) -> seconds | None`` for this run, or None (unknown architecture)."""
+    from autotune.estimate import arch_from_config
+    from autotune.estimate.probe_time import predict_probe_time
+
+    try:
+        arch = arch_from_config(config)
+    except Exception:
+        return None
+    gpu = gpu if gpu is not None else (_gpu_of(gpu_infos) if device == "cuda" else None)
+    mean_tokens: float | None = None
+    if device == "cpu":
+        from autotune._preflight import mean_sequence_tokens
+
+        mean_tokens = mean_sequence_tokens(workload)
+    n_cores = cores or os.cpu_count() or 1
+
+    def predict(candidate: Candidate, settings: ProbeSettings) -> float | None:
+        t = predict_probe_time(arch, workload, candidate, settings, device=device, gpu=gpu, cores=n_cores,
+                               mean_tokens=mean_tokens)
+        return None if t is None else t.total_s
+
+    return predict
+
+
+def _candidates(space: SearchSpace, effective_batch: int, max_world: int | None, n: int = _SAMPLE) -> list[Candidate]:
+    """Up to ``n`` distinct runnable candidates of the space, drawn uniformly (seeded: the same each time)."""
+    from autotune.search import candidate_from_choice, candidate_id, usable_micro_batches, usable_worlds
+    from autotune.spec.space import DIMENSIONS
+
+    worlds, _ = usable_worlds(space, max_world)
+    mbs, _ = usable_micro_batches(space, effective_batch, worlds)
+    if not worlds or not mbs:
+        return []
+    lists = {d: mbs if d == "micro_batch" else worlds if d == "gpus_per_trial" else list(space.choices(d))
+             for d in DIMENSIONS}
+    rng = random.Random(0)
+    seen: dict[str, Candidate] = {}
+    for _ in range(n * 5):
+        c = candidate_from_choice({d: rng.choice(v) for d, v in lists.items()}, effective_batch=effective_batch)
+        if isinstance(c, Candidate):
+            seen.setdefault(candidate_id(c), c)
+            if len(seen) >= n:
+                break
+    return list(seen.values())
+
+
+def forecast(
+    predictor: Any, *, space: SearchSpace, settings: ProbeSettings, effective_batch: int, max_world: int | None,
+    max_trials: int, top_k: int, confirm_min_rounds: int, confirm_steps: int, baseline: Candidate | None,
+    slots: int, distinct: int | None = None, fits: Any = None,
+) -> dict[str, Any]:
+    """The predicted time to answer (seconds; None where nothing can be predicted) and how it was counted.
+
+    The typical probe is the median prediction over a seeded sample of the space's configurations,
+    those the memory model puts within the budget (``fits``) when any are, since a configuration that
+    does not fit stops at its out-of-memory error long before its window ends.
+    """
+    cands = _candidates(space, effective_batch, max_world)
+    if fits is not None:
+        fitting = [c for c in cands if fits(c)]
+        cands = fitting or cands
+    confirm_settings = dataclasses.replace(settings, steps=confirm_steps)
+    preds = [p for p in (predictor(c, settings) for c in cands) if p] if predictor else []
+    confirm_preds = [p for p in (predictor(c, confirm_settings) for c in cands) if p] if predictor else []
+    search_probes = min(max_trials, distinct) if distinct else max_trials
+    confirm_probes = (top_k + (1 if baseline is not None else 0)) * confirm_min_rounds if top_k else 0
+    out: dict[str, Any] = {"search_probes": search_probes, "confirm_probes": confirm_probes, "slots": slots,
+                           "probe_s": None, "min_probe_s": None, "confirm_probe_s": None, "baseline_probe_s": None,
+                           "time_to_answer_s": None, "sampled": len(cands)}
+    if not preds:
+        return out
+    typical = statistics.median(preds)
+    typical_confirm = statistics.median(confirm_preds) if confirm_preds else typical
+    base = predictor(baseline, settings) if predictor and baseline is not None else None
+    out.update(probe_s=round(typical, 1), min_probe_s=round(min(preds), 1), confirm_probe_s=round(typical_confirm, 1),
+               baseline_probe_s=round(base, 1) if base else None,
+               time_to_answer_s=round((search_probes * typical + confirm_probes * typical_confirm) / max(1, slots), 1))
+    return out
+
+
+def duration_text(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:,.1f} h"
+    if seconds >= 120:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.0f} s"
+
+
+def forecast_line(fc: dict[str, Any]) -> str:
+    """The line ``autotune run`` prints before the search."""
+    if fc.get("time_to_answer_s") is None:
+        return ("predicted time to answer: unknown (the estimator cannot price this model or GPU); each probe "
+                f"gets the fixed deadline of {fc.get('deadline_text', '')}")
+    slots = fc["slots"]
+    text = (f"predicted time to answer: ~{duration_text(fc['time_to_answer_s'])} ({fc['search_probes']} search + "
+            f"{fc['confirm_probes']} confirmation probes x ~{duration_text(fc['probe_s'])} each"
+            + (f" / {slots} at a time" if slots > 1 else "") + ")")
+    if fc.get("probes_in_budget") is not None:
+        text += f"; the --time-budget buys about {fc['probes_in_budget']} probe(s)"
+    return text
+
+
+def check_time_budget(fc: dict[str, Any], *, time_budget_s: float | None, time_budget_text: Any, steps: int,
+                      model_ref: str) -> None:
+    """Adds ``probes_in_budget``; SpecError (one line) when the budget cannot hold the baseline and one
+    candidate."""
+    if time_budget_s is None or fc.get("probe_s") is None:
+        return
+    slots = max(1, int(fc["slots"]))
+    typical = float(fc["probe_s"])
+    base = float(fc.get("baseline_probe_s") or typical)
+    fc["probes_in_budget"] = int(time_budget_s * slots // typical)
+    needed = base + typical if slots == 1 else max(base, typical)
+    if time_budget_s < needed:
+        raise SpecError(
+            f"--time-budget {time_budget_text} cannot hold even the HF-default baseline and one candidate (one probe "
+            f"is predicted to take ~{duration_text(typical)}, {duration_text(needed)} for the two"
+            + (f" on {slots} slots" if slots > 1 else "") + f"): give a smaller --steps than {steps}, more GPUs "
+            f"(--gpus, --ray-address), a larger --time-budget, or see the estimate with `autotune plan --model "
+            f"{model_ref}`")

@@ -1,0 +1,218 @@
+"""How long `autotune run` takes to answer: on paper for the user stories' GPUs, measured on a tiny model.
+
+    python benchmarks/time_to_answer.py paper [--json OUT]
+    python benchmarks/time_to_answer.py measure [--model tiny-llama] [--batches 8,32,128] [--json OUT]
+
+``paper``: for each workload, the planner's configuration (``autotune plan``'s choice: micro-batch,
+accumulation, levers) and its step time (``autotune.estimate.predict_speed``), and the probes a
+default ``autotune run`` makes (``--max-trials`` 40, or fewer when the default space holds fewer
+distinct configurations; then the confirmation: (``--top-k`` 3 + the HF-default baseline) x 2
+rounds at twice ``--steps``). Per probe:
+
+* before: set-up + (warm-up + steps) whole optimizer steps at the true accumulation ``A``, under the
+  fixed 300 s deadline (a probe predicted past it is killed there: the search measures nothing);
+* after: set-up + the probe window (``autotune.spec.probe_window``: ``probe_grad_accum`` micro-batches
+  per optimizer step), at its maximum (every timed step) and at the adaptive window's minimum
+  (``MIN_TIMED_STEPS``), as ``autotune.estimate.probe_time`` predicts it.
+
+Time to answer = search probes x probe + confirmation probes x confirmation probe, one at a time
+(one GPU). Goals: story 1 (Llama-3.1-8B LoRA, seq 4096, effective batch 32) in at most 15 min on
+an A10G and 5 min on an H100; the script says whether each is met.
+
+``measure``: runs ``autotune run --model tiny-llama --device cpu`` (``--fresh``, its own ``--out``)
+at effective batch 8, 32 and 128 and reports each wall time; goal: the 128 run takes at most
+1.5 x the 8 run. Run it on a quiet machine; ``--max-trials``/``--steps`` make a quick dry run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+# (label, model, gpu, mode, seq_len, effective_batch, story goal in seconds or None)
+WORKLOADS = [
+    ("story 1: 8B LoRA", "llama-3.1-8b", "A10G", "lora", 4096, 32, 15 * 60),
+    ("story 1: 8B LoRA", "llama-3.1-8b", "A100-80GB", "lora", 4096, 32, None),
+    ("story 1: 8B LoRA", "llama-3.1-8b", "H100-SXM", "lora", 4096, 32, 5 * 60),
+    ("1B full fine-tune", "llama-3.2-1b", "H100-SXM", "full", 2048, 64, None),
+    ("story 2: 7B QLoRA", "qwen2.5-7b", "T4", "qlora", 2048, 64, None),
+]
+OLD_DEADLINE_S = 300.0
+# `autotune run`'s defaults (cli/run.py)
+MAX_TRIALS, TOP_K, CONFIRM_ROUNDS, STEPS, WARMUP = 40, 3, 2, 5, 2
+
+
+def _minutes(s: float) -> str:
+    return f"{s / 3600:.1f} h" if s >= 3600 else f"{s / 60:.1f} min"
+
+
+def paper() -> list[dict[str, Any]]:
+    from autotune._tune import _baseline_candidate
+    from autotune.estimate import arch_from_config, find_gpu, plan, predict_speed
+    from autotune.estimate.probe_time import predict_probe_time
+    from autotune.models import resolve_model
+    from autotune.search import distinct_candidates, usable_micro_batches, usable_worlds
+    from autotune.spec.probe_request import ProbeSettings, Workload
+    from autotune.spec.probe_window import MIN_TIMED_STEPS
+    from autotune.spec.space import load_space
+
+    rows = []
+    space = load_space("default")
+    for label, model, gpu_name, mode, seq, eb, goal in WORKLOADS:
+        resolved = resolve_model(model)
+        arch = arch_from_config(resolved.config)
+        gpu = find_gpu(gpu_name)
+        p = plan(resolved.config, gpus=[gpu], gpus_per_node=1, seq_len=seq, effective_batch=eb, mode=mode,
+                 model_name=resolved.name)
+        opt = p.rows[0].option
+        if opt is None:
+            rows.append({"workload": label, "gpu": gpu_name, "error": "the planner finds nothing that fits"})
+            continue
+        cand, wl = opt.candidate, Workload(model=resolved.name, seq_len=seq, mode=opt.mode)
+        step = predict_speed(arch, wl, cand, gpu).step_time_s
+        worlds, _ = usable_worlds(space, 1)
+        mbs, _ = usable_micro_batches(space, eb, worlds)
+        distinct = distinct_candidates(space, effective_batch=eb, micro_batches=mbs, worlds=worlds)
+        search = min(MAX_TRIALS, distinct) if distinct else MAX_TRIALS
+        confirm = (TOP_K + (1 if _baseline_candidate(space, eb, "cuda") else 0)) * CONFIRM_ROUNDS
+        s_search = ProbeSettings(device="cuda", warmup_steps=WARMUP, steps=STEPS)
+        s_confirm = dataclasses.replace(s_search, steps=2 * STEPS)
+        s_adaptive = dataclasses.replace(s_search, steps=MIN_TIMED_STEPS)
+        after = predict_probe_time(arch, wl, cand, s_search, device="cuda", gpu=gpu)
+        after_c = predict_probe_time(arch, wl, cand, s_confirm, device="cuda", gpu=gpu)
+        adaptive = predict_probe_time(arch, wl, cand, s_adaptive, device="cuda", gpu=gpu)
+        # torch.compile does not compose (the probe times whole steps at the true accumulation)
+        compiled = predict_probe_time(arch, wl, dataclasses.replace(cand, torch_compile=True), s_search,
+                                      device="cuda", gpu=gpu)
+        assert after is not None and after_c is not None and adaptive is not None and compiled is not None
+        setup = after.setup_s
+        before = setup + (WARMUP + STEPS) * step
+        before_c = setup + (WARMUP + 2 * STEPS) * step
+        killed = before > OLD_DEADLINE_S
+        before_tta = search * min(before, OLD_DEADLINE_S) + confirm * min(before_c, OLD_DEADLINE_S)
+        after_tta = search * after.total_s + confirm * after_c.total_s
+        adaptive_tta = (search + confirm) * adaptive.total_s
+        row = {
+            "workload": label, "model": model, "gpu": gpu_name, "mode": opt.mode, "seq_len": seq,
+            "effective_batch": eb, "candidate": f"mb{cand.micro_batch}x{cand.grad_accum}",
+            "plan_step_time_s": round(step, 2), "setup_s": round(setup, 1), "search_probes": search,
+            "confirm_probes": confirm, "before_probe_s": round(before, 1), "before_killed_at_300s": killed,
+            "before_time_to_answer_s": round(before_tta, 1), "after_probe_s": round(after.total_s, 1),
+            "after_time_to_answer_s": round(after_tta, 1), "after_adaptive_probe_s": round(adaptive.total_s, 1),
+            "after_adaptive_time_to_answer_s": round(adaptive_tta, 1), "goal_s": goal,
+            "after_compile_probe_s": round(compiled.total_s, 1),
+        }
+        if goal is not None:
+            row["goal_met"] = adaptive_tta <= goal
+            row["probes_in_goal"] = int(goal // adaptive.total_s)
+        rows.append(row)
+    return rows
+
+
+def print_paper(rows: list[dict[str, Any]]) -> None:
+    head = ("| workload | GPU | plan config | step s | probes (search + confirm) | before: probe | before: answer | "
+            "after: probe (max / adaptive) | after: answer (max / adaptive) | after: a torch.compile probe | goal |")
+    print(head)
+    print("|---" * (head.count("|") - 1) + "|")
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['workload']} | {r['gpu']} | {r['error']} |")
+            continue
+        before = f"{r['before_probe_s']:.0f} s" + (" (killed at 300 s)" if r["before_killed_at_300s"] else "")
+        answer_before = _minutes(r["before_time_to_answer_s"]) + (" (no answer)" if r["before_killed_at_300s"] else "")
+        goal = "" if r["goal_s"] is None else (
+            f"<= {_minutes(r['goal_s'])}: " + ("met" if r["goal_met"] else
+                                               f"NOT met ({r['probes_in_goal']} probes fit in it)"))
+        print(f"| {r['workload']} | {r['gpu']} | {r['candidate']} | {r['plan_step_time_s']:.1f} | "
+              f"{r['search_probes']} + {r['confirm_probes']} | {before} | {answer_before} | "
+              f"{r['after_probe_s']:.0f} / {r['after_adaptive_probe_s']:.0f} s | "
+              f"{_minutes(r['after_time_to_answer_s'])} / {_minutes(r['after_adaptive_time_to_answer_s'])} | "
+              f"{r['after_compile_probe_s']:.0f} s | {goal} |")
+    missed = [r for r in rows if r.get("goal_met") is False]
+    for r in missed:
+        print(f"goal NOT met: {r['workload']} on {r['gpu']} answers in ~"
+              f"{_minutes(r['after_adaptive_time_to_answer_s'])} at best, above {_minutes(r['goal_s'])} "
+              f"(a probe is ~{r['after_adaptive_probe_s']:.0f} s; {r['search_probes'] + r['confirm_probes']} probes)")
+
+
+def measure(model: str, batches: list[int], max_trials: int | None, steps: int | None, extra: list[str]) \
+        -> list[dict[str, Any]]:
+    rows = []
+    cli = [sys.executable, "-m", "autotune.cli.app"] if not (Path(sys.executable).parent / "autotune").exists() \
+        else [str(Path(sys.executable).parent / "autotune")]
+    with tempfile.TemporaryDirectory(prefix="time-to-answer-") as out:
+        for eb in batches:
+            cmd = cli + ["run", "--model", model, "--device", "cpu", "--gpu-budget", "8GB", "--seq-len", "128",
+                         "--effective-batch", str(eb), "--fresh", "--json", "--out", out]
+            if max_trials is not None:
+                cmd += ["--max-trials", str(max_trials)]
+            if steps is not None:
+                cmd += ["--steps", str(steps)]
+            cmd += extra
+            t0 = time.perf_counter()
+            proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+            wall = time.perf_counter() - t0
+            summary: dict[str, Any] = {}
+            try:
+                summary = json.loads(proc.stdout)
+            except ValueError:
+                pass
+            rows.append({"effective_batch": eb, "wall_s": round(wall, 1), "exit": proc.returncode,
+                         "probes_run": summary.get("probes_run"),
+                         "predicted_s": ((summary.get("search") or {}).get("deadlines") or {}).get("forecast", {})
+                         .get("time_to_answer_s"),
+                         "stderr_tail": proc.stderr.strip().splitlines()[-1:] if proc.returncode else []})
+            print(f"effective batch {eb}: {wall:.1f} s (exit {proc.returncode}, {summary.get('probes_run')} probes)",
+                  file=sys.stderr)
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="mode", required=True)
+    sub.add_parser("paper").add_argument("--json", default=None)
+    m = sub.add_parser("measure")
+    m.add_argument("--model", default="tiny-llama")
+    m.add_argument("--batches", default="8,32,128")
+    m.add_argument("--max-trials", type=int, default=None)
+    m.add_argument("--steps", type=int, default=None)
+    m.add_argument("--json", default=None)
+    a, extra = ap.parse_known_args()
+    if a.mode == "paper":
+        rows = paper()
+        print_paper(rows)
+        out: Any = rows
+        ok = all(r.get("goal_met") is not False for r in rows)
+    else:
+        rows = measure(a.model, [int(b) for b in a.batches.split(",")], a.max_trials, a.steps, extra)
+        first, last = rows[0], rows[-1]
+        ratio = last["wall_s"] / first["wall_s"] if first["wall_s"] else None
+        ok = all(r["exit"] == 0 for r in rows) and ratio is not None and ratio <= 1.5
+        print("| effective batch | wall | probes | predicted |\n|---|---|---|---|")
+        for r in rows:
+            pred = f"{r['predicted_s']:.0f} s" if r["predicted_s"] else "-"
+            print(f"| {r['effective_batch']} | {r['wall_s']:.1f} s | {r['probes_run']} | {pred} |")
+        verdict = "met" if ok else "NOT met"
+        print(f"goal (effective batch {last['effective_batch']} within 1.5x of {first['effective_batch']}): "
+              f"{verdict}, ratio {ratio:.2f}" if ratio is not None else "goal: no measurement")
+        out = {"rows": rows, "ratio": ratio, "goal_met": ok}
+    if a.json:
+        from autotune.store.atomic import write_text_atomic
+
+        write_text_atomic(Path(a.json), json.dumps(out, indent=1) + "\n")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

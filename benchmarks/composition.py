@@ -35,7 +35,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# name -> probe flags; A spans 2-64; full, LoRA, packing, variable-length padding, 2-rank DDP, ZeRO-2
+# name -> probe flags; A spans 2-64; full, LoRA, packing, variable-length padding, torch.compile, 2-rank
+# DDP, ZeRO-2
 CASES: dict[str, list[str]] = {
     "full-a2": ["--model", "tiny-llama", "--seq-len", "64", "--micro-batch", "2", "--grad-accum", "2"],
     "full-a4": ["--model", "tiny-llama", "--seq-len", "64", "--micro-batch", "2", "--grad-accum", "4"],
@@ -50,6 +51,8 @@ CASES: dict[str, list[str]] = {
                     "--packing", "--lengths", "uniform:16-128"],
     "padded-varlen-a16": ["--model", "tiny-llama", "--seq-len", "128", "--micro-batch", "4", "--grad-accum", "16",
                           "--lengths", "lognormal:3.8,0.6"],
+    "compile-a16": ["--model", "tiny-llama", "--seq-len", "64", "--micro-batch", "2", "--grad-accum", "16",
+                    "--compile"],
     "ddp2-a8": ["--model", "tiny-llama", "--seq-len", "64", "--micro-batch", "2", "--grad-accum", "8",
                 "--world-size", "2"],
     "zero2-a8": ["--model", "tiny-llama", "--seq-len", "64", "--micro-batch", "2", "--grad-accum", "8",

@@ -33,13 +33,13 @@ def test_a_probe_runs_the_same_micro_batches_whatever_the_accumulation(accum: in
     assert w.min_timed_steps == MIN_TIMED_STEPS and w.adaptive
 
 
-def test_whole_steps_where_composition_is_not_used() -> None:
+def test_whole_steps_where_composition_is_not_used_and_compile_warms_up_longer() -> None:
     s = ProbeSettings(warmup_steps=1, steps=4)
     small = probe_window(s, Candidate(grad_accum=2))
     assert not small.composed and small.grad_accum == 2 and small.adaptive  # nothing to compose
     compiled = probe_window(s, Candidate(grad_accum=16, torch_compile=True))
-    assert not composes(Candidate(grad_accum=16, torch_compile=True))
-    assert compiled.grad_accum == 16 and compiled.warmup_steps >= 3
+    assert composes(Candidate(grad_accum=16, torch_compile=True))  # same graphs at any accumulation
+    assert compiled.grad_accum == PROBE_GRAD_ACCUM and compiled.warmup_steps >= 3
     whole = probe_window(ProbeSettings(warmup_steps=1, steps=4, window="whole"), Candidate(grad_accum=16))
     assert (whole.grad_accum, whole.composed, whole.adaptive, whole.min_timed_steps) == (16, False, False, 4)
 
@@ -304,3 +304,25 @@ def test_distributed_peak_memory_and_collective_stop_on_two_gloo_ranks(kw: dict[
     # ZeRO-2 (2026-12-01, busy machine) composed 235, 237, 266 MB vs whole 243, 244 MB, the ranks of
     # one run 10-25 MB apart; a probe that skipped the gradients or Adam states would be 32+ MB lower
     assert abs(c - w) <= max(int(0.12 * w), 32 * 2**20), (c, w)
+
+
+def test_a_graph_compiled_inside_the_window_flags_the_composition() -> None:
+    win = probe_window(ProbeSettings(warmup_steps=3, steps=3), Candidate(grad_accum=16, torch_compile=True))
+    m = _meter(win, 16)
+    for _ in range(3 + 3):
+        _feed(m, 0.5, (0.2, 0.3))
+    m.graphs = [2, 2, 2, 2, 3, 3]  # one graph compiled in the second timed step
+    metrics: dict[str, Any] = {}
+    worker._record_window(metrics, m, win, 0.0, 0.0, 0.0)
+    assert metrics["recompiles_in_window"] == 1 and metrics["composition_noisy"]
+
+
+@pytest.mark.slow
+def test_a_compiled_probe_composes_on_cpu() -> None:
+    from autotune.executors.local import run_probe_process
+
+    r = run_probe_process(_tiny(grad_accum=8, torch_compile=True, timeout_s=900.0))
+    assert r.status == "ok", r.reason
+    m = r.metrics
+    assert m["composed"] and m["compiled_graphs"] >= 1
+    assert m["probe_micro_batches"] <= (3 + 3) * PROBE_GRAD_ACCUM

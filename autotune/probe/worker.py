@@ -916,6 +916,8 @@ def _record_window(
                 f"torch.compile compiled {recompiles} graph(s) inside the timed window: its tok/s includes"
                 " compilation; more warm-up steps (or packing / fixed lengths, which keep shapes static) fix it"
             )
+            if window.composed:  # a compile timed as a micro-step is multiplied by A - 1
+                metrics["composition_noisy"] = True
     slots = sum(slot_list)
     metrics["token_slots"] = slots
     if slots:

@@ -189,3 +189,10 @@ def test_axolotl_saves_follow_axolotls_own_defaults(tmp_path: Path) -> None:
                     .replace("save_total_limit: 2\n", ""))
     (item,) = _check(path).by_id("checkpoints")
     assert item.status == "pass" and item.message == "saved every epoch, last 4 kept"
+
+
+def test_axolotl_write_back_states_0_workers_where_axolotl_would_pick_its_own() -> None:
+    text = (CLIENTS / "axolotl" / "lora-1b.yml").read_text()  # no data-loader key: Axolotl sets 1 worker, pinned
+    out, updates = tuned_file(read_config("a.yml", text), _cand(workers=0))
+    assert updates["dataloader_num_workers"] == 0
+    assert read_config("a.yml", out).data["dataloader_num_workers"] == 0

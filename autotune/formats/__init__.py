@@ -3,8 +3,10 @@
 One module per format holds the whole key mapping, both directions (see ``_common``):
 ``training_args`` (TrainingArguments JSON/YAML), ``trl`` (SFTConfig), ``axolotl``, ``llamafactory``,
 ``accelerate``, ``deepspeed``. ``read_config`` parses and detects; ``known_keys`` gives the key set a
-format accepts (Axolotl / LLaMA-Factory from ``autotune/emit/schemas/*_keys.json``, recorded from
-their sources with ``tools/extract_target_keys.py``; TrainingArguments / SFTConfig from the installed packages, passed in);
+format accepts (Axolotl from ``autotune/emit/schemas/axolotl_keys.json``, recorded from its source with
+``tools/extract_target_keys.py``; LLaMA-Factory from ``llamafactory_fields.json``, every argument its pinned
+release parses, recorded from an install with ``tools/record_client_fields.py``; TrainingArguments / SFTConfig
+from the installed packages, passed in);
 ``write_back_text`` changes the tuned keys of the user's file and nothing else.
 """
 

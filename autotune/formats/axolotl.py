@@ -197,4 +197,7 @@ def tuned_keys(candidate: Mapping[str, Any], cfg: Mapping[str, Any], **_: Any) -
         if bool_key is not None and "attn_implementation" not in cfg:
             wanted[bool_key] = False
         wanted["attn_implementation"] = c["attn"]
-    return changed(cfg, wanted, DEFAULTS)
+    defaults = dict(DEFAULTS)
+    if all(cfg.get(k) is None for k in _LOADER_KEYS):
+        defaults.update(AXOLOTL_LOADER_DEFAULTS)  # what Axolotl would set: a measured 0 workers must be written
+    return changed(cfg, wanted, defaults)

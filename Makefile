@@ -1,5 +1,6 @@
 # make demo : create .venv, install (CPU torch pinned), and run autotune on a bundled tiny model
-# make test : run the test suite (what CI runs)
+# make test : run the test suite (what CI runs), the client tier included
+# make test-clients : only the client tier (LLaMA-Factory, Axolotl in venvs of their own, cached)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -7,7 +8,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-fast lint clean
+.PHONY: setup demo test test-fast test-clients clients lint clean
 
 setup: $(VENV)/.installed
 
@@ -23,10 +24,17 @@ demo: setup
 		--effective-batch 16 --space cpu --max-trials 12 --out results
 
 test: setup
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	TORCH_SPEC="$(TORCH_SPEC)" $(PY) -m pytest -q $(PYTEST_ARGS)
 
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow and not clients" $(PYTEST_ARGS)
+
+# one venv per client, pinned, next to $(TORCH_SPEC); cached in ~/.cache/autotune-clients (AUTOTUNE_CLIENTS_CACHE)
+clients: setup
+	TORCH_SPEC="$(TORCH_SPEC)" $(PY) tests/_clients.py build llamafactory axolotl
+
+test-clients: setup
+	TORCH_SPEC="$(TORCH_SPEC)" $(PY) -m pytest -q -m clients tests/test_clients.py $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check autotune tests benchmarks

@@ -163,7 +163,8 @@ def test_accelerate_config_loads_with_accelerates_loader(tmp_path, fields, case)
     if expected == "FSDP":
         assert cfg.fsdp_config["fsdp_version"] == 2 and cfg.fsdp_config["fsdp_reshard_after_forward"] is True
     if expected == "DEEPSPEED":
-        assert cfg.deepspeed_config["deepspeed_config_file"] == "deepspeed.json"
+        # absolute: accelerate opens it from the working directory, and the launch may start anywhere
+        assert cfg.deepspeed_config["deepspeed_config_file"] == str((tmp_path / "deepspeed.json").resolve())
         assert (tmp_path / "deepspeed.json").exists()
     # what `accelerate launch --config_file` does before starting processes
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser

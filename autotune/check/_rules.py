@@ -425,27 +425,40 @@ def _rule_memory_levers(c: _Ctx) -> None:
     if not (c.has_ta or c.mk is not None or c.ds or c.acc):
         return
     parts = []
+    ckpt = False
     if c.has_ta:
-        ckpt = c.ta.get("activation_checkpointing", c.ta.get("gradient_checkpointing"))
+        ckpt = bool(c.ta.get("activation_checkpointing", c.ta.get("gradient_checkpointing")))
         parts.append(f"activation checkpointing {'on' if ckpt else 'off'}")
     lora = c.b.get("lora")
     if lora:
         parts.append(f"LoRA r={lora.get('r')}")
-    if c.mk and (c.mk.get("quantization_config") or {}).get("load_in_4bit"):
+    four_bit = bool(c.mk and (c.mk.get("quantization_config") or {}).get("load_in_4bit"))
+    if four_bit:
         parts.append("4-bit base (QLoRA)")
     stage = (c.ds.get("zero_optimization") or {}).get("stage") if c.ds else None
     if stage:
         parts.append(f"DeepSpeed ZeRO-{stage}")
-    if c.acc.get("distributed_type") == "FSDP" or c.ta.get("fsdp"):
+    fsdp = c.acc.get("distributed_type") == "FSDP" or bool(c.ta.get("fsdp"))
+    if fsdp:
         parts.append("FSDP")
     if not lora and c.has_ta and c.mk is not None:
         parts.append("full fine-tuning")
+    # only the levers this config does not use yet
+    more = [] if ckpt else ["checkpointing (~20-30% more compute)"]
+    if not four_bit:
+        more.append("QLoRA" if lora else "LoRA/QLoRA")
+    if stage == 3 or (fsdp and "full_shard" in str(c.ta.get("fsdp") or "full_shard")):
+        pass  # already fully sharded
+    elif stage or fsdp:
+        more.append("ZeRO-3 / FSDP full shard")
+    else:
+        more.append("ZeRO/FSDP")
     c.add(
         "memory_levers",
         "checkpointing / PEFT",
         "info",
         (", ".join(parts) or "no memory lever visible")
-        + "; when memory is tight: checkpointing (~20-30% more compute), LoRA/QLoRA, ZeRO/FSDP",
+        + (f"; when memory is tight: {', '.join(more)}" if more else "; every memory lever is in use"),
     )
 
 
@@ -539,7 +552,7 @@ def _rule_checkpoints(c: _Ctx) -> None:
             src,
         )
     elif limit is None:
-        every = f"every {c.ta.get('save_steps', 500)} steps" if strategy == "steps" else f"every {strategy}"
+        every = f"every {c.ta.get('save_steps') or 500} steps" if strategy == "steps" else f"every {strategy}"
         c.add(
             "checkpoints",
             title,
@@ -549,7 +562,7 @@ def _rule_checkpoints(c: _Ctx) -> None:
             src,
         )
     else:
-        every = f"every {c.ta.get('save_steps', 500)} steps" if strategy == "steps" else f"every {strategy}"
+        every = f"every {c.ta.get('save_steps') or 500} steps" if strategy == "steps" else f"every {strategy}"
         c.add("checkpoints", title, "pass", f"saved {every}, last {limit} kept", source=src)
 
 
@@ -738,6 +751,10 @@ def _rule_format_keys(c: _Ctx) -> None:
 def _rule_names(c: _Ctx) -> None:
     if c.b.fmt in ("axolotl", "llamafactory"):
         _rule_format_keys(c)
+        if c.b.fmt == "axolotl":
+            for message, fix in FORMATS["axolotl"].deprecations(c.b.native or {}):
+                c.add("deprecated", "deprecated settings", "warn", f"{message} (Axolotl's own warning)", fix,
+                      c.src("training_args"))
         return
     ver = f"transformers {c.version}" if c.version else "transformers 5"
     what = "an SFTConfig" if c.b.fmt == "trl" else "a TrainingArguments"

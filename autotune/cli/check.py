@@ -12,7 +12,7 @@ import typer
 
 from autotune.check import CONFIG_FILE_KINDS, ConfigBundle, bundle_from_texts, gather, gpu_info, render_text
 from autotune.errors import SpecError
-from autotune.formats import FORMATS, key_source, known_keys, read_config
+from autotune.formats import FORMATS, key_source_label, known_keys, read_config
 
 __all__ = ["command", "load_bundle", "bundle_from_file", "installed_training_fields", "installed_sft_fields"]
 
@@ -73,9 +73,7 @@ def bundle_from_file(path: Path, fmt: str | None = None) -> ConfigBundle:
         b.native = cfg.data
         ta_fields, _ = installed_training_fields()
         b.known_keys = known_keys(cfg.format, ta_fields=ta_fields, trl_fields=installed_sft_fields())
-        src = key_source(cfg.format)
-        if src:
-            b.key_source = f"{src['repo']}@{src['commit'][:10]}"
+        b.key_source = key_source_label(cfg.format)
     ds_path = _linked_deepspeed(path, cfg.data.get("deepspeed"))
     if ds_path is not None and "deepspeed" not in b.data:
         b.data["deepspeed"] = read_config(ds_path.name, _read(ds_path), fmt="deepspeed").data

@@ -19,6 +19,7 @@ Files (in ``best/``):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -63,8 +64,14 @@ _AXOLOTL_DATASET_TYPES = {"messages": "chat_template", "text": "completion"}
 _ACCELERATE_HEADER = (
     "# Written by autotune. Launch with:\n"
     "#   accelerate launch --config_file accelerate_config.yaml train.py --model MODEL --dataset DATA.jsonl\n"
-    "# deepspeed_config_file (if any) is relative to the directory you launch from.\n"
 )
+_ACCELERATE_RELATIVE = "# deepspeed_config_file (if any) is relative to the directory you launch from.\n"
+
+
+def _located(location: str | None, name: str) -> str:
+    """``name`` in the answer's folder: absolute when the folder is known (every client resolves a
+    config path against the working directory, not against the file naming it), else bare."""
+    return f"{location.rstrip('/')}/{name}" if location else name
 
 
 def target_device(best: ProbeResult) -> str:
@@ -94,8 +101,15 @@ def build_files(
     fields: set[str],
     device: str | None = None,
     report_to: str | list[str] = "none",
+    location: str | None = None,
+    paths: dict[str, str] | None = None,
 ) -> dict[str, str]:
-    """File name -> text for the best result. ``fields``: the installed TrainingArguments' field names."""
+    """File name -> text for the best result. ``fields``: the installed TrainingArguments' field names.
+
+    ``location``: the absolute folder the files will be written to (the DeepSpeed file the others name is
+    referred to by its absolute path there); ``paths``: the request's local paths (``tokenizer``,
+    ``dataset``, ``model``) made absolute by the caller, so the scripts run from any working directory.
+    """
     if not best.fits:
         raise AutotuneError(
             f"can only emit a configuration that fits; this probe's status is {best.status!r}"
@@ -115,8 +129,6 @@ def build_files(
     lc = lora_config(wl, target_modules=targets)
     if lc is not None:
         files["lora_config.json"] = _json(lc)
-    acc = accelerate_config(cand, device=dev)
-    files["accelerate_config.yaml"] = _ACCELERATE_HEADER + yaml.safe_dump(acc, sort_keys=True)
     ds = emitted_deepspeed_config(
         cand,
         max_grad_norm=float(targs.get("max_grad_norm", 1.0)),
@@ -124,12 +136,17 @@ def build_files(
     )
     if ds is not None:
         files["deepspeed.json"] = _json(ds)
+    ds_path = _located(location, "deepspeed.json") if ds is not None else None
+    acc = accelerate_config(cand, device=dev, deepspeed_file=ds_path or "deepspeed.json")
+    files["accelerate_config.yaml"] = (_ACCELERATE_HEADER + ("" if location else _ACCELERATE_RELATIVE)
+                                       + yaml.safe_dump(acc, sort_keys=True))
+    local = paths or {}
     measured = {
         "seed": wl.seed,
         "lengths": wl.lengths,
-        "dataset": wl.dataset,
+        "dataset": local.get("dataset", wl.dataset),
         "split": wl.split,
-        "tokenizer": wl.tokenizer,
+        "tokenizer": local.get("tokenizer", wl.tokenizer),
         "worst_case_first": req.settings.usable_bytes() is not None,  # as the probe (worker.py)
         "precision": cand.precision,
     }
@@ -142,14 +159,16 @@ def build_files(
     )
     files["train_sft.py"] = render_train_sft_script(
         measured={
-            "model": wl.model_path or wl.model,
-            "dataset": wl.dataset,
+            "model": local.get("model", wl.model_path or wl.model),
+            "dataset": local.get("dataset", wl.dataset),
             "split": wl.split,
-            "tokenizer": wl.tokenizer,
+            "tokenizer": local.get("tokenizer", wl.tokenizer),
         }
     )
     column = best.metrics.get("dataset_column")
-    ds_path = "deepspeed.json" if "deepspeed.json" in files else None
+    # Axolotl and LLaMA-Factory open the model and the data from the working directory: absolute paths
+    wl = dataclasses.replace(wl, model=local.get("model", wl.model), dataset=local.get("dataset", wl.dataset))
+    req = dataclasses.replace(req, workload=wl)
     ax, ax_notes = axolotl_config(
         cand,
         wl,
@@ -160,12 +179,24 @@ def build_files(
     )
     files["axolotl.yaml"] = _yaml_with_notes("Train with: axolotl train axolotl.yaml", ax_notes, ax)
     lf, lf_notes = llamafactory_config(
-        req, fields=fields, device=dev, mean_seq_len=mean_len, deepspeed_path=ds_path
+        req, fields=fields, device=dev, mean_seq_len=mean_len, deepspeed_path=ds_path,
+        dataset_column=None if column is None else str(column),
     )
     files["llamafactory.yaml"] = _yaml_with_notes(
         "Train with: llamafactory-cli train llamafactory.yaml", lf_notes, lf
     )
     return files
+
+
+def _absolute_paths(best: ProbeResult) -> dict[str, str]:
+    """The request's tokenizer / dataset / model folders that exist here, made absolute (as typed they are
+    relative to where ``autotune run`` ran, and the emitted scripts run from anywhere)."""
+    wl = best.probe_request().workload
+    out: dict[str, str] = {}
+    for key, value in (("tokenizer", wl.tokenizer), ("dataset", wl.dataset), ("model", wl.model)):
+        if isinstance(value, str) and value and not os.path.isabs(value) and os.path.exists(value):
+            out[key] = os.path.abspath(value)
+    return out
 
 
 def emit_all(
@@ -183,8 +214,9 @@ def emit_all(
     that this configuration does not have (e.g. a stale ``deepspeed.json`` from an earlier run) are
     removed afterwards, so the directory describes one configuration.
     """
-    files = build_files(best, fields=fields, device=device, report_to=report_to)
     out_dir = Path(out_dir)
+    files = build_files(best, fields=fields, device=device, report_to=report_to,
+                        location=str(out_dir.resolve()), paths=_absolute_paths(best))
     written = [write_text_atomic(out_dir / name, text) for name, text in files.items()]
     umask = os.umask(0)  # read the umask (there is no getter) and put it back
     os.umask(umask)

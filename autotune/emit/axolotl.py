@@ -10,6 +10,10 @@ rows of ``sequence_len`` ahead of training (block-diagonal attention with sdpa/e
 ``micro_batch_size`` counts those ROWS. The emitted ``micro_batch_size`` is therefore the number of
 full rows that holds the real tokens of one measured micro-batch (``packed_rows``): the same tokens
 per optimizer step, and rows x sequence_len never exceeds what the probe's worst-case micro-batch held.
+
+Levers Axolotl switches on by itself are written explicitly as measured: for a LoRA/QLoRA config it
+auto-enables its LoRA kernels (``lora_mlp_kernel``, ``lora_qkv_kernel``, ``lora_o_kernel``,
+``lora_embedding_kernel``) unless one is set, and autotune never measured those, so they are written ``false`` (``LORA_KERNEL_KEYS``).
 """
 
 from __future__ import annotations
@@ -19,7 +23,10 @@ from typing import Any
 from autotune.emit.training_args import LEARNING_RATES, LORA_DROPOUT, RUN_DEFAULTS, WARMUP_RATIO
 from autotune.spec.probe_request import Candidate, Workload
 
-__all__ = ["LEVER_KEYS", "ATTN_VALUES", "LIGER_PLUGIN", "packed_rows", "axolotl_config"]
+__all__ = ["LEVER_KEYS", "ATTN_VALUES", "LIGER_PLUGIN", "LORA_KERNEL_KEYS", "packed_rows", "axolotl_config"]
+
+# Axolotl's LoRA kernels, auto-enabled for LoRA/QLoRA configs that leave them unset (not measured by autotune)
+LORA_KERNEL_KEYS = ("lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "lora_embedding_kernel")
 
 LEVER_KEYS: dict[str, tuple[str, ...]] = {
     "micro_batch": ("micro_batch_size",),
@@ -123,6 +130,7 @@ def axolotl_config(
         cfg["lora_target_modules"] = list(wl.lora_targets)
         if wl.mode == "qlora":
             cfg["load_in_4bit"] = True
+        cfg.update(dict.fromkeys(LORA_KERNEL_KEYS, False))
     if c.zero_stage > 0 and c.sharding == "deepspeed":
         cfg["deepspeed"] = deepspeed_path or "deepspeed.json"
     elif c.zero_stage > 0 and c.sharding == "fsdp":

@@ -14,17 +14,24 @@ Differences from what autotune measured, written as comments into the file:
 - gradient checkpointing is ON by default in LLaMA-Factory: ``disable_gradient_checkpointing`` says
   what was measured.
 - flex_attention has no ``flash_attn`` value: ``auto`` is written and a comment says so.
+- LLaMA-Factory runs its own pinned transformers: a TrainingArguments key the installed transformers has
+  and that one lacks is left out (``accepted`` is the release's recorded argument set,
+  schemas/llamafactory_fields.json) and a comment names it.
+- data: LLaMA-Factory reads files registered in ``dataset_info.json``; a ``save_to_disk`` folder cannot be
+  registered (its Arrow and JSON files are refused together), so the comment gives the export command.
 """
 
 from __future__ import annotations
 
+import json
+from importlib import resources
 from typing import Any
 
 from autotune.emit.axolotl import packed_rows
 from autotune.emit.training_args import LORA_DROPOUT, emitted_training_args
 from autotune.spec.probe_request import ProbeRequest
 
-__all__ = ["LEVER_KEYS", "FLASH_ATTN_VALUES", "OWN_KEYS", "llamafactory_config"]
+__all__ = ["LEVER_KEYS", "FLASH_ATTN_VALUES", "OWN_KEYS", "accepted_fields", "dataset_note", "llamafactory_config"]
 
 LEVER_KEYS: dict[str, tuple[str, ...]] = {
     "micro_batch": ("per_device_train_batch_size",),
@@ -65,6 +72,36 @@ _REPLACED = ("activation_checkpointing", "gradient_checkpointing", "activation_c
              "gradient_checkpointing_kwargs", "use_liger_kernel", "remove_unused_columns")  # fmt: skip
 
 
+def accepted_fields() -> set[str]:
+    """Every argument the pinned LLaMA-Factory release parses (schemas/llamafactory_fields.json)."""
+    path = resources.files("autotune").joinpath("emit", "schemas", "llamafactory_fields.json")
+    return set(json.loads(path.read_text(encoding="utf-8"))["fields"])
+
+
+_FILE_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv", ".arrow", ".txt")
+
+
+def dataset_note(dataset: str, *, split: str | None, column: str | None) -> str:
+    """What to do with the measured dataset in LLaMA-Factory: register a file, or export a folder first."""
+    path = dataset
+    steps = ""
+    if not dataset.lower().endswith(_FILE_SUFFIXES):
+        # a save_to_disk folder (or a Hub id's cache): dataset_info.json takes files of one type only
+        path = dataset.rstrip("/") + ".jsonl"
+        pick = f"[{split!r}]" if split else ""
+        steps = (f"export it first (a save_to_disk folder cannot be registered): python -c \"import datasets; "
+                 f"datasets.load_from_disk({dataset!r}){pick}.to_json({path!r})\"; then ")
+    if column == "text":
+        entry = {"autotune_data": {"file_name": path, "columns": {"prompt": "text"}}}
+        tail = "and set dataset: autotune_data, dataset_dir: (that folder), stage: pt"
+    else:
+        entry = {"autotune_data": {"file_name": path, "formatting": "sharegpt", "columns": {"messages": "messages"},
+                                   "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user",
+                                            "assistant_tag": "assistant", "system_tag": "system"}}}
+        tail = "and set dataset: autotune_data, dataset_dir: (that folder), template: (your model's template)"
+    return f"dataset: {steps}write dataset_info.json {json.dumps(entry)} {tail}"
+
+
 def llamafactory_config(
     request: ProbeRequest,
     *,
@@ -72,13 +109,22 @@ def llamafactory_config(
     device: str,
     mean_seq_len: float | None = None,
     deepspeed_path: str | None = None,
+    accepted: set[str] | None = None,
+    dataset_column: str | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
-    """``(config, notes)``: the YAML mapping and the comments to write above it."""
+    """``(config, notes)``: the YAML mapping and the comments to write above it. ``accepted``: the
+    arguments the pinned LLaMA-Factory parses (default: :func:`accepted_fields`)."""
     c, wl = request.candidate, request.workload
     notes: list[str] = []
     targs = emitted_training_args(request, fields=fields, device=device)
     for key in _REPLACED:
         targs.pop(key, None)
+    known = accepted_fields() if accepted is None else accepted
+    unknown = sorted(k for k in targs if k not in known)
+    for key in unknown:
+        targs.pop(key)
+    if unknown:
+        notes.append(f"left out (not arguments of LLaMA-Factory's transformers): {', '.join(unknown)}")
     cfg: dict[str, Any] = {
         "model_name_or_path": wl.model,
         "stage": "sft",
@@ -122,10 +168,7 @@ def llamafactory_config(
     else:
         cfg["packing"] = False
     if wl.dataset:
-        notes.append(
-            f"dataset: register {wl.dataset} in dataset_dir/dataset_info.json, then set dataset: NAME "
-            "and template: (your model's template)"
-        )
+        notes.append(dataset_note(wl.dataset, split=wl.split, column=dataset_column))
     else:
         notes.append(
             "dataset: set dataset: NAME (from dataset_info.json) and template: (your model's template)"

@@ -3,8 +3,10 @@
 One module per format holds the whole key mapping, both directions (see ``_common``):
 ``training_args`` (TrainingArguments JSON/YAML), ``trl`` (SFTConfig), ``axolotl``, ``llamafactory``,
 ``accelerate``, ``deepspeed``. ``read_config`` parses and detects; ``known_keys`` gives the key set a
-format accepts (Axolotl / LLaMA-Factory from ``autotune/emit/schemas/*_keys.json``, recorded from
-their sources with ``tools/extract_target_keys.py``; TrainingArguments / SFTConfig from the installed packages, passed in);
+format accepts (Axolotl from ``autotune/emit/schemas/axolotl_keys.json``, recorded from its source with
+``tools/extract_target_keys.py``; LLaMA-Factory from ``llamafactory_fields.json``, every argument its pinned
+release parses, recorded from an install with ``tools/record_client_fields.py``; TrainingArguments / SFTConfig
+from the installed packages, passed in);
 ``write_back_text`` changes the tuned keys of the user's file and nothing else.
 """
 
@@ -31,6 +33,7 @@ __all__ = [
     "detect_format",
     "format_module",
     "key_source",
+    "key_source_label",
     "known_keys",
     "parse_text",
     "read_config",
@@ -119,9 +122,29 @@ def _top_level_keys(fmt: str) -> set[str]:
     return {k for name, keys in sections.items() if name == "" or name.startswith("plugin:") for k in keys}
 
 
+def _client_fields(fmt: str) -> dict[str, Any] | None:
+    """``autotune/emit/schemas/<fmt>_fields.json`` (tools/record_client_fields.py): every argument the pinned
+    client release's own parser accepts, read from an install of it (its transformers included)."""
+    if fmt != "llamafactory":
+        return None
+    path = resources.files("autotune").joinpath("emit", "schemas", f"{fmt}_fields.json")
+    return dict(json.loads(path.read_text(encoding="utf-8")))
+
+
 def key_source(fmt: str) -> dict[str, Any] | None:
+    fields = _client_fields(fmt)
+    if fields is not None:
+        return dict(fields["source"])
     entry = _keys_file(fmt)
     return dict(entry["source"]) if entry else None
+
+
+def key_source_label(fmt: str) -> str:
+    """Where ``known_keys(fmt)`` comes from, in a few words (``llamafactory 0.9.5, transformers 5.6.0``)."""
+    src = key_source(fmt) or {}
+    if "commit" in src:
+        return f"{src['repo']}@{src['commit'][:10]}"
+    return ", ".join(f"{k} {v}" for k, v in src.items())
 
 
 def known_keys(fmt: str, *, ta_fields: set[str] | None, trl_fields: set[str] | None = None) -> set[str] | None:
@@ -133,11 +156,9 @@ def known_keys(fmt: str, *, ta_fields: set[str] | None, trl_fields: set[str] | N
     if fmt == "axolotl":
         return _top_level_keys("axolotl")
     if fmt == "llamafactory":
-        if ta_fields is None:
-            return None
-        seq2seq = {"predict_with_generate", "generation_max_length", "generation_num_beams", "generation_config",
-                   "sortish_sampler"}  # transformers' Seq2SeqTrainingArguments adds these to TrainingArguments
-        return _top_level_keys("llamafactory") | ta_fields | seq2seq
+        # the pinned release's own parser, its transformers' TrainingArguments included (not the installed one:
+        # a key newer transformers added is refused by LLaMA-Factory)
+        return set((_client_fields("llamafactory") or {})["fields"])
     return None
 
 

@@ -18,7 +18,8 @@ from typing import Any
 from autotune.formats._common import changed, local_dataset
 from autotune.formats.training_args import precision_of
 
-__all__ = ["NAME", "LABEL", "VOCAB", "MARKERS", "detect", "to_request", "to_checklist", "tuned_keys"]
+__all__ = ["NAME", "LABEL", "VOCAB", "MARKERS", "AXOLOTL_LOADER_DEFAULTS", "deprecations", "detect", "to_request",
+           "to_checklist", "tuned_keys"]
 
 NAME = "axolotl"
 LABEL = "Axolotl"
@@ -45,6 +46,14 @@ DEFAULTS: dict[str, Any] = {
     "sample_packing": False, "dataloader_num_workers": 0, "dataloader_pin_memory": True, "bf16": False,
     "fp16": False, "optimizer": "adamw_torch_fused", "torch_compile": False,
 }  # fmt: skip
+
+
+_LORA_KERNELS = ("lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "lora_embedding_kernel")
+_LOADER_KEYS = ("dataloader_num_workers", "dataloader_pin_memory", "dataloader_prefetch_factor")
+# what Axolotl sets when none of _LOADER_KEYS is given: one worker per GPU (WORLD_SIZE), pinned, prefetch 256
+AXOLOTL_LOADER_DEFAULTS = {"dataloader_num_workers": 1, "dataloader_pin_memory": True}
+_DEPRECATED_KEYS = {"noisy_embedding_alpha": "neftune_noise_alpha", "dpo_beta": "rl_beta",
+                    "evaluation_strategy": "eval_strategy"}
 
 
 def detect(cfg: Mapping[str, Any]) -> bool:
@@ -114,19 +123,51 @@ def to_checklist(cfg: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         "report_to": _report_to(cfg) or "none",
     }
     for key in ("bf16", "fp16", "tf32", "gradient_checkpointing", "dataloader_num_workers", "dataloader_pin_memory",
-                "save_total_limit", "save_steps", "seed", "deepspeed"):
-        if key in cfg:
+                "seed", "deepspeed"):
+        if cfg.get(key) is not None:
             ta[key] = cfg[key]
     if ta.get("bf16") == "auto":
         ta["bf16"] = True  # Axolotl turns bf16 on where the GPU has it
-    if cfg.get("saves_per_epoch"):
-        ta["save_strategy"] = "epoch"
+    if all(cfg.get(k) is None for k in _LOADER_KEYS):
+        # Axolotl's validation sets these itself when all three are unset (default_dataloader_opts)
+        ta.update(AXOLOTL_LOADER_DEFAULTS)
+    # Axolotl's trainer builder: save_steps -> steps; else save_strategy; else every epoch; keeps 4 unless told
+    if cfg.get("save_steps"):
+        ta.update(save_strategy="steps", save_steps=cfg["save_steps"])
+    else:
+        ta["save_strategy"] = cfg.get("save_strategy") or "epoch"
+    ta["save_total_limit"] = cfg.get("save_total_limit") or 4
+    if cfg.get("fsdp") or cfg.get("fsdp_config"):
+        ta["fsdp"] = " ".join(cfg["fsdp"]) if isinstance(cfg.get("fsdp"), list) else str(cfg.get("fsdp") or "full_shard")
+        fsdp_config = cfg.get("fsdp_config") or {}
+        if isinstance(fsdp_config, Mapping) and (fsdp_config.get("offload_params") or fsdp_config.get("fsdp_offload_params")):
+            ta["fsdp"] += " offload"
     out: dict[str, dict[str, Any]] = {"training_args": ta}
     attn = _attn(cfg)
-    if attn:
-        out["model_kwargs"] = {"attn_implementation": attn}
+    mk: dict[str, Any] = {"attn_implementation": attn} if attn else {}
+    if cfg.get("load_in_4bit"):
+        mk["quantization_config"] = {"load_in_4bit": True}
+    if mk:
+        out["model_kwargs"] = mk
     if _mode(cfg) != "full":
         out["lora"] = {"r": cfg.get("lora_r"), "lora_alpha": cfg.get("lora_alpha")}
+    return out
+
+
+def deprecations(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(what Axolotl 0.19 warns about this file, the fix): its own deprecation warnings, read from its validators."""
+    out: list[tuple[str, str]] = []
+    fsdp_config = cfg.get("fsdp_config")
+    if isinstance(fsdp_config, Mapping) and fsdp_config:
+        version = cfg.get("fsdp_version") or fsdp_config.get("fsdp_version") or fsdp_config.get("version")
+        if str(version) != "2":
+            out.append(("FSDP1 is deprecated (Axolotl warns it will be removed)", "fsdp_version: 2"))
+        if any(str(k).startswith("fsdp_") and k != "fsdp_version" for k in fsdp_config):
+            out.append(("fsdp_config keys with the fsdp_ prefix are deprecated",
+                        "drop the fsdp_ prefix inside fsdp_config (fsdp_offload_params -> offload_params)"))
+    for old, new in _DEPRECATED_KEYS.items():
+        if cfg.get(old) is not None:
+            out.append((f"{old} is deprecated", f"use {new}"))
     return out
 
 
@@ -148,9 +189,15 @@ def tuned_keys(candidate: Mapping[str, Any], cfg: Mapping[str, Any], **_: Any) -
         wanted["fp16"] = prec == "fp16"
     if prec == "tf32" or "tf32" in cfg:
         wanted["tf32"] = prec in ("tf32", "bf16")
+    if _mode(cfg) != "full" and all(cfg.get(k) is None for k in _LORA_KERNELS):
+        # Axolotl auto-enables its LoRA kernels when none is set; autotune measured without them
+        wanted.update(dict.fromkeys(_LORA_KERNELS, False))
     if _attn(cfg) != c["attn"]:
         bool_key = next((k for k, v in _ATTN_BOOLS.items() if cfg.get(k) is True), None)
         if bool_key is not None and "attn_implementation" not in cfg:
             wanted[bool_key] = False
         wanted["attn_implementation"] = c["attn"]
-    return changed(cfg, wanted, DEFAULTS)
+    defaults = dict(DEFAULTS)
+    if all(cfg.get(k) is None for k in _LOADER_KEYS):
+        defaults.update(AXOLOTL_LOADER_DEFAULTS)  # what Axolotl would set: a measured 0 workers must be written
+    return changed(cfg, wanted, defaults)

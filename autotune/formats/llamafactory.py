@@ -6,7 +6,10 @@ with ``allow_extra_keys`` off unless ``ALLOW_EXTRA_ARGS`` is set). Its own key s
 in ``autotune/emit/schemas/llamafactory_keys.json``; the TrainingArguments part is the installed transformers'.
 
 ``packing``/``neat_packing`` pack into rows of ``cutoff_len`` tokens (neat_packing keeps attention
-within each sequence, as autotune's packing does); as for Axolotl, micro-batch then counts rows.
+within each sequence, as autotune's packing does, and turns ``packing`` on itself); as for Axolotl,
+micro-batch then counts rows. Checkpointing is LLaMA-Factory's own switch, ON unless
+``disable_gradient_checkpointing: true`` (``use_reentrant_gc`` defaults to true); it has no
+``activation_checkpointing`` (its transformers predates the rename) and would refuse the key.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from typing import Any
 from autotune.formats import training_args as _ta
 from autotune.formats._common import changed
 
-__all__ = ["NAME", "LABEL", "VOCAB", "MARKERS", "detect", "to_request", "to_checklist", "tuned_keys"]
+__all__ = ["NAME", "LABEL", "VOCAB", "MARKERS", "checkpointing_on", "detect", "to_request", "to_checklist",
+           "tuned_keys"]
 
 NAME = "llamafactory"
 LABEL = "LLaMA-Factory"
@@ -33,7 +37,15 @@ VOCAB: dict[str, str] = {
 _ATTN = {"disabled": "eager", "sdpa": "sdpa", "fa2": "flash_attention_2", "fa3": "flash_attention_3"}
 _ATTN_BACK = {v: k for k, v in _ATTN.items()}
 DEFAULTS = {**_ta.DEFAULTS, "packing": False, "neat_packing": False, "flash_attn": "auto",
-            "enable_liger_kernel": False}
+            "enable_liger_kernel": False, "disable_gradient_checkpointing": False, "use_reentrant_gc": True}
+# TrainingArguments' checkpointing keys: LLaMA-Factory enables checkpointing on the model itself
+_TA_CKPT = ("activation_checkpointing", "gradient_checkpointing")
+
+
+def checkpointing_on(cfg: Mapping[str, Any]) -> bool:
+    """What LLaMA-Factory does: checkpointing unless disable_gradient_checkpointing (or the Trainer's own
+    gradient_checkpointing: true, which turns it on again)."""
+    return not cfg.get("disable_gradient_checkpointing", False) or bool(cfg.get("gradient_checkpointing"))
 
 
 def detect(cfg: Mapping[str, Any]) -> bool:
@@ -54,6 +66,7 @@ def to_request(cfg: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(cfg.get("cutoff_len"), int):
         req["seq_len"] = cfg["cutoff_len"]
     req["packing"] = bool(cfg.get("packing") or cfg.get("neat_packing"))
+    req["grad_ckpt"] = checkpointing_on(cfg)
     if req["mode"] != "full":
         r = cfg.get("lora_rank", 8)
         req["lora_r"] = r
@@ -65,14 +78,18 @@ def to_request(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def to_checklist(cfg: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    known_here = set(MARKERS) | {"packing"}
+    known_here = set(MARKERS) | {"packing", "disable_gradient_checkpointing", "use_reentrant_gc", *_TA_CKPT}
     ta = {k: v for k, v in cfg.items() if k not in known_here}
+    ta["activation_checkpointing"] = checkpointing_on(cfg)
     if "enable_liger_kernel" in ta:
         ta["use_liger_kernel"] = ta.pop("enable_liger_kernel")
     out: dict[str, dict[str, Any]] = {"training_args": ta}
     attn = _ATTN.get(str(cfg.get("flash_attn", "auto")))
-    if attn:
-        out["model_kwargs"] = {"attn_implementation": attn}
+    mk: dict[str, Any] = {"attn_implementation": attn} if attn else {}
+    if cfg.get("quantization_bit") == 4:
+        mk["quantization_config"] = {"load_in_4bit": True}
+    if mk:
+        out["model_kwargs"] = mk
     if _mode(cfg) != "full":
         out["lora"] = {"r": cfg.get("lora_rank", 8)}
     return out
@@ -83,8 +100,23 @@ def tuned_keys(
 ) -> dict[str, Any]:
     wanted = _ta.lever_values(candidate, cfg, fields)
     wanted["enable_liger_kernel"] = wanted.pop("use_liger_kernel")
-    key = "neat_packing" if cfg.get("neat_packing") else "packing"
-    wanted[key] = bool(candidate["packing"])
+    for key in _TA_CKPT:
+        wanted.pop(key, None)
+    on = bool(candidate["grad_ckpt"])
+    # written whenever it differs from what the file does now, "off" included (LLaMA-Factory's default is on)
+    wanted["disable_gradient_checkpointing"] = not on
+    if on:
+        wanted["use_reentrant_gc"] = False  # autotune measured non-reentrant checkpointing
+    if "gradient_checkpointing" in cfg:
+        wanted["gradient_checkpointing"] = on  # the Trainer's own switch would enable it again
+    # autotune's packing keeps sequences apart: neat_packing (which implies packing)
+    if candidate["packing"]:
+        wanted["packing"] = True
+        wanted["neat_packing"] = True
+    else:
+        wanted["packing"] = False
+        if cfg.get("neat_packing"):
+            wanted["neat_packing"] = False
     current = _ATTN.get(str(cfg.get("flash_attn", "auto")))
     if current is not None and current != candidate["attn"] or current is None and candidate["attn"] != "sdpa":
         wanted["flash_attn"] = _ATTN_BACK.get(candidate["attn"], "auto")

@@ -84,7 +84,9 @@ def _pip(python: Path, *args: str, log: Path) -> None:
     with log.open("a") as out:
         out.write(f"$ {' '.join(cmd)}\n")
         out.flush()
-        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=3600)
+        # bounded, so a hung index cannot eat CI's 90 minutes (a cold Axolotl install took ~12 min here)
+        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT,
+                              timeout=float(os.environ.get("AUTOTUNE_CLIENTS_PIP_TIMEOUT", "1200")))
     if proc.returncode != 0:
         lines = log.read_text(errors="replace").splitlines()
         tail = [ln for ln in lines if not ln.startswith("WARNING: Location")][-6:]  # pip's index noise left out

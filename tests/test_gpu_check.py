@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "gpu_check.sh"
 CAPPED = REPO / "benchmarks" / "_capped.sh"
 # the order of value per second the issue asks for (environment first, the test tier last)
-ORDER = ["wheels", "environment", "estimator", "spread", "fidelity", "zero", "levers", "tuned", "landscape", "pytest"]
+ORDER = ["wheels", "environment", "estimator", "spread", "fidelity", "composition", "zero", "levers", "tuned", "landscape", "pytest"]
 
 
 def _load(name: str) -> Any:

@@ -30,12 +30,15 @@ ROOT = os.geteuid() == 0
 FAKE_CLI = Path(__file__).resolve().parent / "_fake_cli.py"
 
 
-def autotune(tmp: Path, *args: str, timeout: float = 120, fake: bool = False) -> subprocess.CompletedProcess[str]:
-    """The real CLI in a real process (``fake``: with the fake probe executor, tests/_fake_cli.py)."""
+def autotune(tmp: Path, *args: str, timeout: float = 120, fake: bool = False,
+             stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """The real CLI in a real process (``fake``: with the fake probe executor, tests/_fake_cli.py);
+    ``stdin``: text fed to it (else the test's own stdin)."""
     env = {**os.environ, "AUTOTUNE_CACHE": str(tmp / "cache"), "HF_HUB_OFFLINE": "1", "FAKE_PROBE_S": "0.01"}
     env.pop("AUTOTUNE_DEBUG", None)
     head = [sys.executable, str(FAKE_CLI)] if fake else [sys.executable, "-m", "autotune"]
-    return subprocess.run([*head, *args], capture_output=True, text=True, timeout=timeout, cwd=tmp, env=env)
+    return subprocess.run([*head, *args], capture_output=True, text=True, timeout=timeout, cwd=tmp, env=env,
+                          input=stdin)
 
 
 def one_line(p: subprocess.CompletedProcess[str], *needles: str, code: int = 2) -> str:
@@ -384,3 +387,98 @@ def test_an_absurd_effective_batch_is_refused_up_front(tmp_path: Path) -> None:
              "effective batch 1,000,000,000 is more than the 65,536 sequences")
     assert __import__("time").monotonic() - t0 < 60
     assert tree(tmp_path / "out") == []
+
+
+# ------------------------------------------------------- round 3: nothing from an input folder runs untrusted
+
+TINY_CHAT = Path(__file__).resolve().parents[1] / "autotune" / "models" / "tokenizers" / "tiny-chat"
+PROBE = ["probe", "--model", "tiny-llama", "--device", "cpu", "--seq-len", "64", "--micro-batch", "2"]
+
+
+def poisoned_tokenizer(tmp: Path, where: str = "tokenizer_config.json") -> tuple[Path, Path]:
+    """A tokenizer folder whose ``auto_map`` names its own ``evil.py`` (which leaves a marker when run)."""
+    import shutil
+
+    folder = tmp / "evil-tok"
+    shutil.copytree(TINY_CHAT, folder)
+    marker = tmp / "MARKER"
+    cfg_file = folder / "tokenizer_config.json"
+    cfg = json.loads(cfg_file.read_text())
+    cfg.pop("tokenizer_class", None)
+    amap = {"AutoTokenizer": [None, "evil.EvilTok"]}
+    if where == "tokenizer_config.json":
+        cfg["auto_map"] = amap
+    else:
+        (folder / "config.json").write_text(json.dumps({"model_type": "llama", "auto_map": amap}))
+    cfg_file.write_text(json.dumps(cfg))
+    (folder / "evil.py").write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n"
+        "from transformers import PreTrainedTokenizerFast\n\nclass EvilTok(PreTrainedTokenizerFast):\n    pass\n")
+    (tmp / "t.jsonl").write_text('{"text": "hello world"}\n' * 4)
+    return folder, marker
+
+
+@pytest.mark.parametrize("where", ["tokenizer_config.json", "config.json"])
+def test_a_tokenizer_with_its_own_code_is_refused_without_trust_remote_code_by_probe(tmp_path: Path,
+                                                                                    where: str) -> None:
+    folder, marker = poisoned_tokenizer(tmp_path, where)
+    p = autotune(tmp_path, *PROBE, "--tokenizer", str(folder), "--dataset", "t.jsonl", stdin="y\n")
+    one_line(p, "ships its own code", "auto_map", "evil.EvilTok", "--trust-remote-code")
+    assert not marker.exists()
+    assert "[y/N]" not in p.stdout + p.stderr
+
+
+def test_a_tokenizer_with_its_own_code_is_refused_by_run_before_the_search_and_json_stays_clean(
+        tmp_path: Path) -> None:
+    folder, marker = poisoned_tokenizer(tmp_path)
+    p = autotune(tmp_path, *RUN, "--tokenizer", str(folder), "--dataset", "t.jsonl", "--json",
+                 "--out", str(tmp_path / "out"), fake=True, stdin="y\n")
+    one_line(p, "ships its own code", "--trust-remote-code")
+    assert p.stdout == "" and not marker.exists()
+
+
+def test_every_tokenizer_load_passes_trust_remote_code_explicitly(monkeypatch: pytest.MonkeyPatch,
+                                                                  tmp_path: Path) -> None:
+    """Left unset, transformers prompts on stdin; passed, it refuses (False) or runs (True) without asking."""
+    import transformers
+
+    from autotune.probe.tokenize_cache import load_tokenizer
+
+    seen: list[dict[str, object]] = []
+
+    def spy(path: str, **kw: object) -> object:
+        seen.append(kw)
+        return object()
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", spy)
+    load_tokenizer(str(TINY_CHAT))
+    load_tokenizer("org/not-a-folder")
+    folder, marker = poisoned_tokenizer(tmp_path)
+    load_tokenizer(str(folder), trust_remote_code=True)  # the user's explicit choice
+    assert [kw.get("trust_remote_code") for kw in seen] == [False, False, True]
+    with pytest.raises(SpecError, match="ships its own code"):
+        load_tokenizer(str(folder))
+    assert len(seen) == 3 and not marker.exists()
+
+
+def test_a_cached_tokenization_of_an_untrusted_tokenizer_is_not_served(tmp_path: Path) -> None:
+    """A cache entry made with --trust-remote-code does not let a later run without it skip the rule."""
+    from autotune.probe.tokenize_cache import load_token_sequences
+
+    folder, _ = poisoned_tokenizer(tmp_path)
+    cfg_file = folder / "tokenizer_config.json"
+    clean = json.loads(cfg_file.read_text())
+    amap = clean.pop("auto_map")
+    cfg_file.write_text(json.dumps({**clean, "tokenizer_class": "PreTrainedTokenizerFast"}))
+    first = load_token_sequences(tmp_path / "t.jsonl", seq_len=16, tokenizer=str(folder), cache_dir=tmp_path / "c")
+    assert not first.cache_hit
+    # the poisoned folder's files make another cache key: forge a hit by copying the entry there
+    import shutil
+
+    from autotune.probe import tokenize_cache as tc
+
+    cfg_file.write_text(json.dumps({**clean, "auto_map": amap}))
+    key = tc._cache_file(tmp_path / "c", tmp_path / "t.jsonl", str(folder), 16)
+    shutil.copy(first.cache_file, key)
+    with pytest.raises(SpecError, match="ships its own code"):
+        load_token_sequences(tmp_path / "t.jsonl", seq_len=16, tokenizer=str(folder), cache_dir=tmp_path / "c")

@@ -123,7 +123,8 @@ def build_probe_request(
         # tokenized once here (bad files fail now, with exit 2); every probe then hits the cache
         from autotune.probe.data import find_tokenizer, load_token_sequences
 
-        load_token_sequences(dataset, seq_len=seq_len, tokenizer=find_tokenizer(req.workload), split=split)
+        load_token_sequences(dataset, seq_len=seq_len, tokenizer=find_tokenizer(req.workload), split=split,
+                             trust_remote_code=trust_remote_code)
     return req
 
 

@@ -85,14 +85,22 @@ def _tokenizer_identity(tokenizer: str) -> str:
     return f"files:{h.hexdigest()}"
 
 
-def load_tokenizer(path: str, *, local_files_only: bool = True) -> Any:
-    """Load a tokenizer from a local directory or the local HF cache (the network only when allowed)."""
+def load_tokenizer(path: str, *, trust_remote_code: bool = False, local_files_only: bool = True) -> Any:
+    """Load a tokenizer from a local directory or the local HF cache (the network only when allowed).
+
+    A folder asking for its own code (``auto_map``) is refused unless ``trust_remote_code``
+    (:func:`autotune.models.trust.trust_kwargs`); the flag is always passed, so transformers never
+    prompts on stdin.
+    """
+    from autotune.models.trust import trust_kwargs
+
+    trust = trust_kwargs(path, trust_remote_code=trust_remote_code, what="tokenizer")
     try:
         from transformers import AutoTokenizer
     except ImportError as e:  # pragma: no cover - transformers is a hard dependency
         raise DatasetError(f"transformers is needed to tokenize a text dataset ({e})") from None
     try:
-        return AutoTokenizer.from_pretrained(path, local_files_only=local_files_only)
+        return AutoTokenizer.from_pretrained(path, local_files_only=local_files_only, **trust)
     except Exception as e:
         raise DatasetError(
             f"cannot load a tokenizer from {path!r} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
@@ -173,10 +181,12 @@ def load_token_sequences(
     use_cache: bool = True,
     local_files_only: bool = True,
     split: str | None = None,
+    trust_remote_code: bool = False,
 ) -> LoadedDataset:
     """Read a ``.jsonl``/``.parquet`` dataset into token lists (tokenizing ``text`` once, cached).
 
-    ``cache_dir`` defaults to ``default_cache_dir()``. ``local_files_only=False`` lets the tokenizer
+    ``cache_dir`` defaults to ``default_cache_dir()``. ``trust_remote_code``: the user's flag (a
+    tokenizer folder with its own code is refused without it). ``local_files_only=False`` lets the tokenizer
     come from the Hub (``train.py`` on a new machine); the probe never touches the network.
     Raises DatasetError with the fix.
     """
@@ -211,6 +221,10 @@ def load_token_sequences(
         hit = _read_cache(cfile)
         if hit is not None:
             seqs, meta = hit
+            if tokenizer is not None and meta["column"] != "input_ids":
+                from autotune.models.trust import require_trusted
+
+                require_trusted(tokenizer, trust_remote_code=trust_remote_code, what="tokenizer")
             return LoadedDataset(
                 sequences=seqs,
                 column=meta["column"],
@@ -229,7 +243,7 @@ def load_token_sequences(
                 f"dataset {source!r} has a {column!r} column but no tokenizer was found: pass --tokenizer DIR "
                 "(or use a model directory that contains tokenizer files), or give an 'input_ids' column"
             )
-        tok = load_tokenizer(tokenizer, local_files_only=local_files_only)
+        tok = load_tokenizer(tokenizer, trust_remote_code=trust_remote_code, local_files_only=local_files_only)
         chat = column in ("messages", "prompt_completion")
         if chat:
             values = render_chat(column, values, tok, Path(source))

@@ -482,3 +482,175 @@ def test_a_cached_tokenization_of_an_untrusted_tokenizer_is_not_served(tmp_path:
     shutil.copy(first.cache_file, key)
     with pytest.raises(SpecError, match="ships its own code"):
         load_token_sequences(tmp_path / "t.jsonl", seq_len=16, tokenizer=str(folder), cache_dir=tmp_path / "c")
+
+
+# ------------------------------------------------- round 3: --from and --write-back, the user's own files
+
+AXOLOTL = ("base_model: tiny-llama\nmicro_batch_size: 2\ngradient_accumulation_steps: 2\nsequence_len: 64\n"
+           "learning_rate: 0.0002  # kept\n")
+FROM_RUN = ["run", "--device", "cpu", "--gpu-budget", "24GB", "--space", "cpu", "--max-trials", "2"]
+
+
+def from_run(tmp: Path, src: str, *extra: str, probe_log: Path | None = None, **kw: object
+             ) -> subprocess.CompletedProcess[str]:
+    """The fake-probe CLI's ``run --from src``; ``probe_log`` lists every probe that started."""
+    log = probe_log or tmp / "probes.log"
+    os.environ["FAKE_PROBE_LOG"] = str(log)
+    try:
+        return autotune(tmp, *FROM_RUN, "--from", src, "--out", str(tmp / "out"), *extra, fake=True, **kw)  # type: ignore[arg-type]
+    finally:
+        os.environ.pop("FAKE_PROBE_LOG", None)
+
+
+def no_search(tmp: Path) -> None:
+    """The refusal came before the search: no probe started, no run folder."""
+    assert not (tmp / "probes.log").exists() or (tmp / "probes.log").read_text() == ""
+    assert tree(tmp / "out") == []
+
+
+@pytest.mark.parametrize("kind", ["symlink", "dangling", "fifo", "read-only", "folder", "device"])
+def test_write_back_onto_a_link_device_fifo_folder_or_read_only_file_is_refused_before_the_search(
+        tmp_path: Path, kind: str) -> None:
+    (tmp_path / "ax.yaml").write_text(AXOLOTL)
+    target = tmp_path / "target.yaml"
+    needle = {"symlink": "symbolic link", "dangling": "symbolic link", "fifo": "not a regular file",
+              "read-only": "read-only", "folder": "is a folder", "device": "not a regular file"}[kind]
+    if kind == "symlink":
+        (tmp_path / "real.yaml").write_text(AXOLOTL)
+        target.symlink_to(tmp_path / "real.yaml")
+    elif kind == "dangling":
+        target.symlink_to("/proc/self/fd/1")
+    elif kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "read-only":
+        target.write_text(AXOLOTL)
+        target.chmod(0o444)
+    elif kind == "folder":
+        target.mkdir()
+    else:
+        if not ROOT:
+            pytest.skip("making a device node needs root")
+        os.mknod(target, 0o666 | stat.S_IFCHR, os.makedev(1, 7))  # /dev/full
+    before = os.lstat(target)
+    one_line(from_run(tmp_path, "ax.yaml", "--write-back", str(target)), "--write-back", needle)
+    no_search(tmp_path)
+    after = os.lstat(target)
+    assert (stat.S_IFMT(after.st_mode), after.st_ino) == (stat.S_IFMT(before.st_mode), before.st_ino)
+    if kind == "read-only":
+        assert target.read_text() == AXOLOTL
+
+
+def test_write_atomic_never_replaces_a_link_or_a_device(tmp_path: Path) -> None:
+    from autotune.store.atomic import write_text_atomic
+
+    (tmp_path / "real").write_text("mine")
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    os.mkfifo(tmp_path / "fifo")
+    for name in ("link", "fifo"):
+        with pytest.raises(WriteError, match="does not replace"):
+            write_text_atomic(tmp_path / name, "tuned")
+    assert (tmp_path / "link").is_symlink() and (tmp_path / "real").read_text() == "mine"
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "fifo").st_mode)
+
+
+def test_a_write_back_target_edited_during_the_search_is_not_overwritten(tmp_path: Path) -> None:
+    import threading
+    import time
+
+    live = tmp_path / "live.yaml"
+    live.write_text(AXOLOTL)
+    log = tmp_path / "probes.log"
+    edited = AXOLOTL + "warmup_steps: 10  # the user's edit during the search\n"
+
+    def edit() -> None:
+        deadline = time.monotonic() + 200
+        while time.monotonic() < deadline and not (log.exists() and log.read_text()):
+            time.sleep(0.05)
+        live.write_text(edited)
+
+    t = threading.Thread(target=edit)
+    t.start()
+    os.environ["FAKE_PROBE_S"] = "0.5"
+    try:
+        p = from_run(tmp_path, "live.yaml", "--write-back", "live.yaml", "--json", probe_log=log)
+    finally:
+        os.environ.pop("FAKE_PROBE_S", None)
+        t.join()
+    assert p.returncode == 2 and p.stdout == "", p.stderr
+    line = p.stderr.strip().splitlines()[-1]
+    assert line.startswith("autotune: error: --write-back 'live.yaml' changed during the search"), line
+    assert "live.tuned.yaml" in line and "Traceback" not in p.stderr
+    assert live.read_text() == edited
+    tuned = (tmp_path / "live.tuned.yaml").read_text()
+    assert "learning_rate: 0.0002  # kept" in tuned and "warmup_steps" not in tuned
+
+
+def test_write_back_in_place_still_works_when_nobody_edits(tmp_path: Path) -> None:
+    live = tmp_path / "live.yaml"
+    live.write_text(AXOLOTL)
+    p = from_run(tmp_path, "live.yaml", "--write-back", "live.yaml", "--json")
+    assert p.returncode == 0, p.stderr
+    summary = json.loads(p.stdout)
+    assert summary["write_back"]["path"] == "live.yaml" and live.read_text() != AXOLOTL
+    assert "learning_rate: 0.0002  # kept" in live.read_text() and not (tmp_path / "live.tuned.yaml").exists()
+
+
+def test_an_alias_bomb_as_from_is_refused_in_bounded_time(tmp_path: Path) -> None:
+    import time
+
+    lines = ["base_model: tiny-llama", "micro_batch_size: 2", "a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 12)]
+    (tmp_path / "bomb.yaml").write_text("\n".join(lines) + "\n")
+    t0 = time.monotonic()
+    one_line(from_run(tmp_path, "bomb.yaml", "--write-back", "out.yaml"), "bomb.yaml", "aliases")
+    assert time.monotonic() - t0 < 90
+    no_search(tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "huge"])
+def test_from_a_fifo_dev_zero_or_a_huge_file_is_refused_by_the_bounded_reader(tmp_path: Path, kind: str) -> None:
+    src = {"fifo": str(tmp_path / "ff.yaml"), "dev-zero": "/dev/zero", "huge": str(tmp_path / "huge.yaml")}[kind]
+    if kind == "fifo":
+        os.mkfifo(src)
+    elif kind == "huge":
+        with open(src, "wb") as fh:
+            fh.truncate(64 * 2**20)
+    needle = "more than the" if kind == "huge" else "not a regular file"
+    one_line(from_run(tmp_path, src, timeout=60), "--from", needle)
+    no_search(tmp_path)
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("{base_model: tiny-llama, micro_batch_size: 2, sequence_len: 64}\n", "flow mapping"),
+    (AXOLOTL + "...\n", "document end marker"),
+    ("mb: &mb 2\nbase_model: tiny-llama\nmicro_batch_size: *mb\nsequence_len: 64\n", "alias *mb"),
+    ("base_model: tiny-llama\nmicro_batch_size: &mb 2\neval_batch_size: *mb\nsequence_len: 64\n", "anchor &mb"),
+    ("base: &b {micro_batch_size: 2}\n<<: *b\nbase_model: tiny-llama\nsequence_len: 64\n", "merge key"),
+    (AXOLOTL + "micro_batch_size: 2\n", "'micro_batch_size' appears twice"),
+])
+def test_yaml_that_write_back_cannot_edit_is_refused_before_the_search(tmp_path: Path, text: str,
+                                                                       needle: str) -> None:
+    (tmp_path / "ax.yaml").write_text(text)
+    one_line(from_run(tmp_path, "ax.yaml", "--json"), "cannot write the tuned keys back", needle,
+             "before the search")
+    no_search(tmp_path)
+    assert (tmp_path / "ax.yaml").read_text() == text
+
+
+@pytest.mark.parametrize("value", ['"two"', "2.5", "true", "-1", "[2]"])
+def test_a_non_integer_axolotl_batch_is_refused_naming_the_key(tmp_path: Path, value: str) -> None:
+    (tmp_path / "ax.yaml").write_text(AXOLOTL.replace("micro_batch_size: 2", f"micro_batch_size: {value}"))
+    one_line(from_run(tmp_path, "ax.yaml"), "micro_batch_size must be an integer")
+    no_search(tmp_path)
+
+
+def test_from_values_are_type_checked_per_format() -> None:
+    from autotune.formats._inputs import value_problems
+
+    assert value_problems("axolotl", {"bf16": "auto", "gradient_checkpointing": "offload", "micro_batch_size": 2},
+                          "f") == []
+    assert value_problems("training_args", {"per_device_train_batch_size": "abc", "bf16": "yes"}, "f") == [
+        "f: per_device_train_batch_size must be an integer >= 1, got 'abc'; write a whole number "
+        "(e.g. per_device_train_batch_size: 2)", "f: bf16 must be true or false, got 'yes'"]
+    assert value_problems("deepspeed", {"train_micro_batch_size_per_gpu": "auto"}, "f") == []
+    assert value_problems("llamafactory", {"cutoff_len": 0}, "f")[0].startswith("f: cutoff_len must be")

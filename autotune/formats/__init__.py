@@ -17,8 +17,6 @@ from importlib import resources
 from types import ModuleType
 from typing import Any
 
-import yaml
-
 from autotune.errors import SpecError
 from autotune.formats import accelerate, axolotl, deepspeed, llamafactory, training_args, trl
 from autotune.formats._common import REQUEST_FIELDS
@@ -71,17 +69,11 @@ def format_module(name: str) -> ModuleType:
 
 
 def parse_text(name: str, text: str) -> dict[str, Any]:
-    """The file's top-level mapping (YAML for .yaml/.yml, JSON otherwise)."""
-    if is_yaml_name(name):
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise SpecError(f"{name} is not valid YAML: {str(exc).splitlines()[0]}") from None
-    else:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise SpecError(f"{name} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    """The file's top-level mapping (YAML for .yaml/.yml, JSON otherwise), through the bounded loaders
+    (an alias bomb or a document nested thousands deep is a one-line SpecError, not minutes of CPU)."""
+    from autotune.spec.files import load_json, load_yaml
+
+    data = load_yaml(text, what=name) if is_yaml_name(name) else load_json(text, what=name)
     if not isinstance(data, dict):
         raise SpecError(f"{name} must hold a mapping of settings, got {type(data).__name__}")
     return data

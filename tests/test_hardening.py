@@ -654,3 +654,45 @@ def test_from_values_are_type_checked_per_format() -> None:
         "(e.g. per_device_train_batch_size: 2)", "f: bf16 must be true or false, got 'yes'"]
     assert value_problems("deepspeed", {"train_micro_batch_size_per_gpu": "auto"}, "f") == []
     assert value_problems("llamafactory", {"cutoff_len": 0}, "f")[0].startswith("f: cutoff_len must be")
+
+
+# ------------------------------------------------------ round 3: catalogs, stored studies, secrets, JSON
+
+@pytest.mark.parametrize("field,value", [("price_per_hour_usd", ".nan"), ("bf16_tflops", ".inf"),
+                                         ("fp16_tflops", ".nan"), ("fp32_tflops", "-.inf")])
+def test_a_non_finite_catalog_number_is_refused_in_one_line(tmp_path: Path, field: str, value: str) -> None:
+    entry = {"name": "X1", "memory": "32GB", "fp16_tflops": "125", "fp32_tflops": "15.7", "bf16": "true",
+             "bf16_tflops": "125", "flash_attention_2": "false", "price_per_hour_usd": "0.5", field: value}
+    (tmp_path / "cat.yaml").write_text("gpus:\n  - {" + ", ".join(f"{k}: {v}" for k, v in entry.items()) + "}\n")
+    one_line(autotune(tmp_path, "plan", "--model", "tiny-llama", "--gpu", "X1", "--catalog", "cat.yaml", "--json"),
+             field, "finite")
+
+
+def test_json_output_never_holds_nan_or_infinity() -> None:
+    from autotune.cli.render import dumps_json
+
+    text = dumps_json({"a": float("nan"), "b": [float("inf"), 1.5], "c": (float("-inf"),)})
+    assert json.loads(text) == {"a": None, "b": [None, 1.5], "c": [None]}
+    assert "NaN" not in text and "Infinity" not in text
+
+
+def test_dashboard_on_a_study_db_of_random_bytes_is_one_line_exit_2(tmp_path: Path) -> None:
+    rd = tmp_path / "run"
+    rd.mkdir()
+    (rd / "study.db").write_bytes(os.urandom(8192))
+    one_line(autotune(tmp_path, "dashboard", str(rd)), "not a readable Optuna study", "--resume")
+
+
+def test_a_failing_storage_url_does_not_repeat_its_password(tmp_path: Path) -> None:
+    line = one_line(autotune(tmp_path, *RUN, "--storage", "postgresql://alice:s3cr3t-pw@127.0.0.1:1/db",
+                             "--out", str(tmp_path / "out"), fake=True), "storage")
+    assert "s3cr3t-pw" not in line and "alice:***@" in line
+
+
+def test_redact_hides_url_passwords_and_tokens() -> None:
+    from autotune.spec.redact import redact
+
+    assert redact("x 'mysql+pymysql://u:p%40ss@h:3306/d' y") == "x 'mysql+pymysql://u:***@h:3306/d' y"
+    assert redact("redis://:secret@h/0") == "redis://:***@h/0"
+    assert redact("token hf_abcdefghijklmnopqrstuvwxyz12 and ?password=pw&x=1") == "token *** and ?password=***&x=1"
+    assert redact("sqlite:////tmp/a.db and http://host:8080/x") == "sqlite:////tmp/a.db and http://host:8080/x"

@@ -5,12 +5,12 @@ input cannot be read."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
 
 from autotune.check import CONFIG_FILE_KINDS, ConfigBundle, bundle_from_texts, gather, gpu_info, render_text
+from autotune.cli.render import dumps_json
 from autotune.errors import SpecError
 from autotune.formats import FORMATS, key_source, known_keys, read_config
 
@@ -115,7 +115,7 @@ def command(
         fields = installed_sft_fields() or fields
     report = gather(bundle, gpu=info, fields=fields, transformers_version=version)
     if json_out:
-        typer.echo(json.dumps(report.to_dict(), indent=2))
+        typer.echo(dumps_json(report.to_dict(), indent=2))
     else:
         typer.echo(render_text(report), nl=False)
     raise typer.Exit(report.exit_code)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 import typer
 
-from autotune.cli.render import console, render_probe_result
+from autotune.cli.render import console, dumps_json, render_probe_result
 from autotune.errors import SpecError
 from autotune.spec.budget import parse_budget
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
@@ -202,7 +201,7 @@ def command(
         console(stderr=True).print(f"[dim]probing {req.workload.model} ({req.workload.model_path}) ...[/dim]")
     result: ProbeResult = run_probe_process(req)
     if as_json:
-        sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
+        sys.stdout.write(dumps_json(result.to_dict(), indent=2) + "\n")
     else:
         render_probe_result(result, console())
     raise typer.Exit(PROBE_EXIT_CODES[result.status])

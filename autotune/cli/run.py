@@ -8,7 +8,6 @@ a terminal); the final table and one-line answer go to stdout, or with ``--json`
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from typing import Any
@@ -17,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from autotune.cli.render import STATUS_STYLE, console
+from autotune.cli.render import STATUS_STYLE, console, dumps_json
 from autotune.spec.budget import format_bytes
 
 __all__ = ["command", "ProgressPrinter", "render_summary", "answer_line"]
@@ -251,7 +250,7 @@ def command(
     if source is not None and plan is not None:
         result.summary["write_back"] = _write_back(source, result, plan, err)
     if as_json:
-        sys.stdout.write(json.dumps(result.summary, indent=2, default=str) + "\n")
+        sys.stdout.write(dumps_json(result.summary, indent=2, default=str) + "\n")
     else:
         render_summary(result.summary, console())
     trust = result.summary.get("trust") or {}

@@ -107,7 +107,8 @@ def _num(problems: list[str], where: str, key: str, value: Any, *, optional: boo
     if value is None and optional:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        problems.append(f"{where}: {key} must be a positive (finite) number, got {value!r}")
+        finite = "" if not isinstance(value, float) or math.isfinite(value) else " (not finite)"
+        problems.append(f"{where}: {key} must be a positive number, got {value!r}{finite}")
         return None
     return float(value)
 

@@ -696,3 +696,25 @@ def test_redact_hides_url_passwords_and_tokens() -> None:
     assert redact("redis://:secret@h/0") == "redis://:***@h/0"
     assert redact("token hf_abcdefghijklmnopqrstuvwxyz12 and ?password=pw&x=1") == "token *** and ?password=***&x=1"
     assert redact("sqlite:////tmp/a.db and http://host:8080/x") == "sqlite:////tmp/a.db and http://host:8080/x"
+
+
+# ------------------------------------------------------------- round 3: probe validates as run does
+
+TINY_LLAMA = Path(__file__).resolve().parents[1] / "autotune" / "models" / "tiny" / "tiny-llama" / "config.json"
+
+
+@pytest.mark.parametrize("field,value", [("num_hidden_layers", -2), ("num_hidden_layers", 0), ("hidden_size", 0),
+                                         ("hidden_size", "256"), ("hidden_size", 256.0), ("hidden_size", True)])
+def test_probe_refuses_an_invalid_model_config_like_run(tmp_path: Path, field: str, value: object) -> None:
+    cfg = json.loads(TINY_LLAMA.read_text())
+    cfg[field] = value
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
+    args = ["probe", "--model", str(tmp_path / "m"), "--device", "cpu", "--seq-len", "64", "--micro-batch", "2"]
+    one_line(autotune(tmp_path, *args), f"{field} must be a positive integer")
+
+
+def test_probe_refuses_token_ids_outside_the_vocabulary(tmp_path: Path) -> None:
+    vocab = json.loads(TINY_LLAMA.read_text())["vocab_size"]
+    (tmp_path / "ids.jsonl").write_text(json.dumps({"input_ids": [1, 2, vocab + 5]}) + "\n")
+    one_line(autotune(tmp_path, *PROBE, "--dataset", "ids.jsonl"), f"token id {vocab + 5}", "vocabulary")

@@ -58,7 +58,10 @@ def build_probe_request(
     from autotune.models import check_seq_len, resolve_model
     from autotune.spec.lengths import parse_lengths
 
+    from autotune._preflight import check_dataset, check_model_config
+
     resolved = resolve_model(model, trust_remote_code=trust_remote_code)
+    check_model_config(resolved.config, resolved.config_path)  # as `run` does: exit 2, not a crashed probe
     if precision == "auto":
         precision = "fp32" if _probe_device(device) == "cpu" else "bf16"
     check_seq_len(resolved, seq_len)
@@ -119,11 +122,9 @@ def build_probe_request(
     if problems:
         raise SpecError(problems)
     if dataset is not None:
-        # tokenized once here (bad files fail now, with exit 2); every probe then hits the cache
-        from autotune.probe.data import find_tokenizer, load_token_sequences
-
-        load_token_sequences(dataset, seq_len=seq_len, tokenizer=find_tokenizer(req.workload), split=split,
-                             trust_remote_code=trust_remote_code)
+        # tokenized once here (bad files and token ids outside the vocabulary fail now, with exit 2);
+        # every probe then hits the cache
+        check_dataset(dataset, req.workload, resolved.config)
     return req
 
 

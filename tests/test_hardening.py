@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -718,3 +719,54 @@ def test_probe_refuses_token_ids_outside_the_vocabulary(tmp_path: Path) -> None:
     vocab = json.loads(TINY_LLAMA.read_text())["vocab_size"]
     (tmp_path / "ids.jsonl").write_text(json.dumps({"input_ids": [1, 2, vocab + 5]}) + "\n")
     one_line(autotune(tmp_path, *PROBE, "--dataset", "ids.jsonl"), f"token id {vocab + 5}", "vocabulary")
+
+
+# ------------------------------------------------------------------------ round 3: datasets
+
+@pytest.mark.parametrize("line,needle", [
+    ('{"messages": [{"role": "user", "content": null}]}', "line 1: 'messages' must be a non-empty list"),
+    ('{"text": "ok"}\n{"text": "\\ud800"}', "line 2: 'text' holds an unpaired surrogate"),
+    ('{"messages": [{"role": "user", "content": "hi \\udfff"}]}', "unpaired surrogate"),
+    ('{"prompt": null, "completion": "x"}', "prompt is null"),
+    ('{"text": null}', "'text' must be a string, got null"),
+])
+def test_dataset_rows_with_null_or_invalid_content_are_refused_with_the_row(tmp_path: Path, line: str,
+                                                                            needle: str) -> None:
+    from autotune.probe.readers import read_dataset
+
+    (tmp_path / "d.jsonl").write_text(line + "\n")
+    with pytest.raises(SpecError, match=re.escape(needle)):
+        read_dataset(tmp_path / "d.jsonl")
+    p = autotune(tmp_path, *PROBE, "--tokenizer", str(TINY_CHAT), "--dataset", "d.jsonl")
+    one_line(p, needle)
+
+
+def test_parquet_chat_and_prompt_completion_columns_are_accepted(tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    from autotune.probe.tokenize_cache import load_token_sequences
+
+    msgs = [[{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi there"}]] * 3
+    pq.write_table(pa.table({"messages": msgs}), tmp_path / "chat.parquet")
+    pq.write_table(pa.table({"prompt": ["a b", "c"], "completion": [" d", " e f"]}), tmp_path / "pc.parquet")
+    chat = load_token_sequences(tmp_path / "chat.parquet", seq_len=32, tokenizer=str(TINY_CHAT), use_cache=False)
+    pc = load_token_sequences(tmp_path / "pc.parquet", seq_len=32, tokenizer=str(TINY_CHAT), use_cache=False)
+    assert (chat.column, chat.num_records, pc.column, pc.num_records) == ("messages", 3, "prompt_completion", 2)
+    pq.write_table(pa.table({"messages": [[{"role": "user", "content": None}]]}), tmp_path / "bad.parquet")
+    with pytest.raises(SpecError, match="row 0: 'messages' must be"):
+        load_token_sequences(tmp_path / "bad.parquet", seq_len=32, tokenizer=str(TINY_CHAT), use_cache=False)
+
+
+def test_a_dataset_file_past_the_stated_bounds_is_refused_in_one_line(tmp_path: Path) -> None:
+    from autotune.probe import readers
+
+    big = tmp_path / "big.jsonl"
+    with open(big, "wb") as fh:
+        fh.truncate(readers.MAX_DATASET_BYTES + 1)  # sparse: no disk used
+    one_line(autotune(tmp_path, *PROBE, "--dataset", "big.jsonl", timeout=60), "more than the", "sample")
+    long_line = tmp_path / "long.jsonl"
+    with open(long_line, "wb") as fh:
+        fh.truncate(readers.MAX_LINE_BYTES + 10)  # one "line" of NUL bytes
+    with pytest.raises(SpecError, match="line 1 is longer than"):
+        readers.read_dataset(long_line)

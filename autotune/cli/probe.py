@@ -55,10 +55,9 @@ def build_probe_request(
     trainer: str = "hf",
 ) -> ProbeRequest:
     """Resolve the model and validate everything; raise SpecError on bad input."""
+    from autotune._preflight import check_dataset, check_model_config
     from autotune.models import check_seq_len, resolve_model
     from autotune.spec.lengths import parse_lengths
-
-    from autotune._preflight import check_dataset, check_model_config
 
     resolved = resolve_model(model, trust_remote_code=trust_remote_code)
     check_model_config(resolved.config, resolved.config_path)  # as `run` does: exit 2, not a crashed probe

@@ -770,3 +770,50 @@ def test_a_dataset_file_past_the_stated_bounds_is_refused_in_one_line(tmp_path: 
         fh.truncate(readers.MAX_LINE_BYTES + 10)  # one "line" of NUL bytes
     with pytest.raises(SpecError, match="line 1 is longer than"):
         readers.read_dataset(long_line)
+
+
+# ----------------------------------------------------------- round 3: check validates types first
+
+@pytest.mark.parametrize("name,text,needle", [
+    ("ds.json", '{"zero_optimization": {"stage": 3, "offload_optimizer": "yes"}}',
+     "zero_optimization.offload_optimizer must be a mapping"),
+    ("ds.json", '{"zero_optimization": 3}', "zero_optimization must be a mapping"),
+    ("ds.json", '{"zero_optimization": {"stage": 2}, "bf16": "on"}', "bf16 must be a mapping"),
+    ("acc.yaml", "compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nfsdp_config: [1, 2]\n",
+     "fsdp_config must be a mapping"),
+    ("ta.json", '{"report_to": 5, "per_device_train_batch_size": 4}', "report_to must be a name"),
+    ("ta.json", '{"per_device_train_batch_size": 4, "deepspeed": {"zero_optimization": "x"}}',
+     "deepspeed.zero_optimization must be a mapping"),
+])
+def test_check_fails_a_wrong_type_naming_the_key_instead_of_crashing(tmp_path: Path, name: str, text: str,
+                                                                     needle: str) -> None:
+    (tmp_path / name).write_text(text)
+    p = autotune(tmp_path, "check", name, "--json")
+    assert p.returncode == 1 and "this is a bug" not in p.stderr, p.stderr
+    fails = [i["message"] for i in json.loads(p.stdout)["items"] if i["status"] == "fail" and i["id"] == "types"]
+    assert any(needle in m for m in fails), fails
+
+
+@pytest.mark.parametrize("text,needles", [
+    ('{"per_device_train_batch_size": "abc", "bf16": "yes"}',
+     ["per_device_train_batch_size must be an integer >= 1, got 'abc'", "bf16 must be true or false, got 'yes'"]),
+    ('{"per_device_train_batch_size": -4, "gradient_accumulation_steps": 0}',
+     ["per_device_train_batch_size must be an integer >= 1, got -4", "gradient_accumulation_steps must be"]),
+])
+def test_check_never_passes_a_wrongly_typed_value(text: str, needles: list[str]) -> None:
+    from autotune.check import ConfigBundle, gather
+
+    rep = gather(ConfigBundle(target="t", data={"training_args": json.loads(text)}, sources={"training_args": "t"}))
+    fails = [i.message for i in rep.items if i.status == "fail"]
+    for needle in needles:
+        assert any(needle in m for m in fails), fails
+    passed = {i.id: i.message for i in rep.items if i.status == "pass"}
+    assert "effective batch 0" not in " ".join(passed.values()), passed
+    assert not any(i.id == "precision" and i.status == "pass" for i in rep.items)
+
+
+def test_run_from_with_a_wrongly_typed_inline_deepspeed_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "ta.json").write_text(json.dumps({"model_name_or_path": "tiny-llama", "per_device_train_batch_size": 2,
+                                                  "deepspeed": {"zero_optimization": "x"}}))
+    one_line(from_run(tmp_path, "ta.json"), "deepspeed.zero_optimization must be a mapping")
+    no_search(tmp_path)

@@ -66,7 +66,12 @@ def bundle_from_file(path: Path, fmt: str | None = None) -> ConfigBundle:
         return bundle_from_texts(str(path), {path.name: text}, directory=False)
     mod = FORMATS[cfg.format]
     b = ConfigBundle(target=str(path), fmt=cfg.format)
-    for kind, data in mod.to_checklist(cfg.data).items():
+    try:
+        checklist = mod.to_checklist(cfg.data)
+    except (TypeError, AttributeError, ValueError, KeyError):  # a wrong type in the format's own keys
+        checklist = mod.to_checklist(cfg.clean)
+        b.problems = list(cfg.problems)
+    for kind, data in checklist.items():
         b.data[kind] = data
         b.sources[kind] = path.name
     if cfg.format in ("axolotl", "llamafactory", "trl"):

@@ -293,7 +293,8 @@ def _from_file(path: str, fmt: str | None, *, model: str | None, mode: str | Non
     cfg = read_config(p.name, text, fmt=fmt)
     if cfg.format in ("deepspeed", "accelerate"):
         raise SpecError(f"--from {path!r} is a {cfg.module.LABEL} config: pass the training config that names it")
-    problems = value_problems(cfg.format, cfg.data, f"--from {p.name}")
+    problems = [f"--from {p.name}: {m}" for m in cfg.problems]
+    problems += [m for m in value_problems(cfg.format, cfg.data, f"--from {p.name}") if m not in problems]
     if problems:
         raise SpecError(problems)
     req = cfg.request

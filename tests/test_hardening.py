@@ -817,3 +817,66 @@ def test_run_from_with_a_wrongly_typed_inline_deepspeed_is_one_line(tmp_path: Pa
                                                   "deepspeed": {"zero_optimization": "x"}}))
     one_line(from_run(tmp_path, "ta.json"), "deepspeed.zero_optimization must be a mapping")
     no_search(tmp_path)
+
+
+# ------------------------------------------------- round 3: stored answers and caches are checked
+
+@pytest.mark.parametrize("edit", ["batch", "fp16-on-cpu", "nan-speed", "no-request"])
+def test_an_edited_best_result_is_re_measured_not_served(tmp_path: Path, edit: str) -> None:
+    first = autotune(tmp_path, *RUN, "--gpu-budget", "24GB", "--out", str(tmp_path / "out"), "--json", fake=True)
+    assert first.returncode == 0, first.stderr
+    (rd,) = [p for p in (tmp_path / "out").iterdir() if p.is_dir()]
+    best = json.loads((rd / "best_result.json").read_text())
+    if edit == "batch":
+        best["request"]["candidate"].update(micro_batch=3, grad_accum=5)
+    elif edit == "fp16-on-cpu":
+        best["request"]["candidate"]["precision"] = "fp16"
+    elif edit == "nan-speed":
+        best["metrics"]["tokens_per_s"] = float("nan")
+    else:
+        del best["request"]
+    (rd / "best_result.json").write_text(json.dumps(best))
+    again = autotune(tmp_path, *RUN, "--gpu-budget", "24GB", "--out", str(tmp_path / "out"), "--json", fake=True)
+    assert again.returncode == 0, again.stderr
+    summary = json.loads(again.stdout)
+    assert summary["from_cache"] is False and summary["run_dir"] != str(rd)
+    assert summary["best"]["effective_batch"]["value"] == 4
+    assert "was not used: its best_result.json" in again.stderr
+
+
+def test_the_unedited_stored_answer_is_still_served(tmp_path: Path) -> None:
+    first = autotune(tmp_path, *RUN, "--gpu-budget", "24GB", "--out", str(tmp_path / "out"), "--json", fake=True)
+    again = autotune(tmp_path, *RUN, "--gpu-budget", "24GB", "--out", str(tmp_path / "out"), "--json", fake=True)
+    assert first.returncode == again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["from_cache"] is True
+
+
+@pytest.mark.parametrize("tamper", ["long-sequence", "no-column", "offsets", "negative-id", "other-seq-len"])
+def test_a_tampered_dataset_cache_entry_is_re_tokenized_not_served(tmp_path: Path, tamper: str) -> None:
+    import numpy as np
+
+    from autotune.probe.tokenize_cache import load_token_sequences
+
+    data = tmp_path / "ids.jsonl"
+    data.write_text("".join(json.dumps({"input_ids": list(range(1, 20 + i))}) + "\n" for i in range(5)))
+    first = load_token_sequences(data, seq_len=64, cache_dir=tmp_path / "c")
+    assert first.cache_file and not first.cache_hit
+    with np.load(first.cache_file, allow_pickle=False) as z:
+        tokens, offsets, meta = z["tokens"], z["offsets"], json.loads(str(z["meta"]))
+    if tamper == "long-sequence":
+        tokens, offsets = np.arange(6400, dtype=np.int32), np.array([0, 6400])
+        meta.update(num_records=1, num_empty=0)
+    elif tamper == "no-column":
+        del meta["column"]
+    elif tamper == "offsets":
+        offsets = offsets[::-1].copy()
+    elif tamper == "negative-id":
+        tokens = tokens.copy()
+        tokens[0] = -7
+    else:
+        meta["seq_len"] = 128
+    np.savez(first.cache_file, tokens=tokens, offsets=offsets, meta=np.array(json.dumps(meta)))
+    second = load_token_sequences(data, seq_len=64, cache_dir=tmp_path / "c")
+    assert not second.cache_hit
+    assert second.sequences.to_lists() == first.sequences.to_lists()
+    assert load_token_sequences(data, seq_len=64, cache_dir=tmp_path / "c").cache_hit  # rewritten, sound

@@ -126,13 +126,44 @@ def _cache_file(
     return cache_dir / f"{key[:32]}.npz"
 
 
-def _read_cache(file: Path) -> tuple[TokenSequences, dict[str, Any]] | None:
+_META_INTS = ("num_records", "num_truncated", "num_empty", "seq_len")
+_MAX_CACHE_BYTES = 4 * 2**30
+
+
+def _valid_entry(tokens: Any, offsets: Any, meta: Any, seq_len: int | None) -> bool:
+    """The cache entry is what this request would compute: its meta complete and typed, its sequences
+    non-empty, within ``seq_len`` and laid out consistently, its token ids non-negative integers."""
+    if not isinstance(meta, dict) or meta.get("format") != CACHE_FORMAT:
+        return False
+    if not isinstance(meta.get("column"), str) or not all(
+            isinstance(meta.get(k), int) and not isinstance(meta.get(k), bool) and meta[k] >= 0 for k in _META_INTS):
+        return False
+    if seq_len is not None and meta["seq_len"] != seq_len:
+        return False
+    if not (isinstance(tokens, np.ndarray) and isinstance(offsets, np.ndarray) and tokens.ndim == 1
+            and offsets.ndim == 1 and np.issubdtype(tokens.dtype, np.integer) and np.issubdtype(offsets.dtype, np.integer)
+            and len(offsets) >= 2 and offsets[0] == 0 and offsets[-1] == len(tokens)):
+        return False
+    lengths = np.diff(offsets)
+    if (lengths < 1).any() or (seq_len is not None and (lengths > seq_len).any()):
+        return False
+    if len(lengths) != meta["num_records"] - meta["num_empty"]:
+        return False
+    return not (tokens.size and int(tokens.min()) < 0)
+
+
+def _read_cache(file: Path, seq_len: int | None = None) -> tuple[TokenSequences, dict[str, Any]] | None:
+    """The cached entry, or None (recompute) when it is missing, truncated, foreign or inconsistent
+    with the request (a tampered or corrupted entry is re-tokenized, never served)."""
     try:
+        if file.stat().st_size > _MAX_CACHE_BYTES:
+            return None
         with np.load(file, allow_pickle=False) as z:
             meta = json.loads(str(z["meta"]))
-            if meta.get("format") != CACHE_FORMAT:
-                return None
-            return TokenSequences(z["tokens"], z["offsets"]), meta
+            tokens, offsets = z["tokens"], z["offsets"]
+        if not _valid_entry(tokens, offsets, meta, seq_len):
+            return None
+        return TokenSequences(tokens, offsets), meta
     except Exception:  # missing, truncated or foreign: recompute
         return None
 
@@ -218,7 +249,7 @@ def load_token_sequences(
     cfile = _cache_file(cdir, p, tokenizer, seq_len, split) if use_cache else None
     source = hub_id or str(p)
     if cfile is not None:
-        hit = _read_cache(cfile)
+        hit = _read_cache(cfile, seq_len)
         if hit is not None:
             seqs, meta = hit
             if tokenizer is not None and meta["column"] != "input_ids":

@@ -880,3 +880,48 @@ def test_a_tampered_dataset_cache_entry_is_re_tokenized_not_served(tmp_path: Pat
     assert not second.cache_hit
     assert second.sequences.to_lists() == first.sequences.to_lists()
     assert load_token_sequences(data, seq_len=64, cache_dir=tmp_path / "c").cache_hit  # rewritten, sound
+
+
+# --------------------------------------------- round 3: temporary folders go on every exit path
+
+def test_a_probe_killed_at_its_timeout_leaves_no_temporary_folder(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker is killed (no cleanup of its own runs): the Trainer folder it made must go anyway."""
+    import tempfile
+
+    from autotune.executors.local import run_probe_process
+    from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    made = tmp_path / "made"
+    fake_python = tmp_path / "fake-python"
+    fake_python.write_text(
+        "#!/bin/sh\n"
+        f"exec {sys.executable} -c \"import tempfile, time; d = tempfile.mkdtemp(prefix='autotune-trainer-'); "
+        f"open('{made}', 'w').write(d); time.sleep(600)\"\n")
+    fake_python.chmod(0o755)
+    req = ProbeRequest(workload=Workload(model="tiny-llama", model_path=str(TINY_LLAMA.parent), seq_len=64),
+                       candidate=Candidate(precision="fp32"), settings=ProbeSettings(device="cpu", timeout_s=4))
+    res = run_probe_process(req, python=str(fake_python))
+    assert res.status == "timeout" and made.exists()
+    assert not Path(made.read_text()).exists()
+    assert list(tmp.iterdir()) == []
+
+
+def test_the_private_ray_pool_keeps_probe_folders_inside_its_own_folder() -> None:
+    """A Ray worker killed with the driver runs no cleanup: its probes' folders are under the pool's
+    folder, which the reaper removes on every exit path."""
+    pytest.importorskip("ray")
+    import ray
+
+    from autotune.executors.ray_pool import _PrivateRuntime
+
+    rt = _PrivateRuntime(ray)
+    try:
+        assert os.environ["AUTOTUNE_PROBE_TMPDIR"].startswith(rt.temp_dir + os.sep)
+    finally:
+        rt.release()
+    assert "AUTOTUNE_PROBE_TMPDIR" not in os.environ and not os.path.exists(rt.temp_dir)

@@ -850,7 +850,7 @@ def _typed(bundle: ConfigBundle) -> tuple[ConfigBundle, list[CheckItem]]:
     """(a copy of ``bundle`` without its wrongly typed values, one FAIL item per such value)."""
     import copy
 
-    from autotune.formats._types import type_problems
+    from autotune.formats import type_problems
 
     items: list[CheckItem] = [CheckItem(id="types", title="value types", status="fail", message=m,
                                         fix="give the key the type named", source=bundle.target)

@@ -284,8 +284,7 @@ def _from_file(path: str, fmt: str | None, *, model: str | None, mode: str | Non
     from pathlib import Path
 
     from autotune.errors import SpecError
-    from autotune.formats import read_config
-    from autotune.formats._inputs import value_problems
+    from autotune.formats import read_config, value_problems
     from autotune.spec.files import read_text_file
 
     p = Path(path)
@@ -311,7 +310,7 @@ def _plan_write_back(source: Any, out: str | None) -> dict[str, Any]:
 
     from autotune.cli.check import installed_sft_fields, installed_training_fields
     from autotune.errors import SpecError
-    from autotune.formats._writeback import uneditable
+    from autotune.formats import uneditable
     from autotune.spec.probe_request import Candidate
     from autotune.store.atomic import check_write_target, content_state
 

@@ -20,7 +20,9 @@ from typing import Any
 from autotune.errors import SpecError
 from autotune.formats import accelerate, axolotl, deepspeed, llamafactory, training_args, trl
 from autotune.formats._common import REQUEST_FIELDS
-from autotune.formats._writeback import is_yaml_name, write_back_text
+from autotune.formats._inputs import value_problems
+from autotune.formats._types import type_problems
+from autotune.formats._writeback import is_yaml_name, uneditable, write_back_text
 
 __all__ = [
     "FORMATS",
@@ -34,7 +36,10 @@ __all__ = [
     "read_config",
     "translate",
     "tuned_file",
+    "type_problems",
+    "uneditable",
     "unified_diff",
+    "value_problems",
     "write_back_text",
 ]
 
@@ -115,8 +120,6 @@ def without(data: dict[str, Any], dotted_keys: list[str]) -> dict[str, Any]:
 def read_config(name: str, text: str, *, fmt: str | None = None) -> ReadConfig:
     """Parse and detect; values of the wrong type are listed in ``problems`` (the request is read
     without them, so a bad type is never a crash here: the caller refuses or FAILs them)."""
-    from autotune.formats._types import type_problems
-
     data = parse_text(name, text)
     chosen = format_module(fmt).NAME if fmt else detect_format(name, data)
     typed = type_problems(_TYPE_KIND.get(chosen, ""), data)

@@ -925,3 +925,44 @@ def test_the_private_ray_pool_keeps_probe_folders_inside_its_own_folder() -> Non
     finally:
         rt.release()
     assert "AUTOTUNE_PROBE_TMPDIR" not in os.environ and not os.path.exists(rt.temp_dir)
+
+
+# --------------------------------- round 3: every file-reading entry point, hostile files, one line
+
+def _hostile(tmp: Path, kind: str, suffix: str) -> str:
+    path = tmp / f"hostile-{kind}{suffix}"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dev-zero-link":
+        path.symlink_to("/dev/zero")
+    elif kind == "random":
+        path.write_bytes(os.urandom(4096))
+    elif kind == "truncated":
+        path.write_text('{"a": [1, 2, {"b": ' if suffix == ".json" else "a:\n  - [1, 2\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero-link", "random", "truncated"])
+@pytest.mark.parametrize("entry", ["--from", "--dataset", "--catalog", "--space", "check"])
+def test_every_file_entry_point_refuses_hostile_files_in_one_line(tmp_path: Path, entry: str, kind: str) -> None:
+    import time
+
+    suffix = {"--from": ".json", "--dataset": ".jsonl", "--catalog": ".yaml", "--space": ".yaml", "check": ".json"}
+    src = _hostile(tmp_path, kind, suffix[entry])
+    (tmp_path / "user-file").write_text("mine")
+    if entry == "--from":
+        args = [*FROM_RUN, "--from", src, "--out", str(tmp_path / "out")]
+    elif entry == "--dataset":
+        args = [*PROBE, "--dataset", src]
+    elif entry == "--catalog":
+        args = ["plan", "--model", "tiny-llama", "--gpu", "A100-80GB", "--catalog", src]
+    elif entry == "--space":
+        args = [*RUN, "--space", src, "--out", str(tmp_path / "out")]
+    else:
+        args = ["check", src]
+    t0 = time.monotonic()
+    p = autotune(tmp_path, *args, timeout=90, fake=entry in ("--from", "--space"))
+    assert time.monotonic() - t0 < 90
+    line = one_line(p)
+    assert "this is a bug" not in line
+    assert (tmp_path / "user-file").read_text() == "mine" and tree(tmp_path / "out") == []

@@ -141,7 +141,7 @@ def check_dataset(dataset: str | None, workload: Workload, config: dict[str, Any
     from autotune.probe.data import find_tokenizer, load_token_sequences
 
     loaded = load_token_sequences(dataset, seq_len=workload.seq_len, tokenizer=find_tokenizer(workload),
-                                  split=workload.split)
+                                  split=workload.split, trust_remote_code=workload.trust_remote_code)
     vocab = _vocab_size(config or {})
     top = loaded.sequences.max_token()
     if vocab is not None and top >= vocab:
@@ -255,7 +255,7 @@ def mean_sequence_tokens(workload: Workload) -> float:
         from autotune.probe.data import find_tokenizer, load_token_sequences
 
         lengths = load_token_sequences(workload.dataset, seq_len=workload.seq_len, tokenizer=find_tokenizer(workload),
-                                       split=workload.split).sequences.lengths()
+                                       split=workload.split, trust_remote_code=workload.trust_remote_code).sequences.lengths()
         return float(lengths.mean()) if len(lengths) else float(workload.seq_len)
     if workload.lengths == "fixed":
         return float(workload.seq_len)

@@ -679,13 +679,18 @@ def _cache_key(r: Request, dev: str, gpu_infos: list[dict[str, Any]], space: Sea
 def answer_from_cache(r: Request, plan: SearchPlan, *, started: float) -> TuneResult | None:
     """Stage 3: a stored answer to the same request (None: search). A stored, measured "nothing fits"
     is raised again (NothingFitsError). ``--fresh`` skips this stage."""
-    from autotune.store import find_cached, find_cached_nothing_fits
+    from autotune.store import find_cached, find_cached_nothing_fits, stored_answer_problem
 
     a = r.args
     if a.fresh:
         return None
     out_path = Path(a.out)
-    cached = find_cached(out_path, plan.key)
+    rejected: list[Any] = []  # stored answers inconsistent with the request (edited, damaged): re-measured
+    cached = find_cached(out_path, plan.key, rejected=rejected, validate=lambda best: stored_answer_problem(
+        best, effective_batch=a.effective_batch, device=plan.device, seq_len=a.seq_len, usable_bytes=plan.usable))
+    for stored, problem in rejected if a.progress is not None else []:
+        a.progress("note", {"text": f"the stored run {stored.path} was not used: its best_result.json {problem}; "
+                                    "searching again"})
     if cached is not None:
         summary = cached.read_json("summary.json") or {}
         best = ProbeResult.from_dict(cached.read_json("best_result.json"))

@@ -6,6 +6,7 @@ Input is text already read from disk (the CLI reads it); ``parse_config`` classi
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +78,7 @@ class ConfigBundle:
     native: dict[str, Any] | None = None
     known_keys: set[str] | None = None
     key_source: str = ""  # where known_keys were read (repo, path, commit)
+    problems: list[str] = field(default_factory=list)  # wrongly typed values found while reading: FAILs
 
     def get(self, kind: str) -> Any:
         return self.data.get(kind)
@@ -861,6 +863,35 @@ def _rule_deepspeed(c: _Ctx) -> None:
               "zero_optimization.stage3_gather_16bit_weights_on_model_save: true", src)
 
 
+def _typed(bundle: ConfigBundle) -> tuple[ConfigBundle, list[CheckItem]]:
+    """(a copy of ``bundle`` without its wrongly typed values, one FAIL item per such value)."""
+    import copy
+
+    from autotune.formats import type_problems
+
+    items: list[CheckItem] = [CheckItem(id="types", title="value types", status="fail", message=m,
+                                        fix="give the key the type named", source=bundle.target)
+                              for m in bundle.problems]
+    data = dict(bundle.data)
+    for kind, content in bundle.data.items():
+        problems = type_problems(kind, content)
+        if not problems:
+            continue
+        content = copy.deepcopy(content)
+        for dotted, message in problems:
+            items.append(CheckItem(id="types", title="value types", status="fail", message=message,
+                                   fix=f"give {dotted} the type named (the other checks ignored it)",
+                                   source=bundle.sources.get(kind, "")))
+            *parents, last = dotted.split(".")
+            node = content
+            for part in parents:
+                node = node.get(part) if isinstance(node, dict) else None
+            if isinstance(node, dict):
+                node.pop(last, None)
+        data[kind] = content
+    return dataclasses.replace(bundle, data=data), items
+
+
 _RULES = (
     _rule_names,
     _rule_precision,
@@ -887,10 +918,21 @@ def gather(
     fields: set[str] | None = None,
     transformers_version: str | None = None,
 ) -> CheckReport:
-    """Run the checklist over ``bundle``. ``fields``: installed TrainingArguments field names, if known."""
-    c = _Ctx(bundle, gpu, fields, transformers_version)
+    """Run the checklist over ``bundle``. ``fields``: installed TrainingArguments field names, if known.
+
+    Each value's type is checked first (``autotune.formats._types``): a wrong type is a FAIL naming
+    the key, and the rules judge the file without that key (never a crash, never a PASS on it)."""
+    typed, type_items = _typed(bundle)
+    c = _Ctx(typed, gpu, fields, transformers_version)
+    c.items.extend(type_items)
     for rule in _RULES:
-        rule(c)
+        try:
+            rule(c)
+        except (TypeError, AttributeError, ValueError, KeyError) as exc:  # a shape the type table does not cover
+            c.add("types", "value types", "fail",
+                  f"a value has a type the {rule.__name__.removeprefix('_rule_')} check cannot judge "
+                  f"({type(exc).__name__}: {' '.join(str(exc).split())[:120]})",
+                  "give each key the type its documentation names")
     if bundle.fmt in FORMATS and FORMATS[bundle.fmt].VOCAB:
         c.items = [
             CheckItem(id=i.id, title=i.title, status=i.status, message=translate(bundle.fmt, i.message),

@@ -43,8 +43,10 @@ def _root(
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
-    """Print one line on stderr and return the Exit to raise."""
-    typer.echo(f"autotune: error: {message}", err=True)
+    """Print one line on stderr (secrets redacted) and return the Exit to raise."""
+    from autotune.spec.redact import redact
+
+    typer.echo(f"autotune: error: {redact(message)}", err=True)
     return typer.Exit(code)
 
 
@@ -148,7 +150,9 @@ def main() -> None:
         if _DEBUG:
             raise
         message, code = unexpected_error_line(exc)
-        typer.echo(f"autotune: error: {message}", err=True)
+        from autotune.spec.redact import redact
+
+        typer.echo(f"autotune: error: {redact(message)}", err=True)
         sys.exit(code)
     sys.exit(rv if isinstance(rv, int) else 0)
 

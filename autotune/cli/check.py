@@ -5,12 +5,12 @@ input cannot be read."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
 
 from autotune.check import CONFIG_FILE_KINDS, ConfigBundle, bundle_from_texts, gather, gpu_info, render_text
+from autotune.cli.render import dumps_json
 from autotune.errors import SpecError
 from autotune.formats import FORMATS, key_source_label, known_keys, read_config
 
@@ -66,7 +66,12 @@ def bundle_from_file(path: Path, fmt: str | None = None) -> ConfigBundle:
         return bundle_from_texts(str(path), {path.name: text}, directory=False)
     mod = FORMATS[cfg.format]
     b = ConfigBundle(target=str(path), fmt=cfg.format)
-    for kind, data in mod.to_checklist(cfg.data).items():
+    try:
+        checklist = mod.to_checklist(cfg.data)
+    except (TypeError, AttributeError, ValueError, KeyError):  # a wrong type in the format's own keys
+        checklist = mod.to_checklist(cfg.clean)
+        b.problems = list(cfg.problems)
+    for kind, data in checklist.items():
         b.data[kind] = data
         b.sources[kind] = path.name
     if cfg.format in ("axolotl", "llamafactory", "trl"):
@@ -113,7 +118,7 @@ def command(
         fields = installed_sft_fields() or fields
     report = gather(bundle, gpu=info, fields=fields, transformers_version=version)
     if json_out:
-        typer.echo(json.dumps(report.to_dict(), indent=2))
+        typer.echo(dumps_json(report.to_dict(), indent=2))
     else:
         typer.echo(render_text(report), nl=False)
     raise typer.Exit(report.exit_code)

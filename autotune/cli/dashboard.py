@@ -46,6 +46,12 @@ def run_study(run_dir: str | Path) -> RunStudy:
     name = search.get("study_name") or d.name
     db = d / "study.db"
     if db.is_file() and db.stat().st_size > 0:
+        from autotune.store.storage import sqlite_damage
+
+        damage = sqlite_damage(db)
+        if damage:
+            raise SpecError(f"{db} is not a readable Optuna study ({' '.join(damage.split())[:160]}); "
+                            "`autotune run ... --resume` with the same request rebuilds it from the run's journal")
         return RunStudy(storage=f"sqlite:///{db.resolve()}", study_name=name, run_dir=d)
     url = search.get("storage")
     if isinstance(url, str) and url and not url.startswith("sqlite:///"):
@@ -77,12 +83,14 @@ def command(
     port: int = typer.Option(8080, "--port", help="Port to listen on."),
 ) -> None:
     """Open the run's Optuna study (study.db) in optuna-dashboard: every probe, its parameters and attributes."""
+    from autotune.spec.redact import redact
+
     study = run_study(run_dir)
     dash = _import_dashboard()
     if not 0 < port < 65536:
         raise SpecError(f"--port must be 1-65535, got {port}")
     typer.echo(
-        f"optuna-dashboard on http://{host}:{port}/dashboard — study {study.study_name} in {study.storage} "
+        f"optuna-dashboard on http://{host}:{port}/dashboard — study {study.study_name} in {redact(study.storage)} "
         "(Ctrl-C to stop)",
         err=True,
     )

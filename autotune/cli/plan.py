@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import json
 import os
 from collections.abc import Mapping
 from typing import Any
 
 import typer
 
+from autotune.cli.render import dumps_json
 from autotune.errors import SpecError
 from autotune.estimate.catalog import catalog_paths_from_env, find_gpus, load_catalog
 from autotune.estimate.plan import PlanResult, breakdown, parse_tokens, plan
@@ -336,6 +336,6 @@ def command(
         calibrate_from=calibrate, hub=_hub_access(offline),
     )  # fmt: skip
     if as_json:
-        typer.echo(json.dumps(result.to_dict(), indent=2))
+        typer.echo(dumps_json(result.to_dict(), indent=2))
     else:
         typer.echo(render(result), nl=False)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
 
 import typer
 
-from autotune.cli.render import console, render_probe_result
+from autotune.cli.render import console, dumps_json, render_probe_result
 from autotune.errors import SpecError
 from autotune.spec.budget import parse_budget
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
@@ -66,6 +65,7 @@ def build_probe_request(
     ``hub`` (an ``autotune.models.HubAccess``; None: offline) lets a model or dataset missing from the
     local caches come from the Hub (config.json and tokenizer files; a streamed sample of the data);
     what the user should know about it is appended to ``notes``."""
+    from autotune._preflight import check_dataset, check_model_config
     from autotune.models import check_seq_len, resolve_model
     from autotune.spec.lengths import parse_lengths
 
@@ -73,6 +73,7 @@ def build_probe_request(
                              tokenizer=dataset is not None and tokenizer is None)
     if notes is not None:
         notes.extend(resolved.notes)
+    check_model_config(resolved.config, resolved.config_path)  # as `run` does: exit 2, not a crashed probe
     if precision == "auto":
         precision = "fp32" if _probe_device(device) == "cpu" else "bf16"
     check_seq_len(resolved, seq_len)
@@ -139,11 +140,9 @@ def build_probe_request(
         note = prepare_hub_dataset(dataset, split=split, config_name=config_name, rows=sample_rows, hub=hub)
         if note and notes is not None:
             notes.append(note)
-    if dataset is not None:
-        # tokenized once here (bad files fail now, with exit 2); every probe then hits the cache
-        from autotune.probe.data import find_tokenizer, load_token_sequences
-
-        load_token_sequences(dataset, seq_len=seq_len, tokenizer=find_tokenizer(req.workload), split=split)
+        # tokenized once here (bad files and token ids outside the vocabulary fail now, with exit 2);
+        # every probe then hits the cache
+        check_dataset(dataset, req.workload, resolved.config)
     return req
 
 
@@ -231,7 +230,7 @@ def command(
         console(stderr=True).print(f"[dim]probing {req.workload.model} ({req.workload.model_path}) ...[/dim]")
     result: ProbeResult = run_probe_process(req)
     if as_json:
-        sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
+        sys.stdout.write(dumps_json(result.to_dict(), indent=2) + "\n")
     else:
         render_probe_result(result, console())
     raise typer.Exit(PROBE_EXIT_CODES[result.status])

@@ -12,7 +12,27 @@ from rich.table import Table
 from autotune.spec.budget import format_bytes
 from autotune.spec.result import ProbeResult
 
-__all__ = ["console", "render_probe_result", "probe_table_rows", "STATUS_STYLE"]
+__all__ = ["console", "dumps_json", "finite", "render_probe_result", "probe_table_rows", "STATUS_STYLE"]
+
+
+def finite(obj: Any) -> Any:
+    """``obj`` with every NaN/Infinity float replaced by None (JSON has no such numbers)."""
+    import math
+
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj
+
+
+def dumps_json(obj: Any, **kw: Any) -> str:
+    """``json.dumps`` that never writes NaN or Infinity (invalid JSON for every other parser)."""
+    import json
+
+    return json.dumps(finite(obj), allow_nan=False, **kw)
 
 STATUS_STYLE = {
     "ok": "green",

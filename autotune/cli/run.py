@@ -8,7 +8,6 @@ a terminal); the final table and one-line answer go to stdout, or with ``--json`
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from typing import Any
@@ -17,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from autotune.cli.render import STATUS_STYLE, console
+from autotune.cli.render import STATUS_STYLE, console, dumps_json
 from autotune.spec.budget import format_bytes
 
 __all__ = ["command", "ProgressPrinter", "render_summary", "answer_line"]
@@ -223,9 +222,11 @@ def command(
         from autotune.errors import SpecError
 
         raise SpecError("--write-back needs --from FILE (the config to write back into)")
+    plan = None
     if from_file:
         source, model, mode, seq_len, effective_batch, dataset = _from_file(
             from_file, fmt, model=model, mode=mode, seq_len=seq_len, effective_batch=effective_batch, dataset=dataset)
+        plan = _plan_write_back(source, write_back)  # every refusal before the search, not after it
         err.print(f"[dim]from {from_file} ({source.module.LABEL}): model {model}, mode {mode}, seq-len {seq_len}, "
                   f"effective batch {effective_batch}[/dim]", highlight=False)
     if model is None:
@@ -249,10 +250,10 @@ def command(
         )  # fmt: skip
     finally:
         printer.close()
-    if source is not None:
-        result.summary["write_back"] = _write_back(source, result, write_back, err)
+    if source is not None and plan is not None:
+        result.summary["write_back"] = _write_back(source, result, plan, err)
     if as_json:
-        sys.stdout.write(json.dumps(result.summary, indent=2, default=str) + "\n")
+        sys.stdout.write(dumps_json(result.summary, indent=2, default=str) + "\n")
     else:
         render_summary(result.summary, console())
     trust = result.summary.get("trust") or {}
@@ -294,40 +295,83 @@ def _rounds(text: str | None) -> tuple[int, int] | None:
 
 def _from_file(path: str, fmt: str | None, *, model: str | None, mode: str | None, seq_len: int | None,
                effective_batch: int | None, dataset: str | None) -> tuple[Any, Any, Any, Any, Any, Any]:
-    """The request held by ``path``; command-line values (not None) win."""
+    """The request held by ``path``; command-line values (not None) win.
+
+    Read through the bounded reader (a FIFO, ``/dev/zero`` or a huge file is refused in one line);
+    each value the request comes from is type-checked like a flag, naming the key."""
     from pathlib import Path
 
     from autotune.errors import SpecError
-    from autotune.formats import read_config
+    from autotune.formats import read_config, value_problems
+    from autotune.spec.files import read_text_file
 
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(f"--from {path!r}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
+    text = read_text_file(p, what="--from")
     cfg = read_config(p.name, text, fmt=fmt)
     if cfg.format in ("deepspeed", "accelerate"):
         raise SpecError(f"--from {path!r} is a {cfg.module.LABEL} config: pass the training config that names it")
+    problems = [f"--from {p.name}: {m}" for m in cfg.problems]
+    problems += [m for m in value_problems(cfg.format, cfg.data, f"--from {p.name}") if m not in problems]
+    if problems:
+        raise SpecError(problems)
     req = cfg.request
     return (cfg, model or req.get("model"), mode or req.get("mode"), seq_len or req.get("seq_len"),
             effective_batch or req.get("effective_batch"), dataset or req.get("dataset"))
 
 
-def _write_back(source: Any, result: Any, out: str | None, err: Console) -> dict[str, Any]:
-    """Write the user's file with the tuned keys changed; print and store the diff."""
+def _plan_write_back(source: Any, out: str | None) -> dict[str, Any]:
+    """Check, before the search, that the tuned file can be written: the ``--write-back`` target
+    (not a folder, link, device or read-only file) and the file's constructs (editable in place).
+    Returns what ``_write_back`` needs: the target and the hash of what it held when checked."""
     import dataclasses
     from pathlib import Path
 
     from autotune.cli.check import installed_sft_fields, installed_training_fields
-    from autotune.formats import tuned_file, unified_diff
-    from autotune.store.atomic import write_text_atomic
+    from autotune.errors import SpecError
+    from autotune.formats import uneditable
+    from autotune.spec.probe_request import Candidate
+    from autotune.store.atomic import check_write_target, content_state
 
     fields = installed_sft_fields() if source.format == "trl" else installed_training_fields()[0]
-    text, updates = tuned_file(source, dataclasses.asdict(result.candidate), fields=fields)
-    target = Path(out) if out else Path(result.run_dir) / "best" / source.name
-    write_text_atomic(target, text)
+    keys: set[str] = set()
+    for cand in (Candidate(), Candidate(micro_batch=2, grad_accum=2, grad_ckpt=True, attn="eager", workers=2,
+                                        pin_memory=False, precision="fp32", packing=True, optim="adamw_torch_fused",
+                                        torch_compile=True, liger=True), Candidate(precision="fp16"),
+                 Candidate(precision="tf32")):
+        keys |= set(source.module.tuned_keys(dataclasses.asdict(cand), source.data, fields=fields))
+    why = uneditable(source.name, source.text, keys)
+    if why:
+        raise SpecError(f"{why} (checked before the search; nothing was run or written)")
+    target = Path(out) if out else None
+    if target is not None:
+        check_write_target(target, what="--write-back")
+    return {"target": target, "state": content_state(target) if target is not None else None, "fields": fields}
+
+
+def _write_back(source: Any, result: Any, plan: dict[str, Any], err: Console) -> dict[str, Any]:
+    """Write the user's file with the tuned keys changed; print and store the diff.
+
+    A target whose content changed during the search (the user edited it) is not overwritten: the
+    tuned file goes beside it and the run exits 2 saying so."""
+    import dataclasses
+    from pathlib import Path
+
+    from autotune.errors import SpecError
+    from autotune.formats import tuned_file, unified_diff
+    from autotune.store.atomic import beside, check_write_target, content_state, write_text_atomic
+
+    text, updates = tuned_file(source, dataclasses.asdict(result.candidate), fields=plan["fields"])
     diff = unified_diff(source.name, source.text, text)
     write_text_atomic(Path(result.run_dir) / "best" / (source.name + ".diff"), diff)
+    target = plan["target"] or Path(result.run_dir) / "best" / source.name
+    if plan["target"] is not None:
+        check_write_target(target, what="--write-back")
+        if content_state(target) != plan["state"]:
+            aside = beside(target)
+            write_text_atomic(aside, text)
+            raise SpecError(f"--write-back {str(target)!r} changed during the search, so it was left as it is; the "
+                            f"tuned file is {str(aside)!r} (from the file as it was read): merge the two")
+    write_text_atomic(target, text)
     err.print(f"[dim]wrote {target} ({source.module.LABEL}): {len(updates)} key(s) changed[/dim]", highlight=False)
     if diff:
         err.print(diff, highlight=False, markup=False, end="")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import functools
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -105,8 +106,9 @@ def _norm(name: str) -> str:
 def _num(problems: list[str], where: str, key: str, value: Any, *, optional: bool = False) -> float | None:
     if value is None and optional:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        problems.append(f"{where}: {key} must be a positive number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        finite = "" if not isinstance(value, float) or math.isfinite(value) else " (not finite)"
+        problems.append(f"{where}: {key} must be a positive number, got {value!r}{finite}")
         return None
     return float(value)
 
@@ -182,12 +184,12 @@ def parse_catalog(data: Any, *, source: str = "<catalog>") -> list[GPU]:
             problems.append(f"{where}: bf16 is true but bf16_tflops is not given")
         price = entry["price_per_hour_usd"]
         if price is not None and (
-            isinstance(price, bool) or not isinstance(price, (int, float)) or price < 0
+            isinstance(price, bool) or not isinstance(price, (int, float)) or not math.isfinite(price) or price < 0
         ):
-            problems.append(f"{where}: price_per_hour_usd must be a number >= 0 or null, got {price!r}")
+            problems.append(f"{where}: price_per_hour_usd must be a finite number >= 0 or null, got {price!r}")
         eff = entry.get("efficiency")
         if eff is not None and (
-            isinstance(eff, bool) or not isinstance(eff, (int, float)) or not 0 < eff <= 1
+            isinstance(eff, bool) or not isinstance(eff, (int, float)) or not 0 < eff <= 1  # (NaN fails this too)
         ):
             problems.append(f"{where}: efficiency must be in (0, 1], got {eff!r}")
         aliases = entry.get("aliases") or []

@@ -127,6 +127,20 @@ def _signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
+def _temp_env(workdir: Path) -> dict[str, str]:
+    """TMPDIR inside the probe's folder; torch's compile cache kept where it would be otherwise (shared)."""
+    import getpass
+
+    env = {"TMPDIR": str(workdir)}
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        try:
+            user = getpass.getuser()
+        except Exception:  # no user name (a container's uid): torch's own fallback
+            user = "unknown"
+        env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), f"torchinductor_{user}")
+    return env
+
+
 def run_probe_process(
     request: ProbeRequest, *, python: str | None = None, live: set[subprocess.Popen[bytes]] | None = None,
     extra_env: dict[str, str] | None = None,
@@ -144,7 +158,13 @@ def run_probe_process(
 
     request.validate()
     req_dict = request.to_dict()
-    workdir = Path(tempfile.mkdtemp(prefix="autotune-probe-"))
+    # the probe's folder, and (TMPDIR) every temporary folder its worker makes (the Trainer's output
+    # folder): removed here on every exit path, also when the worker was killed and ran no cleanup. A
+    # pool that may itself be killed names a folder its reaper removes (AUTOTUNE_PROBE_TMPDIR).
+    base = os.environ.get("AUTOTUNE_PROBE_TMPDIR") or None
+    if base is not None:
+        os.makedirs(base, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="autotune-probe-", dir=base))
     req_path, res_path = workdir / "request.json", workdir / "result.json"
     out_path, err_path = workdir / "stdout.log", workdir / "stderr.log"
     req_path.write_text(json.dumps(req_dict), encoding="utf-8")
@@ -162,7 +182,7 @@ def run_probe_process(
                 stdout=out,
                 stderr=err,
                 stdin=subprocess.DEVNULL,
-                env={**worker_env(request, launch), **(extra_env or {})},
+                env={**worker_env(request, launch), **(extra_env or {}), **_temp_env(workdir)},
                 start_new_session=True,  # its own process group: a timeout kills data-loader workers too
                 preexec_fn=preexec_fn(),  # and the kernel kills it if this process dies
             )

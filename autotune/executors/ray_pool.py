@@ -352,7 +352,7 @@ class _PrivateRuntime:
     """
 
     _ENV = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_TOKEN",
-            "RAY_worker_niceness")
+            "RAY_worker_niceness", "AUTOTUNE_PROBE_TMPDIR")
 
     def __init__(self, ray: Any) -> None:
         import secrets
@@ -368,7 +368,10 @@ class _PrivateRuntime:
             fh.write(secrets.token_hex(32))
         os.environ.pop("RAY_AUTH_TOKEN", None)
         os.environ.update({"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token",
-                           "RAY_AUTH_TOKEN_PATH": token_path, "RAY_worker_niceness": "0"})
+                           "RAY_AUTH_TOKEN_PATH": token_path, "RAY_worker_niceness": "0",
+                           # the probes' folders inside this one, which the reaper removes on every exit path
+                           # (a Ray worker killed with the driver never runs its own cleanup)
+                           "AUTOTUNE_PROBE_TMPDIR": os.path.join(self.temp_dir, "probes")})
         self._constants = None
         try:  # already imported by now: its value was read when ray was imported
             from ray._private import ray_constants

@@ -19,12 +19,12 @@ from importlib import resources
 from types import ModuleType
 from typing import Any
 
-import yaml
-
 from autotune.errors import SpecError
 from autotune.formats import accelerate, axolotl, deepspeed, llamafactory, training_args, trl
 from autotune.formats._common import REQUEST_FIELDS
-from autotune.formats._writeback import is_yaml_name, write_back_text
+from autotune.formats._inputs import value_problems
+from autotune.formats._types import type_problems
+from autotune.formats._writeback import is_yaml_name, uneditable, write_back_text
 
 __all__ = [
     "FORMATS",
@@ -39,7 +39,10 @@ __all__ = [
     "read_config",
     "translate",
     "tuned_file",
+    "type_problems",
+    "uneditable",
     "unified_diff",
+    "value_problems",
     "write_back_text",
 ]
 
@@ -61,6 +64,9 @@ class ReadConfig:
     data: dict[str, Any]
     text: str
     request: dict[str, Any] = field(default_factory=dict)
+    # values of the wrong type (autotune.formats._types): one message each; ``clean`` is ``data`` without them
+    problems: list[str] = field(default_factory=list)
+    clean: dict[str, Any] = field(default_factory=dict)
 
     @property
     def module(self) -> ModuleType:
@@ -74,17 +80,11 @@ def format_module(name: str) -> ModuleType:
 
 
 def parse_text(name: str, text: str) -> dict[str, Any]:
-    """The file's top-level mapping (YAML for .yaml/.yml, JSON otherwise)."""
-    if is_yaml_name(name):
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise SpecError(f"{name} is not valid YAML: {str(exc).splitlines()[0]}") from None
-    else:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise SpecError(f"{name} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    """The file's top-level mapping (YAML for .yaml/.yml, JSON otherwise), through the bounded loaders
+    (an alias bomb or a document nested thousands deep is a one-line SpecError, not minutes of CPU)."""
+    from autotune.spec.files import load_json, load_yaml
+
+    data = load_yaml(text, what=name) if is_yaml_name(name) else load_json(text, what=name)
     if not isinstance(data, dict):
         raise SpecError(f"{name} must hold a mapping of settings, got {type(data).__name__}")
     return data
@@ -100,11 +100,41 @@ def detect_format(name: str, data: dict[str, Any]) -> str:
     )
 
 
+# the type table (autotune.formats._types) each format's own keys follow
+_TYPE_KIND = {"deepspeed": "deepspeed", "accelerate": "accelerate", "training_args": "training_args",
+              "trl": "training_args", "llamafactory": "training_args", "axolotl": ""}
+
+
+def without(data: dict[str, Any], dotted_keys: list[str]) -> dict[str, Any]:
+    """A deep copy of ``data`` without the (dotted) keys."""
+    import copy
+
+    out = copy.deepcopy(data)
+    for dotted in dotted_keys:
+        *parents, last = dotted.split(".")
+        node: Any = out
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(last, None)
+    return out
+
+
 def read_config(name: str, text: str, *, fmt: str | None = None) -> ReadConfig:
+    """Parse and detect; values of the wrong type are listed in ``problems`` (the request is read
+    without them, so a bad type is never a crash here: the caller refuses or FAILs them)."""
     data = parse_text(name, text)
     chosen = format_module(fmt).NAME if fmt else detect_format(name, data)
-    req = {k: v for k, v in FORMATS[chosen].to_request(data).items() if v is not None}
-    return ReadConfig(name=name, format=chosen, data=data, text=text, request=req)
+    typed = type_problems(_TYPE_KIND.get(chosen, ""), data)
+    clean = without(data, [k for k, _ in typed]) if typed else data
+    try:
+        raw = FORMATS[chosen].to_request(clean)
+    except (TypeError, AttributeError, ValueError, KeyError) as exc:  # a shape the type table does not cover
+        raise SpecError(f"{name}: a value has a type autotune cannot read ({type(exc).__name__}: "
+                        f"{' '.join(str(exc).split())[:120]}); give each key the type its documentation names") from None
+    req = {k: v for k, v in raw.items() if v is not None}
+    return ReadConfig(name=name, format=chosen, data=data, text=text, request=req,
+                      problems=[m for _, m in typed], clean=clean)
 
 
 def _keys_file(fmt: str) -> dict[str, Any] | None:

@@ -7,6 +7,12 @@ JSON: the same, with a small scanner over the top-level object (the indentation 
 keys is reused for new ones).
 The result is parsed again and must equal the input's data with the updates applied, else the
 write-back refuses (AutotuneError) rather than hand out a file that says something else.
+
+Constructs whose edit cannot be made in place are refused by name (SpecError, one line) by
+:func:`uneditable`, which the CLI calls *before* the search: a flow mapping at the top, a ``...``
+end marker or a second document, a ``<<`` merge key, a duplicate key, an anchor or alias on a key
+that may be tuned. Both parses go through the bounded loader (an alias bomb is refused, and the
+comparison of before and after is bounded by its node cap, not exponential in the aliases).
 """
 
 from __future__ import annotations
@@ -19,9 +25,10 @@ from typing import Any
 
 import yaml
 
-from autotune.errors import AutotuneError
+from autotune.errors import AutotuneError, SpecError
+from autotune.spec.files import load_json, load_yaml
 
-__all__ = ["write_back_text", "is_yaml_name"]
+__all__ = ["write_back_text", "is_yaml_name", "uneditable"]
 
 _PLAIN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-/]*$")
 _YAML_WORDS = {"true", "false", "yes", "no", "on", "off", "null", "none", "~"}
@@ -41,6 +48,79 @@ def _yaml_scalar(value: Any) -> str:
     if isinstance(value, str) and _PLAIN.match(value) and value.lower() not in _YAML_WORDS:
         return value
     return json.dumps(value)
+
+
+def _yaml_structure(text: str) -> tuple[list[str], dict[str, str]]:
+    """(problems of the whole document, top-level key -> "an anchor" / "an alias" on its value)."""
+    problems: list[str] = []
+    marked: dict[str, str] = {}
+    docs = 0
+    depth = 0
+    expect_key = False
+    key: str | None = None
+    try:
+        events = list(yaml.parse(text, Loader=yaml.SafeLoader))
+    except yaml.YAMLError as exc:
+        return [f"it is not valid YAML ({' '.join(str(exc).split())[:200]})"], {}
+    top_map = False
+    for ev in events:
+        if isinstance(ev, yaml.DocumentStartEvent):
+            docs += 1
+            depth, top_map = 0, False
+            if docs == 2:
+                problems.append("it holds more than one YAML document (---); keep one")
+            continue
+        if isinstance(ev, yaml.DocumentEndEvent) and ev.explicit:
+            problems.append("it ends with a '...' document end marker, after which nothing can be added; delete it")
+            continue
+        if depth == 0 and isinstance(ev, yaml.MappingStartEvent):
+            if ev.flow_style:
+                problems.append("its settings are a flow mapping ({key: value, ...}); write one 'key: value' per line")
+            depth, top_map, expect_key = 1, True, True
+            continue
+        if depth == 1 and top_map and isinstance(ev, (yaml.ScalarEvent, yaml.AliasEvent, yaml.MappingStartEvent,
+                                                     yaml.SequenceStartEvent)):
+            if expect_key:
+                key = ev.value if isinstance(ev, yaml.ScalarEvent) else None
+                if key == "<<" and isinstance(ev, yaml.ScalarEvent) and ev.implicit[0]:
+                    problems.append("it uses a '<<' merge key, so a tuned key's value may come from elsewhere; "
+                                    "write the merged keys out")
+            elif key is not None:
+                if isinstance(ev, yaml.AliasEvent):
+                    marked.setdefault(key, f"the alias *{ev.anchor}")
+                elif getattr(ev, "anchor", None):
+                    marked.setdefault(key, f"the anchor &{ev.anchor}")
+            expect_key = not expect_key
+        if isinstance(ev, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+        elif isinstance(ev, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+    return problems, marked
+
+
+def uneditable(name: str, text: str, keys: set[str] | None = None) -> str | None:
+    """Why the tuned keys ``keys`` (None: any) cannot be written into ``text`` in place, or None.
+
+    Called before the search, so a file the write-back cannot edit is refused up front."""
+    if not is_yaml_name(name):
+        return None
+    problems, marked = _yaml_structure(text)
+    if not problems:
+        try:
+            from ruamel.yaml import YAML
+
+            YAML(typ="rt").load(io.StringIO(text))
+        except Exception as exc:  # ruamel's DuplicateKeyError and its kin
+            first = " ".join(str(exc).split())
+            dup = re.search(r'duplicate key "([^"]*)"', first)
+            what = (f"the key {dup.group(1)!r} appears twice" if dup else "a key appears twice"
+                    if "duplicate" in first.lower() else first[:200])
+            problems.append(f"{what}; keep one of each")
+    for key in sorted(marked if keys is None else set(marked) & set(keys)):
+        problems.append(f"the tuned key {key!r} carries {marked[key]}, shared with other keys; write its value out")
+    if problems:
+        return f"cannot write the tuned keys back into {name}: {problems[0]}"
+    return None
 
 
 def _yaml_write(text: str, updates: Mapping[str, Any]) -> str:
@@ -126,12 +206,33 @@ def _json_write(text: str, updates: Mapping[str, Any]) -> str:
 
 
 def write_back_text(name: str, text: str, updates: Mapping[str, Any]) -> str:
-    """``text`` (the file ``name``) with the top-level ``updates`` applied and nothing else changed."""
+    """``text`` (the file ``name``) with the top-level ``updates`` applied and nothing else changed.
+
+    SpecError (one line, naming the construct) for a file that cannot be edited in place."""
     yaml_file = is_yaml_name(name)
-    out = _yaml_write(text, updates) if yaml_file else _json_write(text, updates)
-    before = yaml.safe_load(text) if yaml_file else json.loads(text)
-    after = yaml.safe_load(out) if yaml_file else json.loads(out)
+    why = uneditable(name, text, set(updates))
+    if why:
+        raise SpecError(why)
+    load = load_yaml if yaml_file else load_json
+    before = load(text, what=name)
+    if not isinstance(before, dict):
+        raise SpecError(f"cannot write back into {name}: it does not hold a mapping of settings")
+    try:
+        out = _yaml_write(text, updates) if yaml_file else _json_write(text, updates)
+    except AutotuneError:
+        raise
+    except Exception as exc:  # a layout the scanner does not follow: refuse, never a half-edited file
+        raise SpecError(f"cannot write the tuned keys back into {name} ({type(exc).__name__}: "
+                        f"{' '.join(str(exc).split())[:160]}); nothing written") from None
+    try:
+        after = load(out, what=name)
+    except SpecError:
+        after = None
     expected = {**before, **dict(updates)}
-    if after != expected or list(after) != list(expected):
+    # key by key: linear in the (bounded) document, never a deep comparison of aliased structures twice
+    same = (isinstance(after, dict) and list(after) == list(expected)
+            and all(after[k] == v and type(after[k]) is type(v) for k, v in updates.items())
+            and all(after[k] == before[k] for k in before if k not in updates))
+    if not same:
         raise AutotuneError(f"write-back of {name} did not reproduce the file with the tuned keys; nothing written")
     return out

@@ -135,6 +135,7 @@ def build_train_data(
             tokenizer=find_tokenizer(workload),
             cache_dir=cache_dir,
             split=workload.split,
+            trust_remote_code=workload.trust_remote_code,
         )
         top = loaded.sequences.max_token()
         if top >= vocab_size:

@@ -23,9 +23,33 @@ from autotune.spec.dataset_ref import (
     missing_hub_dataset_message,
 )
 
-__all__ = ["DATASET_EXTENSIONS", "read_dataset", "read_hub_online", "render_chat"]
+__all__ = ["DATASET_EXTENSIONS", "MAX_DATASET_BYTES", "MAX_LINE_BYTES", "read_dataset", "read_hub_online",
+           "render_chat"]
 
 DATASET_EXTENSIONS = (".jsonl", ".parquet")
+# a probe measures a few hundred sequences: a file past these bounds is refused in one line (the rows
+# are held in memory, several times their bytes), not read until the machine runs out of memory
+MAX_DATASET_BYTES = 2 * 2**30
+MAX_LINE_BYTES = 64 * 2**20
+
+
+def _check_size(path: Path) -> None:
+    size = path.stat().st_size
+    if size > MAX_DATASET_BYTES:
+        raise DatasetError(
+            f"{path}: {size:,} bytes, more than the {MAX_DATASET_BYTES:,} a dataset file may hold here; probes "
+            "need a sample: pass a part of it (e.g. head -n 20000 data.jsonl > sample.jsonl) or a save_to_disk folder"
+        )
+
+
+def _text_ok(v: str, where: str, path: Path | str, what: str) -> str:
+    """``v``, refused when it cannot be UTF-8 encoded (a lone surrogate such as "\\ud800")."""
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise DatasetError(f"{path}: {where}: {what} holds an unpaired surrogate ({v[e.start]!r} at character "
+                           f"{e.start}), which is not text; fix or drop that row") from None
+    return v
 
 
 def _check_ids(value: Any, where: str, path: Path) -> list[int]:
@@ -42,8 +66,12 @@ _MAX_TOKEN_ID = 2**31 - 1  # (a larger id overflows the tensor it goes into; no 
 def _read_jsonl(path: Path) -> tuple[str, list[Any]]:
     column: str | None = None
     values: list[Any] = []
+    _check_size(path)
     with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
+        for lineno, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
+            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                raise DatasetError(f"{path}: line {lineno} is longer than {MAX_LINE_BYTES:,} bytes; "
+                                   "each line must be one JSON record of reasonable size")
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
@@ -89,10 +117,7 @@ def _read_jsonl(path: Path) -> tuple[str, list[Any]]:
             if column == "messages":
                 v = _check_row(column, v, f"line {lineno}", path)
             elif column == "text":
-                if not isinstance(v, str):
-                    raise DatasetError(
-                        f"{path}: line {lineno}: 'text' must be a string, got {type(v).__name__}"
-                    )
+                v = _check_row(column, v, f"line {lineno}", path)
             else:
                 v = _check_ids(v, f"line {lineno}", path)
             values.append(v)
@@ -109,31 +134,27 @@ def _read_parquet(path: Path) -> tuple[str, list[Any]]:
             f"reading {path} needs pyarrow: pip install 'autotune[data]' (or pip install pyarrow), "
             "or convert the dataset to .jsonl"
         ) from None
+    _check_size(path)
     try:
         names = list(pq.read_schema(path).names)
     except Exception as e:
         raise DatasetError(f"{path}: cannot read as parquet ({type(e).__name__}: {e})") from None
-    if "input_ids" in names:
-        column = "input_ids"
-    elif "text" in names:
-        column = "text"
-    else:
-        raise DatasetError(
-            f"{path}: no 'text' or 'input_ids' column (columns: {names}); rename the column to "
-            "'text' (raw text) or 'input_ids' (token ids)"
-        )
+    column = _pick_column(names, str(path))  # the same columns as a .jsonl file, in the same order
+    columns = ["prompt", "completion"] if column == "prompt_completion" else [column]
     try:
-        values = pq.read_table(path, columns=[column]).column(column).to_pylist()
+        table = pq.read_table(path, columns=columns)
+        if column == "prompt_completion":
+            rows: list[Any] = [{"prompt": p, "completion": c} for p, c in
+                               zip(table.column("prompt").to_pylist(), table.column("completion").to_pylist(),
+                                   strict=True)]
+        else:
+            rows = table.column(column).to_pylist()
     except Exception as e:
-        raise DatasetError(f"{path}: cannot read column {column!r} ({type(e).__name__}: {e})") from None
-    if not values:
+        raise DatasetError(f"{path}: cannot read column(s) {', '.join(columns)} ({type(e).__name__}: "
+                           f"{' '.join(str(e).split())[:200]})") from None
+    if not rows:
         raise DatasetError(f"{path}: the dataset is empty (no rows); it needs at least one record")
-    for i, v in enumerate(values):
-        if column == "text" and not isinstance(v, str):
-            raise DatasetError(f"{path}: row {i}: 'text' must be a string, got {type(v).__name__}")
-        if column == "input_ids":
-            values[i] = _check_ids(v, f"row {i}", path)
-    return column, values
+    return column, [_check_row(column, v, f"row {i}", path) for i, v in enumerate(rows)]
 
 
 _COLUMNS_HELP = (
@@ -155,22 +176,52 @@ def _pick_column(names: list[str], where: str) -> str:
     raise DatasetError(f"{where}: no usable column (columns: {sorted(names)}); {_COLUMNS_HELP}")
 
 
+def _check_messages(v: Any, where: str, path: Path | str, what: str) -> list[Any]:
+    """A non-empty list of {role: str, content: str | list} messages (null content refused)."""
+    def good(m: Any) -> bool:
+        return isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), (str, list))
+
+    if not isinstance(v, list) or not v or not all(good(m) for m in v):
+        bad = next((i for i, m in enumerate(v) if not good(m)), None) if isinstance(v, list) else None
+        at = f" (message {bad}: {_describe(v[bad])})" if bad is not None else ""
+        raise DatasetError(f"{path}: {where}: {what} must be a non-empty list of {{role, content}} objects with "
+                           f"string role and content{at}")
+    for i, m in enumerate(v):
+        _text_ok(m["role"], where, path, f"message {i}'s role")
+        if isinstance(m["content"], str):
+            _text_ok(m["content"], where, path, f"message {i}'s content")
+    return list(v)
+
+
+def _describe(m: Any) -> str:
+    if not isinstance(m, dict):
+        return f"a {type(m).__name__}"
+    for k in ("role", "content"):
+        if k not in m:
+            return f"no {k!r}"
+        if not isinstance(m[k], (str, list)) or (k == "role" and not isinstance(m[k], str)):
+            return f"{k} is {'null' if m[k] is None else type(m[k]).__name__}"
+    return "not a message"
+
+
 def _check_row(column: str, v: Any, where: str, path: Path | str) -> Any:
     if column == "messages":
-        ok = (
-            isinstance(v, list)
-            and v
-            and all(isinstance(m, dict) and "role" in m and "content" in m for m in v)
-        )
-        if not ok:
-            raise DatasetError(
-                f"{path}: {where}: 'messages' must be a non-empty list of {{role, content}} objects"
-            )
+        v = _check_messages(v, where, path, "'messages'")
     elif column == "prompt_completion":
         if not all(isinstance(v[k], (str, list)) for k in ("prompt", "completion")):
-            raise DatasetError(f"{path}: {where}: 'prompt' and 'completion' must be strings or message lists")
-    elif column == "text" and not isinstance(v, str):
-        raise DatasetError(f"{path}: {where}: 'text' must be a string, got {type(v).__name__}")
+            got = ", ".join(f"{k} is {'null' if v[k] is None else type(v[k]).__name__}" for k in ("prompt", "completion")
+                            if not isinstance(v[k], (str, list)))
+            raise DatasetError(f"{path}: {where}: 'prompt' and 'completion' must be strings or message lists ({got})")
+        for k in ("prompt", "completion"):
+            if isinstance(v[k], str):
+                _text_ok(v[k], where, path, f"'{k}'")
+            else:
+                _check_messages(v[k], where, path, f"'{k}'")
+    elif column == "text":
+        if not isinstance(v, str):
+            got = "null" if v is None else type(v).__name__
+            raise DatasetError(f"{path}: {where}: 'text' must be a string, got {got}")
+        _text_ok(v, where, path, "'text'")
     elif column == "input_ids":
         v = _check_ids(v, where, path)
     return v

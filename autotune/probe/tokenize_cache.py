@@ -86,14 +86,22 @@ def _tokenizer_identity(tokenizer: str) -> str:
     return f"files:{h.hexdigest()}"
 
 
-def load_tokenizer(path: str, *, local_files_only: bool = True) -> Any:
-    """Load a tokenizer from a local directory or the local HF cache (the network only when allowed)."""
+def load_tokenizer(path: str, *, trust_remote_code: bool = False, local_files_only: bool = True) -> Any:
+    """Load a tokenizer from a local directory or the local HF cache (the network only when allowed).
+
+    A folder asking for its own code (``auto_map``) is refused unless ``trust_remote_code``
+    (:func:`autotune.models.trust.trust_kwargs`); the flag is always passed, so transformers never
+    prompts on stdin.
+    """
+    from autotune.models.trust import trust_kwargs
+
+    trust = trust_kwargs(path, trust_remote_code=trust_remote_code, what="tokenizer")
     try:
         from transformers import AutoTokenizer
     except ImportError as e:  # pragma: no cover - transformers is a hard dependency
         raise DatasetError(f"transformers is needed to tokenize a text dataset ({e})") from None
     try:
-        return AutoTokenizer.from_pretrained(path, local_files_only=local_files_only)
+        return AutoTokenizer.from_pretrained(path, local_files_only=local_files_only, **trust)
     except Exception as e:
         raise DatasetError(
             f"cannot load a tokenizer from {path!r} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
@@ -119,13 +127,44 @@ def _cache_file(
     return cache_dir / f"{key[:32]}.npz"
 
 
-def _read_cache(file: Path) -> tuple[TokenSequences, dict[str, Any]] | None:
+_META_INTS = ("num_records", "num_truncated", "num_empty", "seq_len")
+_MAX_CACHE_BYTES = 4 * 2**30
+
+
+def _valid_entry(tokens: Any, offsets: Any, meta: Any, seq_len: int | None) -> bool:
+    """The cache entry is what this request would compute: its meta complete and typed, its sequences
+    non-empty, within ``seq_len`` and laid out consistently, its token ids non-negative integers."""
+    if not isinstance(meta, dict) or meta.get("format") != CACHE_FORMAT:
+        return False
+    if not isinstance(meta.get("column"), str) or not all(
+            isinstance(meta.get(k), int) and not isinstance(meta.get(k), bool) and meta[k] >= 0 for k in _META_INTS):
+        return False
+    if seq_len is not None and meta["seq_len"] != seq_len:
+        return False
+    if not (isinstance(tokens, np.ndarray) and isinstance(offsets, np.ndarray) and tokens.ndim == 1
+            and offsets.ndim == 1 and np.issubdtype(tokens.dtype, np.integer) and np.issubdtype(offsets.dtype, np.integer)
+            and len(offsets) >= 2 and offsets[0] == 0 and offsets[-1] == len(tokens)):
+        return False
+    lengths = np.diff(offsets)
+    if (lengths < 1).any() or (seq_len is not None and (lengths > seq_len).any()):
+        return False
+    if len(lengths) != meta["num_records"] - meta["num_empty"]:
+        return False
+    return not (tokens.size and int(tokens.min()) < 0)
+
+
+def _read_cache(file: Path, seq_len: int | None = None) -> tuple[TokenSequences, dict[str, Any]] | None:
+    """The cached entry, or None (recompute) when it is missing, truncated, foreign or inconsistent
+    with the request (a tampered or corrupted entry is re-tokenized, never served)."""
     try:
+        if file.stat().st_size > _MAX_CACHE_BYTES:
+            return None
         with np.load(file, allow_pickle=False) as z:
             meta = json.loads(str(z["meta"]))
-            if meta.get("format") != CACHE_FORMAT:
-                return None
-            return TokenSequences(z["tokens"], z["offsets"]), meta
+            tokens, offsets = z["tokens"], z["offsets"]
+        if not _valid_entry(tokens, offsets, meta, seq_len):
+            return None
+        return TokenSequences(tokens, offsets), meta
     except Exception:  # missing, truncated or foreign: recompute
         return None
 
@@ -174,10 +213,12 @@ def load_token_sequences(
     use_cache: bool = True,
     local_files_only: bool = True,
     split: str | None = None,
+    trust_remote_code: bool = False,
 ) -> LoadedDataset:
     """Read a ``.jsonl``/``.parquet`` dataset into token lists (tokenizing ``text`` once, cached).
 
-    ``cache_dir`` defaults to ``default_cache_dir()``. ``local_files_only=False`` lets the tokenizer
+    ``cache_dir`` defaults to ``default_cache_dir()``. ``trust_remote_code``: the user's flag (a
+    tokenizer folder with its own code is refused without it). ``local_files_only=False`` lets the tokenizer
     come from the Hub (``train.py`` on a new machine); the probe never touches the network.
     Raises DatasetError with the fix.
     """
@@ -189,7 +230,7 @@ def load_token_sequences(
         if located is None and not local_files_only:
             # train.py: the full dataset, by id, as the user would load it (never the probes' sample)
             return _tokenize(hub_id, *read_hub_online(hub_id, split), tokenizer=tokenizer, seq_len=seq_len,
-                             local_files_only=local_files_only, cfile=None)
+                             local_files_only=local_files_only, cfile=None, trust_remote_code=trust_remote_code)
         if located is None:
             # the probes: the bounded sample streamed when online (autotune.probe.hub_sample), JSON lines
             located = find_hub_sample(hub_id, split)
@@ -218,9 +259,13 @@ def load_token_sequences(
     cfile = _cache_file(cdir, p, tokenizer, seq_len, split) if use_cache else None
     source = hub_id or str(p)
     if cfile is not None:
-        hit = _read_cache(cfile)
+        hit = _read_cache(cfile, seq_len)
         if hit is not None:
             seqs, meta = hit
+            if tokenizer is not None and meta["column"] != "input_ids":
+                from autotune.models.trust import require_trusted
+
+                require_trusted(tokenizer, trust_remote_code=trust_remote_code, what="tokenizer")
             return LoadedDataset(
                 sequences=seqs,
                 column=meta["column"],
@@ -234,18 +279,18 @@ def load_token_sequences(
 
     column, values = read_dataset(p, split, reader_hub_id) if reader_hub_id or not hub_id else read_dataset(p)
     return _tokenize(source, column, values, tokenizer=tokenizer, seq_len=seq_len, local_files_only=local_files_only,
-                     cfile=cfile)
+                     cfile=cfile, trust_remote_code=trust_remote_code)
 
 
 def _tokenize(source: str, column: str, values: list[Any], *, tokenizer: str | None, seq_len: int,
-              local_files_only: bool, cfile: Path | None) -> LoadedDataset:
+              local_files_only: bool, cfile: Path | None, trust_remote_code: bool = False) -> LoadedDataset:
     if column != "input_ids":
         if tokenizer is None:
             raise DatasetError(
                 f"dataset {source!r} has a {column!r} column but no tokenizer was found: pass --tokenizer DIR "
                 "(or use a model directory that contains tokenizer files), or give an 'input_ids' column"
             )
-        tok = load_tokenizer(tokenizer, local_files_only=local_files_only)
+        tok = load_tokenizer(tokenizer, trust_remote_code=trust_remote_code, local_files_only=local_files_only)
         chat = column in ("messages", "prompt_completion")
         if chat:
             values = render_chat(column, values, tok, Path(source))

@@ -139,7 +139,8 @@ def _dataset(req: ProbeRequest, *, n_sequences: int, vocab_size: int) -> tuple[A
 
         # the mean rendered length (autotune's cached tokenization), which decides the rows of a packed
         # micro-batch here and in best/sft_config.json alike
-        loaded = load_token_sequences(w.dataset, seq_len=w.seq_len, tokenizer=find_tokenizer(w), split=w.split)
+        loaded = load_token_sequences(w.dataset, seq_len=w.seq_len, tokenizer=find_tokenizer(w), split=w.split,
+                                      trust_remote_code=w.trust_remote_code)
         lengths = loaded.sequences.lengths()
         info = {"column": loaded.column, "mean_seq_len": float(lengths.mean()) if len(lengths) else None,
                 "dataset_sequences": int(len(lengths))}
@@ -161,7 +162,7 @@ def _tokenizer(req: ProbeRequest) -> Any:
     path = find_tokenizer(req.workload)
     if path is None:
         raise DatasetError(f"--trainer trl needs a tokenizer (SFTTrainer takes its pad token from it): {TOKENIZER_HINT}")
-    return load_tokenizer(path)
+    return load_tokenizer(path, trust_remote_code=req.workload.trust_remote_code)
 
 
 def build_sft_trainer(

@@ -19,6 +19,7 @@ from autotune.store.run_dir import (
     find_cached_nothing_fits,
     find_resumable,
     make_run_id,
+    stored_answer_problem,
     trials_csv_text,
 )
 
@@ -30,6 +31,7 @@ __all__ = [
     "dataset_identity",
     "find_cached",
     "find_cached_nothing_fits",
+    "stored_answer_problem",
     "find_resumable",
     "hardware_fingerprint",
     "make_run_id",

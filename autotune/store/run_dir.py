@@ -30,7 +30,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -368,11 +368,62 @@ def _runs_with_key(out: Path, cache_key: str) -> Iterator[RunDir]:
             yield rd
 
 
-def find_cached(out: str | os.PathLike[str], cache_key: str) -> RunDir | None:
-    """The newest finished run (summary status ``complete``) answering the same request."""
+def stored_answer_problem(best: Any, *, effective_batch: int, device: str, seq_len: int,
+                          usable_bytes: int | None = None) -> str | None:
+    """Why a stored ``best_result.json`` cannot answer the request (edited, damaged, from another
+    request), or None: it must be a measured ``ok`` probe of a valid request whose micro-batch x
+    accumulation x GPUs is the requested effective batch, at the requested sequence length, in a
+    precision this device runs, with finite positive tokens/s and a peak within the budget."""
+    import math
+
+    from autotune.spec.probe_request import ProbeRequest
+
+    if not isinstance(best, dict) or best.get("status") != "ok":
+        return "it is not a measured ok probe"
+    try:
+        req = ProbeRequest.from_dict(best["request"])
+        req.validate()
+    except Exception as exc:  # any field missing or of the wrong type
+        return f"its request does not read back ({type(exc).__name__})"
+    c = req.candidate
+    eb = c.micro_batch * c.grad_accum * c.world_size
+    if eb != effective_batch:
+        return (f"its effective batch is {c.micro_batch} x {c.grad_accum} x {c.world_size} = {eb}, "
+                f"not the {effective_batch} requested")
+    if req.workload.seq_len != seq_len:
+        return f"its sequence length is {req.workload.seq_len}, not {seq_len}"
+    if device == "cpu" and c.precision not in ("fp32", "bf16"):
+        return f"its precision {c.precision} does not run on a CPU"
+    metrics = best.get("metrics")
+    tps = metrics.get("tokens_per_s") if isinstance(metrics, dict) else None
+    if isinstance(tps, bool) or not isinstance(tps, (int, float)) or not math.isfinite(tps) or tps <= 0:
+        return "it holds no finite positive tokens/s"
+    peak = metrics.get("peak_mem_bytes") if isinstance(metrics, dict) else None
+    if usable_bytes is not None and isinstance(peak, (int, float)) and not isinstance(peak, bool) and peak > usable_bytes:
+        return "its peak memory is above the budget"
+    return None
+
+
+def find_cached(out: str | os.PathLike[str], cache_key: str,
+                validate: Callable[[Any], str | None] | None = None,
+                rejected: list[tuple[RunDir, str]] | None = None) -> RunDir | None:
+    """The newest finished run (summary status ``complete``) answering the same request.
+
+    ``validate(best_result) -> problem or None``: a stored answer failing it is skipped (and listed in
+    ``rejected``), so it is re-measured, never served."""
     for rd in _runs_with_key(Path(out), cache_key):
         summary = rd.read_json("summary.json")
         if isinstance(summary, dict) and summary.get("status") == "complete" and (rd.path / "best_result.json").exists():
+            if validate is not None:
+                try:
+                    best = rd.read_json("best_result.json")
+                except Exception:  # unreadable: not an answer
+                    best = None
+                problem = validate(best)
+                if problem is not None:
+                    if rejected is not None:
+                        rejected.append((rd, problem))
+                    continue
             return rd
     return None
 

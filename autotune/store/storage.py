@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import SpecError
+from autotune.spec.redact import redact
 
 __all__ = ["open_storage", "open_run_storage", "check_storage_url", "sqlite_damage", "storage_write_failure",
            "SQLITE_BUSY_TIMEOUT_S"]
@@ -65,24 +66,26 @@ def check_storage_url(url: str | None) -> None:
     try:
         parsed = make_url(url)
     except ArgumentError:
-        raise SpecError(f"--storage {url!r} is not a database URL; {hint}") from None
+        raise SpecError(f"--storage {redact(url)!r} is not a database URL; {hint}") from None
     try:
-        parsed.get_dialect()
+        dialect = parsed.get_dialect()
+        if _sqlite_file(str(url)) is None and hasattr(dialect, "import_dbapi"):
+            dialect.import_dbapi()  # the driver itself (psycopg2, pymysql ...): missing is refused now, not later
     except ArgumentError:  # NoSuchModuleError
-        raise SpecError(f"--storage {url!r}: unknown database scheme {parsed.drivername!r}; {hint}") from None
+        raise SpecError(f"--storage {redact(url)!r}: unknown database scheme {parsed.drivername!r}; {hint}") from None
     except ImportError as exc:  # the dialect is known, its driver is not installed
-        raise SpecError(f"--storage {url!r} needs a database driver that is not installed ({exc}); "
+        raise SpecError(f"--storage {redact(url)!r} needs a database driver that is not installed ({exc}); "
                         f"pip install it, or {hint}") from None
     db = _sqlite_file(str(url))
     if db is None:
         return
     folder = db.parent
     if db.is_dir():
-        raise SpecError(f"--storage {url!r}: {db} is a folder, not a database file; {hint}")
+        raise SpecError(f"--storage {redact(url)!r}: {db} is a folder, not a database file; {hint}")
     if not folder.is_dir():
-        raise SpecError(f"--storage {url!r}: the folder {folder} does not exist or is not a folder; {hint}")
+        raise SpecError(f"--storage {redact(url)!r}: the folder {folder} does not exist or is not a folder; {hint}")
     if not os.access(folder, os.W_OK | os.X_OK) or (db.exists() and not os.access(db, os.R_OK | os.W_OK)):
-        raise SpecError(f"--storage {url!r}: {db} is not writable by this user; {hint}")
+        raise SpecError(f"--storage {redact(url)!r}: {db} is not writable by this user; {hint}")
 
 
 def open_storage(url: str) -> Any:
@@ -103,7 +106,7 @@ def open_storage(url: str) -> Any:
             )
     except Exception as exc:  # sqlalchemy/optuna/OS errors alike: the storage is unusable
         text = " ".join(str(exc).split())[:200]
-        raise SpecError(f"could not open the Optuna storage {url!r}: {type(exc).__name__}: {text}") from None
+        raise SpecError(redact(f"could not open the Optuna storage {url!r}: {type(exc).__name__}: {text}")) from None
 
 
 def sqlite_damage(db: Path) -> str | None:

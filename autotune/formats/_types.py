@@ -1,0 +1,144 @@
+"""The value types of the config keys autotune judges or reads.  [pure]
+
+``autotune check`` validates each value's type before a rule judges it (a wrong type is a FAIL
+naming the key, never a crash and never a PASS: ``"bf16": "yes"`` is not mixed precision), and
+``--from`` refuses the same values. One table per kind of file: TrainingArguments, DeepSpeed (also
+the ``deepspeed`` dict inline in TrainingArguments), accelerate, model kwargs, LoRA.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from autotune.spec.files import short_repr
+
+__all__ = ["type_problems"]
+
+Check = Callable[[Any], bool]
+
+
+def _int(low: int) -> Check:
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+def _num(low: float = 0.0) -> Check:
+    return lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= low
+
+
+def _or(*checks: Check) -> Check:
+    return lambda v: any(c(v) for c in checks)
+
+
+def _is(*types: type) -> Check:
+    return lambda v: isinstance(v, types) and not (isinstance(v, bool) and bool not in types)
+
+
+def _word(*words: str) -> Check:
+    return lambda v: isinstance(v, str) and v in words
+
+
+_BOOL = _is(bool)
+_STR = _is(str)
+_AUTO = _word("auto")
+_STR_LIST = lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v))  # noqa: E731
+
+# key -> (check, what it must be)
+_TA: dict[str, tuple[Check, str]] = {
+    "per_device_train_batch_size": (_int(1), "an integer >= 1"),
+    "gradient_accumulation_steps": (_int(1), "an integer >= 1"),
+    "dataloader_num_workers": (_int(0), "an integer >= 0"),
+    "bf16": (_BOOL, "true or false"), "fp16": (_BOOL, "true or false"),
+    "tf32": (_BOOL, "true or false"), "use_cpu": (_BOOL, "true or false"),
+    "gradient_checkpointing": (_BOOL, "true or false"), "activation_checkpointing": (_BOOL, "true or false"),
+    "dataloader_pin_memory": (_BOOL, "true or false"), "dataloader_persistent_workers": (_BOOL, "true or false"),
+    "auto_find_batch_size": (_BOOL, "true or false"), "torch_compile": (_BOOL, "true or false"),
+    "packing": (_BOOL, "true or false"), "padding_free": (_BOOL, "true or false"),
+    "group_by_length": (_BOOL, "true or false"),
+    "report_to": (_STR_LIST, "a name or a list of names (e.g. tensorboard, or none)"),
+    "optim": (_STR, "an optimizer name (a string)"),
+    "save_steps": (_num(0), "a number >= 0"), "save_total_limit": (_int(0), "an integer >= 0"),
+    "seed": (_int(0), "an integer >= 0"), "max_steps": (_int(-1), "an integer"),
+    "learning_rate": (_num(0), "a number >= 0"),
+    "deepspeed": (_is(str, dict), "a file path or a DeepSpeed config mapping"),
+}
+_DS: dict[str, tuple[Check, str]] = {
+    "zero_optimization": (_is(dict), "a mapping ({stage: 0-3, ...})"),
+    "train_micro_batch_size_per_gpu": (_or(_int(1), _AUTO), "an integer >= 1 or auto"),
+    "gradient_accumulation_steps": (_or(_int(1), _AUTO), "an integer >= 1 or auto"),
+    "train_batch_size": (_or(_int(1), _AUTO), "an integer >= 1 or auto"),
+    "bf16": (_is(dict), "a mapping ({enabled: true|false|auto})"),
+    "fp16": (_is(dict), "a mapping ({enabled: true|false|auto})"),
+}
+_ZERO: dict[str, tuple[Check, str]] = {
+    "stage": (lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 3, "0, 1, 2 or 3"),
+    "offload_optimizer": (_is(dict), "a mapping ({device: cpu|nvme|none, ...})"),
+    "offload_param": (_is(dict), "a mapping ({device: cpu|nvme|none, ...})"),
+    "overlap_comm": (_BOOL, "true or false"), "contiguous_gradients": (_BOOL, "true or false"),
+    "reduce_bucket_size": (_or(_num(0), _AUTO), "a number or auto"),
+    "allgather_bucket_size": (_or(_num(0), _AUTO), "a number or auto"),
+    "stage3_prefetch_bucket_size": (_or(_num(0), _AUTO), "a number or auto"),
+}
+_OFFLOAD: dict[str, tuple[Check, str]] = {
+    "device": (_STR, "cpu, nvme or none"), "pin_memory": (_BOOL, "true or false"),
+}
+_PRECISION_BLOCK: dict[str, tuple[Check, str]] = {"enabled": (_or(_BOOL, _AUTO), "true, false or auto")}
+_ACC: dict[str, tuple[Check, str]] = {
+    "fsdp_config": (_is(dict), "a mapping"), "deepspeed_config": (_is(dict), "a mapping"),
+    "num_processes": (_int(1), "an integer >= 1"), "num_machines": (_int(1), "an integer >= 1"),
+    "mixed_precision": (_word("no", "fp16", "bf16", "fp8"), "no, fp16, bf16 or fp8"),
+    "distributed_type": (_STR, "a name (e.g. MULTI_GPU, DEEPSPEED, FSDP)"), "use_cpu": (_BOOL, "true or false"),
+}
+_MK: dict[str, tuple[Check, str]] = {
+    "attn_implementation": (_STR, "a name (sdpa, eager, flash_attention_2)"),
+    "dtype": (_STR, "a dtype name (bfloat16, float16, float32, auto)"),
+    "torch_dtype": (_STR, "a dtype name"), "quantization_config": (_is(dict), "a mapping"),
+}
+_LORA: dict[str, tuple[Check, str]] = {
+    "r": (_int(1), "an integer >= 1"), "lora_alpha": (_num(0), "a number"),
+    "target_modules": (_STR_LIST, "a module name or a list of names"),
+}
+
+
+def _table(data: Mapping[str, Any], table: Mapping[str, tuple[Check, str]], prefix: str) -> list[tuple[str, str]]:
+    out = []
+    for key, (ok, what) in table.items():
+        if key in data and data[key] is not None and not ok(data[key]):
+            out.append((prefix + key, f"{prefix}{key} must be {what}, got {short_repr(data[key])}"))
+    return out
+
+
+def _deepspeed(ds: Mapping[str, Any], prefix: str) -> list[tuple[str, str]]:
+    out = _table(ds, _DS, prefix)
+    zero = ds.get("zero_optimization")
+    if isinstance(zero, Mapping):
+        out += _table(zero, _ZERO, f"{prefix}zero_optimization.")
+        for part in ("offload_optimizer", "offload_param"):
+            if isinstance(zero.get(part), Mapping):
+                out += _table(zero[part], _OFFLOAD, f"{prefix}zero_optimization.{part}.")
+    for p in ("bf16", "fp16"):
+        if isinstance(ds.get(p), Mapping):
+            out += _table(ds[p], _PRECISION_BLOCK, f"{prefix}{p}.")
+    return out
+
+
+def type_problems(kind: str, data: Any) -> list[tuple[str, str]]:
+    """(dotted key, message) for each value of a ``kind`` config (training_args, deepspeed, accelerate,
+    model_kwargs, lora) whose type the checks and the request cannot use."""
+    if not isinstance(data, Mapping):
+        return []
+    if kind == "training_args":
+        out = _table(data, _TA, "")
+        if isinstance(data.get("deepspeed"), Mapping):
+            out += _deepspeed(data["deepspeed"], "deepspeed.")
+        return out
+    if kind == "deepspeed":
+        return _deepspeed(data, "")
+    if kind == "accelerate":
+        return _table(data, _ACC, "")
+    if kind == "model_kwargs":
+        return _table(data, _MK, "")
+    if kind == "lora":
+        return _table(data, _LORA, "")
+    return []

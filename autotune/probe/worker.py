@@ -878,6 +878,8 @@ def _record_window(
     metrics["setup_s"] = (wall0 - launch_time) + (ends[0] - t0)
     metrics["warmup_s"] = first_timed_start - ends[0]
     metrics["probe_window_s"] = ends[w + n] - first_timed_start  # the timed steps as they ran
+    # each timed step's micro-step durations as measured (forward + backward), at most 64 a step
+    metrics["micro_times_s"] = [[round(t, 6) for t in m[:64]] for m in meter.micro_times[w : w + n]]
     comp = meter.composed()
     if comp is not None:
         step_times, tokens, seqs, fetch, slot_list = comp.step_times, comp.tokens, comp.sequences, comp.fetch_wait, comp.slots

@@ -326,3 +326,22 @@ def test_a_compiled_probe_composes_on_cpu() -> None:
     m = r.metrics
     assert m["composed"] and m["compiled_graphs"] >= 1
     assert m["probe_micro_batches"] <= (3 + 3) * PROBE_GRAD_ACCUM
+
+
+def test_variable_length_micro_steps_are_priced_at_the_steps_mean_batch() -> None:
+    # cost 1 ms per token slot; the non-boundary micro-batch of each step happens to be the short one
+    slots = [[128, 384], [128, 384], [128, 384]]
+    micro = [[s / 1000 for s in row] for row in slots]
+    steps = [sum(m) + 0.05 for m in micro]
+    probe = {"step_times": steps, "fetch_wait": [0.0] * 3, "micro_times": micro, "tokens": [400] * 3,
+             "sequences": [8] * 3, "slots": [512] * 3}
+    plain = compose_window(**probe, probe_accum=2, true_accum=16)
+    priced = compose_window(**probe, probe_accum=2, true_accum=16, micro_slots=slots)
+    # 15 micro-batches at the mean 256 slots + the boundary as it ran (its own 384-slot micro-step and
+    # the extra 0.05 s: it holds the gradient sync, which does not scale with the batch, so it is not
+    # re-priced; its batch is 1 of A)
+    whole = 16 * 0.256 + 0.05
+    assert priced.step_times == pytest.approx([15 * 0.256 + 0.384 + 0.05] * 3)
+    assert abs(priced.step_times[0] / whole - 1) < 1 / 16
+    assert priced.info["priced_at_mean_slots"] and not plain.info["priced_at_mean_slots"]
+    assert plain.step_times[0] < 0.75 * whole  # what the short micro-step alone would have claimed

@@ -11,7 +11,14 @@ A non-boundary micro-step costs ``n = F_j / a + m_j[i]`` (``i < a - 1``: no grad
 boundary is the rest of the step, ``b_j = T_j - sum(n)``: the last micro-step with its gradient
 all-reduce / reduce-scatter, clipping, the optimizer step and ``zero_grad``. The step at the true
 accumulation ``A`` is ``T_j(A) = (A - 1) * mean(n_j) + b_j``, holding ``A / a`` times the step's
-real tokens and sequences. Everything downstream (tokens/s = tokens / time over the window, the
+real tokens and sequences.
+
+With variable-length batches a micro-step's cost follows its token slots (rows x padded length),
+and the one non-boundary micro-step of a step may happen to be shorter or longer than the step's
+average: ``n`` is then scaled by the step's mean slots per micro-batch over that micro-step's own
+slots (``micro_slots``), so the ``A - 1`` micro-steps are priced at the step's average batch, the
+one the tokens are counted at. With fixed lengths the factor is 1. The boundary is kept as it
+ran (it holds the gradient sync, which does not scale with the batch): its own batch is 1 of ``A``. Everything downstream (tokens/s = tokens / time over the window, the
 ranks' merge) reads these composed steps as it read whole ones.
 
 The estimate's noise is the jackknife (leave one timed step out) relative standard error of
@@ -80,6 +87,7 @@ def compose_window(
     slots: Sequence[int],
     probe_accum: int,
     true_accum: int,
+    micro_slots: Sequence[Sequence[int]] | None = None,
 ) -> ComposedWindow:
     """Compose each timed step at ``true_accum`` (see the module doc).
 
@@ -95,14 +103,23 @@ def compose_window(
     nb_all: list[float] = []
     bounds: list[float] = []
     out_t: list[float] = []
-    for t, f, micro in zip(step_times, fetch_wait, micro_times, strict=True):
+    slot_rows = list(micro_slots) if micro_slots is not None else [None] * n
+    if len(slot_rows) != n:
+        raise ValueError("micro_slots needs one entry per timed step")
+    scaled_any = False
+    for t, f, micro, ms in zip(step_times, fetch_wait, micro_times, slot_rows, strict=True):
         if len(micro) != probe_accum:
             raise ValueError(f"a probe step ran {len(micro)} micro-steps, expected {probe_accum}")
         nb = [f / probe_accum + m for m in micro[:-1]]
         b = t - sum(nb)
         nb_all.extend(nb)
         bounds.append(b)
-        out_t.append((true_accum - 1) * (sum(nb) / len(nb)) + b)
+        nb_priced = nb
+        if ms is not None and len(ms) == probe_accum and all(x > 0 for x in ms):
+            mean_slots = sum(ms) / probe_accum
+            nb_priced = [x * mean_slots / s for x, s in zip(nb, ms[:-1], strict=False)]
+            scaled_any = scaled_any or any(s != mean_slots for s in ms)
+        out_t.append((true_accum - 1) * (sum(nb_priced) / len(nb_priced)) + b)
     out_k = [round(k * scale) for k in tokens]
     rel = jackknife_rel_error(out_k, out_t)
     measured_t = float(sum(step_times))
@@ -118,6 +135,7 @@ def compose_window(
         "measured_step_median_s": float(statistics.median(step_times)),
         "measured_tokens_per_s": float(sum(tokens)) / measured_t if measured_t > 0 else None,
         "rel_std_error": rel,
+        "priced_at_mean_slots": scaled_any,
     }
     return ComposedWindow(
         step_times=out_t,

@@ -256,7 +256,7 @@ def _make_trainer_class(base: Any = None) -> Any:
             return out
 
         def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:
-            self.probe_meter.micro_started()
+            self.probe_meter.micro_started(inputs)
             loss = super().training_step(model, inputs, num_items_in_batch)
             self.probe_meter.micro_done()
             self.probe_meter.add_loss(loss)
@@ -335,6 +335,8 @@ class _Meter:
         self.true_accum = true_accum
         self.collective_stop = collective_stop
         self.micro_times: list[list[float]] = []
+        self.micro_slots: list[list[int]] = []  # input_ids.numel() of each micro-batch (rows x padded length)
+        self._slots: list[int] = []
         self._marks: list[tuple[Any, Any]] = []
         self._micro_t0: Any = None
         self.stopped_early_at: int | None = None
@@ -371,7 +373,9 @@ class _Meter:
     def add_loss(self, loss: Any) -> None:
         self._loss_acc = loss if self._loss_acc is None else self._loss_acc + loss
 
-    def micro_started(self) -> None:
+    def micro_started(self, inputs: Any = None) -> None:
+        ids = inputs.get("input_ids") if isinstance(inputs, dict) else None
+        self._slots.append(int(ids.numel()) if ids is not None and hasattr(ids, "numel") else 0)
         self._micro_t0 = self.mark()
 
     def micro_done(self) -> None:
@@ -384,6 +388,8 @@ class _Meter:
         self.step_end_t.append(time.perf_counter())
         self.micro_times.append([_mark_seconds(a, b) for a, b in self._marks])
         self._marks = []
+        self.micro_slots.append(self._slots)
+        self._slots = []
         self.graphs.append(compiled_graphs())
         if self._loss_acc is not None:
             self.losses.append(float(self._loss_acc.float().item()))
@@ -412,6 +418,7 @@ class _Meter:
             step_times=durations, fetch_wait=self.fetch_wait[w : w + n], micro_times=self.micro_times[w : w + n],
             tokens=self.tokens[w : w + n], sequences=self.sequences[w : w + n], slots=self.slots[w : w + n],
             probe_accum=win.grad_accum, true_accum=self.true_accum,
+            micro_slots=self.micro_slots[w : w + n] if len(self.micro_slots) >= w + n else None,
         )
 
     def rel_error(self) -> float | None:

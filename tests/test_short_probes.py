@@ -38,8 +38,8 @@ def test_whole_steps_where_composition_is_not_used_and_compile_warms_up_longer()
     small = probe_window(s, Candidate(grad_accum=2))
     assert not small.composed and small.grad_accum == 2 and small.adaptive  # nothing to compose
     compiled = probe_window(s, Candidate(grad_accum=16, torch_compile=True))
-    assert composes(Candidate(grad_accum=16, torch_compile=True))  # same graphs at any accumulation
-    assert compiled.grad_accum == PROBE_GRAD_ACCUM and compiled.warmup_steps >= 3
+    assert not composes(Candidate(grad_accum=16, torch_compile=True))  # not trusted (see probe_window)
+    assert compiled.grad_accum == 16 and compiled.warmup_steps >= 3
     whole = probe_window(ProbeSettings(warmup_steps=1, steps=4, window="whole"), Candidate(grad_accum=16))
     assert (whole.grad_accum, whole.composed, whole.adaptive, whole.min_timed_steps) == (16, False, False, 4)
 
@@ -307,7 +307,11 @@ def test_distributed_peak_memory_and_collective_stop_on_two_gloo_ranks(kw: dict[
 
 
 def test_a_graph_compiled_inside_the_window_flags_the_composition() -> None:
-    win = probe_window(ProbeSettings(warmup_steps=3, steps=3), Candidate(grad_accum=16, torch_compile=True))
+    # (compiled candidates time whole steps today; the flag guards a composed window that compiles)
+    import dataclasses
+
+    base = probe_window(ProbeSettings(warmup_steps=3, steps=3), Candidate(grad_accum=16))
+    win = dataclasses.replace(base, warmup_steps=3)
     m = _meter(win, 16)
     for _ in range(3 + 3):
         _feed(m, 0.5, (0.2, 0.3))
@@ -317,15 +321,6 @@ def test_a_graph_compiled_inside_the_window_flags_the_composition() -> None:
     assert metrics["recompiles_in_window"] == 1 and metrics["composition_noisy"]
 
 
-@pytest.mark.slow
-def test_a_compiled_probe_composes_on_cpu() -> None:
-    from autotune.executors.local import run_probe_process
-
-    r = run_probe_process(_tiny(grad_accum=8, torch_compile=True, timeout_s=900.0))
-    assert r.status == "ok", r.reason
-    m = r.metrics
-    assert m["composed"] and m["compiled_graphs"] >= 1
-    assert m["probe_micro_batches"] <= (3 + 3) * PROBE_GRAD_ACCUM
 
 
 def test_variable_length_micro_steps_are_priced_at_the_steps_mean_batch() -> None:

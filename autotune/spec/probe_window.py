@@ -10,11 +10,11 @@ the two components of an optimizer step separately:
   clipping, the optimizer step and ``zero_grad``),
 
 then composes the step at the true accumulation as ``T(A) = (A - 1) * c_nb + c_b``. Everything the
-probe emits keeps the true ``A``; only what is timed is smaller. ``A <= a`` times whole steps at
-``A`` (nothing to compose; ``composes`` is False). torch.compile composes too: a micro-step runs the
-same compiled graphs at any accumulation (the optimizer step is not compiled), after at least
-``COMPILE_WARMUP_STEPS`` warm-up steps; a graph compiled inside the timed window would be timed as
-a micro-step, so such a composition is flagged as noisy (the worker counts compiled graphs).
+probe emits keeps the true ``A``; only what is timed is smaller. Where the rule is not trusted the
+probe times whole steps at ``A`` (``composes`` is False): ``A <= a`` (nothing to compose) and
+torch.compile: measured on CPU (tiny-llama, A=16, 3 interleaved repeats each) the composed figure
+read 1.15x the whole-step one with repeat spreads of 3-5 %, and 0.90x in an earlier pair, so the
+rule is not trusted for compiled models until a measurement says why.
 
 The timed window is adaptive: after ``MIN_TIMED_STEPS`` timed optimizer steps (or ``steps`` if
 smaller) it stops as soon as the composed step time's relative standard error (jackknife over the
@@ -55,7 +55,7 @@ COMPILE_WARMUP_STEPS = 3
 
 def composes(candidate: Candidate) -> bool:
     """True when the probe times components at ``PROBE_GRAD_ACCUM`` and composes the true step."""
-    return candidate.grad_accum > PROBE_GRAD_ACCUM
+    return candidate.grad_accum > PROBE_GRAD_ACCUM and not candidate.torch_compile
 
 
 def probe_grad_accum(candidate: Candidate) -> int:

@@ -340,3 +340,14 @@ def test_variable_length_micro_steps_are_priced_at_the_steps_mean_batch() -> Non
     assert abs(priced.step_times[0] / whole - 1) < 1 / 16
     assert priced.info["priced_at_mean_slots"] and not plain.info["priced_at_mean_slots"]
     assert plain.step_times[0] < 0.75 * whole  # what the short micro-step alone would have claimed
+
+
+def test_variable_length_batches_without_packing_time_whole_steps() -> None:
+    s = ProbeSettings(warmup_steps=1, steps=4)
+    var = Workload(model="m", lengths="lognormal:4.0,0.8")
+    data = Workload(model="m", dataset="chats.jsonl")
+    assert not probe_window(s, Candidate(grad_accum=32), var).composed
+    assert probe_window(s, Candidate(grad_accum=32), data).grad_accum == 32
+    # packed, or fixed lengths: composed
+    assert probe_window(s, Candidate(grad_accum=32, packing=True), var).composed
+    assert probe_window(s, Candidate(grad_accum=32), Workload(model="m")).composed

@@ -79,7 +79,7 @@ def predict_probe_time(
     gpu: GPU | None = None, cores: int = 1, mean_tokens: float | None = None,
 ) -> ProbeTime | None:
     """The predicted seconds of one probe of ``candidate`` under ``settings`` (None: cannot say)."""
-    win = probe_window(settings, candidate)
+    win = probe_window(settings, candidate, workload)
     steps = win.max_optimizer_steps
     setup = SETUP_S["cpu" if device == "cpu" else "cuda"]
     setup += arch.params_total / BUILD_PARAMS_PER_S["cpu" if device == "cpu" else "cuda"]

@@ -489,7 +489,7 @@ def run_probe_in_process(
     metrics: dict[str, Any] = {}
     env: dict[str, Any] = {}
     reqd = req.to_dict()  # the request as asked: the true accumulation, the user's warm-up
-    window = probe_window(req.settings, req.candidate)
+    window = probe_window(req.settings, req.candidate, req.workload)
     if window.warmup_steps != req.settings.warmup_steps:
         metrics["warmup_steps_extended_to"] = window.warmup_steps
     metrics["window"] = {

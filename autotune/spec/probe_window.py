@@ -14,7 +14,10 @@ probe emits keeps the true ``A``; only what is timed is smaller. Where the rule 
 probe times whole steps at ``A`` (``composes`` is False): ``A <= a`` (nothing to compose) and
 torch.compile: measured on CPU (tiny-llama, A=16, 3 interleaved repeats each) the composed figure
 read 1.15x the whole-step one with repeat spreads of 3-5 %, and 0.90x in an earlier pair, so the
-rule is not trusted for compiled models until a measurement says why.
+rule is not trusted for compiled models until a measurement says why. And variable-length batches
+without packing (a ``--lengths`` distribution or a dataset, padded per micro-batch): a few
+micro-batches do not sample the stream's padding the way ``A`` of them do; measured on CPU one such
+case read 1.15x the whole-step figure and 0.90x its peak (spreads 8 %), so those time whole steps.
 
 The timed window is adaptive: after ``MIN_TIMED_STEPS`` timed optimizer steps (or ``steps`` if
 smaller) it stops as soon as the composed step time's relative standard error (jackknife over the
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune.spec.probe_request import Candidate, ProbeSettings
+from autotune.spec.probe_request import Candidate, ProbeSettings, Workload
 
 __all__ = [
     "COMPILE_WARMUP_STEPS",
@@ -34,6 +37,7 @@ __all__ = [
     "PROBE_GRAD_ACCUM",
     "STABLE_REL_ERROR",
     "ProbeWindow",
+    "variable_padded",
     "composes",
     "probe_grad_accum",
     "probe_window",
@@ -53,14 +57,23 @@ NOISY_REL_ERROR = 0.10
 COMPILE_WARMUP_STEPS = 3
 
 
-def composes(candidate: Candidate) -> bool:
-    """True when the probe times components at ``PROBE_GRAD_ACCUM`` and composes the true step."""
-    return candidate.grad_accum > PROBE_GRAD_ACCUM and not candidate.torch_compile
+def variable_padded(candidate: Candidate, workload: Workload | None) -> bool:
+    """Micro-batches whose padded size varies: unpacked, from a length distribution or a dataset."""
+    if workload is None or candidate.packing:
+        return False
+    return workload.lengths != "fixed" or bool(workload.dataset)
 
 
-def probe_grad_accum(candidate: Candidate) -> int:
+def composes(candidate: Candidate, workload: Workload | None = None) -> bool:
+    """True when the probe times components at ``PROBE_GRAD_ACCUM`` and composes the true step
+    (``workload`` None: judged by the candidate alone, as for fixed-length data)."""
+    return (candidate.grad_accum > PROBE_GRAD_ACCUM and not candidate.torch_compile
+            and not variable_padded(candidate, workload))
+
+
+def probe_grad_accum(candidate: Candidate, workload: Workload | None = None) -> int:
     """The accumulation the probe's Trainer runs with (the candidate's own where it does not compose)."""
-    return PROBE_GRAD_ACCUM if composes(candidate) else candidate.grad_accum
+    return PROBE_GRAD_ACCUM if composes(candidate, workload) else candidate.grad_accum
 
 
 @dataclass(frozen=True)
@@ -88,7 +101,7 @@ class ProbeWindow:
         return self.warmup_steps + self.max_timed_steps
 
 
-def probe_window(settings: ProbeSettings, candidate: Candidate) -> ProbeWindow:
+def probe_window(settings: ProbeSettings, candidate: Candidate, workload: Workload | None = None) -> ProbeWindow:
     """The window a probe of ``candidate`` under ``settings`` runs (what the worker does, and what a
     probe-time prediction counts). ``settings.window == "whole"``: ``steps`` whole optimizer steps at
     the candidate's own accumulation, no early stop (a direct measurement)."""
@@ -99,10 +112,10 @@ def probe_window(settings: ProbeSettings, candidate: Candidate) -> ProbeWindow:
         return ProbeWindow(grad_accum=candidate.grad_accum, warmup_steps=warmup, min_timed_steps=settings.steps,
                            max_timed_steps=settings.steps, composed=False, adaptive=False)
     return ProbeWindow(
-        grad_accum=probe_grad_accum(candidate),
+        grad_accum=probe_grad_accum(candidate, workload),
         warmup_steps=warmup,
         min_timed_steps=min(MIN_TIMED_STEPS, settings.steps),
         max_timed_steps=settings.steps,
-        composed=composes(candidate),
+        composed=composes(candidate, workload),
         adaptive=True,
     )

@@ -351,3 +351,19 @@ def test_variable_length_batches_without_packing_time_whole_steps() -> None:
     # packed, or fixed lengths: composed
     assert probe_window(s, Candidate(grad_accum=32, packing=True), var).composed
     assert probe_window(s, Candidate(grad_accum=32), Workload(model="m")).composed
+
+
+def test_the_peak_counts_the_micro_batches_a_true_step_fetches_up_front() -> None:
+    # a packed 4D mask of one micro-batch at seq 4096 in bf16 is 32 MiB a row: at A = 64 the Trainer
+    # holds 64 of them (a whole step is fetched before its first forward), the probe only 2
+    win = probe_window(ProbeSettings(warmup_steps=1, steps=3), Candidate(grad_accum=64))
+    m = _meter(win, 64)
+    m.max_batch_bytes = 64 * 2**20
+    metrics: dict[str, Any] = {"peak_mem_bytes": 10 * 2**30, "memory_source": "x"}
+    worker._add_prefetched_batches(metrics, m, win, 64)
+    assert metrics["peak_mem_bytes"] == 10 * 2**30 + 62 * 64 * 2**20
+    assert metrics["peak_mem_measured_bytes"] == 10 * 2**30 and "fetched micro-batches" in metrics["memory_source"]
+    whole = probe_window(ProbeSettings(warmup_steps=1, steps=3, window="whole"), Candidate(grad_accum=64))
+    untouched: dict[str, Any] = {"peak_mem_bytes": 5}
+    worker._add_prefetched_batches(untouched, m, whole, 64)
+    assert untouched == {"peak_mem_bytes": 5}

@@ -337,6 +337,9 @@ class _Meter:
         self.micro_times: list[list[float]] = []
         self.micro_slots: list[list[int]] = []  # input_ids.numel() of each micro-batch (rows x padded length)
         self._slots: list[int] = []
+        # the largest micro-batch's tensors (input_ids, labels, masks; a packed 4D mask is L x L):
+        # the Trainer fetches a step's micro-batches up front, on the device, so A of them are held
+        self.max_batch_bytes = 0
         self._marks: list[tuple[Any, Any]] = []
         self._micro_t0: Any = None
         self.stopped_early_at: int | None = None
@@ -376,6 +379,10 @@ class _Meter:
     def micro_started(self, inputs: Any = None) -> None:
         ids = inputs.get("input_ids") if isinstance(inputs, dict) else None
         self._slots.append(int(ids.numel()) if ids is not None and hasattr(ids, "numel") else 0)
+        if isinstance(inputs, dict):
+            size = sum(int(v.numel()) * int(v.element_size()) for v in inputs.values()
+                       if hasattr(v, "numel") and hasattr(v, "element_size"))
+            self.max_batch_bytes = max(self.max_batch_bytes, size)
         self._micro_t0 = self.mark()
 
     def micro_done(self) -> None:
@@ -692,6 +699,7 @@ def run_probe_in_process(
         _record_window(metrics, meter, window, launch_time, wall0, t_start)
         _record_utilisation(metrics, meter, window, sampler, nvml)
         _record_memory(metrics, device, sampler, nvml, usable)
+        _add_prefetched_batches(metrics, meter, window, req.candidate.grad_accum)
         if metrics.get("tokens_per_s") is None:
             return result("crash", f"no timed window completed ({len(meter.step_end_t)} optimizer steps ran, "
                                    f"{window.warmup_steps} warm-up + at least {window.min_timed_steps} timed needed)")
@@ -931,6 +939,21 @@ def _record_window(
     metrics["token_slots"] = slots
     if slots:
         metrics["padding_fraction"] = max(0.0, 1.0 - metrics["real_tokens"] / slots)
+
+
+def _add_prefetched_batches(metrics: dict[str, Any], meter: _Meter, window: ProbeWindow, true_accum: int) -> None:
+    """A composed probe holds ``window.grad_accum`` fetched micro-batches at once; the true run holds
+    ``true_accum`` (the Trainer's ``get_batch_samples`` takes a whole step's batches, which the
+    data loader has already moved to the device). Add the difference to the peak."""
+    if not window.composed or metrics.get("peak_mem_bytes") is None or not meter.max_batch_bytes:
+        return
+    extra = (true_accum - window.grad_accum) * meter.max_batch_bytes
+    metrics["micro_batch_bytes"] = meter.max_batch_bytes
+    metrics["prefetched_batches_extra_bytes"] = extra
+    metrics["peak_mem_measured_bytes"] = metrics["peak_mem_bytes"]
+    metrics["peak_mem_bytes"] = int(metrics["peak_mem_bytes"]) + extra
+    metrics["memory_source"] = (str(metrics.get("memory_source", "")) + f"; + {true_accum - window.grad_accum} more "
+                                "fetched micro-batches held at the true accumulation")
 
 
 def _window_bounds(meter: _Meter, window: ProbeWindow) -> tuple[float, float] | None:

@@ -23,6 +23,7 @@ import statistics
 from typing import Any
 
 from autotune.errors import SpecError
+from autotune.spec.parse import duration_text
 from autotune.spec.probe_request import Candidate, ProbeSettings, Workload
 from autotune.spec.space import SearchSpace
 
@@ -157,12 +158,6 @@ def forecast(
     return out
 
 
-def duration_text(seconds: float) -> str:
-    if seconds >= 3600:
-        return f"{seconds / 3600:,.1f} h"
-    if seconds >= 120:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds:.0f} s"
 
 
 def forecast_line(fc: dict[str, Any]) -> str:

@@ -293,11 +293,9 @@ def check_cpu_probe_time(
 
 
 def _duration(seconds: float) -> str:
-    if seconds >= 3600:
-        return f"{seconds / 3600:,.1f} h"
-    if seconds >= 60:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds:.0f} s"
+    from autotune.spec.parse import duration_text
+
+    return duration_text(seconds)
 
 
 def preflight(

@@ -7,7 +7,7 @@ package imports neither torch nor transformers.
 from __future__ import annotations
 
 from autotune.models._registry import PRESETS, TINY, PresetInfo
-from autotune.models.hub import HubAccess, HubError, is_offline
+from autotune.models.hub import TOKENIZER_FILES, HubAccess, HubError, is_offline
 from autotune.models.resolve import (
     ModelSource,
     ResolvedModel,
@@ -19,6 +19,7 @@ from autotune.models.resolve import (
 __all__ = [
     "PRESETS",
     "TINY",
+    "TOKENIZER_FILES",
     "HubAccess",
     "HubError",
     "ModelSource",

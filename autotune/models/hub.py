@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 CONFIG_FILE = "config.json"
-# the files a tokenizer loads from (the same list autotune.probe.tokenize_cache looks for)
+# the files a tokenizer loads from: what is fetched, and what marks a folder as holding a tokenizer
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from autotune.errors import DatasetError
+from autotune.models import TOKENIZER_FILES
 from autotune.probe.collate import (
     TokenSequences,
 )
@@ -38,18 +39,6 @@ __all__ = ["CACHE_FORMAT", "TOKENIZER_FILES", "LoadedDataset", "default_cache_di
            "load_token_sequences"]
 
 CACHE_FORMAT = 1
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "tokenizer.model",
-    "spiece.model",
-    "vocab.json",
-    "vocab.txt",
-    "merges.txt",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "chat_template.jinja",
-)
 
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from autotune.errors import SpecError
 
-__all__ = ["parse_duration", "parse_gpus"]
+__all__ = ["duration_text", "parse_duration", "parse_gpus"]
 
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(h|m|s|ms)?", re.IGNORECASE)
 
@@ -57,3 +57,12 @@ def parse_gpus(value: str | list[int] | tuple[int, ...] | None) -> list[int] | N
     if not out or len(set(out)) != len(out):
         raise SpecError(f"--gpus must list distinct GPU indices like 0,1,2; got {value!r}")
     return out
+
+
+def duration_text(seconds: float) -> str:
+    """Seconds as a person reads them: ``90 s``, ``12 min``, ``10.6 h``."""
+    if seconds >= 3600:
+        return f"{seconds / 3600:,.1f} h"
+    if seconds >= 120:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.0f} s"

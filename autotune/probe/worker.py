@@ -343,7 +343,6 @@ class _Meter:
         self._marks: list[tuple[Any, Any]] = []
         self._micro_t0: Any = None
         self.stopped_early_at: int | None = None
-        self.rel_errors: list[float | None] = []
         self.first_fetch_t: float | None = None
         self.step_end_t: list[float] = []
         self.fetch_wait: list[float] = []
@@ -451,7 +450,6 @@ class _Meter:
         if n < win.min_timed_steps or n >= win.max_timed_steps:
             return False
         rel = self.rel_error()
-        self.rel_errors.append(rel)
         stable = rel is not None and rel <= STABLE_REL_ERROR
         if self.collective_stop:
             stable = _all_ranks(stable)

@@ -398,6 +398,25 @@ def predicted_tokens_per_s(doc: dict[str, Any], run: dict[str, Any]) -> float:
     return predict_speed(a, wl, c, g, efficiency=eff, quant=run.get("quant")).tokens_per_s_per_gpu
 
 
+def implied_hfu(doc: dict[str, Any], run: dict[str, Any]) -> float | None:
+    """The share of the GPU's dense peak the published rate implies, in the hardware FLOPs of the run's
+    stated configuration (recompute counted under checkpointing). Above 1.0 the published rate cannot
+    be what that configuration produced on that GPU: a different peak, batch or count of tokens."""
+    a, wl, c, g = run_setup(doc, run)
+    return mfu(published_tokens_per_s(run), a, run["seq_len"], g, run["method"], run["grad_ckpt"],
+               precision=run["precision"], hardware=True)  # fmt: skip
+
+
+def above_peak(doc: dict[str, Any]) -> dict[str, float]:
+    """run id -> implied HFU, for the published runs whose rate exceeds the GPU's dense peak."""
+    out = {}
+    for run in doc["runs"]:
+        h = implied_hfu(doc, run)
+        if h is not None and h > 1.0:
+            out[run["id"]] = h
+    return out
+
+
 def _run_label(run: dict[str, Any]) -> str:
     g = f"{run['gpus']}x {run['gpu']}"
     return (f"{run['id']} {run['model']} {run['method']} {g}, seq {run['seq_len']}, {run['micro_batch']}x{run['grad_accum']}"
@@ -573,12 +592,21 @@ def main(argv: list[str] | None = None) -> int:
           f"{s['within_15pct']} within 15%")  # fmt: skip
     if missing:
         print(missing)
+    over = above_peak(load_runs())
     for group in ("speed (fit)", "speed (held out)", "peak memory (published runs)"):
         sel = [r for r in rs if r.group == group]
         if sel:
             q = split_summary(sel)
             print(f"{group}: {q['n']} rows, ratio median {q['median']:.2f}, min {q['min']:.2f}, max {q['max']:.2f}, "
                   f"{q['outside_0.6_1.6']} outside 0.6-1.6")  # fmt: skip
+        consistent = [r for r in sel if r.group.startswith("speed") and r.what.split()[0] not in over]
+        if over and consistent and len(consistent) < len(sel):
+            q = split_summary(consistent)
+            print(f"{group}, runs whose published rate is below the GPU's peak: {q['n']} rows, ratio median "
+                  f"{q['median']:.2f}, min {q['min']:.2f}, max {q['max']:.2f}, {q['outside_0.6_1.6']} outside 0.6-1.6")  # fmt: skip
+    if over:
+        print("published rates above the GPU's dense peak in the FLOPs of their stated configuration "
+              "(shown, not a target): " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in over.items()))  # fmt: skip
     print("\npublished out-of-memory setups (the plan must not say fits):")
     bad = 0
     for case in PUBLISHED_OOM:

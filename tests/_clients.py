@@ -36,12 +36,19 @@ class Client:
     remove: tuple[str, ...] = ()
     # a module whose import proves the install works
     probe_import: str = ""
+    # removed modules the client imports unconditionally but a text-only run never calls: each becomes an
+    # import stub whose every attribute raises ImportError (transformers' is_torchaudio_available() then
+    # says True, so any code path that touches the module fails loudly rather than running something else)
+    stubs: tuple[str, ...] = ()
 
 
 CLIENTS: dict[str, Client] = {
     "llamafactory": Client(
         "llamafactory", ("llamafactory==0.9.5",), remove=("torchvision", "torchaudio"),
         probe_import="llamafactory.hparams.parser",
+        # llamafactory/data/mm_plugin.py imports torchaudio at the top to load audio inputs; PyPI's
+        # torchaudio wheels (2.11 the newest) do not load next to CPU torch 2.13
+        stubs=("torchaudio",),
     ),
     # deepspeed: Axolotl imports it to load a `deepspeed:` file (the pin autotune's own extra installs)
     "axolotl": Client("axolotl", ("axolotl==0.19.0", "deepspeed==0.19.8"), probe_import="axolotl.utils.config"),
@@ -93,12 +100,39 @@ def _pip(python: Path, *args: str, log: Path) -> None:
         raise BuildFailed(f"`pip {' '.join(args[:3])} ...` failed (exit {proc.returncode}): " + " | ".join(tail))
 
 
+STUB = """\"\"\"autotune's client tier: an import stub for {name}, which cannot load next to CPU torch here.\"\"\"
+
+
+def __getattr__(attr):
+    raise ImportError("{name} is an import stub in this test venv (no wheel loads next to CPU torch); "
+                      f"{name}.{{attr}} was used")
+"""
+
+
+def install_stubs(client: Client, python: Path) -> None:
+    """Write the client's import stubs into its venv (idempotent; an installed module is never replaced)."""
+    if not client.stubs:
+        return
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    for name in client.stubs:
+        pkg = Path(site) / name
+        init = pkg / "__init__.py"
+        if pkg.exists() and not (init.exists() and "import stub" in init.read_text()):
+            continue
+        pkg.mkdir(exist_ok=True)
+        tmp = init.with_suffix(".tmp")
+        tmp.write_text(STUB.format(name=name))
+        os.replace(tmp, init)
+
+
 def build(client: Client) -> Path:
     """The client's venv python, built if missing; BuildFailed with pip's last lines when it cannot be."""
     root = venv_dir(client)
     python = root / "bin" / "python"
     done = root / ".complete"
     if done.exists():
+        install_stubs(client, python)
         return python
     root.parent.mkdir(parents=True, exist_ok=True)
     with open(root.parent / f"{root.name}.lock", "w") as lock:
@@ -117,6 +151,7 @@ def build(client: Client) -> Path:
             _pip(python, "install", "-q", *client.pins, TORCH_SPEC, log=log)
             if client.remove:
                 _pip(python, "uninstall", "-y", *client.remove, log=log)
+            install_stubs(client, python)
             check = subprocess.run([str(python), "-c", f"import {client.probe_import}"],
                                    capture_output=True, text=True, env={**os.environ, **CLIENT_ENV})
             if check.returncode != 0:

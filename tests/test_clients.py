@@ -301,7 +301,7 @@ def test_llamafactory_trains_the_cpu_answer_following_its_notes(lf_python: Path,
     out = world["root"] / "lf_out"
     cmd = [str(lf_python.parent / "llamafactory-cli"), "train", str(best / "llamafactory.yaml"),
            "dataset=autotune_data", f"dataset_dir={data_dir}", "template=default", "max_steps=2",
-           f"output_dir={out}", "save_strategy=no", "logging_steps=1", "overwrite_cache=true"]
+           f"output_dir={out}", "save_steps=1000", "logging_steps=1", "overwrite_cache=true"]
     proc = subprocess.run(cmd, cwd=world["elsewhere"], env=_env(lf_python, FORCE_TORCHRUN="0"), capture_output=True,
                           text=True, timeout=900)
     log = proc.stdout + proc.stderr

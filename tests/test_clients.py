@@ -62,6 +62,8 @@ ANSWERS = {
     "zero2": (Candidate(micro_batch=2, precision="bf16", world_size=2, zero_stage=2), "full", "cuda"),
     "zero3-offload": (Candidate(micro_batch=2, precision="bf16", world_size=2, zero_stage=3, offload="params"),
                       "full", "cuda"),
+    "lora-fp16-compile": (Candidate(micro_batch=2, grad_accum=4, precision="fp16", torch_compile=True, attn="sdpa"),
+                          "lora", "cuda"),
     "fsdp-flex": (Candidate(micro_batch=2, precision="bf16", world_size=2, zero_stage=3, sharding="fsdp",
                             attn="flex_attention"), "full", "cuda"),
 }  # fmt: skip
@@ -171,6 +173,7 @@ def test_llamafactory_parses_every_emitted_file_as_measured(lf_python: Path, wor
         exp["flash_attn"] = _LF_ATTN[cand.attn]
         assert {k: res[k] for k in exp} == exp, name
         assert res["cutoff_len"] == (63 if cand.packing else 64)  # LLaMA-Factory packs rows of cutoff_len - 1
+        assert res["torch_compile"] == cand.torch_compile, name
         if cand.zero_stage and cand.sharding == "deepspeed":
             assert "deepspeed_error" not in res, res  # found from another working directory
             assert (res["zero_stage"], res["offload"]) == (cand.zero_stage, cand.offload), name
@@ -230,7 +233,10 @@ def test_axolotl_loads_every_emitted_file_as_measured(ax_python: Path, world: di
         assert "error" not in res, (name, res)
         exp = _ax_expected(cand, mode, rows=_rows(cand))
         exp["bf16"] = cand.precision == "bf16"
+        exp["fp16"] = True if cand.precision == "fp16" else res["fp16"]  # unset is Axolotl's "off"
+        exp["torch_compile"] = cand.torch_compile or res["torch_compile"]
         assert {k: res[k] for k in exp} == exp, name
+        assert bool(res["fp16"]) == (cand.precision == "fp16") and bool(res["torch_compile"]) == cand.torch_compile
         assert res["batch_size"] == _rows(cand) * cand.grad_accum
         if mode != "full":
             _no_kernel_auto_enabled(res)

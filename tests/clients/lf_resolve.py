@@ -53,6 +53,7 @@ def resolve(path: str) -> dict:
         "optim": str(getattr(train.optim, "value", train.optim)),
         "workers": train.dataloader_num_workers,
         "cutoff_len": data.cutoff_len,
+        "torch_compile": bool(train.torch_compile),
     }
     if ds_path is not None:
         try:

@@ -24,7 +24,7 @@ demo: setup
 		--effective-batch 16 --space cpu --max-trials 12 --out results
 
 test: setup
-	TORCH_SPEC="$(TORCH_SPEC)" $(PY) -m pytest -q $(PYTEST_ARGS)
+	TORCH_SPEC="$(TORCH_SPEC)" $(PY) -m pytest -q --durations=40 $(PYTEST_ARGS)
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow and not clients" $(PYTEST_ARGS)

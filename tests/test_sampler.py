@@ -176,12 +176,12 @@ def test_an_over_budget_seed_steps_down_first_and_half_precision_is_tried_early(
     assert seen[4][1] == "boundary" and seen[4][0] == dataclasses.replace(a, precision="bf16")
 
 
-def test_the_readme_snippet_runs_as_written() -> None:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+def test_the_docs_sampler_example_runs_as_written() -> None:
+    text = (ROOT / "docs" / "search.md").read_text(encoding="utf-8")
     block = re.search(r"<!-- sampler-example -->\s*```python\n(.*?)```", text, re.S)
-    assert block is not None, "README.md lost its AutotuneSampler example"
+    assert block is not None, "docs/search.md lost its AutotuneSampler example"
     scope: dict = {}
-    exec(compile(block.group(1), "README.md", "exec"), scope)  # noqa: S102 (our own README)
+    exec(compile(block.group(1), "docs/search.md", "exec"), scope)  # noqa: S102 (our own docs)
     study = scope["study"]
     assert len(study.trials) == scope["N_TRIALS"] and all(t.user_attrs.get("origin") for t in study.trials)
     assert study.best_value > 0

@@ -73,7 +73,7 @@ __all__ = [
 # term scaled by the share a causal kernel computes (ATTN_CAUSAL_SHARE). The constants marked [fitted]
 # were fitted on the fit half of the published runs in benchmarks/published_runs.json and scored on
 # the other half (``python benchmarks/estimator_vs_published.py --fit`` refits them; the tests pin them).
-# Fitted 2026-12-01 on the 27 fit runs (held-out 24: median 1.02, 0.53-1.32; see the README's plan section).
+# Fitted 2026-12-01 on the 27 fit runs (held-out 24: median 1.02, 0.53-1.32; docs/plan.md).
 # Share of peak 16-bit FLOP/s reached by large GEMMs in an HF Trainer fine-tune [fitted: 0.594].
 DEFAULT_EFFICIENCY = 0.59
 # Tokens per micro-batch at which GEMM efficiency is half of DEFAULT_EFFICIENCY's [fitted: 1e-6, i.e. 0].

@@ -1,4 +1,4 @@
-"""What GPT-2's eager attention saves for backward, with and without attention dropout (issue 14, item 7).
+"""What GPT-2's eager attention saves for backward, with and without attention dropout.
 
 Counts the bytes of every distinct tensor autograd saves during one GPT2Attention forward
 (``torch.autograd.graph.saved_tensors_hooks``), on CPU, in fp32 and under bf16 autocast, and

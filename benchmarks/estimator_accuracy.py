@@ -1,4 +1,4 @@
-"""How close is the memory estimator to what a probe measures? (issue 5, item 5)
+"""How close is the memory estimator to what a probe measures?
 
 Runs real probes (fresh processes, through the HF Trainer, as ``autotune run`` does) over a fixed
 set of configurations spanning several architectures and levers (micro-batch, sequence length,
@@ -56,7 +56,7 @@ from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, 
 
 # The estimator's CPU figure is live tensors plus a fitted runtime overhead (estimate/memory.py), fitted
 # with glibc returning blocks >= 64 KiB to the OS at once, so that RSS follows the live tensors. Since
-# issue 12 `autotune probe` runs with the allocator's defaults (as the user's training does), whose RSS
+# the fidelity fixes of 2026-11-30 `autotune probe` runs with the allocator's defaults (as the user's training does), whose RSS
 # also holds freed heap: 17-45 % above the estimate on this benchmark's subset (tests/
 # test_estimator_accuracy.py, 2026-11-30). This benchmark measures the tensor model, so its CPU probes
 # keep the setting it was fitted under.

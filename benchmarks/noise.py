@@ -21,7 +21,7 @@ drift  quiet noise times a slowly drifting machine speed: a random walk of log-s
        per probe-second, kept in 0.45..1.0), like a neighbour whose load comes and goes.
 burst  quiet noise; another job starts at random (on average every 120 s of probing) and runs for
        an exponential 60 s, taking the probe down to 0.15-0.6 of its speed. The spreads seen on this
-       machine with other work running (issue 12): 910 vs 8,012 tok/s (0.11), 1,240 vs 8,865
+       machine with other work running (2026-11-30): 910 vs 8,012 tok/s (0.11), 1,240 vs 8,865
        (0.14), 930 vs 3,380 (0.28). Such a job is another process: autotune's load monitor
        (executors/load.py, tested with a real CPU burner in tests/test_load.py) sees it, so with the
        monitor on, a probe that overlapped a burst carries a load warning (``new``); ``new-nomon`` is

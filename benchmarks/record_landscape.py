@@ -54,7 +54,7 @@ FORMAT = 1
 # metrics kept per repeat (the rest of a probe's metrics are not needed for replay)
 _KEEP = ("tokens_per_s", "peak_mem_bytes", "step_time_median_s", "step_time_spread", "padding_fraction",
          "data_wait_fraction", "wall_s", "process_wall_s", "overhead_s", "loss_first", "loss_last", "mfu",
-         # GPU memory parts: what calibrates CUDA_CONTEXT_BYTES and ALLOCATOR_RESERVE (issue 19)
+         # GPU memory parts: what calibrates CUDA_CONTEXT_BYTES and ALLOCATOR_RESERVE on a GPU
          "mem_torch_allocated_bytes", "mem_torch_reserved_bytes", "cuda_context_bytes", "mem_nvml_process_bytes",
          "non_torch_bytes", "nvml_process_visible", "memory_source", "gpu_util_mean", "cpu_util_mean",
          "recompiles_in_window")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Record landscapes F, G, H and (last) I for benchmarks/search_quality.py (issue 15).
+# Record landscapes F, G, H and (last) I for benchmarks/search_quality.py.
 #
 #   bash benchmarks/record_new_landscapes.sh [F G H I]     # default: all four, I last
 #

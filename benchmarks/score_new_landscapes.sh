@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Score every strategy on the new landscapes (issue 15) once they are recorded
+# Score every strategy on the new landscapes F, G, H and I once they are recorded
 # (benchmarks/record_new_landscapes.sh), writing benchmarks/results/.
 #
 #   bash benchmarks/score_new_landscapes.sh              # F, G, H

@@ -60,7 +60,7 @@ unpacked-best -- a reference column, per landscape
     could reach at most on a landscape whose lengths vary.
 
 The last line printed is one summary: autotune's median best-found / optimum and median probes /
-grid size over all landscapes and seeds. Goal (issue 7): >= 0.97 of the optimum in <= 15 % of the
+grid size over all landscapes and seeds. Goal: >= 0.97 of the optimum in <= 15 % of the
 grid's probes, ahead of the three others.
 """
 

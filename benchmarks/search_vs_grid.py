@@ -1,6 +1,6 @@
 """Exhaustive grid vs autotune's search, on the same space and the same measurements.
 
-Goal (issue 3): autotune finds >= 0.97 of the grid's optimum tok/s for <= 15 % of the grid's
+Goal: autotune finds >= 0.97 of the grid's optimum tok/s for <= 15 % of the grid's
 probe-seconds.
 
 Probes are noisy on CPU (the same configuration measured 633-861 tok/s over 8 runs), so comparing a

@@ -1,4 +1,4 @@
-"""How long `autotune run` takes to answer: on paper for the user stories' GPUs, measured on a tiny model.
+"""How long `autotune run` takes to answer: on paper for the target workloads' GPUs, measured on a tiny model.
 
     python benchmarks/time_to_answer.py paper [--json OUT]
     python benchmarks/time_to_answer.py measure [--model tiny-llama] [--batches 8,32,128] [--json OUT]

@@ -49,6 +49,7 @@ from optuna.samplers import BaseSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.search import _records
 from autotune.search._logic import (
     ORDERED_KNOBS,
     TrialRecord,
@@ -71,6 +72,7 @@ __all__ = ["AutotuneSampler", "STRATEGIES", "Observation"]
 
 NUDGE_EVERY = 8  # the base sampler repeated seen configurations this many times in a row: coverage
 _NOT_PROPOSED = ("baseline", "enqueued")  # origins the policy did not choose (the scripts skip them)
+_SHARDED_ONLY = ("offload", "sharding")  # suggested only with a ZeRO stage
 
 BaseFactory = Callable[[int], BaseSampler]
 # a scripted strategy: yields (candidate, origin) to measure, is sent its tok/s (None: did not fit)
@@ -89,6 +91,10 @@ class Observation:
     value: float
     measured: bool  # a probe measured it (not answered from a cache, inferred or skipped)
     origin: str
+
+    def record(self) -> TrialRecord:
+        return _records.observed(key=self.key, status=self.status, params=self.params, origin=self.origin,
+                                 candidate=self.candidate, value=self.value, was_measured=self.measured)
 
 
 def tpe_factory(*, n_startup_trials: int = 10, multivariate: bool = True) -> BaseFactory:
@@ -172,7 +178,7 @@ class AutotuneSampler(BaseSampler):
         self._all: list[tuple[dict[str, Any], Candidate]] | None = None
         self._bases: dict[int, BaseSampler] = {}
 
-    # ------------------------------------------------------------------ space <-> params
+    # ------------------------------------------------------------------ space <-> params (the one mapping)
 
     def choice_of(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """A full choice (every dimension) from a trial's params (plain values)."""
@@ -185,25 +191,52 @@ class AutotuneSampler(BaseSampler):
                 choice[d] = self.choices[d][0] if d in self.choices else getattr(Candidate, d, None)
         return choice
 
+    def suggest_choice(self, trial: optuna.Trial) -> dict[str, Any]:
+        """Suggest every searched knob on ``trial`` (offload and sharding only with a ZeRO stage) and return
+        the choice in plain values: the fixed knobs, then the suggested ones (``candidate_from_choice`` builds it)."""
+        choice: dict[str, Any] = dict(self.fixed)
+        for d in self.distributions:
+            if d not in _SHARDED_ONLY:
+                choice[d] = self._suggest_one(trial, d)
+        if choice.get("zero_stage", 0) > 0:
+            for d in _SHARDED_ONLY:
+                if d in self.distributions:
+                    choice[d] = self._suggest_one(trial, d)
+        return choice
+
+    def _suggest_one(self, trial: optuna.Trial, d: str) -> Any:
+        dist = self.distributions[d]
+        if isinstance(dist, IntDistribution):  # ordinal: an index into the sorted choices
+            return self.choices[d][trial.suggest_int(d, dist.low, dist.high)]
+        return trial.suggest_categorical(d, self.choices[d])
+
     def suggest(self, trial: optuna.Trial) -> Candidate | None:
-        """Suggest every searched knob on ``trial`` (offload and sharding only with a ZeRO stage) and
-        return the configuration; None when the combination cannot run (tell it 0: it is not proposed again).
-        Whether it is a re-measure: ``trial.user_attrs.get("remeasure")``."""
-        params: dict[str, Any] = {}
-        for d, dist in self.distributions.items():
-            if d in ("offload", "sharding"):
-                continue
-            params[d] = (trial.suggest_int(d, dist.low, dist.high) if isinstance(dist, IntDistribution)
-                         else trial.suggest_categorical(d, self.choices[d]))
-        zero = self.choice_of(params).get("zero_stage", 0)
-        for d in ("offload", "sharding"):
-            if zero and d in self.distributions:
-                params[d] = trial.suggest_categorical(d, self.choices[d])
-        return self.candidate_of(params)
+        """``suggest_choice``'s configuration; None when the combination cannot run (tell it 0: it is not
+        proposed again). Whether it is a re-measure: ``trial.user_attrs.get("remeasure")``."""
+        built = candidate_from_choice(self.suggest_choice(trial), effective_batch=self.effective_batch)
+        return built if isinstance(built, Candidate) else None
 
     def candidate_of(self, params: Mapping[str, Any]) -> Candidate | None:
         built = candidate_from_choice(self.choice_of(params), effective_batch=self.effective_batch)
         return built if isinstance(built, Candidate) else None
+
+    def plain_params(self, choice: Mapping[str, Any]) -> dict[str, Any]:
+        """The searched knobs' values of a choice, in plain values (what a ``TrialRecord`` keeps); offload and
+        sharding only with a ZeRO stage."""
+        params = {d: v for d, v in choice.items() if d in self.distributions}
+        if choice.get("zero_stage", 0) == 0:
+            for d in _SHARDED_ONLY:
+                params.pop(d, None)
+        return params
+
+    def to_optuna(self, params: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Plain values -> Optuna's params (indices for ordinal knobs); None if outside this space."""
+        out: dict[str, Any] = {}
+        for d, v in params.items():
+            if d not in self.distributions or v not in self.choices[d]:
+                return None
+            out[d] = self.choices[d].index(v) if isinstance(self.distributions[d], IntDistribution) else v
+        return out
 
     def params_of(self, cand: Candidate) -> dict[str, Any] | None:
         """Optuna params (internal repr) that produce exactly ``cand``; None when outside the space."""
@@ -214,14 +247,7 @@ class AutotuneSampler(BaseSampler):
         built = candidate_from_choice(choice, effective_batch=self.effective_batch)
         if not isinstance(built, Candidate) or candidate_id(built) != candidate_id(cand):
             return None
-        out: dict[str, Any] = {}
-        for d, v in choice.items():
-            if d not in self.distributions or (d in ("offload", "sharding") and choice.get("zero_stage", 0) == 0):
-                continue
-            if v not in self.choices[d]:
-                return None
-            out[d] = self.choices[d].index(v) if isinstance(self.distributions[d], IntDistribution) else v
-        return out
+        return self.to_optuna(self.plain_params(choice))
 
     def _all_candidates(self) -> list[tuple[dict[str, Any], Candidate]]:
         """Every distinct runnable configuration (first choice producing it), in the space's order."""
@@ -269,10 +295,7 @@ class AutotuneSampler(BaseSampler):
             if o.measured and o.status == "ok":
                 values.setdefault(o.key, []).append(o.value)
             if o.key not in recs:
-                recs[o.key] = TrialRecord(key=o.key, status=o.status, params=o.params, origin=o.origin,
-                                          candidate=dataclasses.asdict(o.candidate) if o.candidate else None,
-                                          tokens_per_s=o.value if o.status == "ok" else None,
-                                          inferred=not o.measured, result={} if o.measured else None)
+                recs[o.key] = o.record()
         for key, vals in values.items():
             recs[key].tokens_per_s = median(vals)
         return list(recs.values()), values
@@ -363,10 +386,7 @@ class AutotuneSampler(BaseSampler):
                 values.setdefault(o.key, []).append(o.value)
             rec = cache.get(o.key)
             if rec is None:
-                rec = TrialRecord(key=o.key, status=o.status, params=o.params, origin=o.origin,
-                                  candidate=dataclasses.asdict(o.candidate) if o.candidate else None,
-                                  tokens_per_s=o.value if o.status == "ok" else None, inferred=not o.measured,
-                                  result={} if o.measured else None)
+                rec = o.record()
                 recs.append(rec)
                 cache[o.key] = rec
             elif not o.measured:

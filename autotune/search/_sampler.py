@@ -58,8 +58,8 @@ from autotune.search._logic import (
     derive_grad_accum,
     expert_seeds,
     infer_infeasible,
-    iter_choices,
     median,
+    runnable_candidates,
     usable_micro_batches,
     usable_worlds,
 )
@@ -252,14 +252,8 @@ class AutotuneSampler(BaseSampler):
     def _all_candidates(self) -> list[tuple[dict[str, Any], Candidate]]:
         """Every distinct runnable configuration (first choice producing it), in the space's order."""
         if self._all is None:
-            seen: set[str] = set()
-            out = []
-            for choice in iter_choices(self.space, micro_batches=self.micro_batches, worlds=self.worlds):
-                c = candidate_from_choice(choice, effective_batch=self.effective_batch)
-                if isinstance(c, Candidate) and candidate_id(c) not in seen:
-                    seen.add(candidate_id(c))
-                    out.append((choice, c))
-            self._all = out
+            self._all = list(runnable_candidates(self.space, effective_batch=self.effective_batch,
+                                                 micro_batches=self.micro_batches, worlds=self.worlds))
         return self._all
 
     # ------------------------------------------------------------------ the trials

@@ -51,9 +51,9 @@ from autotune.search._logic import (
     constraint_value,
     distinct_candidates,
     infer_infeasible,
-    iter_choices,
     median,
     relative_spread,
+    runnable_candidates,
     usable_micro_batches,
     usable_worlds,
 )
@@ -297,14 +297,13 @@ class Searcher:
         """True when the pruner rejects every configuration of a countable space (nothing to probe)."""
         if self.pruner is None or self.distinct is None:
             return False
-        seen: set[str] = set()
-        for choice in iter_choices(self.space, micro_batches=self.micro_batches, worlds=self.worlds):
-            c = candidate_from_choice(choice, effective_batch=self.effective_batch)
-            if isinstance(c, Candidate) and candidate_id(c) not in seen:
-                seen.add(candidate_id(c))
-                if not self.pruner(c):
-                    return False
-        return bool(seen)
+        some = False
+        for _, c in runnable_candidates(self.space, effective_batch=self.effective_batch,
+                                        micro_batches=self.micro_batches, worlds=self.worlds):
+            if not self.pruner(c):
+                return False
+            some = True
+        return some
 
     def _submit(self, cand: Candidate, *, confirm: bool = False) -> str:
         self._check_load("before", None, candidate_label(cand))

@@ -295,6 +295,17 @@ def test_pruner_hook_records_inferred_without_probing() -> None:
     assert pruned and all(r.status == "over_budget" for r in pruned)
 
 
+def test_a_pruner_that_rejects_every_configuration_stops_the_search_before_any_probe() -> None:
+    ex = FakeExecutor()
+    out = make(ex, pruner=lambda c: "predicted 40 GiB > budget").run()
+    assert ex.requests == [] and out.records == [] and out.best is None
+    assert out.stop_reason == "the memory model predicts every configuration far above the budget"
+    # one configuration let through: the search runs
+    ex = FakeExecutor()
+    out = make(ex, max_trials=4, top_k=0, pruner=lambda c: None if c.micro_batch == 1 else "too big").run()
+    assert ex.requests and out.stop_reason != "the memory model predicts every configuration far above the budget"
+
+
 def test_resume_from_the_journal_does_not_re_run(tmp_path: Path) -> None:
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     journal: list[TrialRecord] = []

@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import warnings
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -281,18 +281,30 @@ class AutotuneSampler(BaseSampler):
         return obs, running
 
     @staticmethod
-    def records(obs: Sequence[Observation]) -> tuple[list[TrialRecord], dict[str, list[float]]]:
-        """One record per configuration (first trial), tok/s the median of its measurements."""
+    def replay(obs: Sequence[Observation], cache: dict[str, TrialRecord]) -> Iterator[tuple[TrialRecord, int]]:
+        """The trials' records as the trials land, in trial-number order: one per configuration (built from
+        its first trial) in ``cache``, its tok/s the median of its measurements so far. Yields (record, how
+        many measurements it has) after each trial that tells something new (not a repeat answered from a cache)."""
         values: dict[str, list[float]] = {}
-        recs: dict[str, TrialRecord] = {}
         for o in obs:
             if o.measured and o.status == "ok":
                 values.setdefault(o.key, []).append(o.value)
-            if o.key not in recs:
-                recs[o.key] = o.record()
-        for key, vals in values.items():
-            recs[key].tokens_per_s = median(vals)
-        return list(recs.values()), values
+            rec = cache.get(o.key)
+            if rec is None:
+                rec = cache[o.key] = o.record()
+            elif not o.measured:
+                continue
+            if o.key in values:
+                rec.tokens_per_s = median(values[o.key])
+            yield rec, len(values.get(o.key, [])) or 1
+
+    @classmethod
+    def records(cls, obs: Sequence[Observation]) -> list[TrialRecord]:
+        """One record per configuration (first trial), tok/s the median of its measurements."""
+        cache: dict[str, TrialRecord] = {}
+        for _ in cls.replay(obs, cache):
+            pass
+        return list(cache.values())
 
     # ------------------------------------------------------------------ the policy
 
@@ -361,33 +373,20 @@ class AutotuneSampler(BaseSampler):
         return not running and self._scripted(obs, running) is None
 
     def _cache(self, obs: Sequence[Observation]) -> tuple[list[TrialRecord], dict[str, TrialRecord]]:
-        recs, _ = self.records(obs)
+        recs = self.records(obs)
         return recs, {r.key: r for r in recs}
 
     def replay_walk(self, obs: Sequence[Observation]) -> FollowUps:
         """The walk's state after these trials: each lands in turn, in trial-number order."""
-        recs: list[TrialRecord] = []
         cache: dict[str, TrialRecord] = {}
         walk = FollowUps(
             choices=self.choices, micro_batches=self.micro_batches, grad_ckpt_choices=self.space.grad_ckpt,
             effective_batch=self.effective_batch, in_space=lambda c: self.params_of(c) is not None,
-            records=lambda: recs, baseline_key=self.baseline_key, neighbours=self.neighbours,
+            records=lambda: list(cache.values()), baseline_key=self.baseline_key, neighbours=self.neighbours,
             recheck_tolerance=self.recheck_tolerance,
         )
-        values: dict[str, list[float]] = {}
-        for o in obs:
-            if o.measured and o.status == "ok":
-                values.setdefault(o.key, []).append(o.value)
-            rec = cache.get(o.key)
-            if rec is None:
-                rec = o.record()
-                recs.append(rec)
-                cache[o.key] = rec
-            elif not o.measured:
-                continue  # a repeat answered from the cache: nothing new
-            if o.key in values:
-                rec.tokens_per_s = median(values[o.key])
-            walk.measurements[o.key] = len(values.get(o.key, [])) or 1
+        for rec, measurements in self.replay(obs, cache):
+            walk.measurements[rec.key] = measurements
             walk.land(rec, cache)
         return walk
 

@@ -390,6 +390,25 @@ def test_a_baseline_outside_the_space_is_probed_once_and_ranked() -> None:
     assert any(e["key"] == candidate_id(hf) and e["status"] == "confirmed" for e in out.ranking)
 
 
+def test_a_baseline_outside_the_space_is_not_counted_among_the_spaces_configurations() -> None:
+    # three configurations in the space and the baseline beside it: all three are probed before the
+    # space counts as exhausted (the baseline is not one of its distinct configurations), on resume too
+    space = parse_space({"micro_batch": [1, 2, 4], "attn": ["sdpa"], "precision": ["fp32"], "optim": ["adamw_torch"],
+                         "workers": [0], "pin_memory": [False], "packing": [False], "grad_ckpt": [False]})
+    hf = Candidate(micro_batch=4, grad_accum=4, attn="sdpa", precision="fp32", optim="adamw_torch_fused")
+    journal: list[TrialRecord] = []
+    ex = FakeExecutor()
+    out = make(ex, space=space, max_trials=10, top_k=0, baseline=hf, sink=journal.append).run()
+    assert out.distinct_candidates == 3
+    assert sorted(r.candidate.micro_batch for r in ex.requests if r.candidate.optim == "adamw_torch") == [1, 2, 4]
+    assert out.stop_reason == "space exhausted (all 3 distinct configurations seen)" and out.counts["probed"] == 4
+    cut = [TrialRecord.from_dict(r.to_dict()) for r in journal[:2]]  # a seed and the baseline
+    assert candidate_id(hf) in {r.key for r in cut}
+    again = FakeExecutor()
+    resumed = make(again, space=space, max_trials=10, top_k=0, baseline=hf, history=cut).run()
+    assert len(again.requests) == 2 and resumed.counts["probed"] == 4
+
+
 def test_a_baseline_inside_the_space_is_an_ordinary_trial() -> None:
     hf = Candidate(micro_batch=8, grad_accum=2, attn="sdpa", precision="fp32", optim="adamw_torch", pin_memory=False)
     ex = FakeExecutor()

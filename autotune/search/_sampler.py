@@ -5,6 +5,10 @@ seed, so a new sampler over the same storage (``autotune run --resume``) propose
 interrupted one would have: nothing is kept between asks that the trials do not hold. What
 proposed each trial is its user attribute ``origin``.
 
+The sampler owns the one mapping between the space and Optuna's parameters (``suggest_choice``,
+``plain_params``, ``to_optuna``, ``params_of``, ``choice_of``): the ``Searcher`` asks, records and
+restores trials through it. The trials' records it rebuilds come from one replay (``replay``).
+
 Strategies (``strategy=``):
 
 ``walk`` (the default)

@@ -120,6 +120,7 @@ class _Loop:
     idle_asks: int = 0
     stop_reason: str = ""
     extra: list[Candidate] = field(default_factory=list)  # the baseline outside the space
+    outside: set[str] = field(default_factory=set)  # its key: not one of the space's distinct configurations
     enqueue_baseline: dict[str, Any] | None = None  # the baseline's Optuna params, until enqueued
     seed_keys: set[str] = field(default_factory=set)
 
@@ -482,15 +483,18 @@ class Searcher:
         # under way (a cold start's slowness falls on a seed): inside the space as an enqueued trial
         # (origin "baseline"), outside it as an extra probe the sampler does not see
         if self.baseline is not None:
-            self._origins[candidate_id(self.baseline)] = "baseline"
-        if self.baseline is not None and candidate_id(self.baseline) not in loop.cache:
+            bkey = candidate_id(self.baseline)
+            self._origins[bkey] = "baseline"
             internal = self.sampler.params_of(self.baseline)
-            waiting = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-                       if t.user_attrs.get("origin") == "baseline"]
-            if internal is not None and not waiting:
-                loop.enqueue_baseline = internal
-            elif internal is None:
-                loop.extra.append(self.baseline)
+            if internal is None:
+                loop.outside.add(bkey)
+            if bkey not in loop.cache:
+                waiting = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+                           if t.user_attrs.get("origin") == "baseline"]
+                if internal is not None and not waiting:
+                    loop.enqueue_baseline = internal
+                elif internal is None:
+                    loop.extra.append(self.baseline)
         for choice in self.seed_choices:
             built_seed = candidate_from_choice(choice, effective_batch=self.effective_batch)
             if isinstance(built_seed, Candidate):
@@ -506,8 +510,9 @@ class Searcher:
         """Why no further probe may start now ("" when one may)."""
         if loop.probes + len(loop.in_flight) >= self.max_trials:
             return f"max trials ({self.max_trials}) reached"
-        runnable_seen = sum(1 for k in loop.cache if not k.startswith("skip-"))
-        if self.distinct is not None and runnable_seen + len(loop.in_flight) >= self.distinct:
+        # the space's configurations seen or in flight (a re-measure in flight is one seen already)
+        seen = {k for k in loop.cache if not k.startswith("skip-")} | set(loop.in_flight_keys)
+        if self.distinct is not None and len(seen - loop.outside) >= self.distinct:
             return f"space exhausted (all {self.distinct} distinct configurations seen)"
         if loop.idle_asks >= _MAX_IDLE_ASKS:
             return f"space exhausted (the sampler proposed only seen configurations {loop.idle_asks} times)"

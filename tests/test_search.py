@@ -409,6 +409,23 @@ def test_a_baseline_outside_the_space_is_not_counted_among_the_spaces_configurat
     assert len(again.requests) == 2 and resumed.counts["probed"] == 4
 
 
+def test_a_re_measure_in_flight_counts_once_among_the_configurations_seen() -> None:
+    # two of three configurations seen, one of them re-measured in flight: the third may still start
+    from autotune.search._searcher import _InFlight, _Loop
+
+    space = parse_space({"micro_batch": [1, 2, 4], "attn": ["sdpa"], "precision": ["fp32"], "optim": ["adamw_torch"],
+                         "workers": [0], "pin_memory": [False], "packing": [False], "grad_ckpt": [False]})
+    s = make(FakeExecutor(slots=2), space=space, max_trials=10, top_k=0)
+    assert s.distinct == 3
+    cands = [Candidate(micro_batch=mb, grad_accum=16 // mb, attn="sdpa", precision="fp32") for mb in (1, 2)]
+    loop = _Loop(start=0.0, cache={candidate_id(c): _rec(c, "ok") for c in cands}, probes=2)
+    loop.in_flight["t9"] = _InFlight(None, cands[0], candidate_id(cands[0]), {}, remeasure=True)
+    loop.in_flight_keys[candidate_id(cands[0])] = "t9"
+    assert s._why_stop(loop) == ""
+    loop.cache["k3"] = _rec(cands[1], "ok")  # the third seen: now the space is exhausted
+    assert s._why_stop(loop).startswith("space exhausted")
+
+
 def test_a_baseline_inside_the_space_is_an_ordinary_trial() -> None:
     hf = Candidate(micro_batch=8, grad_accum=2, attn="sdpa", precision="fp32", optim="adamw_torch", pin_memory=False)
     ex = FakeExecutor()

@@ -207,3 +207,37 @@ def test_strategy_on_the_command_line(tmp_path: Path) -> None:
     db = next(out.rglob("study.db"))
     study = optuna.load_study(study_name=None, storage=f"sqlite:///{db}")
     assert {t.user_attrs["origin"] for t in study.trials} <= {"largest-fits", "baseline"}
+
+
+@pytest.mark.parametrize("ordinal", [False, True])
+def test_the_journal_and_the_study_hold_each_trial_through_the_samplers_one_mapping(ordinal: bool) -> None:
+    # the params a record keeps (plain values) and the params its trial holds (Optuna's: indices for
+    # ordinal knobs) are one mapping, the sampler's: to_optuna / candidate_of / params_of agree on every trial
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _fakes import FakeExecutor
+
+    from autotune.spec.space import parse_space
+
+    space = parse_space({"micro_batch": [1, 2, 4, 8], "grad_ckpt": [False, True], "zero_stage": [0, 3],
+                         "offload": ["none", "optimizer", "params"], "sharding": ["deepspeed", "fsdp"]})
+    s = Searcher(space=space, workload=Workload(model="tiny-llama", seq_len=512), effective_batch=16,
+                 settings=ProbeSettings(device="cpu", budget_bytes=10 * 2**30), executor=FakeExecutor(),
+                 max_trials=12, top_k=0, device="cpu", seed=5, ordinal=ordinal, poll_interval_s=0.0)
+    out = s.run()
+    first = {}
+    for r in out.records:
+        first.setdefault(r.key, r)
+    trials = [t for t in s.study.trials if t.user_attrs.get("key") in first]
+    assert len(trials) >= 12
+    for t in trials:
+        rec = first[t.user_attrs["key"]]
+        if rec.status == "skipped":
+            assert s.sampler.candidate_of(t.params) is None
+            continue
+        cand = rec.candidate_obj()
+        assert s.sampler.to_optuna(rec.params) == t.params
+        assert candidate_id(s.sampler.candidate_of(t.params)) == rec.key
+        assert s.sampler.params_of(cand) == t.params
+    assert not any(hasattr(s, name) for name in ("_suggest", "_to_optuna", "_optuna_params_of", "_choice_params"))

@@ -295,6 +295,17 @@ def test_pruner_hook_records_inferred_without_probing() -> None:
     assert pruned and all(r.status == "over_budget" for r in pruned)
 
 
+def test_a_pruner_that_rejects_every_configuration_stops_the_search_before_any_probe() -> None:
+    ex = FakeExecutor()
+    out = make(ex, pruner=lambda c: "predicted 40 GiB > budget").run()
+    assert ex.requests == [] and out.records == [] and out.best is None
+    assert out.stop_reason == "the memory model predicts every configuration far above the budget"
+    # one configuration let through: the search runs
+    ex = FakeExecutor()
+    out = make(ex, max_trials=4, top_k=0, pruner=lambda c: None if c.micro_batch == 1 else "too big").run()
+    assert ex.requests and out.stop_reason != "the memory model predicts every configuration far above the budget"
+
+
 def test_resume_from_the_journal_does_not_re_run(tmp_path: Path) -> None:
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     journal: list[TrialRecord] = []
@@ -377,6 +388,42 @@ def test_a_baseline_outside_the_space_is_probed_once_and_ranked() -> None:
     assert candidate_id(ex.requests[0].candidate) != candidate_id(hf)  # not first: a cold start hits a seed
     # re-measured with the top-k, so the comparison is between confirmed medians
     assert any(e["key"] == candidate_id(hf) and e["status"] == "confirmed" for e in out.ranking)
+
+
+def test_a_baseline_outside_the_space_is_not_counted_among_the_spaces_configurations() -> None:
+    # three configurations in the space and the baseline beside it: all three are probed before the
+    # space counts as exhausted (the baseline is not one of its distinct configurations), on resume too
+    space = parse_space({"micro_batch": [1, 2, 4], "attn": ["sdpa"], "precision": ["fp32"], "optim": ["adamw_torch"],
+                         "workers": [0], "pin_memory": [False], "packing": [False], "grad_ckpt": [False]})
+    hf = Candidate(micro_batch=4, grad_accum=4, attn="sdpa", precision="fp32", optim="adamw_torch_fused")
+    journal: list[TrialRecord] = []
+    ex = FakeExecutor()
+    out = make(ex, space=space, max_trials=10, top_k=0, baseline=hf, sink=journal.append).run()
+    assert out.distinct_candidates == 3
+    assert sorted(r.candidate.micro_batch for r in ex.requests if r.candidate.optim == "adamw_torch") == [1, 2, 4]
+    assert out.stop_reason == "space exhausted (all 3 distinct configurations seen)" and out.counts["probed"] == 4
+    cut = [TrialRecord.from_dict(r.to_dict()) for r in journal[:2]]  # a seed and the baseline
+    assert candidate_id(hf) in {r.key for r in cut}
+    again = FakeExecutor()
+    resumed = make(again, space=space, max_trials=10, top_k=0, baseline=hf, history=cut).run()
+    assert len(again.requests) == 2 and resumed.counts["probed"] == 4
+
+
+def test_a_re_measure_in_flight_counts_once_among_the_configurations_seen() -> None:
+    # two of three configurations seen, one of them re-measured in flight: the third may still start
+    from autotune.search._searcher import _InFlight, _Loop
+
+    space = parse_space({"micro_batch": [1, 2, 4], "attn": ["sdpa"], "precision": ["fp32"], "optim": ["adamw_torch"],
+                         "workers": [0], "pin_memory": [False], "packing": [False], "grad_ckpt": [False]})
+    s = make(FakeExecutor(slots=2), space=space, max_trials=10, top_k=0)
+    assert s.distinct == 3
+    cands = [Candidate(micro_batch=mb, grad_accum=16 // mb, attn="sdpa", precision="fp32") for mb in (1, 2)]
+    loop = _Loop(start=0.0, cache={candidate_id(c): _rec(c, "ok") for c in cands}, probes=2)
+    loop.in_flight["t9"] = _InFlight(None, cands[0], candidate_id(cands[0]), {}, remeasure=True)
+    loop.in_flight_keys[candidate_id(cands[0])] = "t9"
+    assert s._why_stop(loop) == ""
+    loop.cache["k3"] = _rec(cands[1], "ok")  # the third seen: now the space is exhausted
+    assert s._why_stop(loop).startswith("space exhausted")
 
 
 def test_a_baseline_inside_the_space_is_an_ordinary_trial() -> None:

@@ -32,6 +32,7 @@ __all__ = [
     "same_except_micro_batch",
     "infer_infeasible",
     "iter_choices",
+    "runnable_candidates",
     "distinct_candidates",
     "expert_seeds",
     "constraint_value",
@@ -182,18 +183,26 @@ def iter_choices(space: SearchSpace, *, micro_batches: list[int], worlds: list[i
         yield dict(zip(dims, combo, strict=True))
 
 
+def runnable_candidates(
+    space: SearchSpace, *, effective_batch: int, micro_batches: list[int], worlds: list[int]
+) -> Iterator[tuple[dict[str, Any], Candidate]]:
+    """Every distinct runnable configuration of the space, with the first choice producing it, in the space's order."""
+    seen: set[str] = set()
+    for choice in iter_choices(space, micro_batches=micro_batches, worlds=worlds):
+        c = candidate_from_choice(choice, effective_batch=effective_batch)
+        if isinstance(c, Candidate) and candidate_id(c) not in seen:
+            seen.add(candidate_id(c))
+            yield choice, c
+
+
 def distinct_candidates(
     space: SearchSpace, *, effective_batch: int, micro_batches: list[int], worlds: list[int], limit: int = 200_000
 ) -> int | None:
     """How many distinct runnable candidates the space holds (None when it is too large to count)."""
     if space.size() > limit:
         return None
-    keys = set()
-    for choice in iter_choices(space, micro_batches=micro_batches, worlds=worlds):
-        c = candidate_from_choice(choice, effective_batch=effective_batch)
-        if isinstance(c, Candidate):
-            keys.add(candidate_id(c))
-    return len(keys)
+    return sum(1 for _ in runnable_candidates(space, effective_batch=effective_batch, micro_batches=micro_batches,
+                                               worlds=worlds))
 
 
 def _prefer(choices: tuple[Any, ...] | list[Any], *order: Any) -> Any:

@@ -5,6 +5,10 @@ seed, so a new sampler over the same storage (``autotune run --resume``) propose
 interrupted one would have: nothing is kept between asks that the trials do not hold. What
 proposed each trial is its user attribute ``origin``.
 
+The sampler owns the one mapping between the space and Optuna's parameters (``suggest_choice``,
+``plain_params``, ``to_optuna``, ``params_of``, ``choice_of``): the ``Searcher`` asks, records and
+restores trials through it. The trials' records it rebuilds come from one replay (``replay``).
+
 Strategies (``strategy=``):
 
 ``walk`` (the default)
@@ -39,7 +43,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import warnings
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +53,7 @@ from optuna.samplers import BaseSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.search import _records
 from autotune.search._logic import (
     ORDERED_KNOBS,
     TrialRecord,
@@ -57,8 +62,8 @@ from autotune.search._logic import (
     derive_grad_accum,
     expert_seeds,
     infer_infeasible,
-    iter_choices,
     median,
+    runnable_candidates,
     usable_micro_batches,
     usable_worlds,
 )
@@ -71,6 +76,7 @@ __all__ = ["AutotuneSampler", "STRATEGIES", "Observation"]
 
 NUDGE_EVERY = 8  # the base sampler repeated seen configurations this many times in a row: coverage
 _NOT_PROPOSED = ("baseline", "enqueued")  # origins the policy did not choose (the scripts skip them)
+_SHARDED_ONLY = ("offload", "sharding")  # suggested only with a ZeRO stage
 
 BaseFactory = Callable[[int], BaseSampler]
 # a scripted strategy: yields (candidate, origin) to measure, is sent its tok/s (None: did not fit)
@@ -89,6 +95,10 @@ class Observation:
     value: float
     measured: bool  # a probe measured it (not answered from a cache, inferred or skipped)
     origin: str
+
+    def record(self) -> TrialRecord:
+        return _records.observed(key=self.key, status=self.status, params=self.params, origin=self.origin,
+                                 candidate=self.candidate, value=self.value, was_measured=self.measured)
 
 
 def tpe_factory(*, n_startup_trials: int = 10, multivariate: bool = True) -> BaseFactory:
@@ -172,7 +182,7 @@ class AutotuneSampler(BaseSampler):
         self._all: list[tuple[dict[str, Any], Candidate]] | None = None
         self._bases: dict[int, BaseSampler] = {}
 
-    # ------------------------------------------------------------------ space <-> params
+    # ------------------------------------------------------------------ space <-> params (the one mapping)
 
     def choice_of(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """A full choice (every dimension) from a trial's params (plain values)."""
@@ -185,25 +195,52 @@ class AutotuneSampler(BaseSampler):
                 choice[d] = self.choices[d][0] if d in self.choices else getattr(Candidate, d, None)
         return choice
 
+    def suggest_choice(self, trial: optuna.Trial) -> dict[str, Any]:
+        """Suggest every searched knob on ``trial`` (offload and sharding only with a ZeRO stage) and return
+        the choice in plain values: the fixed knobs, then the suggested ones (``candidate_from_choice`` builds it)."""
+        choice: dict[str, Any] = dict(self.fixed)
+        for d in self.distributions:
+            if d not in _SHARDED_ONLY:
+                choice[d] = self._suggest_one(trial, d)
+        if choice.get("zero_stage", 0) > 0:
+            for d in _SHARDED_ONLY:
+                if d in self.distributions:
+                    choice[d] = self._suggest_one(trial, d)
+        return choice
+
+    def _suggest_one(self, trial: optuna.Trial, d: str) -> Any:
+        dist = self.distributions[d]
+        if isinstance(dist, IntDistribution):  # ordinal: an index into the sorted choices
+            return self.choices[d][trial.suggest_int(d, dist.low, dist.high)]
+        return trial.suggest_categorical(d, self.choices[d])
+
     def suggest(self, trial: optuna.Trial) -> Candidate | None:
-        """Suggest every searched knob on ``trial`` (offload and sharding only with a ZeRO stage) and
-        return the configuration; None when the combination cannot run (tell it 0: it is not proposed again).
-        Whether it is a re-measure: ``trial.user_attrs.get("remeasure")``."""
-        params: dict[str, Any] = {}
-        for d, dist in self.distributions.items():
-            if d in ("offload", "sharding"):
-                continue
-            params[d] = (trial.suggest_int(d, dist.low, dist.high) if isinstance(dist, IntDistribution)
-                         else trial.suggest_categorical(d, self.choices[d]))
-        zero = self.choice_of(params).get("zero_stage", 0)
-        for d in ("offload", "sharding"):
-            if zero and d in self.distributions:
-                params[d] = trial.suggest_categorical(d, self.choices[d])
-        return self.candidate_of(params)
+        """``suggest_choice``'s configuration; None when the combination cannot run (tell it 0: it is not
+        proposed again). Whether it is a re-measure: ``trial.user_attrs.get("remeasure")``."""
+        built = candidate_from_choice(self.suggest_choice(trial), effective_batch=self.effective_batch)
+        return built if isinstance(built, Candidate) else None
 
     def candidate_of(self, params: Mapping[str, Any]) -> Candidate | None:
         built = candidate_from_choice(self.choice_of(params), effective_batch=self.effective_batch)
         return built if isinstance(built, Candidate) else None
+
+    def plain_params(self, choice: Mapping[str, Any]) -> dict[str, Any]:
+        """The searched knobs' values of a choice, in plain values (what a ``TrialRecord`` keeps); offload and
+        sharding only with a ZeRO stage."""
+        params = {d: v for d, v in choice.items() if d in self.distributions}
+        if choice.get("zero_stage", 0) == 0:
+            for d in _SHARDED_ONLY:
+                params.pop(d, None)
+        return params
+
+    def to_optuna(self, params: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Plain values -> Optuna's params (indices for ordinal knobs); None if outside this space."""
+        out: dict[str, Any] = {}
+        for d, v in params.items():
+            if d not in self.distributions or v not in self.choices[d]:
+                return None
+            out[d] = self.choices[d].index(v) if isinstance(self.distributions[d], IntDistribution) else v
+        return out
 
     def params_of(self, cand: Candidate) -> dict[str, Any] | None:
         """Optuna params (internal repr) that produce exactly ``cand``; None when outside the space."""
@@ -214,26 +251,13 @@ class AutotuneSampler(BaseSampler):
         built = candidate_from_choice(choice, effective_batch=self.effective_batch)
         if not isinstance(built, Candidate) or candidate_id(built) != candidate_id(cand):
             return None
-        out: dict[str, Any] = {}
-        for d, v in choice.items():
-            if d not in self.distributions or (d in ("offload", "sharding") and choice.get("zero_stage", 0) == 0):
-                continue
-            if v not in self.choices[d]:
-                return None
-            out[d] = self.choices[d].index(v) if isinstance(self.distributions[d], IntDistribution) else v
-        return out
+        return self.to_optuna(self.plain_params(choice))
 
     def _all_candidates(self) -> list[tuple[dict[str, Any], Candidate]]:
         """Every distinct runnable configuration (first choice producing it), in the space's order."""
         if self._all is None:
-            seen: set[str] = set()
-            out = []
-            for choice in iter_choices(self.space, micro_batches=self.micro_batches, worlds=self.worlds):
-                c = candidate_from_choice(choice, effective_batch=self.effective_batch)
-                if isinstance(c, Candidate) and candidate_id(c) not in seen:
-                    seen.add(candidate_id(c))
-                    out.append((choice, c))
-            self._all = out
+            self._all = list(runnable_candidates(self.space, effective_batch=self.effective_batch,
+                                                 micro_batches=self.micro_batches, worlds=self.worlds))
         return self._all
 
     # ------------------------------------------------------------------ the trials
@@ -261,21 +285,30 @@ class AutotuneSampler(BaseSampler):
         return obs, running
 
     @staticmethod
-    def records(obs: Sequence[Observation]) -> tuple[list[TrialRecord], dict[str, list[float]]]:
-        """One record per configuration (first trial), tok/s the median of its measurements."""
+    def replay(obs: Sequence[Observation], cache: dict[str, TrialRecord]) -> Iterator[tuple[TrialRecord, int]]:
+        """The trials' records as the trials land, in trial-number order: one per configuration (built from
+        its first trial) in ``cache``, its tok/s the median of its measurements so far. Yields (record, how
+        many measurements it has) after each trial that tells something new (not a repeat answered from a cache)."""
         values: dict[str, list[float]] = {}
-        recs: dict[str, TrialRecord] = {}
         for o in obs:
             if o.measured and o.status == "ok":
                 values.setdefault(o.key, []).append(o.value)
-            if o.key not in recs:
-                recs[o.key] = TrialRecord(key=o.key, status=o.status, params=o.params, origin=o.origin,
-                                          candidate=dataclasses.asdict(o.candidate) if o.candidate else None,
-                                          tokens_per_s=o.value if o.status == "ok" else None,
-                                          inferred=not o.measured, result={} if o.measured else None)
-        for key, vals in values.items():
-            recs[key].tokens_per_s = median(vals)
-        return list(recs.values()), values
+            rec = cache.get(o.key)
+            if rec is None:
+                rec = cache[o.key] = o.record()
+            elif not o.measured:
+                continue
+            if o.key in values:
+                rec.tokens_per_s = median(values[o.key])
+            yield rec, len(values.get(o.key, [])) or 1
+
+    @classmethod
+    def records(cls, obs: Sequence[Observation]) -> list[TrialRecord]:
+        """One record per configuration (first trial), tok/s the median of its measurements."""
+        cache: dict[str, TrialRecord] = {}
+        for _ in cls.replay(obs, cache):
+            pass
+        return list(cache.values())
 
     # ------------------------------------------------------------------ the policy
 
@@ -344,36 +377,20 @@ class AutotuneSampler(BaseSampler):
         return not running and self._scripted(obs, running) is None
 
     def _cache(self, obs: Sequence[Observation]) -> tuple[list[TrialRecord], dict[str, TrialRecord]]:
-        recs, _ = self.records(obs)
+        recs = self.records(obs)
         return recs, {r.key: r for r in recs}
 
     def replay_walk(self, obs: Sequence[Observation]) -> FollowUps:
         """The walk's state after these trials: each lands in turn, in trial-number order."""
-        recs: list[TrialRecord] = []
         cache: dict[str, TrialRecord] = {}
         walk = FollowUps(
             choices=self.choices, micro_batches=self.micro_batches, grad_ckpt_choices=self.space.grad_ckpt,
             effective_batch=self.effective_batch, in_space=lambda c: self.params_of(c) is not None,
-            records=lambda: recs, baseline_key=self.baseline_key, neighbours=self.neighbours,
+            records=lambda: list(cache.values()), baseline_key=self.baseline_key, neighbours=self.neighbours,
             recheck_tolerance=self.recheck_tolerance,
         )
-        values: dict[str, list[float]] = {}
-        for o in obs:
-            if o.measured and o.status == "ok":
-                values.setdefault(o.key, []).append(o.value)
-            rec = cache.get(o.key)
-            if rec is None:
-                rec = TrialRecord(key=o.key, status=o.status, params=o.params, origin=o.origin,
-                                  candidate=dataclasses.asdict(o.candidate) if o.candidate else None,
-                                  tokens_per_s=o.value if o.status == "ok" else None, inferred=not o.measured,
-                                  result={} if o.measured else None)
-                recs.append(rec)
-                cache[o.key] = rec
-            elif not o.measured:
-                continue  # a repeat answered from the cache: nothing new
-            if o.key in values:
-                rec.tokens_per_s = median(values[o.key])
-            walk.measurements[o.key] = len(values.get(o.key, [])) or 1
+        for rec, measurements in self.replay(obs, cache):
+            walk.measurements[rec.key] = measurements
             walk.land(rec, cache)
         return walk
 

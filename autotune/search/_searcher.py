@@ -26,11 +26,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
-from optuna.distributions import BaseDistribution, IntDistribution
+from optuna.distributions import BaseDistribution
 from optuna.trial import Trial, TrialState
 
 from autotune.errors import SpecError
 from autotune.executors.base import Executor
+from autotune.search import _records
 from autotune.search._confirm import (
     ConfirmPolicy,
     choose_winner,
@@ -50,16 +51,16 @@ from autotune.search._logic import (
     constraint_value,
     distinct_candidates,
     infer_infeasible,
-    iter_choices,
     median,
     relative_spread,
+    runnable_candidates,
     usable_micro_batches,
     usable_worlds,
 )
 from autotune.search._sampler import AutotuneSampler, tpe_factory
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
 from autotune.spec.result import ProbeResult
-from autotune.spec.space import DIMENSIONS, SearchSpace
+from autotune.spec.space import SearchSpace
 
 __all__ = ["Searcher", "SearchOutcome", "Pruner", "ProgressFn", "LoadCheck"]
 
@@ -92,6 +93,36 @@ class SearchOutcome:
     warnings: list[dict[str, Any]] = field(default_factory=list)
     tie: list[str] = field(default_factory=list)  # labels indistinguishable from the winner
     confirm_policy: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _InFlight:
+    """A search probe in flight: the trial that asked for it (None: the baseline outside the space)."""
+
+    trial: Trial | None
+    candidate: Candidate
+    key: str
+    params: dict[str, Any]
+    remeasure: bool = False  # the sampler asked to measure a seen configuration again (origin recheck)
+
+
+@dataclass
+class _Loop:
+    """The search loop's state over one ``Searcher.run``."""
+
+    start: float
+    cache: dict[str, TrialRecord]  # key -> its search record (a duplicate ask is told from it)
+    probes: int  # search probes and re-measures that ran, restored ones included
+    in_flight: dict[str, _InFlight] = field(default_factory=dict)  # ticket -> probe
+    in_flight_keys: dict[str, str] = field(default_factory=dict)  # key -> ticket
+    waiters: dict[str, list[Trial]] = field(default_factory=dict)  # key in flight -> asks told when it lands
+    submitted_at: dict[str, float] = field(default_factory=dict)  # ticket -> clock()
+    idle_asks: int = 0
+    stop_reason: str = ""
+    extra: list[Candidate] = field(default_factory=list)  # the baseline outside the space
+    outside: set[str] = field(default_factory=set)  # its key: not one of the space's distinct configurations
+    enqueue_baseline: dict[str, Any] | None = None  # the baseline's Optuna params, until enqueued
+    seed_keys: set[str] = field(default_factory=set)
 
 
 class Searcher:
@@ -231,93 +262,11 @@ class Searcher:
             self.sink(record)
         return record
 
-    def _suggest_one(self, trial: Trial, d: str) -> Any:
-        dist = self.distributions[d]
-        if isinstance(dist, IntDistribution):
-            return self.choices[d][trial.suggest_int(d, dist.low, dist.high)]
-        return trial.suggest_categorical(d, self.choices[d])
-
-    def _suggest(self, trial: Trial) -> dict[str, Any]:
-        """Pick one choice per dimension (offload/sharding only when a ZeRO stage is chosen)."""
-        choice: dict[str, Any] = dict(self.fixed)
-        for d in self.distributions:
-            if d not in ("offload", "sharding"):
-                choice[d] = self._suggest_one(trial, d)
-        if choice.get("zero_stage", 0) > 0:
-            for d in ("offload", "sharding"):
-                if d in self.distributions:
-                    choice[d] = self._suggest_one(trial, d)
-        return choice
-
-    def _choice_params(self, choice: dict[str, Any]) -> dict[str, Any]:
-        """The searched knobs' values of a choice (what the journal keeps, in plain values)."""
-        params = {d: v for d, v in choice.items() if d in self.distributions}
-        if choice.get("zero_stage", 0) == 0:
-            params.pop("offload", None)
-            params.pop("sharding", None)
-        return params
-
-    def _to_optuna(self, params: dict[str, Any]) -> dict[str, Any] | None:
-        """Plain values -> Optuna's params (indices for ordinal knobs); None if outside this space."""
-        out: dict[str, Any] = {}
-        for d, v in params.items():
-            if d not in self.distributions or v not in self.choices[d]:
-                return None
-            out[d] = self.choices[d].index(v) if isinstance(self.distributions[d], IntDistribution) else v
-        return out
-
-    def _optuna_params_of(self, candidate: Candidate) -> dict[str, Any] | None:
-        """Optuna params that produce exactly ``candidate``, or None when it lies outside the space."""
-        choice = {d: getattr(candidate, d) for d in DIMENSIONS if d != "gpus_per_trial"}
-        choice["gpus_per_trial"] = candidate.world_size
-        if any(choice[d] != v for d, v in self.fixed.items()):
-            return None
-        built = candidate_from_choice(choice, effective_batch=self.effective_batch)
-        if not isinstance(built, Candidate) or candidate_id(built) != candidate_id(candidate):
-            return None
-        return self._to_optuna(self._choice_params(choice))
-
-    def _tell(self, trial: Trial | int, record: TrialRecord, *, measured: bool = False) -> None:
-        """Tell the study; ``measured``: this trial's own probe measured it (not the cache, not an inference)."""
-        number = trial if isinstance(trial, int) else trial.number
-        if isinstance(trial, Trial):
-            trial.set_user_attr("key", record.key)
-            trial.set_user_attr("status", record.status)
-            trial.set_user_attr("measured", measured)
-        if record.status in FAILED:
-            self.study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
-            return
-        if isinstance(trial, Trial):
-            usable = self.settings.usable_bytes()
-            trial.set_constraint(_CONSTRAINT, constraint_value(record.status, record.peak_mem_bytes, usable))
-        value = float(record.tokens_per_s or 0.0) if record.status == "ok" else 0.0
-        self.study.tell(number, value, skip_if_finished=True)
-
     def _request(self, candidate: Candidate, *, confirm: bool = False) -> ProbeRequest:
         settings = self.settings
         if confirm:
             settings = dataclasses.replace(settings, steps=self.confirm_steps)
         return ProbeRequest(workload=self.workload, candidate=candidate, settings=settings)
-
-    def _record_from_result(
-        self, key: str, candidate: Candidate, params: dict[str, Any], result: ProbeResult,
-        *, phase: str = "search", repeat: int = 0,
-    ) -> TrialRecord:
-        return TrialRecord(
-            key=key,
-            status=result.status,
-            candidate=dataclasses.asdict(candidate),
-            params=params,
-            reason=result.reason,
-            phase=phase,
-            repeat=repeat,
-            result=result.to_dict(),
-            tokens_per_s=result.tokens_per_s,
-            peak_mem_bytes=result.peak_mem_bytes,
-            step_time_spread=_float(result.metrics.get("step_time_spread")),
-            wall_s=_float(result.metrics.get("wall_s")),
-            label=candidate_label(candidate),
-        )
 
     def _best_so_far(self) -> TrialRecord | None:
         ok = [r for r in self.records if r.phase == "search" and r.status == "ok" and r.tokens_per_s is not None]
@@ -349,14 +298,13 @@ class Searcher:
         """True when the pruner rejects every configuration of a countable space (nothing to probe)."""
         if self.pruner is None or self.distinct is None:
             return False
-        seen: set[str] = set()
-        for choice in iter_choices(self.space, micro_batches=self.micro_batches, worlds=self.worlds):
-            c = candidate_from_choice(choice, effective_batch=self.effective_batch)
-            if isinstance(c, Candidate) and candidate_id(c) not in seen:
-                seen.add(candidate_id(c))
-                if not self.pruner(c):
-                    return False
-        return bool(seen)
+        some = False
+        for _, c in runnable_candidates(self.space, effective_batch=self.effective_batch,
+                                        micro_batches=self.micro_batches, worlds=self.worlds):
+            if not self.pruner(c):
+                return False
+            some = True
+        return some
 
     def _submit(self, cand: Candidate, *, confirm: bool = False) -> str:
         self._check_load("before", None, candidate_label(cand))
@@ -408,26 +356,36 @@ class Searcher:
             return str(trial.user_attrs["origin"])
         return self._origins.get(key, "tpe")
 
-    # ---------------------------------------------------------------- resume
+    # ---------------------------------------------------------------- the study: a view of the records
+    # The records (the journal) are the trial state; the study holds what the sampler's policy and TPE
+    # read, written only by _tell (as the run goes) and _restore (what a resumed study lacks).
 
     def _restore(self) -> None:
-        """Adopt the journal's records; make the study agree with them."""
+        """Adopt the journal's records (the source of the trial state); the study is made to hold what they
+        hold (a killed run's study lacks the last ones, a rebuilt one lacks all)."""
         for r in self._history:
             self._add_restored(r)
-        told = {
-            t.user_attrs.get("key")
-            for t in self.study.get_trials(deepcopy=False)
-            if t.state in (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED) and not t.user_attrs.get("remeasure")
-        }
+        lacking = self._records_the_study_lacks()
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            # the killed run's in-flight asks: not evidence (re-proposed)
+            self.study._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
+            self.study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+        for r in lacking:
+            trial = self._restored_trial(r)
+            if trial is not None:  # None: the space changed; the record still counts, the sampler does not see it
+                self.study.add_trial(trial)
+
+    def _records_the_study_lacks(self) -> list[TrialRecord]:
+        """The journal's search records and re-measures that no finished trial of the study stands for."""
+        finished = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL,
+                                                                  TrialState.PRUNED))
+        told = {t.user_attrs.get("key") for t in finished if not t.user_attrs.get("remeasure")}
         # re-measures (the walk's rechecks) the study holds, per key: a rebuilt study gets the others back
         rechecks_told: dict[str, int] = {}
-        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-            if t.user_attrs.get("remeasure") and t.user_attrs.get("key"):
+        for t in finished:
+            if t.state == TrialState.COMPLETE and t.user_attrs.get("remeasure") and t.user_attrs.get("key"):
                 rechecks_told[t.user_attrs["key"]] = rechecks_told.get(t.user_attrs["key"], 0) + 1
-        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
-            if t.state == TrialState.RUNNING:  # the killed run's in-flight asks: not evidence (re-proposed)
-                self.study._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
-                self.study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+        lacking = []
         for r in self.records:
             if r.phase == "recheck" and rechecks_told.get(r.key, 0) > 0:
                 rechecks_told[r.key] -= 1
@@ -436,21 +394,49 @@ class Searcher:
                 continue
             if r.phase == "search" and r.key in told:
                 continue
-            internal = self._to_optuna(r.params)
-            if internal is None:
-                continue  # the space changed: the record still counts, the sampler just does not see it
-            usable = self.settings.usable_bytes()
-            self.study.add_trial(
-                optuna.trial.create_trial(
-                    params=internal,
-                    distributions={k: self.distributions[k] for k in r.params},
-                    value=float(r.tokens_per_s or 0.0) if r.status == "ok" else 0.0,
-                    user_attrs={"key": r.key, "status": r.status, "restored": True, "origin": r.origin or "restored",
-                                "measured": r.probed, **({"remeasure": True} if r.phase == "recheck" else {})},
-                    constraints={_CONSTRAINT: constraint_value(r.status, r.peak_mem_bytes, usable)},
-                )
-            )
+            lacking.append(r)
             told.add(r.key)
+        return lacking
+
+    def _restored_trial(self, r: TrialRecord) -> optuna.trial.FrozenTrial | None:
+        """The finished trial a journal record stands for in the study; None when it lies outside the space."""
+        internal = self.sampler.to_optuna(r.params)
+        if internal is None:
+            return None
+        return optuna.trial.create_trial(
+            params=internal,
+            distributions={k: self.sampler.distributions[k] for k in r.params},
+            value=self._study_value(r),
+            user_attrs={**self._trial_attrs(r, measured=r.probed), "restored": True, "origin": r.origin or "restored",
+                        **({"remeasure": True} if r.phase == "recheck" else {})},
+            constraints={_CONSTRAINT: self._constraint(r)},
+        )
+
+    def _tell(self, trial: Trial | int, record: TrialRecord, *, measured: bool = False) -> None:
+        """Tell the study; ``measured``: this trial's own probe measured it (not the cache, not an inference)."""
+        number = trial if isinstance(trial, int) else trial.number
+        if isinstance(trial, Trial):
+            for name, value in self._trial_attrs(record, measured=measured).items():
+                trial.set_user_attr(name, value)
+        if record.status in FAILED:
+            self.study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
+            return
+        if isinstance(trial, Trial):
+            trial.set_constraint(_CONSTRAINT, self._constraint(record))
+        self.study.tell(number, self._study_value(record), skip_if_finished=True)
+
+    @staticmethod
+    def _trial_attrs(record: TrialRecord, *, measured: bool) -> dict[str, Any]:
+        """The user attributes a trial holds for its record (the sampler's policy reads them back:
+        ``AutotuneSampler.observations``); ``measured``: the trial's own probe measured it."""
+        return {"key": record.key, "status": record.status, "measured": measured}
+
+    def _study_value(self, record: TrialRecord) -> float:
+        """The value the study holds for a record: its tok/s when it ran and fitted, else 0."""
+        return float(record.tokens_per_s or 0.0) if record.status == "ok" else 0.0
+
+    def _constraint(self, record: TrialRecord) -> float:
+        return constraint_value(record.status, record.peak_mem_bytes, self.settings.usable_bytes())
 
     def _add_restored(self, r: TrialRecord) -> None:
         r.number = len(self.records)
@@ -459,205 +445,211 @@ class Searcher:
     # ---------------------------------------------------------------- the loop
 
     def run(self) -> SearchOutcome:
+        """Restore, search (ask -> probe -> tell until a stop), confirm the top few."""
         start = self.clock()
         self._restore()
-        cache: dict[str, TrialRecord] = {r.key: r for r in self.records if r.phase == "search"}
-        # the baseline (the config a user would type) is probed like any other once the seeds are
-        # under way (a cold start's slowness falls on a seed): inside the space as an enqueued trial
-        # (origin "baseline"), outside it as an extra probe the sampler does not see
-        extra: list[Candidate] = []
-        enqueue_baseline: dict[str, Any] | None = None
-        if self.baseline is not None:
-            self._origins[candidate_id(self.baseline)] = "baseline"
-        if self.baseline is not None and candidate_id(self.baseline) not in cache:
-            internal = self._optuna_params_of(self.baseline)
-            waiting = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-                       if t.user_attrs.get("origin") == "baseline"]
-            if internal is not None and not waiting:
-                enqueue_baseline = internal
-            elif internal is None:
-                extra.append(self.baseline)
-        seed_keys = set()
-        for choice in self.seed_choices:
-            built_seed = candidate_from_choice(choice, effective_batch=self.effective_batch)
-            if isinstance(built_seed, Candidate):
-                seed_keys.add(candidate_id(built_seed))
+        loop = self._begin(start)
         self._emit(
             "start", max_trials=self.max_trials, slots=self.executor.slots, distinct=self.distinct,
             restored=len(self.records), skipped_choices=self.skipped_choices,
         )
-
-        in_flight: dict[str, tuple[Trial | None, Candidate, str, dict[str, Any]]] = {}
-        in_flight_keys: dict[str, str] = {}  # candidate key -> ticket
-        waiters: dict[str, list[Trial]] = {}
-        submitted_at: dict[str, float] = {}
-        probes = sum(1 for r in self.records if r.phase in ("search", "recheck") and r.probed)
-        idle_asks = 0
-        stop_reason = ""
-
-        def time_left() -> float | None:
-            if self.time_budget_s is None:
-                return None
-            return self.time_budget_s - (self.clock() - start)
-
-        def may_start_another() -> str:
-            if probes + len(in_flight) >= self.max_trials:
-                return f"max trials ({self.max_trials}) reached"
-            runnable_seen = sum(1 for k in cache if not k.startswith("skip-"))
-            if self.distinct is not None and runnable_seen + len(in_flight) >= self.distinct:
-                return f"space exhausted (all {self.distinct} distinct configurations seen)"
-            if idle_asks >= _MAX_IDLE_ASKS:
-                return f"space exhausted (the sampler proposed only seen configurations {idle_asks} times)"
-            left = time_left()
-            if left is not None:
-                # measured walls; before any probe has landed, the predicted probe time
-                per_probe = self._median_probe_wall() or (
-                    self.deadlines.expected_s() if self.deadlines is not None else None) or 0.0
-                rounds = self.confirm.min_rounds if self.top_k else 0
-                reserve = per_probe * (self.top_k + 1) * rounds * 1.5 / max(1, self.executor.slots)
-                if left <= per_probe + reserve:
-                    return "time budget reached"
-            return ""
-
         if self._all_pruned():
-            stop_reason = "the memory model predicts every configuration far above the budget"
-        while not stop_reason or in_flight:
-            while len(in_flight) < max(1, self.executor.slots):
-                stop_reason = may_start_another()
-                if stop_reason:
-                    break
-                if enqueue_baseline is not None and seed_keys <= set(cache) | set(in_flight_keys):
-                    self.study.enqueue_trial(enqueue_baseline, user_attrs={"origin": "baseline"})
-                    enqueue_baseline = None
-                if extra and (probes > 0 or not self.seed_choices):
-                    # after the first probe has landed: a cold start's slowness falls on a seed
-                    cand = extra.pop(0)
-                    key = candidate_id(cand)
-                    if key in cache or key in in_flight_keys:
-                        continue
-                    ticket = self._submit(cand)
-                    in_flight[ticket] = (None, cand, key, {})
-                    in_flight_keys[key] = ticket
-                    submitted_at[ticket] = self.clock()
-                    self._emit("submit", label=candidate_label(cand), key=key, in_flight=len(in_flight),
-                               probes=probes + len(in_flight), max_trials=self.max_trials, time_left=time_left())
-                    continue
-                if self.sampler.waiting(self.study):
-                    if not in_flight:  # a scripted strategy (largest-fits, deepspeed) has run its course
-                        stop_reason = f"the {self.sampler.strategy} strategy has nothing more to propose"
-                    break
-                trial = self.study.ask()
-                choice = self._suggest(trial)
-                params = self._choice_params(choice)
-                built = candidate_from_choice(choice, effective_batch=self.effective_batch)
-                remeasure = bool(trial.user_attrs.get("remeasure"))
-                if isinstance(built, Skip):
-                    idle_asks += 1
-                    rec = cache.get(built.key)
-                    if rec is None:
-                        rec = self._add(TrialRecord(key=built.key, status="skipped", params=params,
-                                                    reason=built.reason, label=_choice_label(choice),
-                                                    origin=self._origin(built.key, trial)))
-                        cache[built.key] = rec
-                        self._emit("record", record=rec, best=self._best_so_far(), counts=self._counts(),
-                                   time_left=time_left())
-                    self._tell(trial, rec)
-                    continue
-                cand, key = built, candidate_id(built)
-                self._origins.setdefault(key, self._origin(key, trial))
-                if key in cache and not (remeasure and cache[key].probed and key not in in_flight_keys):
-                    # duplicate ask: answer from the cache, never probe twice (unless the sampler asks
-                    # for a re-measure: a would-be walk centre within the noise of the current one)
-                    idle_asks += 1
-                    self._tell(trial, cache[key])
-                    continue
-                if key in in_flight_keys:
-                    idle_asks += 1
-                    waiters.setdefault(key, []).append(trial)
-                    continue
-                proof = infer_infeasible(cand, cache.values())
-                reason = ""
-                status = ""
-                if proof is not None:
-                    status = proof.status
-                    pc = proof.candidate or {}
-                    reason = (
-                        f"inferred: micro_batch {pc.get('micro_batch')} with the same other choices was "
-                        f"{proof.status}" + (f" ({proof.reason})" if proof.reason else "")
-                    )
-                elif self.pruner is not None:
-                    pruned = self.pruner(cand)
-                    if pruned:
-                        status, reason = "over_budget", f"inferred: {pruned}"
-                if status:
-                    idle_asks += 1
-                    rec = self._add(TrialRecord(key=key, status=status, candidate=dataclasses.asdict(cand),
-                                                params=params, reason=reason, inferred=True,
-                                                label=candidate_label(cand), origin=self._origin(key, trial)))
-                    cache[key] = rec
-                    self._tell(trial, rec)
-                    self._emit("record", record=rec, best=self._best_so_far(), counts=self._counts(),
-                               time_left=time_left())
-                    continue
-                idle_asks = 0
-                if remeasure:
-                    params = {**params, "_remeasure": True}
-                ticket = self._submit(cand)
-                in_flight[ticket] = (trial, cand, key, params)
-                in_flight_keys[key] = ticket
-                submitted_at[ticket] = self.clock()
-                self._emit("submit", label=candidate_label(cand), key=key, in_flight=len(in_flight),
-                           probes=probes + len(in_flight), max_trials=self.max_trials, time_left=time_left())
-            if not in_flight:
+            loop.stop_reason = "the memory model predicts every configuration far above the budget"
+        while not loop.stop_reason or loop.in_flight:
+            self._fill(loop)
+            if not loop.in_flight:
                 break
-            landed = self.executor.poll(timeout=self.poll_interval_s)
-            if not landed:
-                self._emit("tick", in_flight=len(in_flight), time_left=time_left(), best=self._best_so_far())
-            for ticket, result in landed:
-                if ticket not in in_flight:
-                    continue
-                asked, cand, key, params = in_flight.pop(ticket)
-                result = self._landed(ticket, result)
-                in_flight_keys.pop(key, None)
-                self._durations.append(self.clock() - submitted_at.pop(ticket))
-                probes += 1
-                again = params.pop("_remeasure", False)
-                rec = self._record_from_result(key, cand, params, result, phase="recheck" if again else "search")
-                rec.origin = self._origin(key, asked) if not again else "recheck"
-                rec.warnings = self._check_load("during", self._submitted_wall.pop(ticket, None), rec.label)
-                self._note_noisy_composition(rec, result)
-                rec = self._add(rec)
-                if not again:
-                    cache[key] = rec
-                if asked is not None:
-                    self._tell(asked, rec, measured=True)
-                for waiter in waiters.pop(key, []):
-                    self._tell(waiter, rec)
-                self._emit("record", record=rec, best=self._best_so_far(), counts=self._counts(),
-                           time_left=time_left())
+            self._collect(loop)
         # asks that waited on a key whose probe never landed (cannot happen normally): mark failed
-        for trials in waiters.values():
+        for trials in loop.waiters.values():
             for t in trials:
                 self.study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
-
         ranking, best, best_record = self._confirm()
         counts = self._counts()
         wall = self.clock() - start
-        self._emit("done", best=best_record, counts=counts, wall_s=wall, stop_reason=stop_reason)
+        self._emit("done", best=best_record, counts=counts, wall_s=wall, stop_reason=loop.stop_reason)
         return SearchOutcome(
-            records=self.records,
-            best=best,
-            best_record=best_record,
-            ranking=ranking,
-            skipped_choices=self.skipped_choices,
-            counts=counts,
-            wall_s=wall,
-            stop_reason=stop_reason,
-            distinct_candidates=self.distinct,
-            warnings=self.warnings,
-            tie=self._tie,
+            records=self.records, best=best, best_record=best_record, ranking=ranking,
+            skipped_choices=self.skipped_choices, counts=counts, wall_s=wall, stop_reason=loop.stop_reason,
+            distinct_candidates=self.distinct, warnings=self.warnings, tie=self._tie,
             confirm_policy=self.confirm.to_dict(),
         )
+
+    def _begin(self, start: float) -> _Loop:
+        """The loop's state after a restore: the cache of seen keys, and where the baseline goes."""
+        loop = _Loop(start=start, cache={r.key: r for r in self.records if r.phase == "search"},
+                     probes=sum(1 for r in self.records if r.phase in ("search", "recheck") and r.probed))
+        # the baseline (the config a user would type) is probed like any other once the seeds are
+        # under way (a cold start's slowness falls on a seed): inside the space as an enqueued trial
+        # (origin "baseline"), outside it as an extra probe the sampler does not see
+        if self.baseline is not None:
+            bkey = candidate_id(self.baseline)
+            self._origins[bkey] = "baseline"
+            internal = self.sampler.params_of(self.baseline)
+            if internal is None:
+                loop.outside.add(bkey)
+            if bkey not in loop.cache:
+                waiting = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+                           if t.user_attrs.get("origin") == "baseline"]
+                if internal is not None and not waiting:
+                    loop.enqueue_baseline = internal
+                elif internal is None:
+                    loop.extra.append(self.baseline)
+        for choice in self.seed_choices:
+            built_seed = candidate_from_choice(choice, effective_batch=self.effective_batch)
+            if isinstance(built_seed, Candidate):
+                loop.seed_keys.add(candidate_id(built_seed))
+        return loop
+
+    def _time_left(self, loop: _Loop) -> float | None:
+        if self.time_budget_s is None:
+            return None
+        return self.time_budget_s - (self.clock() - loop.start)
+
+    def _why_stop(self, loop: _Loop) -> str:
+        """Why no further probe may start now ("" when one may)."""
+        if loop.probes + len(loop.in_flight) >= self.max_trials:
+            return f"max trials ({self.max_trials}) reached"
+        # the space's configurations seen or in flight (a re-measure in flight is one seen already)
+        seen = {k for k in loop.cache if not k.startswith("skip-")} | set(loop.in_flight_keys)
+        if self.distinct is not None and len(seen - loop.outside) >= self.distinct:
+            return f"space exhausted (all {self.distinct} distinct configurations seen)"
+        if loop.idle_asks >= _MAX_IDLE_ASKS:
+            return f"space exhausted (the sampler proposed only seen configurations {loop.idle_asks} times)"
+        left = self._time_left(loop)
+        if left is not None:
+            # measured walls; before any probe has landed, the predicted probe time
+            per_probe = self._median_probe_wall() or (
+                self.deadlines.expected_s() if self.deadlines is not None else None) or 0.0
+            rounds = self.confirm.min_rounds if self.top_k else 0
+            reserve = per_probe * (self.top_k + 1) * rounds * 1.5 / max(1, self.executor.slots)
+            if left <= per_probe + reserve:
+                return "time budget reached"
+        return ""
+
+    def _fill(self, loop: _Loop) -> None:
+        """Start probes until the slots are full, a stop applies, or the strategy waits for a landing."""
+        while len(loop.in_flight) < max(1, self.executor.slots):
+            loop.stop_reason = self._why_stop(loop)
+            if loop.stop_reason:
+                break
+            if loop.enqueue_baseline is not None and loop.seed_keys <= set(loop.cache) | set(loop.in_flight_keys):
+                self.study.enqueue_trial(loop.enqueue_baseline, user_attrs={"origin": "baseline"})
+                loop.enqueue_baseline = None
+            if loop.extra and (loop.probes > 0 or not self.seed_choices):
+                # after the first probe has landed: a cold start's slowness falls on a seed
+                cand = loop.extra.pop(0)
+                key = candidate_id(cand)
+                if key not in loop.cache and key not in loop.in_flight_keys:
+                    self._launch(loop, _InFlight(None, cand, key, {}))
+                continue
+            if self.sampler.waiting(self.study):
+                if not loop.in_flight:  # a scripted strategy (largest-fits, deepspeed) has run its course
+                    loop.stop_reason = f"the {self.sampler.strategy} strategy has nothing more to propose"
+                break
+            self._ask(loop)
+
+    def _ask(self, loop: _Loop) -> None:
+        """One ask: told at once (a skip, a duplicate, an inference), parked behind a probe of the same
+        key in flight, or launched."""
+        trial = self.study.ask()
+        choice = self.sampler.suggest_choice(trial)
+        params = self.sampler.plain_params(choice)
+        built = candidate_from_choice(choice, effective_batch=self.effective_batch)
+        remeasure = bool(trial.user_attrs.get("remeasure"))
+        if isinstance(built, Skip):
+            loop.idle_asks += 1
+            rec = loop.cache.get(built.key)
+            if rec is None:
+                rec = self._add(_records.skipped(built, params, choice=choice, origin=self._origin(built.key, trial)))
+                loop.cache[built.key] = rec
+                self._emit_record(loop, rec)
+            self._tell(trial, rec)
+            return
+        cand, key = built, candidate_id(built)
+        self._origins.setdefault(key, self._origin(key, trial))
+        if key in loop.cache and not (remeasure and loop.cache[key].probed and key not in loop.in_flight_keys):
+            # duplicate ask: answer from the cache, never probe twice (unless the sampler asks
+            # for a re-measure: a would-be walk centre within the noise of the current one)
+            loop.idle_asks += 1
+            self._tell(trial, loop.cache[key])
+            return
+        if key in loop.in_flight_keys:
+            loop.idle_asks += 1
+            loop.waiters.setdefault(key, []).append(trial)
+            return
+        status, reason = self._inferred_status(cand, loop.cache)
+        if status:
+            loop.idle_asks += 1
+            rec = self._add(_records.inferred(key, cand, params, status=status, reason=reason,
+                                              origin=self._origin(key, trial)))
+            loop.cache[key] = rec
+            self._tell(trial, rec)
+            self._emit_record(loop, rec)
+            return
+        loop.idle_asks = 0
+        self._launch(loop, _InFlight(trial, cand, key, params, remeasure=remeasure))
+
+    def _inferred_status(self, cand: Candidate, cache: dict[str, TrialRecord]) -> tuple[str, str]:
+        """(status, reason) of a configuration known not to fit without probing it; ("", "") to probe it."""
+        proof = infer_infeasible(cand, cache.values())
+        if proof is not None:
+            pc = proof.candidate or {}
+            return proof.status, (
+                f"inferred: micro_batch {pc.get('micro_batch')} with the same other choices was "
+                f"{proof.status}" + (f" ({proof.reason})" if proof.reason else "")
+            )
+        if self.pruner is not None:
+            pruned = self.pruner(cand)
+            if pruned:
+                return "over_budget", f"inferred: {pruned}"
+        return "", ""
+
+    def _launch(self, loop: _Loop, probe: _InFlight) -> None:
+        """Submit a search probe (an asked trial's, or the baseline outside the space)."""
+        ticket = self._submit(probe.candidate)
+        loop.in_flight[ticket] = probe
+        loop.in_flight_keys[probe.key] = ticket
+        loop.submitted_at[ticket] = self.clock()
+        self._emit("submit", label=candidate_label(probe.candidate), key=probe.key, in_flight=len(loop.in_flight),
+                   probes=loop.probes + len(loop.in_flight), max_trials=self.max_trials,
+                   time_left=self._time_left(loop))
+
+    def _collect(self, loop: _Loop) -> None:
+        """Wait for landings (up to the poll interval); record and tell each."""
+        landed = self.executor.poll(timeout=self.poll_interval_s)
+        if not landed:
+            self._emit("tick", in_flight=len(loop.in_flight), time_left=self._time_left(loop),
+                       best=self._best_so_far())
+        for ticket, result in landed:
+            if ticket in loop.in_flight:
+                self._land(loop, ticket, result)
+
+    def _land(self, loop: _Loop, ticket: str, result: ProbeResult) -> None:
+        probe = loop.in_flight.pop(ticket)
+        result = self._landed(ticket, result)
+        loop.in_flight_keys.pop(probe.key, None)
+        self._durations.append(self.clock() - loop.submitted_at.pop(ticket))
+        loop.probes += 1
+        label = candidate_label(probe.candidate)
+        warnings = self._check_load("during", self._submitted_wall.pop(ticket, None), label)
+        rec = _records.measured(probe.key, probe.candidate, probe.params, result,
+                                phase="recheck" if probe.remeasure else "search",
+                                origin="recheck" if probe.remeasure else self._origin(probe.key, probe.trial),
+                                warnings=warnings)
+        self._note_noisy_composition(rec, result)
+        rec = self._add(rec)
+        if not probe.remeasure:
+            loop.cache[probe.key] = rec
+        if probe.trial is not None:
+            self._tell(probe.trial, rec, measured=True)
+        for waiter in loop.waiters.pop(probe.key, []):
+            self._tell(waiter, rec)
+        self._emit_record(loop, rec)
+
+    def _emit_record(self, loop: _Loop, rec: TrialRecord) -> None:
+        self._emit("record", record=rec, best=self._best_so_far(), counts=self._counts(),
+                   time_left=self._time_left(loop))
 
     # ---------------------------------------------------------------- confirmation
 
@@ -686,11 +678,9 @@ class Searcher:
                 result = self._landed(ticket, result)
                 cand = rec.candidate_obj()
                 assert cand is not None
-                new = self._record_from_result(rec.key, cand, rec.params, result, phase="confirm",
-                                               repeat=round_index)
-                new.session = self.session
-                new.origin = rec.origin
-                new.warnings = self._check_load("during", self._submitted_wall.pop(ticket, None), rec.label)
+                warnings = self._check_load("during", self._submitted_wall.pop(ticket, None), rec.label)
+                new = _records.measured(rec.key, cand, rec.params, result, phase="confirm", repeat=round_index,
+                                        origin=rec.origin, session=self.session, warnings=warnings)
                 self._note_noisy_composition(new, result)
                 self._add(new)
                 self._emit("record", record=new, best=self._best_so_far(), counts=self._counts(), time_left=None)
@@ -763,18 +753,6 @@ class Searcher:
         best_record = next(r for r in ok if r.key == winner["key"])
         best = _best_result(best_record, self._confirm_values(winner["key"]), winner)
         return ranking, best, best_record
-
-
-def _float(v: Any) -> float | None:
-    try:
-        return float(v) if v is not None else None
-    except (TypeError, ValueError):
-        return None
-
-
-def _choice_label(choice: dict[str, Any]) -> str:
-    return " ".join(f"{k}={v}" for k, v in choice.items() if k in ("micro_batch", "gpus_per_trial", "zero_stage",
-                                                                      "offload", "sharding"))
 
 
 def _rank_entry(search: TrialRecord, confirms: list[TrialRecord], policy: ConfirmPolicy,

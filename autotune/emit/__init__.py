@@ -33,6 +33,7 @@ import yaml
 from autotune.emit._train_script import render_train_script
 from autotune.emit._train_sft_script import render_train_sft_script
 from autotune.errors import AutotuneError
+from autotune.formats import target_device
 from autotune.formats.accelerate import accelerate_config
 from autotune.formats.axolotl import axolotl_config
 from autotune.formats.deepspeed import emitted_deepspeed_config
@@ -72,17 +73,6 @@ def _located(location: str | None, name: str) -> str:
     """``name`` in the answer's folder: absolute when the folder is known (every client resolves a
     config path against the working directory, not against the file naming it), else bare."""
     return f"{location.rstrip('/')}/{name}" if location else name
-
-
-def target_device(best: ProbeResult) -> str:
-    """``cpu`` or ``cuda``: where the configuration was measured (a CPU probe gives a CPU config)."""
-    dev = str(best.request.get("settings", {}).get("device", "auto"))
-    if dev in ("cpu", "cuda"):
-        return dev
-    env_dev = str(best.env.get("device", ""))
-    if env_dev.startswith("cpu"):
-        return "cpu"
-    return "cuda"
 
 
 def _json(obj: Any) -> str:

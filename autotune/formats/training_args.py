@@ -284,6 +284,8 @@ def written_back(candidate: Candidate, cfg: Mapping[str, Any], at: Measured) -> 
     for key in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"):
         if isinstance(cfg.get(key), Mapping):
             wanted.pop(key, None)
+    if candidate.workers == 0 and cfg.get("dataloader_persistent_workers"):
+        wanted["dataloader_persistent_workers"] = False  # persistent workers need workers
     if at.device != "cuda" and (candidate.precision == "tf32" or "tf32" in cfg):
         wanted["tf32"] = candidate.precision in ("tf32", "bf16")
     return wanted

@@ -185,3 +185,7 @@ def test_the_keys_checked_before_the_search_cover_the_write_back(name: str) -> N
         for device in ("cuda", "cpu"):
             best = _best(cand, device=device, seq_len=cfg.request.get("seq_len", SEQ_LEN))
             assert set(tuned_file(cfg, dataclasses.asdict(cand), fields=FIELDS, best=best)[1]) <= keys
+
+
+def test_training_arguments_lever_keys_are_fields_of_the_installed_transformers() -> None:
+    assert _lever_keys("training_args") <= FIELDS | {"gradient_checkpointing", "gradient_checkpointing_kwargs"}

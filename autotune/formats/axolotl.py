@@ -92,7 +92,7 @@ LEVER_KEYS: dict[str, tuple[str, ...]] = {
     "mode": ("adapter", "load_in_4bit", "lora_r", "lora_alpha", "lora_target_modules", *LORA_KERNEL_KEYS),
 }
 # levers a write-back leaves as the file has them: the distributed set-up and the fine-tuning mode (the run's
-# mode is the file's)
+# mode is the file's; of the "mode" keys only the LoRA kernels, which autotune did not measure, are written off)
 HELD_LEVERS = ("zero_stage", "offload", "mode")
 
 # autotune attention -> Axolotl's attn_implementation (its canonical values)

@@ -75,7 +75,7 @@ def test_llamafactory_keys_are_its_pinned_releases_not_the_installed_transformer
     keys = known_keys("llamafactory", ta_fields=FIELDS)
     assert "activation_checkpointing" not in keys  # transformers 5.24 has it, LLaMA-Factory's 5.6 does not
     assert {"disable_gradient_checkpointing", "neat_packing", "warmup_ratio", "per_device_train_batch_size"} <= keys
-    from autotune.emit.llamafactory import accepted_fields, llamafactory_config
+    from autotune.formats.llamafactory import accepted_fields, llamafactory_config
 
     req = ProbeRequest(workload=Workload(model="tiny", seq_len=64), candidate=Candidate(),
                        settings=ProbeSettings(device="cpu"))

@@ -11,15 +11,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autotune.emit import axolotl as ax_mod
+import autotune.emit
 from autotune.emit import build_files, emit_all, trl_sft
-from autotune.emit import llamafactory as lf_mod
+from autotune.formats import axolotl as ax_mod
+from autotune.formats import llamafactory as lf_mod
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
 from autotune.spec.result import ProbeResult
 
 transformers = pytest.importorskip("transformers")
 
-SCHEMAS = Path(ax_mod.__file__).parent / "schemas"
+SCHEMAS = Path(autotune.emit.__file__).parent / "schemas"
 
 CASES = {
     "full-fp32": (Candidate(micro_batch=2, grad_accum=2, precision="fp32"), "full", "cpu"),
@@ -251,7 +252,7 @@ def test_train_sft_py_runs_on_a_save_to_disk_chat_dataset(tmp_path, fields, pack
 
     pytest.importorskip("trl")
     datasets = pytest.importorskip("datasets")
-    tok_dir = Path(ax_mod.__file__).parent.parent / "models" / "tokenizers" / "tiny-chat"
+    tok_dir = Path(autotune.emit.__file__).parent.parent / "models" / "tokenizers" / "tiny-chat"
     chat = [
         {"role": "user", "content": "how fast is the model ?"},
         {"role": "assistant", "content": "very fast ."},

@@ -323,23 +323,15 @@ def _plan_write_back(source: Any, out: str | None) -> dict[str, Any]:
     """Check, before the search, that the tuned file can be written: the ``--write-back`` target
     (not a folder, link, device or read-only file) and the file's constructs (editable in place).
     Returns what ``_write_back`` needs: the target and the hash of what it held when checked."""
-    import dataclasses
     from pathlib import Path
 
     from autotune.cli.check import installed_sft_fields, installed_training_fields
     from autotune.errors import SpecError
-    from autotune.formats import uneditable
-    from autotune.spec.probe_request import Candidate
+    from autotune.formats import uneditable, writable_keys
     from autotune.store.atomic import check_write_target, content_state
 
     fields = installed_sft_fields() if source.format == "trl" else installed_training_fields()[0]
-    keys: set[str] = set()
-    for cand in (Candidate(), Candidate(micro_batch=2, grad_accum=2, grad_ckpt=True, attn="eager", workers=2,
-                                        pin_memory=False, precision="fp32", packing=True, optim="adamw_torch_fused",
-                                        torch_compile=True, liger=True), Candidate(precision="fp16"),
-                 Candidate(precision="tf32")):
-        keys |= set(source.module.tuned_keys(dataclasses.asdict(cand), source.data, fields=fields))
-    why = uneditable(source.name, source.text, keys)
+    why = uneditable(source.name, source.text, writable_keys(source, fields=fields))
     if why:
         raise SpecError(f"{why} (checked before the search; nothing was run or written)")
     target = Path(out) if out else None
@@ -360,7 +352,7 @@ def _write_back(source: Any, result: Any, plan: dict[str, Any], err: Console) ->
     from autotune.formats import tuned_file, unified_diff
     from autotune.store.atomic import beside, check_write_target, content_state, write_text_atomic
 
-    text, updates = tuned_file(source, dataclasses.asdict(result.candidate), fields=plan["fields"])
+    text, updates = tuned_file(source, dataclasses.asdict(result.candidate), fields=plan["fields"], best=result.best)
     diff = unified_diff(source.name, source.text, text)
     write_text_atomic(Path(result.run_dir) / "best" / (source.name + ".diff"), diff)
     target = plan["target"] or Path(result.run_dir) / "best" / source.name

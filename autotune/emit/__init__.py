@@ -1,6 +1,9 @@
 """Emitters: the best probe result -> ready-to-use config files.  [pure, apart from emit_all's write]
 
-``build_files`` computes every file's text (pure, tested); ``emit_all`` writes them atomically.
+``build_files`` computes every file's text (pure, tested); ``emit_all`` writes them atomically. What each
+file holds is its framework's module in ``autotune.formats`` (one lever-to-key table per framework, which
+the write-back into a user's file uses too); this package picks the files, renders the scripts and
+writes the bundle.
 
 Files (in ``best/``):
 - ``training_args.json``: ``TrainingArguments(output_dir=..., **json)`` on the installed transformers
@@ -9,10 +12,10 @@ Files (in ``best/``):
 - ``lora_config.json`` (lora/qlora): ``peft.LoraConfig(**json)``
 - ``accelerate_config.yaml``: ``accelerate launch --config_file accelerate_config.yaml train.py ...``
 - ``deepspeed.json`` (ZeRO through DeepSpeed): DeepSpeed's own config format, concrete values
-- ``sft_config.json``: ``trl.SFTConfig(output_dir=..., **json)`` (autotune.emit.trl_sft), with
+- ``sft_config.json``: ``trl.SFTConfig(output_dir=..., **json)`` (autotune.formats.trl), with
   ``train_sft.py`` that runs TRL's SFTTrainer on it (needs trl, datasets; not autotune)
-- ``axolotl.yaml``: Axolotl's config keys (autotune.emit.axolotl), checked against its schema
-- ``llamafactory.yaml``: ``llamafactory-cli train llamafactory.yaml`` (autotune.emit.llamafactory)
+- ``axolotl.yaml``: Axolotl's config keys (autotune.formats.axolotl), checked against its schema
+- ``llamafactory.yaml``: ``llamafactory-cli train llamafactory.yaml`` (autotune.formats.llamafactory)
 - ``train.py``: a minimal script that uses them and feeds the Trainer the batches the probe measured
   (it imports ``autotune.probe.collate`` from the installed autotune)
 """
@@ -29,17 +32,15 @@ import yaml
 
 from autotune.emit._train_script import render_train_script
 from autotune.emit._train_sft_script import render_train_sft_script
-from autotune.emit.axolotl import axolotl_config
-from autotune.emit.llamafactory import llamafactory_config
-from autotune.emit.training_args import (
-    accelerate_config,
-    emitted_deepspeed_config,
-    emitted_model_kwargs,
-    emitted_training_args,
-    lora_config,
-)
-from autotune.emit.trl_sft import sft_config
 from autotune.errors import AutotuneError
+from autotune.formats import target_device
+from autotune.formats.accelerate import accelerate_config
+from autotune.formats.axolotl import axolotl_config
+from autotune.formats.deepspeed import emitted_deepspeed_config
+from autotune.formats.llamafactory import llamafactory_config
+from autotune.formats.model import emitted_model_kwargs, lora_config
+from autotune.formats.training_args import emitted_training_args
+from autotune.formats.trl import sft_config
 from autotune.spec.result import ProbeResult
 from autotune.store.atomic import write_text_atomic
 
@@ -72,17 +73,6 @@ def _located(location: str | None, name: str) -> str:
     """``name`` in the answer's folder: absolute when the folder is known (every client resolves a
     config path against the working directory, not against the file naming it), else bare."""
     return f"{location.rstrip('/')}/{name}" if location else name
-
-
-def target_device(best: ProbeResult) -> str:
-    """``cpu`` or ``cuda``: where the configuration was measured (a CPU probe gives a CPU config)."""
-    dev = str(best.request.get("settings", {}).get("device", "auto"))
-    if dev in ("cpu", "cuda"):
-        return dev
-    env_dev = str(best.env.get("device", ""))
-    if env_dev.startswith("cpu"):
-        return "cpu"
-    return "cuda"
 
 
 def _json(obj: Any) -> str:

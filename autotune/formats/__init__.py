@@ -8,10 +8,16 @@ format accepts (Axolotl from ``autotune/emit/schemas/axolotl_keys.json``, record
 release parses, recorded from an install with ``tools/record_client_fields.py``; TrainingArguments / SFTConfig
 from the installed packages, passed in);
 ``write_back_text`` changes the tuned keys of the user's file and nothing else.
+
+The training frameworks' modules (``training_args``, ``trl``, ``axolotl``, ``llamafactory``) each hold one
+lever-to-key table (``LEVER_KEYS``, ``lever_values``) that the emitted file (``autotune.emit``) and the
+write-back (:func:`tuned_file`) both use; :func:`measured_at` says what the values depend on besides the
+candidate (the device, the sequence length, the mean real length packed rows are counted from).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass, field
@@ -21,13 +27,15 @@ from typing import Any
 
 from autotune.errors import SpecError
 from autotune.formats import accelerate, axolotl, deepspeed, llamafactory, training_args, trl
-from autotune.formats._common import REQUEST_FIELDS
+from autotune.formats._common import REQUEST_FIELDS, Measured
 from autotune.formats._inputs import value_problems
 from autotune.formats._types import type_problems
 from autotune.formats._writeback import is_yaml_name, uneditable, write_back_text
+from autotune.spec.result import ProbeResult
 
 __all__ = [
     "FORMATS",
+    "Measured",
     "REQUEST_FIELDS",
     "ReadConfig",
     "detect_format",
@@ -35,13 +43,16 @@ __all__ = [
     "key_source",
     "key_source_label",
     "known_keys",
+    "measured_at",
     "parse_text",
     "read_config",
+    "target_device",
     "translate",
     "tuned_file",
     "type_problems",
     "uneditable",
     "unified_diff",
+    "writable_keys",
     "value_problems",
     "write_back_text",
 ]
@@ -200,10 +211,36 @@ def translate(fmt: str, text: str) -> str:
     return text.replace(", ,", ",").replace(" ,", ",").strip().rstrip(",")
 
 
-def tuned_file(cfg: ReadConfig, candidate: dict[str, Any], *, fields: set[str] | None = None) -> tuple[str, dict[str, Any]]:
+def target_device(best: ProbeResult) -> str:
+    """``cpu`` or ``cuda``: where the configuration was measured (a CPU probe gives a CPU config)."""
+    dev = str(best.request.get("settings", {}).get("device", "auto"))
+    if dev in ("cpu", "cuda"):
+        return dev
+    env_dev = str(best.env.get("device", ""))
+    if env_dev.startswith("cpu"):
+        return "cpu"
+    return "cuda"
+
+
+def measured_at(best: ProbeResult, *, fields: set[str] | None = None, device: str | None = None) -> Measured:
+    """What the lever keys of ``best``'s configuration depend on besides its levers: where it was measured,
+    the sequence length and the mean real length (the rows a packed micro-batch fills)."""
+    wl = best.probe_request().workload
+    mean = best.metrics.get("mean_seq_len")
+    return Measured(device=device or target_device(best), mode=wl.mode, seq_len=wl.seq_len,
+                    mean_seq_len=float(mean) if isinstance(mean, (int, float)) else None,
+                    fields=None if fields is None else frozenset(fields))
+
+
+def tuned_file(cfg: ReadConfig, candidate: dict[str, Any], *, fields: set[str] | None = None,
+               best: ProbeResult | None = None) -> tuple[str, dict[str, Any]]:
     """(the user's file text with the tuned keys changed, those keys and values) for ``candidate``
-    (``dataclasses.asdict`` of an ``autotune.spec.Candidate``)."""
-    updates = cfg.module.tuned_keys(candidate, cfg.data, fields=fields)
+    (``dataclasses.asdict`` of an ``autotune.spec.Candidate``). ``best``: the result it was measured in;
+    with it the keys are the emitted file's exactly (packed rows, TF32 on a GPU, the sequence length),
+    without it the levers that need no measurement."""
+    at = measured_at(best, fields=fields) if best is not None else Measured(
+        fields=None if fields is None else frozenset(fields))
+    updates = cfg.module.tuned_keys(candidate, cfg.data, fields=fields, at=at)
     return write_back_text(cfg.name, cfg.text, updates), updates
 
 
@@ -212,3 +249,18 @@ def unified_diff(name: str, before: str, after: str) -> str:
 
     return "".join(difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
                                         fromfile=f"a/{name}", tofile=f"b/{name}"))
+
+
+def writable_keys(cfg: ReadConfig, *, fields: set[str] | None = None) -> set[str]:
+    """Every key a write-back into ``cfg`` may change, whatever the search picks (checked before it)."""
+    from autotune.spec.probe_request import Candidate
+
+    at = Measured(device="cuda", seq_len=1, mean_seq_len=1.0, fields=None if fields is None else frozenset(fields))
+    keys: set[str] = set()
+    for cand in (Candidate(), Candidate(micro_batch=2, grad_accum=2, grad_ckpt=True, attn="eager", workers=2,
+                                        pin_memory=False, precision="fp32", packing=True, optim="adamw_torch_fused",
+                                        torch_compile=True, liger=True), Candidate(precision="fp16"),
+                 Candidate(precision="tf32")):
+        for where in (at, Measured(fields=at.fields)):
+            keys |= set(cfg.module.tuned_keys(dataclasses.asdict(cand), cfg.data, fields=fields, at=where))
+    return keys

@@ -9,14 +9,20 @@ A format module maps one config format to autotune and back, both directions in 
 - ``VOCAB``: TrainingArguments name -> this format's key (or a phrase where it has none)
 - ``tuned_keys(candidate, cfg) -> dict``: the format's keys to change for a tuned candidate (only
   those whose value differs from what the file means now, so a write-back touches nothing else)
+
+A training framework's module (``training_args``, ``trl``, ``axolotl``, ``llamafactory``) also holds
+``LEVER_KEYS`` (lever -> the keys that carry it) and ``lever_values(candidate, at)``, the one table of
+what each lever is written as; the emitted file (``autotune.emit``) and the write-back both take the
+lever keys from it, so the file handed out and the file written back train the batch that was measured.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["REQUEST_FIELDS", "changed", "local_dataset"]
+__all__ = ["REQUEST_FIELDS", "Measured", "changed", "local_dataset", "packed_rows"]
 
 # model / mode / seq_len / effective_batch are held from the file; the rest describe its current levers.
 REQUEST_FIELDS = (
@@ -43,3 +49,32 @@ def local_dataset(path: Any) -> str | None:
     if isinstance(path, str) and path.endswith((".jsonl", ".json", ".parquet")) and not path.startswith("hf://"):
         return path
     return None
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Where a configuration was measured, besides its levers: what some lever keys depend on.
+
+    ``device``: ``cpu`` or ``cuda`` (None: not known, a write-back keeps the file's device keys);
+    ``mode``: full, lora or qlora (a write-back's is the file's);
+    ``seq_len``: the measured sequence length; ``mean_seq_len``: the probe's mean real sequence length
+    (None for an older result); ``fields``: the installed TrainingArguments' (or SFTConfig's) field names."""
+
+    device: str | None = None
+    mode: str | None = None
+    seq_len: int | None = None
+    mean_seq_len: float | None = None
+    fields: frozenset[str] | None = None
+
+
+def packed_rows(micro_batch: int, at: Measured) -> int:
+    """Full rows of ``seq_len`` that hold one measured micro-batch's real tokens (at least 1).
+
+    autotune's micro-batch counts SEQUENCES; Axolotl's ``sample_packing``, LLaMA-Factory's ``packing`` and
+    TRL's ``packing`` pack the dataset into rows of the sequence length ahead of training and their batch
+    size counts ROWS. Without a mean length (an older result) the measured micro-batch is taken as full
+    rows (the memory the probe's worst case held)."""
+    mean, seq_len = at.mean_seq_len, at.seq_len
+    if not mean or mean <= 0 or not seq_len:
+        return micro_batch
+    return max(1, min(micro_batch, round(micro_batch * mean / seq_len)))

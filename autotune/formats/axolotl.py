@@ -1,13 +1,24 @@
-"""Axolotl YAML (``axolotl train config.yml``).  [pure]
+"""Axolotl YAML (``axolotl train config.yml``): the emitted ``axolotl.yaml`` and a user's file, both ways.  [pure]
 
 Key names and defaults from Axolotl's pydantic schema (``AxolotlInputConfig``; the accepted key set
-and its commit are in ``autotune/emit/schemas/axolotl_keys.json``). Axolotl ignores keys its schema does not have (pydantic's
-default), so an unknown key is a setting that silently does nothing.
+and its commit are in ``autotune/emit/schemas/axolotl_keys.json``, read from axolotl-ai-cloud/axolotl by
+tools/extract_target_keys.py; Axolotl itself does not install beside transformers 5.24). Axolotl ignores
+keys its schema does not have (pydantic's default), so an unknown key is a setting that silently does nothing.
 
-Semantics: with ``sample_packing`` Axolotl's ``micro_batch_size`` counts packed rows of
-``sequence_len`` tokens, autotune's micro-batch counts sequences; with fixed-length data (autotune's
-default synthetic workload) the two are the same number, with shorter real rows one Axolotl row holds
-several sequences (see the README).
+:func:`lever_values` is the one table of what each lever is written as (``LEVER_KEYS`` names the keys);
+:func:`axolotl_config` (the emitted file) and :func:`tuned_keys` (the write-back) both take the levers from it.
+
+Packing differs. autotune's ``micro_batch`` counts SEQUENCES and packs each micro-batch's sequences
+into rows with per-sequence attention. Axolotl's ``sample_packing`` bin-packs the whole dataset into
+rows of ``sequence_len`` ahead of training (block-diagonal attention with sdpa/eager/flash) and its
+``micro_batch_size`` counts those ROWS. The ``micro_batch_size`` written is therefore the number of
+full rows that holds the real tokens of one measured micro-batch (``packed_rows``): the same tokens
+per optimizer step, and rows x sequence_len never exceeds what the probe's worst-case micro-batch held.
+
+Levers Axolotl switches on by itself are written explicitly as measured: for a LoRA/QLoRA config it
+auto-enables its LoRA kernels (``lora_mlp_kernel``, ``lora_qkv_kernel``, ``lora_o_kernel``,
+``lora_embedding_kernel``) unless one is set, and autotune never measured those, so they are written
+``false`` (``LORA_KERNEL_KEYS``).
 """
 
 from __future__ import annotations
@@ -15,10 +26,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from autotune.formats._common import changed, local_dataset
-from autotune.formats.training_args import precision_of
+from autotune.formats._common import Measured, changed, local_dataset, packed_rows
+from autotune.formats.model import LORA_DROPOUT
+from autotune.formats.training_args import (
+    LEARNING_RATES,
+    RUN_DEFAULTS,
+    WARMUP_RATIO,
+    candidate_of,
+    precision_of,
+)
+from autotune.spec.probe_request import Candidate, Workload
 
-__all__ = ["NAME", "LABEL", "VOCAB", "MARKERS", "AXOLOTL_LOADER_DEFAULTS", "deprecations", "detect", "to_request",
+__all__ = ["NAME", "LABEL", "VOCAB", "MARKERS", "AXOLOTL_LOADER_DEFAULTS", "ATTN_VALUES", "HELD_LEVERS", "LEVER_KEYS",
+           "LIGER_PLUGIN", "LORA_KERNEL_KEYS", "axolotl_config", "deprecations", "detect", "lever_values", "to_request",
            "to_checklist", "tuned_keys"]
 
 NAME = "axolotl"
@@ -44,11 +64,41 @@ _ATTN_BOOLS = {"flash_attention": "flash_attention_2", "sdp_attention": "sdpa", 
 DEFAULTS: dict[str, Any] = {
     "micro_batch_size": 1, "gradient_accumulation_steps": 1, "gradient_checkpointing": False,
     "sample_packing": False, "dataloader_num_workers": 0, "dataloader_pin_memory": True, "bf16": False,
-    "fp16": False, "optimizer": "adamw_torch_fused", "torch_compile": False,
+    "fp16": False, "optimizer": "adamw_torch_fused", "torch_compile": False, "pad_to_sequence_len": False,
+    "liger_rms_norm": False, "liger_glu_activation": False, "liger_fused_linear_cross_entropy": False,
 }  # fmt: skip
 
+# Axolotl's LoRA kernels, auto-enabled for LoRA/QLoRA configs that leave them unset (not measured by autotune)
+LORA_KERNEL_KEYS = ("lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "lora_embedding_kernel")
+LIGER_PLUGIN = "axolotl.integrations.liger.LigerPlugin"
+_LIGER_KEYS = ("liger_rms_norm", "liger_glu_activation", "liger_fused_linear_cross_entropy")
 
-_LORA_KERNELS = ("lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "lora_embedding_kernel")
+# autotune lever -> the Axolotl key(s) that carry it
+LEVER_KEYS: dict[str, tuple[str, ...]] = {
+    "micro_batch": ("micro_batch_size",),
+    "grad_accum": ("gradient_accumulation_steps",),
+    "grad_ckpt": ("gradient_checkpointing", "gradient_checkpointing_kwargs"),
+    "attn": ("attn_implementation",),
+    "precision": ("bf16", "fp16", "tf32"),
+    "packing": ("sample_packing", "pad_to_sequence_len", "micro_batch_size"),
+    "optim": ("optimizer",),
+    "workers": ("dataloader_num_workers",),
+    "pin_memory": ("dataloader_pin_memory",),
+    "torch_compile": ("torch_compile",),
+    "liger": ("plugins", *_LIGER_KEYS),
+    "zero_stage": ("deepspeed", "fsdp_version", "fsdp_config"),
+    "offload": ("deepspeed", "fsdp_config"),
+    "seq_len": ("sequence_len",),
+    "mode": ("adapter", "load_in_4bit", "lora_r", "lora_alpha", "lora_target_modules", *LORA_KERNEL_KEYS),
+}
+# levers a write-back leaves as the file has them: the distributed set-up and the fine-tuning mode (the run's
+# mode is the file's; of the "mode" keys only the LoRA kernels, which autotune did not measure, are written off)
+HELD_LEVERS = ("zero_stage", "offload", "mode")
+
+# autotune attention -> Axolotl's attn_implementation (its canonical values)
+ATTN_VALUES = {"eager": "eager", "sdpa": "sdpa", "flash_attention_2": "flash_attention_2",
+               "flex_attention": "flex_attention"}  # fmt: skip
+
 _LOADER_KEYS = ("dataloader_num_workers", "dataloader_pin_memory", "dataloader_prefetch_factor")
 # what Axolotl sets when none of _LOADER_KEYS is given: one worker per GPU (WORLD_SIZE), pinned, prefetch 256
 AXOLOTL_LOADER_DEFAULTS = {"dataloader_num_workers": 1, "dataloader_pin_memory": True}
@@ -171,32 +221,131 @@ def deprecations(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-def tuned_keys(candidate: Mapping[str, Any], cfg: Mapping[str, Any], **_: Any) -> dict[str, Any]:
+def lever_values(candidate: Candidate, at: Measured) -> dict[str, Any]:
+    """The Axolotl keys of the levers (``LEVER_KEYS``; the distributed set-up is :func:`axolotl_config`'s,
+    it names the DeepSpeed file), each with the value that was measured."""
     c = candidate
-    prec = c["precision"]
-    wanted: dict[str, Any] = {
-        "micro_batch_size": c["micro_batch"],
-        "gradient_accumulation_steps": c["grad_accum"],
-        "gradient_checkpointing": bool(c["grad_ckpt"]),
-        "sample_packing": bool(c["packing"]),
-        "dataloader_num_workers": c["workers"],
-        "dataloader_pin_memory": bool(c["pin_memory"]),
-        "optimizer": c["optim"],
-        "torch_compile": bool(c["torch_compile"]),
+    out: dict[str, Any] = {
+        "micro_batch_size": packed_rows(c.micro_batch, at) if c.packing else c.micro_batch,
+        "gradient_accumulation_steps": c.grad_accum,
+        "attn_implementation": ATTN_VALUES[c.attn],
+        "gradient_checkpointing": bool(c.grad_ckpt),
+        "bf16": c.precision == "bf16",
+        "fp16": c.precision == "fp16",
+        "optimizer": c.optim,
+        "dataloader_num_workers": c.workers,
+        "dataloader_pin_memory": bool(c.pin_memory),
+        "sample_packing": bool(c.packing),
+        "torch_compile": bool(c.torch_compile),
     }
-    if not (prec == "bf16" and cfg.get("bf16") == "auto"):
-        wanted["bf16"] = prec == "bf16"
-        wanted["fp16"] = prec == "fp16"
-    if prec == "tf32" or "tf32" in cfg:
-        wanted["tf32"] = prec in ("tf32", "bf16")
-    if _mode(cfg) != "full" and all(cfg.get(k) is None for k in _LORA_KERNELS):
-        # Axolotl auto-enables its LoRA kernels when none is set; autotune measured without them
-        wanted.update(dict.fromkeys(_LORA_KERNELS, False))
-    if _attn(cfg) != c["attn"]:
+    if at.seq_len is not None:
+        out["sequence_len"] = at.seq_len
+    if at.device == "cuda":
+        out["tf32"] = c.precision in ("tf32", "bf16")
+    if c.grad_ckpt:
+        out["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
+    if c.packing:
+        out["pad_to_sequence_len"] = True
+    if c.liger:
+        out["plugins"] = [LIGER_PLUGIN]
+        out.update(dict.fromkeys(_LIGER_KEYS, True))
+    if at.mode in ("lora", "qlora"):
+        out.update(dict.fromkeys(LORA_KERNEL_KEYS, False))
+    return out
+
+
+def axolotl_config(
+    candidate: Candidate,
+    workload: Workload,
+    *,
+    mean_seq_len: float | None = None,
+    deepspeed_path: str | None = None,
+    device: str = "cuda",
+    dataset_type: str | None = None,
+) -> tuple[dict[str, Any], list[str]]:
+    """``(config, notes)``: the YAML mapping and the comments to write above it (what differs)."""
+    c, wl = candidate, workload
+    at = Measured(device=device, mode=wl.mode, seq_len=wl.seq_len, mean_seq_len=mean_seq_len)
+    notes: list[str] = []
+    cfg: dict[str, Any] = {
+        "base_model": wl.model,
+        **lever_values(c, at),
+        "learning_rate": LEARNING_RATES[wl.mode],
+        "lr_scheduler": RUN_DEFAULTS["lr_scheduler_type"],
+        "warmup_ratio": WARMUP_RATIO,
+        "num_epochs": float(RUN_DEFAULTS["num_train_epochs"]),
+        "logging_steps": RUN_DEFAULTS["logging_steps"],
+        "save_steps": RUN_DEFAULTS["save_steps"],
+        "save_total_limit": RUN_DEFAULTS["save_total_limit"],
+        "seed": wl.seed,
+        "output_dir": "./outputs/autotune",
+    }
+    if c.packing:
+        notes.append(
+            f"packing: autotune measured micro-batches of {c.micro_batch} sequences packed into rows; "
+            "Axolotl's sample_packing packs the dataset into rows of sequence_len and micro_batch_size "
+            f"counts rows: {cfg['micro_batch_size']} row(s) hold the same real tokens per micro-batch"
+            + ("" if mean_seq_len else " (no mean length recorded: rows = measured sequences, an upper bound)")
+        )
+    if wl.mode in ("lora", "qlora"):
+        cfg["adapter"] = wl.mode
+        cfg["lora_r"] = wl.lora_r
+        cfg["lora_alpha"] = wl.lora_alpha
+        cfg["lora_dropout"] = LORA_DROPOUT
+        cfg["lora_target_modules"] = list(wl.lora_targets)
+        if wl.mode == "qlora":
+            cfg["load_in_4bit"] = True
+    if c.zero_stage > 0 and c.sharding == "deepspeed":
+        cfg["deepspeed"] = deepspeed_path or "deepspeed.json"
+    elif c.zero_stage > 0 and c.sharding == "fsdp":
+        cfg["fsdp_version"] = 2
+        cfg["fsdp_config"] = {
+            "reshard_after_forward": c.zero_stage == 3,
+            "offload_params": c.offload != "none",
+            "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        }
+    if device == "cpu":
+        notes.append("measured on the CPU: Axolotl trains on GPUs; re-tune on the target GPU")
+    if dataset_type is not None and wl.dataset:
+        cfg["datasets"] = [{"path": wl.dataset, "type": dataset_type}]
+    else:
+        notes.append("datasets: add your data, e.g. datasets: [{path: DATA, type: chat_template}]")
+    return cfg, notes
+
+
+def tuned_keys(
+    candidate: Candidate | Mapping[str, Any], cfg: Mapping[str, Any], *, fields: set[str] | None = None,
+    at: Measured | None = None,
+) -> dict[str, Any]:
+    """The keys a write-back changes: :func:`lever_values` for the file's mode, in the file's own spellings
+    (``bf16: auto`` kept for bf16, the deprecated attention booleans turned off), changed where they differ."""
+    c = candidate_of(candidate)
+    at = at or Measured()
+    at = Measured(device=at.device, mode=_mode(cfg), seq_len=at.seq_len, mean_seq_len=at.mean_seq_len,
+                  fields=at.fields)
+    wanted = lever_values(c, at)
+    if c.precision == "bf16" and cfg.get("bf16") == "auto":
+        del wanted["bf16"], wanted["fp16"]
+    if at.device != "cuda" and (c.precision == "tf32" or "tf32" in cfg):
+        wanted["tf32"] = c.precision in ("tf32", "bf16")
+    if any(cfg.get(k) is not None for k in LORA_KERNEL_KEYS):
+        for key in LORA_KERNEL_KEYS:  # one set: Axolotl enables none itself, the file's choice stands
+            wanted.pop(key, None)
+    if isinstance(cfg.get("gradient_checkpointing_kwargs"), Mapping):
+        wanted.pop("gradient_checkpointing_kwargs", None)  # a mapping: the file's own (not editable in place)
+    if not c.packing and cfg.get("pad_to_sequence_len"):
+        wanted["pad_to_sequence_len"] = False
+    if c.liger:
+        if isinstance(cfg.get("plugins"), list):
+            wanted.pop("plugins")  # a list: the file's own (not editable in place)
+    else:
+        wanted.update({k: False for k in _LIGER_KEYS if cfg.get(k)})
+    attn = wanted.pop("attn_implementation")
+    if _attn(cfg) != c.attn:
         bool_key = next((k for k, v in _ATTN_BOOLS.items() if cfg.get(k) is True), None)
         if bool_key is not None and "attn_implementation" not in cfg:
             wanted[bool_key] = False
-        wanted["attn_implementation"] = c["attn"]
+        wanted["attn_implementation"] = attn
     defaults = dict(DEFAULTS)
     if all(cfg.get(k) is None for k in _LOADER_KEYS):
         defaults.update(AXOLOTL_LOADER_DEFAULTS)  # what Axolotl would set: a measured 0 workers must be written

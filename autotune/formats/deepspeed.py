@@ -1,11 +1,17 @@
-"""DeepSpeed JSON (``"deepspeed": "ds.json"`` in TrainingArguments / Axolotl / LLaMA-Factory).  [pure]"""
+"""DeepSpeed JSON (``"deepspeed": "ds.json"`` in TrainingArguments / Axolotl / LLaMA-Factory).  [pure]
+
+Both directions: :func:`deepspeed_config` / :func:`emitted_deepspeed_config` write the measured ZeRO set-up
+(``deepspeed.json``); ``to_request`` / ``tuned_keys`` read and write back a user's file."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["NAME", "LABEL", "VOCAB", "detect", "to_request", "to_checklist", "tuned_keys"]
+from autotune.spec.probe_request import Candidate
+
+__all__ = ["NAME", "LABEL", "VOCAB", "deepspeed_config", "detect", "emitted_deepspeed_config", "to_request",
+           "to_checklist", "tuned_keys"]
 
 NAME = "deepspeed"
 LABEL = "DeepSpeed"
@@ -44,3 +50,64 @@ def tuned_keys(candidate: Mapping[str, Any], cfg: Mapping[str, Any], **_: Any) -
     if isinstance(cfg.get("gradient_accumulation_steps"), int):
         out["gradient_accumulation_steps"] = candidate["grad_accum"]
     return {k: v for k, v in out.items() if cfg.get(k) != v}
+
+
+def deepspeed_config(candidate: Candidate) -> dict[str, Any] | None:
+    """A DeepSpeed config for ZeRO stage > 0 with ``auto`` values the HF integration fills in."""
+    if candidate.zero_stage == 0 or candidate.sharding != "deepspeed":
+        return None
+    zero: dict[str, Any] = {"stage": candidate.zero_stage, "overlap_comm": True, "contiguous_gradients": True}
+    if candidate.offload in ("optimizer", "params"):
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if candidate.offload == "params":
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    if candidate.zero_stage == 3:
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+    cfg: dict[str, Any] = {
+        "zero_optimization": zero,
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "train_batch_size": "auto",
+        "gradient_clipping": "auto",
+        "bf16": {"enabled": "auto"},
+        "fp16": {"enabled": "auto"},
+    }
+    if candidate.offload != "none":
+        # ZeRO-Offload refuses a torch optimizer: name DeepSpeed's AdamW (CPU-Adam when offloaded),
+        # its hyper-parameters filled in from the TrainingArguments ("auto")
+        if candidate.optim in ("adamw_torch", "adamw_torch_fused"):
+            cfg["optimizer"] = {
+                "type": "AdamW",
+                "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"},
+            }
+        else:
+            cfg["zero_force_ds_cpu_optimizer"] = False
+    return cfg
+
+
+def emitted_deepspeed_config(
+    candidate: Candidate, *, max_grad_norm: float = 1.0, learning_rate: float = 2e-5
+) -> dict[str, Any] | None:
+    """``deepspeed.json``: :func:`deepspeed_config` with the ``auto`` values resolved.
+
+    DeepSpeed's own config class cannot read ``auto``; concrete values that equal the
+    TrainingArguments are also accepted by the HF integration. ``train_batch_size`` is left out:
+    DeepSpeed derives it as micro-batch x accumulation x world size.
+    """
+    cfg = deepspeed_config(candidate)
+    if cfg is None:
+        return None
+    cfg = dict(cfg)
+    cfg.pop("train_batch_size", None)
+    cfg["train_micro_batch_size_per_gpu"] = candidate.micro_batch
+    cfg["gradient_accumulation_steps"] = candidate.grad_accum
+    cfg["gradient_clipping"] = max_grad_norm
+    cfg["bf16"] = {"enabled": candidate.precision == "bf16"}
+    cfg["fp16"] = {"enabled": candidate.precision == "fp16"}
+    if "optimizer" in cfg:
+        # TrainingArguments' AdamW defaults; the learning rate is the emitted training_args' one
+        cfg["optimizer"] = {
+            "type": "AdamW",
+            "params": {"lr": learning_rate, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0},
+        }
+    return cfg

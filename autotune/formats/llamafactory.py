@@ -1,27 +1,48 @@
-"""LLaMA-Factory YAML (``llamafactory-cli train config.yaml``) and the DeepSpeed JSON it names.  [pure]
+"""LLaMA-Factory YAML (``llamafactory-cli train config.yaml``): the emitted ``llamafactory.yaml`` and a user's
+file, both ways.  [pure]
 
-LLaMA-Factory parses one flat file into its Model/Data/Finetuning/Generating arguments plus
-transformers' ``Seq2SeqTrainingArguments``, and rejects keys none of them has (``HfArgumentParser``
-with ``allow_extra_keys`` off unless ``ALLOW_EXTRA_ARGS`` is set). Its own key set and commit are
-in ``autotune/emit/schemas/llamafactory_keys.json``; the TrainingArguments part is the installed transformers'.
+LLaMA-Factory parses one flat file into its Model/Data/Finetuning/Generating arguments plus a
+TrainingArguments that extends transformers' ``Seq2SeqTrainingArguments``, and rejects keys none of them
+has (``HfArgumentParser`` with ``allow_extra_keys`` off unless ``ALLOW_EXTRA_ARGS`` is set). Its own keys
+are checked against the dataclasses it declares (autotune/emit/schemas/llamafactory_keys.json, read from
+hiyouga/LLaMA-Factory by tools/extract_target_keys.py); the transformers keys are the ones
+:func:`autotune.formats.training_args.emitted_training_args` writes for the installed transformers
+(LLaMA-Factory pins its own transformers and does not install beside 5.24).
 
-``packing``/``neat_packing`` pack into rows of ``cutoff_len`` tokens (neat_packing keeps attention
-within each sequence, as autotune's packing does, and turns ``packing`` on itself); as for Axolotl,
-micro-batch then counts rows. Checkpointing is LLaMA-Factory's own switch, ON unless
-``disable_gradient_checkpointing: true`` (``use_reentrant_gc`` defaults to true); it has no
-``activation_checkpointing`` (its transformers predates the rename) and would refuse the key.
+:func:`lever_values` is the one table of what each lever is written as (``LEVER_KEYS`` names the keys);
+:func:`llamafactory_config` (the emitted file) and :func:`tuned_keys` (the write-back) both take the levers
+from it. Differences from what autotune measured, written as comments into the emitted file:
+- packing: LLaMA-Factory packs the dataset into rows of ``cutoff_len`` ahead of training and
+  ``per_device_train_batch_size`` counts rows; ``neat_packing`` keeps sequences apart (block-diagonal
+  4D mask for sdpa/eager, varlen for fa2), like autotune's packing (and turns ``packing`` on itself).
+  The batch size written is the number of full rows holding one measured micro-batch's tokens
+  (:func:`autotune.formats._common.packed_rows`).
+- gradient checkpointing is LLaMA-Factory's own switch, ON unless ``disable_gradient_checkpointing: true``
+  (``use_reentrant_gc`` defaults to true); it has no ``activation_checkpointing`` (its transformers
+  predates the rename) and would refuse the key.
+- flex_attention has no ``flash_attn`` value: ``auto`` is written and a comment says so.
+- LLaMA-Factory runs its own pinned transformers: a TrainingArguments key the installed transformers has
+  and that one lacks is left out (``accepted`` is the release's recorded argument set,
+  schemas/llamafactory_fields.json) and a comment names it.
+- data: LLaMA-Factory reads files registered in ``dataset_info.json``; a ``save_to_disk`` folder cannot be
+  registered (its Arrow and JSON files are refused together), so the comment gives the export command.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from importlib import resources
 from typing import Any
 
 from autotune.formats import training_args as _ta
-from autotune.formats._common import changed
+from autotune.formats._common import Measured, changed, packed_rows
+from autotune.formats.model import LORA_DROPOUT
+from autotune.spec.probe_request import Candidate, ProbeRequest
 
-__all__ = ["NAME", "LABEL", "VOCAB", "MARKERS", "checkpointing_on", "detect", "to_request", "to_checklist",
-           "tuned_keys"]
+__all__ = ["NAME", "LABEL", "VOCAB", "MARKERS", "DEFAULTS", "FLASH_ATTN_VALUES", "HELD_LEVERS", "LEVER_KEYS", "OWN_KEYS",
+           "accepted_fields", "checkpointing_on", "dataset_note", "detect", "lever_values", "llamafactory_config",
+           "to_request", "to_checklist", "tuned_keys"]
 
 NAME = "llamafactory"
 LABEL = "LLaMA-Factory"
@@ -33,13 +54,165 @@ VOCAB: dict[str, str] = {
     "attn_implementation": "flash_attn",
     "use_liger_kernel": "enable_liger_kernel",
 }
+LEVER_KEYS: dict[str, tuple[str, ...]] = {
+    **{k: v for k, v in _ta.LEVER_KEYS.items() if k not in ("grad_ckpt", "liger")},
+    "grad_ckpt": ("disable_gradient_checkpointing", "use_reentrant_gc"),
+    "attn": ("flash_attn",),
+    "packing": ("packing", "neat_packing", "per_device_train_batch_size"),
+    "liger": ("enable_liger_kernel",),
+    "seq_len": ("cutoff_len",),
+    "mode": ("finetuning_type", "lora_rank", "lora_alpha", "lora_target", "quantization_bit"),
+}
+# levers a write-back leaves as the file has them: the distributed set-up and the fine-tuning mode
+HELD_LEVERS = ("zero_stage", "offload", "mode")
+
+# autotune attention -> LLaMA-Factory's AttentionFunction (auto, disabled, sdpa, fa2, fa3)
+FLASH_ATTN_VALUES = {
+    "eager": "disabled",
+    "sdpa": "sdpa",
+    "flash_attention_2": "fa2",
+    "flex_attention": "auto",
+}
+
+# keys written from LLaMA-Factory's own dataclasses (the rest are TrainingArguments')
+OWN_KEYS = frozenset({
+    "model_name_or_path", "stage", "finetuning_type", "lora_rank", "lora_alpha", "lora_dropout", "lora_target",
+    "quantization_bit", "quantization_method", "cutoff_len", "packing", "neat_packing", "flash_attn",
+    "disable_gradient_checkpointing", "use_reentrant_gc", "enable_liger_kernel", "dataset", "dataset_dir",
+    "template",
+})  # fmt: skip
+
+# TrainingArguments keys LLaMA-Factory sets from its own keys instead (left out of the file)
+_REPLACED = ("activation_checkpointing", "gradient_checkpointing", "activation_checkpointing_kwargs",
+             "gradient_checkpointing_kwargs", "use_liger_kernel", "remove_unused_columns")  # fmt: skip
+
+
+def _own_values(c: Candidate, at: Measured) -> dict[str, Any]:
+    """LLaMA-Factory's own keys of the levers, and the batch in packed rows."""
+    out: dict[str, Any] = {} if at.seq_len is None else {"cutoff_len": at.seq_len}
+    out["flash_attn"] = FLASH_ATTN_VALUES[c.attn]
+    out["disable_gradient_checkpointing"] = not c.grad_ckpt
+    if c.grad_ckpt:
+        out["use_reentrant_gc"] = False  # autotune measured non-reentrant checkpointing
+    out["enable_liger_kernel"] = bool(c.liger)
+    out["packing"] = bool(c.packing)
+    if c.packing:
+        out["neat_packing"] = True  # keeps sequences apart, as autotune's packing does
+        out["per_device_train_batch_size"] = packed_rows(c.micro_batch, at)
+    return out
+
+
+def lever_values(candidate: Candidate, at: Measured) -> dict[str, Any]:
+    """The LLaMA-Factory keys of every lever (``LEVER_KEYS``), each with the value that was measured:
+    TrainingArguments' (checkpointing and Liger in LLaMA-Factory's own keys) and its own."""
+    ta = {k: v for k, v in _ta.lever_values(candidate, at).items() if k not in _REPLACED}
+    return {**ta, **_own_values(candidate, at)}
 # flash_attn values (LLaMA-Factory's AttentionFunction) <-> attn_implementation
 _ATTN = {"disabled": "eager", "sdpa": "sdpa", "fa2": "flash_attention_2", "fa3": "flash_attention_3"}
-_ATTN_BACK = {v: k for k, v in _ATTN.items()}
 DEFAULTS = {**_ta.DEFAULTS, "packing": False, "neat_packing": False, "flash_attn": "auto",
             "enable_liger_kernel": False, "disable_gradient_checkpointing": False, "use_reentrant_gc": True}
 # TrainingArguments' checkpointing keys: LLaMA-Factory enables checkpointing on the model itself
 _TA_CKPT = ("activation_checkpointing", "gradient_checkpointing")
+
+
+def accepted_fields() -> set[str]:
+    """Every argument the pinned LLaMA-Factory release parses (schemas/llamafactory_fields.json)."""
+    path = resources.files("autotune").joinpath("emit", "schemas", "llamafactory_fields.json")
+    return set(json.loads(path.read_text(encoding="utf-8"))["fields"])
+
+
+_FILE_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv", ".arrow", ".txt")
+
+
+def dataset_note(dataset: str, *, split: str | None, column: str | None) -> str:
+    """What to do with the measured dataset in LLaMA-Factory: register a file, or export a folder first."""
+    path = dataset
+    steps = ""
+    if not dataset.lower().endswith(_FILE_SUFFIXES):
+        # a save_to_disk folder (or a Hub id's cache): dataset_info.json takes files of one type only
+        path = dataset.rstrip("/") + ".jsonl"
+        pick = f"[{split!r}]" if split else ""
+        steps = (f"export it first (a save_to_disk folder cannot be registered): python -c \"import datasets; "
+                 f"datasets.load_from_disk({dataset!r}){pick}.to_json({path!r})\"; then ")
+    if column == "text":
+        entry = {"autotune_data": {"file_name": path, "columns": {"prompt": "text"}}}
+        tail = "and set dataset: autotune_data, dataset_dir: (that folder), stage: pt"
+    else:
+        entry = {"autotune_data": {"file_name": path, "formatting": "sharegpt", "columns": {"messages": "messages"},
+                                   "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user",
+                                            "assistant_tag": "assistant", "system_tag": "system"}}}
+        tail = "and set dataset: autotune_data, dataset_dir: (that folder), template: (your model's template)"
+    return f"dataset: {steps}write dataset_info.json {json.dumps(entry)} {tail}"
+
+
+def llamafactory_config(
+    request: ProbeRequest,
+    *,
+    fields: set[str],
+    device: str,
+    mean_seq_len: float | None = None,
+    deepspeed_path: str | None = None,
+    accepted: set[str] | None = None,
+    dataset_column: str | None = None,
+) -> tuple[dict[str, Any], list[str]]:
+    """``(config, notes)``: the YAML mapping and the comments to write above it. ``accepted``: the
+    arguments the pinned LLaMA-Factory parses (default: :func:`accepted_fields`)."""
+    c, wl = request.candidate, request.workload
+    at = Measured(device=device, mode=wl.mode, seq_len=wl.seq_len, mean_seq_len=mean_seq_len,
+                  fields=frozenset(fields))
+    notes: list[str] = []
+    targs = _ta.emitted_training_args(request, fields=fields, device=device)
+    for key in _REPLACED:
+        targs.pop(key, None)
+    known = accepted_fields() if accepted is None else accepted
+    unknown = sorted(k for k in targs if k not in known)
+    for key in unknown:
+        targs.pop(key)
+    if unknown:
+        notes.append(f"left out (not arguments of LLaMA-Factory's transformers): {', '.join(unknown)}")
+    own = _own_values(c, at)
+    cfg: dict[str, Any] = {
+        "model_name_or_path": wl.model,
+        "stage": "sft",
+        "do_train": True,
+        "finetuning_type": "full" if wl.mode == "full" else "lora",
+        **{k: v for k, v in own.items() if k != "per_device_train_batch_size"},
+        "output_dir": "./outputs/autotune",
+    }
+    if c.attn == "flex_attention":
+        notes.append(
+            "attention: autotune measured flex_attention, which flash_attn cannot name; 'auto' lets "
+            "LLaMA-Factory choose (sdpa on most models)"
+        )
+    if wl.mode != "full":
+        cfg.update(
+            lora_rank=wl.lora_r,
+            lora_alpha=wl.lora_alpha,
+            lora_dropout=LORA_DROPOUT,
+            lora_target=",".join(wl.lora_targets),
+        )
+        if wl.mode == "qlora":
+            cfg.update(quantization_bit=4, quantization_method="bnb")
+    if "deepspeed" in targs:
+        targs["deepspeed"] = deepspeed_path or "deepspeed.json"
+    if c.packing:
+        targs["per_device_train_batch_size"] = own["per_device_train_batch_size"]
+        notes.append(
+            f"packing: autotune measured micro-batches of {c.micro_batch} sequences packed into rows with "
+            "per-sequence attention; LLaMA-Factory packs the dataset into rows of cutoff_len (neat_packing "
+            f"keeps sequences apart) and the batch size counts rows: {own['per_device_train_batch_size']} "
+            "row(s) hold the same real tokens"
+        )
+    if wl.dataset:
+        notes.append(dataset_note(wl.dataset, split=wl.split, column=dataset_column))
+    else:
+        notes.append(
+            "dataset: set dataset: NAME (from dataset_info.json) and template: (your model's template)"
+        )
+    if device == "cpu":
+        notes.append("measured on the CPU (use_cpu); re-tune on the target GPU")
+    cfg.update(targs)
+    return cfg, notes
 
 
 def checkpointing_on(cfg: Mapping[str, Any]) -> bool:
@@ -96,28 +269,21 @@ def to_checklist(cfg: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def tuned_keys(
-    candidate: Mapping[str, Any], cfg: Mapping[str, Any], *, fields: set[str] | None = None
+    candidate: Candidate | Mapping[str, Any], cfg: Mapping[str, Any], *, fields: set[str] | None = None,
+    at: Measured | None = None,
 ) -> dict[str, Any]:
-    wanted = _ta.lever_values(candidate, cfg, fields)
-    wanted["enable_liger_kernel"] = wanted.pop("use_liger_kernel")
-    for key in _TA_CKPT:
-        wanted.pop(key, None)
-    on = bool(candidate["grad_ckpt"])
-    # written whenever it differs from what the file does now, "off" included (LLaMA-Factory's default is on)
-    wanted["disable_gradient_checkpointing"] = not on
-    if on:
-        wanted["use_reentrant_gc"] = False  # autotune measured non-reentrant checkpointing
+    """The keys a write-back changes: :func:`lever_values`, checkpointing in LLaMA-Factory's own switch
+    (written whenever it differs from what the file does now, "off" included: its default is on)."""
+    c = _ta.candidate_of(candidate)
+    at = at or Measured(fields=None if fields is None else frozenset(fields))
+    wanted = {k: v for k, v in _ta.written_back(c, cfg, at).items() if k not in _REPLACED}
+    own = _own_values(c, at)
     if "gradient_checkpointing" in cfg:
-        wanted["gradient_checkpointing"] = on  # the Trainer's own switch would enable it again
-    # autotune's packing keeps sequences apart: neat_packing (which implies packing)
-    if candidate["packing"]:
-        wanted["packing"] = True
-        wanted["neat_packing"] = True
-    else:
-        wanted["packing"] = False
-        if cfg.get("neat_packing"):
-            wanted["neat_packing"] = False
+        wanted["gradient_checkpointing"] = bool(c.grad_ckpt)  # the Trainer's own switch would enable it again
+    if not c.packing and cfg.get("neat_packing"):
+        own["neat_packing"] = False
     current = _ATTN.get(str(cfg.get("flash_attn", "auto")))
-    if current is not None and current != candidate["attn"] or current is None and candidate["attn"] != "sdpa":
-        wanted["flash_attn"] = _ATTN_BACK.get(candidate["attn"], "auto")
+    if current == c.attn or current is None and c.attn == "sdpa":
+        del own["flash_attn"]  # what the file runs already ("auto" picks sdpa)
+    wanted.update(own)
     return changed(cfg, wanted, DEFAULTS)

@@ -1,6 +1,11 @@
-"""Hugging Face ``TrainingArguments`` as JSON or YAML (``TrainingArguments(**file)``).  [pure]
+"""Hugging Face ``TrainingArguments``: the emitted ``training_args.json`` and a user's JSON/YAML, both ways.  [pure]
 
-The key set is the installed transformers' (read by the caller and passed in as ``fields``).
+:func:`lever_values` is the one table of what each lever is written as (``LEVER_KEYS`` names the keys):
+the probe's arguments (:func:`probe_kwargs`), the emitted file (:func:`emitted_training_args`), TRL's and
+LLaMA-Factory's files and the write-back into a user's file (:func:`tuned_keys`) all take the levers from it,
+so the configuration handed out is the one measured. The caller passes the field names of the installed
+``TrainingArguments`` (transformers 5 renamed some, e.g. ``gradient_checkpointing`` ->
+``activation_checkpointing``), so this module never imports it.
 """
 
 from __future__ import annotations
@@ -8,9 +13,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from autotune.formats._common import changed
+from autotune.formats._common import Measured, changed
+from autotune.formats.deepspeed import deepspeed_config
+from autotune.spec.probe_request import Candidate, ProbeRequest, Workload
 
-__all__ = ["NAME", "LABEL", "VOCAB", "MARKERS", "detect", "to_request", "to_checklist", "tuned_keys", "precision_of"]
+__all__ = [
+    "NAME", "LABEL", "VOCAB", "MARKERS", "DEFAULTS", "LEVER_KEYS", "LEARNING_RATES", "RUN_DEFAULTS", "RUN_ONLY_KEYS",
+    "WARMUP_RATIO", "checkpointing_field", "detect", "emitted_training_args", "lever_values", "performance_kwargs",
+    "HELD_LEVERS", "candidate_of", "precision_of", "probe_kwargs", "to_checklist", "to_request", "tuned_keys",
+    "written_back",
+]  # fmt: skip
 
 NAME = "training_args"
 LABEL = "TrainingArguments"
@@ -21,12 +33,196 @@ MARKERS = frozenset({
     "num_train_epochs", "max_steps", "optim", "bf16", "fp16", "save_strategy", "logging_steps", "report_to",
 })  # fmt: skip
 
+# transformers >= 5 checkpoints non-reentrantly when no kwargs are given
+_NON_REENTRANT = {"use_reentrant": False}
 DEFAULTS: dict[str, Any] = {
     "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "bf16": False, "fp16": False,
     "gradient_checkpointing": False, "activation_checkpointing": False, "dataloader_num_workers": 0,
     "dataloader_pin_memory": True, "dataloader_persistent_workers": False, "optim": "adamw_torch_fused",
-    "torch_compile": False, "use_liger_kernel": False,
+    "torch_compile": False, "use_liger_kernel": False, "gradient_checkpointing_kwargs": _NON_REENTRANT,
+    "activation_checkpointing_kwargs": _NON_REENTRANT,
 }  # fmt: skip
+
+# autotune lever -> the TrainingArguments key(s) that carry it
+LEVER_KEYS: dict[str, tuple[str, ...]] = {
+    "micro_batch": ("per_device_train_batch_size",),
+    "grad_accum": ("gradient_accumulation_steps",),
+    "grad_ckpt": ("activation_checkpointing", "gradient_checkpointing", "activation_checkpointing_kwargs",
+                  "gradient_checkpointing_kwargs"),
+    "precision": ("bf16", "fp16", "tf32"),
+    "workers": ("dataloader_num_workers", "dataloader_persistent_workers"),
+    "pin_memory": ("dataloader_pin_memory",),
+    "optim": ("optim",),
+    "torch_compile": ("torch_compile",),
+    "liger": ("use_liger_kernel",),
+    "zero_stage": ("deepspeed", "fsdp", "fsdp_config"),
+    "offload": ("deepspeed", "fsdp", "ddp_backend"),
+    "attn": (),  # a model argument: model_kwargs.json
+}
+# levers a write-back leaves as the file has them: the distributed set-up (a DeepSpeed/FSDP config the user owns)
+HELD_LEVERS = ("zero_stage", "offload")
+# levers off by default, written into an emitted file only when on (an older transformers may lack the key)
+_ONLY_WHEN_ON = ("torch_compile", "use_liger_kernel")
+
+
+def checkpointing_field(fields: set[str] | frozenset[str]) -> str:
+    """The installed transformers' name for gradient checkpointing."""
+    return "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
+
+
+def _sharding_values(c: Candidate, device: str | None) -> dict[str, Any]:
+    kw: dict[str, Any] = {}
+    ds = deepspeed_config(c)
+    if ds is not None:
+        kw["deepspeed"] = ds
+    if c.sharding == "fsdp" and c.zero_stage > 0:
+        kw["fsdp"] = "full_shard auto_wrap" if c.zero_stage == 3 else "shard_grad_op auto_wrap"
+        fsdp_cfg: dict[str, Any] = {"version": 2}
+        if c.offload != "none":
+            kw["fsdp"] += " offload"
+            if device == "cuda":
+                # offloaded parameters are CPU DTensors: clip_grad_norm_ (and any collective on them)
+                # needs a gloo backend beside NCCL. `accelerate launch` picks this pair itself from its
+                # FSDP_OFFLOAD_PARAMS variable; TrainingArguments alone gave an NCCL-only group.
+                kw["ddp_backend"] = "cuda:nccl,cpu:gloo"
+        kw["fsdp_config"] = fsdp_cfg
+    return kw
+
+
+def lever_values(candidate: Candidate, at: Measured, *, ckpt_key: str | None = None) -> dict[str, Any]:
+    """The TrainingArguments keys of every lever (``LEVER_KEYS``), each with the value that was measured.
+
+    ``ckpt_key``: the checkpointing key to write (default: the installed transformers' name)."""
+    c = candidate
+    ckpt = ckpt_key or checkpointing_field(at.fields or frozenset())
+    kw: dict[str, Any] = {
+        "per_device_train_batch_size": c.micro_batch,
+        "gradient_accumulation_steps": c.grad_accum,
+        "bf16": c.precision == "bf16",
+        "fp16": c.precision == "fp16",
+        "dataloader_num_workers": c.workers,
+        "dataloader_pin_memory": c.pin_memory,
+        "optim": c.optim,
+        ckpt: c.grad_ckpt,
+        "torch_compile": bool(c.torch_compile),
+        "use_liger_kernel": bool(c.liger),
+    }
+    if c.workers > 0:
+        kw["dataloader_persistent_workers"] = True
+    if c.grad_ckpt:
+        # non-reentrant checkpointing works with frozen bases (LoRA) and is torch's recommendation
+        kw[f"{ckpt}_kwargs"] = dict(_NON_REENTRANT)
+    if at.device == "cuda":
+        # bf16 and TF32 both imply an Ampere-or-newer GPU, where tf32=True is valid. TrainingArguments
+        # raises on tf32=True elsewhere (T4, V100), so fp16/fp32 say False (always accepted; and
+        # without it transformers 5 turns TF32 on by itself for fp32, which would blur fp32 vs tf32).
+        kw["tf32"] = c.precision in ("tf32", "bf16")
+    kw.update(_sharding_values(c, at.device))
+    return kw
+
+
+def performance_kwargs(
+    candidate: Candidate, workload: Workload, *, fields: set[str], device: str
+) -> dict[str, Any]:
+    """The arguments that decide speed and memory (the probe's and the emitted file's). ``device`` is
+    ``"cpu"`` or ``"cuda"``."""
+    kw = lever_values(candidate, Measured(device=device, seq_len=workload.seq_len, fields=frozenset(fields)))
+    for key in _ONLY_WHEN_ON:
+        if not kw[key]:
+            del kw[key]
+    kw.update(seed=workload.seed, data_seed=workload.seed, remove_unused_columns=False)
+    if device == "cpu":
+        kw["use_cpu"] = True
+    unknown = sorted(k for k in kw if k not in fields)
+    if unknown:
+        # e.g. an older transformers without use_liger_kernel: say so rather than drop silently
+        raise ValueError(f"installed TrainingArguments lacks {', '.join(unknown)}")
+    return kw
+
+
+# Arguments where the probe's value is its own (a short measured run) and ``training_args.json``
+# carries a real run's: the schedule and the bookkeeping. Speed and memory depend on none of them;
+# every other argument is emitted with the probe's value (tests/test_train_script.py checks it).
+RUN_ONLY_KEYS = frozenset({
+    "max_steps", "lr_scheduler_type", "warmup_steps", "warmup_ratio", "save_strategy", "logging_strategy",
+    "report_to", "disable_tqdm", "train_sampling_strategy",
+})  # fmt: skip
+
+
+def probe_kwargs(request: ProbeRequest, *, fields: set[str], device: str) -> dict[str, Any]:
+    """Everything a probe passes to ``TrainingArguments`` (besides ``output_dir``)."""
+    kw = performance_kwargs(request.candidate, request.workload, fields=fields, device=device)
+    kw.update(
+        {
+            "max_steps": request.settings.warmup_steps + request.settings.steps,
+            "learning_rate": 2e-4 if request.workload.mode != "full" else 2e-5,
+            "lr_scheduler_type": "constant",
+            "warmup_steps": 0,
+            "save_strategy": "no",
+            "logging_strategy": "no",
+            "report_to": "none",
+            "disable_tqdm": True,
+        }
+    )
+    if "train_sampling_strategy" in fields:
+        # the probe's Trainer reads its dataset in the dataset's own sampler order anyway
+        # (autotune.probe.collate.measured_trainer_class); sequential is the plain Trainer's nearest
+        kw["train_sampling_strategy"] = "sequential"
+    return kw
+
+
+# ---------------------------------------------------------------------------------------------
+# Emitted configuration: the tuned knobs above plus sound defaults for a real run.
+# ---------------------------------------------------------------------------------------------
+
+# LoRA trains small adapters and tolerates (needs) a higher rate; full fine-tuning moves every weight.
+LEARNING_RATES: dict[str, float] = {"full": 2e-5, "lora": 2e-4, "qlora": 2e-4}
+
+# Defaults from the domain notes for everything a search does not tune: durable checkpoints with a
+# bounded number kept, regular logging, a cosine schedule with a short warm-up.
+RUN_DEFAULTS: dict[str, Any] = {
+    "num_train_epochs": 3,
+    "lr_scheduler_type": "cosine",
+    "logging_strategy": "steps",
+    "logging_steps": 10,
+    "logging_first_step": True,
+    "save_strategy": "steps",
+    "save_steps": 500,
+    "save_total_limit": 3,
+}
+WARMUP_RATIO = 0.03
+
+
+def emitted_training_args(
+    request: ProbeRequest,
+    *,
+    fields: set[str],
+    device: str,
+    report_to: str | list[str] = "none",
+) -> dict[str, Any]:
+    """``training_args.json``: loads unmodified as ``TrainingArguments(output_dir=..., **it)``.
+
+    The tuned knobs come from :func:`performance_kwargs` (the probe's own source), so what is
+    handed out is what was measured. Defaults the installed transformers does not know are dropped
+    (they are conveniences); ``warmup_ratio`` (removed in 5.2) is written as a fractional
+    ``warmup_steps`` where that is the installed spelling.
+
+    ``report_to`` defaults to ``"none"``: ``TrainingArguments`` accepts any integration name, but the
+    ``Trainer`` raises at construction when that integration is not installed, so only a caller that
+    has checked (the effectful side, e.g. tensorboard importable) should name one.
+    """
+    kw = performance_kwargs(request.candidate, request.workload, fields=fields, device=device)
+    extra: dict[str, Any] = dict(RUN_DEFAULTS)
+    extra["learning_rate"] = LEARNING_RATES[request.workload.mode]
+    if "warmup_ratio" in fields:
+        extra["warmup_ratio"] = WARMUP_RATIO
+    else:
+        extra["warmup_steps"] = WARMUP_RATIO  # transformers >= 5: a float < 1 is a ratio
+    extra["report_to"] = report_to
+    for key, value in extra.items():
+        if key in fields and key not in kw:
+            kw[key] = value
+    return kw
 
 
 def detect(cfg: Mapping[str, Any]) -> bool:
@@ -41,7 +237,7 @@ def precision_of(bf16: Any, fp16: Any, tf32: Any) -> str:
     return "tf32" if tf32 is True else "fp32"
 
 
-def _ckpt_key(cfg: Mapping[str, Any], fields: set[str] | None) -> str:
+def _ckpt_key(cfg: Mapping[str, Any], fields: set[str] | frozenset[str] | None) -> str:
     for key in ("activation_checkpointing", "gradient_checkpointing"):
         if key in cfg:
             return key
@@ -73,30 +269,31 @@ def to_checklist(cfg: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return {"training_args": dict(cfg)}
 
 
-def lever_values(candidate: Mapping[str, Any], cfg: Mapping[str, Any], fields: set[str] | None) -> dict[str, Any]:
-    """TrainingArguments keys for the candidate's levers (as autotune's own emitter names them)."""
-    c = candidate
-    prec = c["precision"]
-    out: dict[str, Any] = {
-        "per_device_train_batch_size": c["micro_batch"],
-        "gradient_accumulation_steps": c["grad_accum"],
-        "bf16": prec == "bf16",
-        "fp16": prec == "fp16",
-        _ckpt_key(cfg, fields): bool(c["grad_ckpt"]),
-        "dataloader_num_workers": c["workers"],
-        "dataloader_pin_memory": bool(c["pin_memory"]),
-        "optim": c["optim"],
-        "torch_compile": bool(c["torch_compile"]),
-        "use_liger_kernel": bool(c["liger"]),
-    }
-    if c["workers"] > 0:
-        out["dataloader_persistent_workers"] = True
-    if prec == "tf32" or "tf32" in cfg:
-        out["tf32"] = prec in ("tf32", "bf16")
-    return out
+def candidate_of(candidate: Candidate | Mapping[str, Any]) -> Candidate:
+    """A ``Candidate`` from itself or its ``dataclasses.asdict`` form."""
+    return candidate if isinstance(candidate, Candidate) else Candidate(**dict(candidate))
+
+
+def written_back(candidate: Candidate, cfg: Mapping[str, Any], at: Measured) -> dict[str, Any]:
+    """:func:`lever_values` as a write-back into ``cfg`` writes them: in the checkpointing key the file
+    uses, the distributed set-up held (``HELD_LEVERS``), checkpointing kwargs the file states kept (a
+    mapping cannot be edited in place), and off a GPU TF32 written only where the file names it."""
+    held = {k for lever in HELD_LEVERS for k in LEVER_KEYS[lever]}
+    wanted = {k: v for k, v in lever_values(candidate, at, ckpt_key=_ckpt_key(cfg, at.fields)).items()
+              if k not in held}
+    for key in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"):
+        if isinstance(cfg.get(key), Mapping):
+            wanted.pop(key, None)
+    if candidate.workers == 0 and cfg.get("dataloader_persistent_workers"):
+        wanted["dataloader_persistent_workers"] = False  # persistent workers need workers
+    if at.device != "cuda" and (candidate.precision == "tf32" or "tf32" in cfg):
+        wanted["tf32"] = candidate.precision in ("tf32", "bf16")
+    return wanted
 
 
 def tuned_keys(
-    candidate: Mapping[str, Any], cfg: Mapping[str, Any], *, fields: set[str] | None = None
+    candidate: Candidate | Mapping[str, Any], cfg: Mapping[str, Any], *, fields: set[str] | None = None,
+    at: Measured | None = None,
 ) -> dict[str, Any]:
-    return changed(cfg, lever_values(candidate, cfg, fields), DEFAULTS)
+    at = at or Measured(fields=None if fields is None else frozenset(fields))
+    return changed(cfg, written_back(candidate_of(candidate), cfg, at), DEFAULTS)

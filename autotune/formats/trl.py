@@ -1,9 +1,22 @@
-"""TRL ``SFTConfig`` as JSON or YAML: TrainingArguments plus TRL's own fields.  [pure]
+"""TRL ``SFTConfig``: the emitted ``sft_config.json`` and a user's JSON/YAML, both ways.  [pure]
 
-autotune's packing (several sequences in one row, no padding, attention kept per sequence through
-position ids) is TRL's ``padding_free: true``; ``packing: true`` (best-fit decreasing bins of
-``max_length``) also runs padding-free in TRL >= 0.20, so either key counts as packing when read,
-and a write-back sets the one the file already uses (``packing`` if neither).
+``trl.SFTConfig`` subclasses ``transformers.TrainingArguments``, so every tuned TrainingArguments key
+is carried over unchanged (:func:`autotune.formats.training_args.lever_values`, the probe's own source);
+this module adds TRL's keys (:func:`lever_values`: sequence length and packing) and reads them back.
+
+Packing. autotune's ``micro_batch`` counts SEQUENCES; with packing, a micro-batch's sequences are
+laid into rows with per-sequence attention (autotune.probe.collate). TRL 1.16 refuses
+``padding_free=True`` without ``packing`` while ``max_length`` is set (it would not truncate), so
+the emitted form is TRL's own packing: ``packing=True, packing_strategy="bfd"``, which packs the
+dataset into rows of ``max_length`` ahead of training, is padding-free (flattened rows, restarting
+``position_ids``) and counts ROWS per micro-batch. ``per_device_train_batch_size`` is therefore the
+number of full rows that holds one measured micro-batch's real tokens
+(:func:`autotune.formats._common.packed_rows`), in the emitted file and in a write-back alike. Sequences
+stay apart with flash_attention_2/3 (varlen) and, because ``SFTTrainer`` calls the model with
+``use_cache=False``, with sdpa/eager on transformers 5.x as well (the model derives a block-causal mask
+from the restarting positions; with ``use_cache=True`` it would not: measured logit difference 4e-8 vs
+0.17 on a tiny Llama). A user's file that packs with ``padding_free: true`` alone (no bins) keeps it:
+there the batch counts sequences, as autotune's does.
 """
 
 from __future__ import annotations
@@ -12,9 +25,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from autotune.formats import training_args as _ta
-from autotune.formats._common import changed, local_dataset
+from autotune.formats._common import Measured, changed, local_dataset, packed_rows
+from autotune.spec.probe_request import Candidate, ProbeRequest
 
-__all__ = ["NAME", "LABEL", "VOCAB", "MARKERS", "detect", "to_request", "to_checklist", "tuned_keys"]
+__all__ = ["NAME", "LABEL", "VOCAB", "MARKERS", "DEFAULTS", "LEVER_KEYS", "HELD_LEVERS", "SFT_KEYS", "PACKING_NOTE",
+           "TRL_PACKING_QUALITY_NOTE", "detect", "lever_values", "sft_config", "sft_probe_overrides", "to_request",
+           "to_checklist", "tuned_keys"]
 
 NAME = "trl"
 LABEL = "TRL SFTConfig"
@@ -25,7 +41,86 @@ MARKERS = frozenset({
     "assistant_only_loss", "model_init_kwargs", "dataset_num_proc", "eval_packing", "pad_to_multiple_of",
     "chat_template_path", "activation_offloading", "dataset_kwargs", "truncation_mode", "shuffle_dataset",
 })  # fmt: skip
-DEFAULTS = {**_ta.DEFAULTS, "packing": False, "padding_free": False}
+DEFAULTS = {**_ta.DEFAULTS, "packing": False, "padding_free": False, "packing_strategy": "bfd"}
+
+# Keys TRL's SFTConfig adds to TrainingArguments that autotune writes (checked against the installed
+# trl by tests/test_emit_targets.py).
+SFT_KEYS = frozenset({"max_length", "packing", "packing_strategy"})
+
+# autotune lever -> the SFTConfig key(s) that carry it (TrainingArguments' plus TRL's own).
+LEVER_KEYS: dict[str, tuple[str, ...]] = {
+    **_ta.LEVER_KEYS,
+    "packing": ("packing", "packing_strategy", "padding_free", "per_device_train_batch_size"),
+    "seq_len": ("max_length",),
+    "attn": (),  # a model argument: model_kwargs.json / SFTConfig.model_init_kwargs
+}
+HELD_LEVERS = _ta.HELD_LEVERS
+
+
+def _own_values(c: Candidate, at: Measured) -> dict[str, Any]:
+    """TRL's keys: the sequence length, packing, and the batch in packed rows."""
+    kw: dict[str, Any] = {} if at.seq_len is None else {"max_length": at.seq_len}
+    kw["packing"] = bool(c.packing)
+    if c.packing:
+        kw["packing_strategy"] = "bfd"
+        kw["per_device_train_batch_size"] = packed_rows(c.micro_batch, at)
+    return kw
+
+
+def lever_values(candidate: Candidate, at: Measured) -> dict[str, Any]:
+    """The SFTConfig keys of every lever (``LEVER_KEYS``), each with the value that was measured."""
+    return {**_ta.lever_values(candidate, at), **_own_values(candidate, at)}
+
+
+PACKING_NOTE = (
+    "packing -> packing=true, packing_strategy=bfd: TRL packs the dataset into rows of max_length and "
+    "per_device_train_batch_size counts rows (autotune measured micro-batches of sequences): the rows "
+    "written hold one measured micro-batch's real tokens"
+)
+
+
+# What a ``--trainer trl`` probe with packing records as a quality note (probe result, summary, report).
+TRL_PACKING_QUALITY_NOTE = (
+    "TRL packing (packing_strategy=bfd, padding-free) differs from autotune's: TRL packs the whole dataset into "
+    "rows of max_length before training, so an optimizer step holds other sequences than the unpacked run "
+    "(rows, not sequences, per micro-batch; sequences longer than max_length are truncated); attention stays "
+    "per-sequence (restarting position_ids, use_cache=False). `autotune run --trainer trl --verify-loss` "
+    "measures the loss difference against the unpacked HF default"
+)
+
+
+def sft_probe_overrides(request: ProbeRequest, *, fields: set[str], device: str) -> dict[str, Any]:
+    """What a ``--trainer trl`` probe changes in ``sft_config.json``: the run-only keys (schedule,
+    bookkeeping; :data:`autotune.formats.training_args.RUN_ONLY_KEYS`) set to the probe's values, nothing
+    that decides speed or memory.
+
+    The probe builds ``SFTConfig(**sft_config(...), **these)``, so every measured key is the emitted one.
+    The data order stays SFTTrainer's own (its seeded sampler, as ``train_sft.py`` reads), not the hf
+    probe's sequential one.
+    """
+    probe = _ta.probe_kwargs(request, fields=fields, device=device)
+    return {k: probe[k] for k in sorted(_ta.RUN_ONLY_KEYS - {"train_sampling_strategy"}) if k in probe}
+
+
+def sft_config(
+    request: ProbeRequest,
+    *,
+    fields: set[str],
+    device: str,
+    report_to: str | list[str] = "none",
+    mean_seq_len: float | None = None,
+) -> dict[str, Any]:
+    """``sft_config.json``: loads as ``trl.SFTConfig(output_dir=..., **it)``.
+
+    ``fields``: the installed TrainingArguments' field names (SFTConfig has them all).
+    """
+    kw = _ta.emitted_training_args(request, fields=fields, device=device, report_to=report_to)
+    # the probe feeds pre-built batches and so keeps every column; SFTTrainer drops what it does not use
+    kw.pop("remove_unused_columns", None)
+    at = Measured(device=device, mode=request.workload.mode, seq_len=request.workload.seq_len,
+                  mean_seq_len=mean_seq_len, fields=frozenset(fields))
+    kw.update(_own_values(request.candidate, at))
+    return kw
 
 
 def detect(cfg: Mapping[str, Any]) -> bool:
@@ -55,9 +150,16 @@ def to_checklist(cfg: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def tuned_keys(
-    candidate: Mapping[str, Any], cfg: Mapping[str, Any], *, fields: set[str] | None = None
+    candidate: Candidate | Mapping[str, Any], cfg: Mapping[str, Any], *, fields: set[str] | None = None,
+    at: Measured | None = None,
 ) -> dict[str, Any]:
-    wanted = _ta.lever_values(candidate, cfg, fields)
-    key = "padding_free" if "padding_free" in cfg and "packing" not in cfg else "packing"
-    wanted[key] = bool(candidate["packing"])
+    """The keys a write-back changes: :func:`lever_values` in the file's own packing key."""
+    c = _ta.candidate_of(candidate)
+    at = at or Measured(fields=None if fields is None else frozenset(fields))
+    wanted = _ta.written_back(c, cfg, at)
+    if "padding_free" in cfg and "packing" not in cfg:
+        wanted["padding_free"] = bool(c.packing)  # padding-free without bins: the batch counts sequences
+        wanted.update({k: v for k, v in _own_values(c, at).items() if k == "max_length"})
+    else:
+        wanted.update(_own_values(c, at))
     return changed(cfg, wanted, DEFAULTS)

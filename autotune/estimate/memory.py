@@ -12,7 +12,7 @@ training step (from the second step on, once optimizer states exist):
   (torch's foreach AdamW on CUDA allocates one fp32 copy of the parameters for ``sqrt(v)``; the
   single-tensor CPU path only per tensor; fused AdamW none).
 
-Conventions (autotune's, see ``autotune/emit/training_args.py::model_dtype``):
+Conventions (autotune's, see ``autotune/formats/model.py::model_dtype``):
 
 * Full fine-tuning builds the model in fp32 and trains with AMP autocast (``bf16=True``): fp32
   weights (4 B) + fp32 grads (4 B) + two fp32 AdamW states (8 B) = 16 B/param, plus the 16-bit copies

@@ -79,3 +79,23 @@ def test_an_unsupported_configuration_stops_before_the_meter_starts() -> None:
     res = worker.run_probe_in_process(req, launch_time=time.time())
     assert res.status == "unsupported" and "fp16" in res.reason
     assert res.env["device_type"] == "cpu" and "rss_baseline_bytes" not in res.metrics
+
+
+def test_a_trl_lora_probe_counts_the_adapter_among_its_parameters() -> None:
+    # SFTTrainer applies lora_config.json itself: the parameters counted at the build were the base
+    # alone, while the trainable ones (counted after) were the adapter's, so "N (M trainable)" did
+    # not add up as the hf probe's does
+    pytest.importorskip("trl")
+    from pathlib import Path
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    tokenizer = Path(__file__).resolve().parents[1] / "autotune" / "models" / "tokenizers" / "tiny-chat"
+    req = _tiny(mode="lora", trainer="trl", tokenizer=str(tokenizer))
+    res = worker.run_probe_in_process(req, launch_time=time.time())
+    assert res.status == "ok", res.reason
+    base = sum(p.numel() for p in AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(req.workload.model_path))
+               .parameters())  # fmt: skip
+    m = res.metrics
+    assert 0 < m["trainable_params"] < base
+    assert m["num_params"] == base + m["trainable_params"]

@@ -833,7 +833,10 @@ def _trainer_stage(
                 device=device, callbacks=[_make_callback(meter)], num_optimizer_steps=probe.window.max_optimizer_steps,
                 worst_case_first=usable is not None, metrics=metrics,
             )
-            metrics["trainable_params"] = int(sum(p.numel() for p in trainer.model.parameters() if p.requires_grad))
+            # SFTTrainer applied the adapter: count again, as the hf probe counts after _apply_peft
+            params = list(trainer.model.parameters())
+            metrics["num_params"] = int(sum(p.numel() for p in params))
+            metrics["trainable_params"] = int(sum(p.numel() for p in params if p.requires_grad))
         else:
             trainer = _hf_trainer(probe, model, emitted, meter, out_dir=out_dir, early_args=early_args)
     except (DatasetError, SpecError) as exc:

@@ -21,6 +21,11 @@ micro-step is timed too (CUDA events on a GPU, so nothing extra is synchronised)
 the candidate's true accumulation is composed from a non-boundary micro-step and the boundary
 (``autotune.probe.compose``). The window stops once the composed figure is stable. The result's
 request, and everything emitted from it, keep the true accumulation.
+
+The worker runs in stages (``run_probe_in_process``): the window and device, the arguments derived
+from ``autotune.emit.training_args`` (computed once: the model's, the adapter's, the
+TrainingArguments), the meter of the device kind (CPU: RSS growth and perf_counter marks; GPU: the
+CUDA context, the allocator cap, NVML and CUDA events), then build -> trainer -> train -> verdict.
 """
 
 from __future__ import annotations
@@ -556,7 +561,13 @@ def _emitted(req: ProbeRequest, timed: ProbeRequest, device: str) -> _Emitted:
 def run_probe_in_process(
     req: ProbeRequest, *, launch_time: float, result_path: str | None = None
 ) -> ProbeResult:
-    """Measure ``req`` in this process. Never raises for a failed configuration."""
+    """Measure ``req`` in this process. Never raises for a failed configuration.
+
+    Stages: ``_begin`` (the window, the imports), ``_device_stage`` (device, pre-checks, rank),
+    ``_emitted`` (the emit-derived arguments, once), the meter of this device kind
+    (``_start_cpu_meter`` / ``_start_gpu_meter``), then ``_measure``: distributed set-up, build,
+    trainer (TRL or HF), train, verdict.
+    """
     probe = _begin(req, launch_time, result_path)
     try:
         device, dist = _device_stage(probe)
@@ -626,19 +637,39 @@ def _device_stage(probe: _Probe) -> tuple[str, tuple[int, int, int] | None]:
     return device, dist
 
 
-class _CpuMeter:
+class _DeviceMeter:
+    """What a probe measures with on its kind of device (``_CpuMeter``, ``_GpuMeter``): the step
+    marks and synchronisation the step meter uses, and the memory and utilisation samplers."""
+
+    kind: str
+    sampler: Any = None  # RssSampler on cpu
+    nvml: Any = None  # NvmlSampler on a GPU
+
+    def sync(self) -> None:
+        return None
+
+    def mark(self) -> Any:
+        raise NotImplementedError
+
+    def before_build(self, metrics: dict[str, Any]) -> None:
+        return None
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def record_memory(self, metrics: dict[str, Any], usable: int | None) -> None:
+        _record_memory(metrics, self.kind, self.sampler, self.nvml, usable)
+
+
+class _CpuMeter(_DeviceMeter):
     """A CPU probe's meter: perf_counter marks, nothing to synchronise, memory as the RSS growth
     over a baseline taken just before the build (and past the budget the probe stops at once)."""
 
     kind = "cpu"
-    nvml = None
-    mark = staticmethod(_cpu_mark)
+    mark = staticmethod(_cpu_mark)  # type: ignore[assignment]
 
     def __init__(self, sampler: Any) -> None:
         self.sampler = sampler
-
-    def sync(self) -> None:
-        return None
 
     def before_build(self, metrics: dict[str, Any]) -> None:
         self.sampler.rebase()
@@ -649,13 +680,12 @@ class _CpuMeter:
         self.sampler.stop()
 
 
-class _GpuMeter:
+class _GpuMeter(_DeviceMeter):
     """A GPU probe's meter: CUDA-event marks, a synchronize() at each step's end, memory from torch's
     allocator and NVML (sampled from the start: the CUDA context is measured before the build)."""
 
     kind = "cuda"
-    sampler = None
-    mark = staticmethod(_cuda_mark)
+    mark = staticmethod(_cuda_mark)  # type: ignore[assignment]
 
     def __init__(self, nvml: Any) -> None:
         self.nvml = nvml
@@ -665,15 +695,8 @@ class _GpuMeter:
 
         torch.cuda.synchronize()
 
-    def before_build(self, metrics: dict[str, Any]) -> None:
-        return None
-
     def stop(self) -> None:
         self.nvml.stop()
-
-
-def _record_memory_of(metrics: dict[str, Any], dm: _CpuMeter | _GpuMeter, usable: int | None) -> None:
-    _record_memory(metrics, dm.kind, dm.sampler, dm.nvml, usable)
 
 
 def _start_cpu_meter(probe: _Probe) -> _CpuMeter:
@@ -746,7 +769,7 @@ def _start_gpu_meter(metrics: dict[str, Any], budget: int | None, *, nvml: Any =
 
 
 def _measure(
-    probe: _Probe, device: str, dist: tuple[int, int, int] | None, emitted: _Emitted, dm: _CpuMeter | _GpuMeter,
+    probe: _Probe, device: str, dist: tuple[int, int, int] | None, emitted: _Emitted, dm: _DeviceMeter,
     out_dir: str,
 ) -> ProbeResult:
     """Distributed set-up, build, trainer, train, verdict."""
@@ -793,7 +816,7 @@ def _distributed_setup(probe: _Probe, emitted: _Emitted, out_dir: str) -> Any:
     return args
 
 
-def _build_stage(probe: _Probe, device: str, emitted: _Emitted, dm: _CpuMeter | _GpuMeter) -> Any:
+def _build_stage(probe: _Probe, device: str, emitted: _Emitted, dm: _DeviceMeter) -> Any:
     req, metrics = probe.req, probe.metrics
     t_build = time.perf_counter()
     try:
@@ -802,7 +825,7 @@ def _build_stage(probe: _Probe, device: str, emitted: _Emitted, dm: _CpuMeter | 
             model = _apply_peft(model, req, emitted)
     except Exception as exc:  # build failures: OOM for huge models, unsupported attention, ...
         status, reason = classify_exception(exc)
-        _record_memory_of(metrics, dm, req.settings.usable_bytes())
+        dm.record_memory(metrics, req.settings.usable_bytes())
         probe.stop(status, f"building the model: {reason}")
     metrics["build_s"] = time.perf_counter() - t_build
     # ZeRO-3 partitions parameters at build: ds_numel is the full size of each one
@@ -814,7 +837,7 @@ def _build_stage(probe: _Probe, device: str, emitted: _Emitted, dm: _CpuMeter | 
 
 
 def _trainer_stage(
-    probe: _Probe, model: Any, device: str, emitted: _Emitted, meter: _Meter, dm: _CpuMeter | _GpuMeter,
+    probe: _Probe, model: Any, device: str, emitted: _Emitted, meter: _Meter, dm: _DeviceMeter,
     out_dir: str, early_args: Any,
 ) -> Any:
     """The Trainer that is timed: TRL's SFTTrainer as train_sft.py builds it, or the HF Trainer on
@@ -843,31 +866,31 @@ def _trainer_stage(
         probe.stop("crash", f"data: {exc}")
     except Exception as exc:
         status, reason = classify_exception(exc)
-        _record_memory_of(metrics, dm, usable)
+        dm.record_memory(metrics, usable)
         probe.stop(status, f"building the {'SFTTrainer' if trl else 'Trainer'}: {reason}")
     trainer.probe_meter = meter
     return trainer
 
 
-def _train_stage(probe: _Probe, trainer: Any, meter: _Meter, dm: _CpuMeter | _GpuMeter) -> None:
+def _train_stage(probe: _Probe, trainer: Any, meter: _Meter, dm: _DeviceMeter) -> None:
     t_train = time.perf_counter()
     try:
         trainer.train()
     except Exception as exc:
         status, reason = classify_exception(exc)
-        _record_memory_of(probe.metrics, dm, probe.req.settings.usable_bytes())
+        dm.record_memory(probe.metrics, probe.req.settings.usable_bytes())
         probe.record_window(meter)
         probe.stop(status, f"training: {reason}")
     probe.metrics["train_s"] = time.perf_counter() - t_train
 
 
-def _verdict(probe: _Probe, meter: _Meter, dm: _CpuMeter | _GpuMeter) -> ProbeResult:
+def _verdict(probe: _Probe, meter: _Meter, dm: _DeviceMeter) -> ProbeResult:
     """The window, utilisation and memory recorded; then ok, or why not (no window, over the budget)."""
     metrics, window, settings = probe.metrics, probe.window, probe.req.settings
     usable = settings.usable_bytes()
     probe.record_window(meter)
     _record_utilisation(metrics, meter, window, dm.sampler, dm.nvml)
-    _record_memory_of(metrics, dm, usable)
+    dm.record_memory(metrics, usable)
     _add_prefetched_batches(metrics, meter, window, probe.req.candidate.grad_accum)
     if metrics.get("tokens_per_s") is None:
         return probe.result("crash", f"no timed window completed ({len(meter.step_end_t)} optimizer steps ran, "

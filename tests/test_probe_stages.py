@@ -4,6 +4,7 @@ failure in any stage a classified result (with what was measured so far), never 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,8 +24,15 @@ def _tiny(**workload: Any) -> ProbeRequest:
     )
 
 
-def test_the_emit_derived_arguments_are_computed_once_per_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+TINY_CHAT = Path(__file__).resolve().parents[1] / "autotune" / "models" / "tokenizers" / "tiny-chat"
+
+
+@pytest.mark.parametrize("trainer", ["hf", "trl"])
+def test_the_emit_derived_arguments_are_computed_once_per_probe(monkeypatch: pytest.MonkeyPatch, trainer: str) -> None:
     from autotune.emit import training_args as ta
+
+    if trainer == "trl":
+        pytest.importorskip("trl")
 
     calls: dict[str, int] = {}
 
@@ -39,7 +47,8 @@ def test_the_emit_derived_arguments_are_computed_once_per_probe(monkeypatch: pyt
 
     for name in ("model_kwargs", "model_dtype", "lora_config", "lora_target_modules", "probe_kwargs"):
         monkeypatch.setattr(ta, name, counted(name))
-    res = worker.run_probe_in_process(_tiny(mode="lora"), launch_time=time.time())
+    req = _tiny(mode="lora", trainer=trainer, tokenizer=str(TINY_CHAT) if trainer == "trl" else None)
+    res = worker.run_probe_in_process(req, launch_time=time.time())
     assert res.status == "ok", res.reason
     # model_kwargs reads model_dtype once itself; nothing else asks for it again
     assert calls == {"model_kwargs": 1, "model_dtype": 1, "lora_config": 1, "lora_target_modules": 1,
@@ -86,12 +95,9 @@ def test_a_trl_lora_probe_counts_the_adapter_among_its_parameters() -> None:
     # alone, while the trainable ones (counted after) were the adapter's, so "N (M trainable)" did
     # not add up as the hf probe's does
     pytest.importorskip("trl")
-    from pathlib import Path
-
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    tokenizer = Path(__file__).resolve().parents[1] / "autotune" / "models" / "tokenizers" / "tiny-chat"
-    req = _tiny(mode="lora", trainer="trl", tokenizer=str(tokenizer))
+    req = _tiny(mode="lora", trainer="trl", tokenizer=str(TINY_CHAT))
     res = worker.run_probe_in_process(req, launch_time=time.time())
     assert res.status == "ok", res.reason
     base = sum(p.numel() for p in AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(req.workload.model_path))
@@ -99,3 +105,4 @@ def test_a_trl_lora_probe_counts_the_adapter_among_its_parameters() -> None:
     m = res.metrics
     assert 0 < m["trainable_params"] < base
     assert m["num_params"] == base + m["trainable_params"]
+    assert m["lora_target_modules"] == list(req.workload.lora_targets)  # the targets tiny-llama has

@@ -855,6 +855,7 @@ def _trainer_stage(
                 probe.timed, model, trainer_base=_make_trainer_class(_sft_trainer_class()), out_dir=out_dir,
                 device=device, callbacks=[_make_callback(meter)], num_optimizer_steps=probe.window.max_optimizer_steps,
                 worst_case_first=usable is not None, metrics=metrics,
+                lora=emitted.lora_for(model, req.workload.lora_targets) if emitted.lora is not None else None,
             )
             # SFTTrainer applied the adapter: count again, as the hf probe counts after _apply_peft
             params = list(trainer.model.parameters())

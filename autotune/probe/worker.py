@@ -1146,10 +1146,10 @@ def _record_utilisation(
         return
     t0, t1 = bounds
     if sampler is not None:
-        window = [u for t, u in sampler.cpu_samples if t0 <= t <= t1]
-        if window:
-            metrics["cpu_util_mean"] = sum(window) / len(window)
-            metrics["cpu_util_samples"] = [round(u, 3) for u in window[-600:]]
+        cpu = [u for t, u in sampler.cpu_samples if t0 <= t <= t1]
+        if cpu:
+            metrics["cpu_util_mean"] = sum(cpu) / len(cpu)
+            metrics["cpu_util_samples"] = [round(u, 3) for u in cpu[-600:]]
     if nvml is not None:
         gpu = [u for t, u in nvml.util_samples if t0 <= t <= t1]
         if gpu:

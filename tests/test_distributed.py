@@ -159,6 +159,18 @@ def test_merge_blames_the_rank_that_died_not_its_peers_broken_collective() -> No
     assert r.metrics["failed_rank"] == 1
 
 
+def test_merge_a_rank_that_exits_non_zero_after_an_ok_result_is_a_crash() -> None:
+    # a crash in the teardown (after the result was written): the merge used to raise IndexError
+    r = merge_rank_results({}, [_rank(), _rank()], exit_codes=[0, -11], stderr_tails=["", "Segmentation fault"],
+                           first_failed=1)  # fmt: skip
+    assert r.status == "crash" and r.reason.startswith("rank 1/2 killed by SIGSEGV after writing an ok result")
+    assert r.metrics["exit_code"] == -11 and r.metrics["failed_rank"] == 1
+    assert r.env["stderr_tail"] == "Segmentation fault"
+    # the launcher then killed the other rank, which left nothing: the first failure is still the cause
+    r = merge_rank_results({}, [_rank(), None], exit_codes=[1, None], first_failed=0)
+    assert r.status == "crash" and r.reason.startswith("rank 0/2 exit code 1 after writing an ok result")
+
+
 def test_fsdp_stands_in_for_zero_where_equivalent() -> None:
     assert not is_distributed(Candidate()) and is_distributed(Candidate(zero_stage=2))
     assert fsdp_stand_in(Candidate(zero_stage=3)) == Candidate(zero_stage=3, sharding="fsdp")

@@ -112,6 +112,41 @@ def test_record_memory_says_where_the_peak_came_from(monkeypatch: pytest.MonkeyP
     assert m["peak_mem_bytes"] == 950 * MiB and "not visible" in m["memory_source"]
 
 
+def _fake_cuda(monkeypatch: pytest.MonkeyPatch, *, reserved: int, total: int) -> list[float]:
+    import torch
+
+    fractions: list[float] = []
+    monkeypatch.setattr(torch.cuda, "init", lambda: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a: reserved)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=total))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, *a: fractions.append(f))
+    return fractions
+
+
+def test_the_gpu_meter_measures_the_context_and_caps_the_allocator(monkeypatch: pytest.MonkeyPatch) -> None:
+    fractions = _fake_cuda(monkeypatch, reserved=20 * MiB, total=80 * 1024 * MiB)
+    monkeypatch.setattr(worker, "_load_cuda_libraries", lambda torch: None)
+    m: dict[str, Any] = {}
+    dm = worker._start_gpu_meter(m, 4096 * MiB, nvml=NvmlSampler(nvml=FakeNvml(pids=[os.getpid()], used=500 * MiB)))
+    dm.stop()
+    assert dm.kind == "cuda" and dm.sampler is None and dm.nvml is not None
+    assert m["cuda_context_bytes"] == 480 * MiB and "NVML process memory" in m["cuda_context_source"]
+    assert m["device_memory_bytes"] == 80 * 1024 * MiB
+    assert m["allocator_cap_bytes"] == (4096 - 480) * MiB  # the budget less the context
+    assert fractions == [pytest.approx((4096 - 480) / (80 * 1024))]
+
+
+def test_the_gpu_meter_in_a_pid_namespace_reads_the_devices_growth(monkeypatch: pytest.MonkeyPatch) -> None:
+    fractions = _fake_cuda(monkeypatch, reserved=20 * MiB, total=8 * 1024 * MiB)
+    fake = FakeNvml(pids=[os.getpid() + 100_000], used=900 * MiB)  # device used: 2 x used
+    monkeypatch.setattr(worker, "_load_cuda_libraries", lambda torch: setattr(fake, "used", 1000 * MiB))
+    m: dict[str, Any] = {}
+    worker._start_gpu_meter(m, None, nvml=NvmlSampler(nvml=fake)).stop()
+    assert m["cuda_context_bytes"] == (2000 - 1800 - 20) * MiB and "device used growth" in m["cuda_context_source"]
+    assert "allocator_cap_bytes" not in m and fractions == []  # no budget: no cap
+
+
 # --- item 8: _nvml_index with UUIDs -----------------------------------------------------------
 
 

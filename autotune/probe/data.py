@@ -129,33 +129,7 @@ def build_train_data(
 
     source: TokenSequences | SyntheticSequences
     if workload.dataset:
-        loaded = load_token_sequences(
-            workload.dataset,
-            seq_len=seq_len,
-            tokenizer=find_tokenizer(workload),
-            cache_dir=cache_dir,
-            split=workload.split,
-            trust_remote_code=workload.trust_remote_code,
-        )
-        top = loaded.sequences.max_token()
-        if top >= vocab_size:
-            raise DatasetError(
-                f"dataset {workload.dataset!r} holds token id {top} but the model's vocabulary has "
-                f"{vocab_size} entries; tokenize it with the model's tokenizer (--tokenizer DIR)"
-            )
-        info.update(
-            source=loaded.path,
-            column=loaded.column,
-            cache_hit=loaded.cache_hit,
-            cache_file=loaded.cache_file,
-            dataset_records=loaded.num_records,
-            dataset_truncated=loaded.num_truncated,
-            dataset_sequences=len(loaded.sequences),
-        )
-        if workload.lengths != "fixed":
-            info["lengths_ignored"] = workload.lengths
-        source = loaded.sequences
-        sampler = StreamSampler(len(source), seed=seed, front=longest_first(source.lengths(), first_batch))
+        source, sampler = _dataset_source(workload, vocab_size, cache_dir, first_batch, info)
     else:
         lengths = synthetic_lengths(
             workload.lengths, seq_len=seq_len, seed=seed, count=n_items, worst_first=first_batch
@@ -180,19 +154,7 @@ def build_train_data(
     order = dataset.order(n_items)
     lens = [source.length(j) for j in order]
     real_total = sum(lens)
-    slots = rows = 0
-    for i in range(0, len(lens), mb):
-        chunk = lens[i : i + mb]
-        if mode == "padding":
-            rows += len(chunk)
-            slots += max(chunk) * len(chunk)
-        elif mode == "packing":
-            layout = pack_first_fit(chunk, seq_len=seq_len)
-            rows += len(layout)
-            slots += max(sum(chunk[j] for j in r) for r in layout) * len(layout)
-        else:
-            rows += 1
-            slots += sum(chunk)
+    rows, slots = _rows_and_slots(lens, mb, mode, seq_len)
     n_batches = max(1, -(-len(lens) // mb))
     info.update(
         mode=mode,
@@ -213,3 +175,56 @@ def build_train_data(
         real_tokens_total=real_total,
         info=info,
     )
+
+
+def _dataset_source(
+    workload: Workload, vocab_size: int, cache_dir: str | os.PathLike[str] | None, first_batch: int,
+    info: dict[str, Any],
+) -> tuple[TokenSequences, StreamSampler]:
+    """A real dataset's token sequences (checked against the vocabulary) and its seeded sampler, the
+    longest ``first_batch`` sequences first; what was read is recorded in ``info``."""
+    loaded = load_token_sequences(
+        workload.dataset,
+        seq_len=workload.seq_len,
+        tokenizer=find_tokenizer(workload),
+        cache_dir=cache_dir,
+        split=workload.split,
+        trust_remote_code=workload.trust_remote_code,
+    )
+    top = loaded.sequences.max_token()
+    if top >= vocab_size:
+        raise DatasetError(
+            f"dataset {workload.dataset!r} holds token id {top} but the model's vocabulary has "
+            f"{vocab_size} entries; tokenize it with the model's tokenizer (--tokenizer DIR)"
+        )
+    info.update(
+        source=loaded.path,
+        column=loaded.column,
+        cache_hit=loaded.cache_hit,
+        cache_file=loaded.cache_file,
+        dataset_records=loaded.num_records,
+        dataset_truncated=loaded.num_truncated,
+        dataset_sequences=len(loaded.sequences),
+    )
+    if workload.lengths != "fixed":
+        info["lengths_ignored"] = workload.lengths
+    source = loaded.sequences
+    return source, StreamSampler(len(source), seed=workload.seed, front=longest_first(source.lengths(), first_batch))
+
+
+def _rows_and_slots(lens: list[int], mb: int, mode: str, seq_len: int) -> tuple[int, int]:
+    """Rows and padded token slots the consumed sequences make, micro-batch by micro-batch."""
+    slots = rows = 0
+    for i in range(0, len(lens), mb):
+        chunk = lens[i : i + mb]
+        if mode == "padding":
+            rows += len(chunk)
+            slots += max(chunk) * len(chunk)
+        elif mode == "packing":
+            layout = pack_first_fit(chunk, seq_len=seq_len)
+            rows += len(layout)
+            slots += max(sum(chunk[j] for j in r) for r in layout) * len(layout)
+        else:
+            rows += 1
+            slots += sum(chunk)
+    return rows, slots

@@ -135,95 +135,106 @@ def merge_rank_results(
 
     ``results[r]`` is rank r's result (None: it left none), ``exit_codes[r]`` its exit code (None:
     killed by the launcher while running), ``first_failed`` the rank whose failure stopped the run.
-    Status: ok only if every rank is ok; otherwise the failing rank's status (the worst one when
-    several reported, oom first), or crash with the exit code and stderr of a rank that died without
-    a result.
+    Status: ok only if every rank is ok and exited 0; otherwise the failing rank's status (the worst
+    one when several reported, oom first), or crash with the exit code and stderr of a rank that
+    died without a result (or exited non-zero after writing an ok one).
     """
     world = len(results)
     tails = list(stderr_tails) + [""] * (world - len(stderr_tails))
-    per_rank: list[dict[str, Any]] = []
-    for r, res in enumerate(results):
-        m = res.metrics if res is not None else {}
-        per_rank.append(
-            {
-                "rank": r,
-                "status": res.status if res is not None else None,
-                "exit_code": exit_codes[r],
-                "tokens_per_s": m.get("tokens_per_s"),
-                "real_tokens": m.get("real_tokens"),
-                "window_s": m.get("window_s"),
-                "step_time_median_s": m.get("step_time_median_s"),
-                "peak_mem_bytes": m.get("peak_mem_bytes"),
-            }
-        )
-    reported = [res for res in results if res is not None]
     base = next((res for res in results if res is not None), None)
     metrics: dict[str, Any] = dict(base.metrics) if base is not None else {}
     env: dict[str, Any] = dict(base.env) if base is not None else {}
     for key in ("cpu_util_samples", "gpu_util_samples", "rank"):
         metrics.pop(key, None)
     metrics["world_size"] = world
-    metrics["ranks"] = per_rank
+    metrics["ranks"] = _per_rank(results, exit_codes)
+    reported = [res.metrics for res in results if res is not None]
     if reported:
-        ms = [res.metrics for res in reported]
-        # memory: each rank is one device; the budget applies to the fullest one
-        for key in (
-            "peak_mem_bytes",
-            "mem_torch_reserved_bytes",
-            "mem_torch_allocated_bytes",
-            "mem_nvml_process_bytes",
-            "mem_rss_growth_bytes",
-            "overhead_s",
-            "setup_s",
-            "warmup_s",
-            "data_wait_fraction",
-            "window_s",
-            "wall_s",
-        ):
-            v = _max([m.get(key) for m in ms])
-            if v is not None:
-                metrics[key] = v
-        # on one CPU host the ranks share the RAM: their sum is what the machine held
-        rss = [m.get("mem_rss_growth_bytes") for m in ms]
-        if any(v is not None for v in rss):
-            metrics["mem_rss_growth_sum_bytes"] = _sum(rss)
-        util = _sum([m.get("cpu_util_mean") for m in ms])
-        if util is not None:
-            metrics["cpu_util_mean"] = util
-        gutil = [m.get("gpu_util_mean") for m in ms if m.get("gpu_util_mean") is not None]
-        if gutil:
-            metrics["gpu_util_mean"] = sum(gutil) / len(gutil)
-        complete = len(reported) == world and all(m.get("tokens_per_s") is not None for m in ms)
-        if complete:
-            window = _max([m.get("window_s") for m in ms])
-            for key in ("real_tokens", "token_slots", "data_wait_s"):
-                v = _sum([m.get(key) for m in ms])
-                if v is not None:
-                    metrics[key] = v
-            metrics["tokens_per_s"] = metrics["real_tokens"] / window if window else None
-            samples = _sum([(m.get("samples_per_s") or 0.0) * (m.get("window_s") or 0.0) for m in ms])
-            metrics["samples_per_s"] = samples / window if window else None
-            slots = metrics.get("token_slots")
-            if slots:
-                metrics["padding_fraction"] = max(0.0, 1.0 - metrics["real_tokens"] / slots)
-            metrics["step_time_max_median_s"] = _max([m.get("step_time_median_s") for m in ms])
-            # an optimizer step holds every rank's micro-batches: add the ranks' per-step counts
-            seqs = [m.get("step_sequences") for m in ms]
-            toks = [m.get("step_real_tokens") for m in ms]
-            if all(seqs) and all(toks) and len({len(x) for x in seqs + toks}) == 1:
-                metrics.update(
-                    per_step_counts([sum(v) for v in zip(*seqs, strict=True)], [sum(v) for v in zip(*toks, strict=True)])
-                )
+        _merge_memory_and_utilisation(metrics, reported)
+        if len(reported) == world and all(m.get("tokens_per_s") is not None for m in reported):
+            _merge_throughput(metrics, reported)
         else:
-            for key in ("tokens_per_s", "samples_per_s", "real_tokens", "token_slots", "padding_fraction",
-                        "step_sequences", "step_real_tokens", "sequences_per_step_mean", "sequences_per_step_min",
-                        "sequences_per_step_max", "tokens_per_step_mean"):
+            for key in _THROUGHPUT_KEYS:
                 metrics.pop(key, None)
+    status, reason = _merged_status(results, exit_codes, tails, first_failed, metrics, env)
+    metrics["failed_rank"] = None if status == "ok" else first_failed
+    return ProbeResult(status=status, request=request, reason=reason, metrics=metrics, env=env)
 
+
+# what an incomplete distributed window cannot claim: rank 0's figures are not the run's
+_THROUGHPUT_KEYS = (
+    "tokens_per_s", "samples_per_s", "real_tokens", "token_slots", "padding_fraction", "step_sequences",
+    "step_real_tokens", "sequences_per_step_mean", "sequences_per_step_min", "sequences_per_step_max",
+    "tokens_per_step_mean",
+)
+# memory: each rank is one device, so the budget applies to the fullest one; times: the slowest rank's
+_MAX_KEYS = (
+    "peak_mem_bytes", "mem_torch_reserved_bytes", "mem_torch_allocated_bytes", "mem_nvml_process_bytes",
+    "mem_rss_growth_bytes", "overhead_s", "setup_s", "warmup_s", "data_wait_fraction", "window_s", "wall_s",
+)
+
+
+def _per_rank(results: Sequence[ProbeResult | None], exit_codes: Sequence[int | None]) -> list[dict[str, Any]]:
+    rows = []
+    for r, res in enumerate(results):
+        m = res.metrics if res is not None else {}
+        rows.append({
+            "rank": r, "status": res.status if res is not None else None, "exit_code": exit_codes[r],
+            **{k: m.get(k) for k in ("tokens_per_s", "real_tokens", "window_s", "step_time_median_s",
+                                     "peak_mem_bytes")},
+        })  # fmt: skip
+    return rows
+
+
+def _merge_memory_and_utilisation(metrics: dict[str, Any], ms: list[dict[str, Any]]) -> None:
+    for key in _MAX_KEYS:
+        v = _max([m.get(key) for m in ms])
+        if v is not None:
+            metrics[key] = v
+    # on one CPU host the ranks share the RAM: their sum is what the machine held
+    rss = [m.get("mem_rss_growth_bytes") for m in ms]
+    if any(v is not None for v in rss):
+        metrics["mem_rss_growth_sum_bytes"] = _sum(rss)
+    util = _sum([m.get("cpu_util_mean") for m in ms])
+    if util is not None:
+        metrics["cpu_util_mean"] = util
+    gutil = [m.get("gpu_util_mean") for m in ms if m.get("gpu_util_mean") is not None]
+    if gutil:
+        metrics["gpu_util_mean"] = sum(gutil) / len(gutil)
+
+
+def _merge_throughput(metrics: dict[str, Any], ms: list[dict[str, Any]]) -> None:
+    """Every rank timed its window: the run's tokens are their sum over the slowest rank's window."""
+    window = _max([m.get("window_s") for m in ms])
+    for key in ("real_tokens", "token_slots", "data_wait_s"):
+        v = _sum([m.get(key) for m in ms])
+        if v is not None:
+            metrics[key] = v
+    metrics["tokens_per_s"] = metrics["real_tokens"] / window if window else None
+    samples = _sum([(m.get("samples_per_s") or 0.0) * (m.get("window_s") or 0.0) for m in ms])
+    metrics["samples_per_s"] = samples / window if window else None
+    slots = metrics.get("token_slots")
+    if slots:
+        metrics["padding_fraction"] = max(0.0, 1.0 - metrics["real_tokens"] / slots)
+    metrics["step_time_max_median_s"] = _max([m.get("step_time_median_s") for m in ms])
+    # an optimizer step holds every rank's micro-batches: add the ranks' per-step counts
+    seqs = [m.get("step_sequences") for m in ms]
+    toks = [m.get("step_real_tokens") for m in ms]
+    if all(seqs) and all(toks) and len({len(x) for x in seqs + toks}) == 1:
+        metrics.update(
+            per_step_counts([sum(v) for v in zip(*seqs, strict=True)], [sum(v) for v in zip(*toks, strict=True)])
+        )
+
+
+def _merged_status(
+    results: Sequence[ProbeResult | None], exit_codes: Sequence[int | None], tails: list[str],
+    first_failed: int | None, metrics: dict[str, Any], env: dict[str, Any],
+) -> tuple[str, str]:
+    world = len(results)
     failures = [(r, res) for r, res in enumerate(results) if res is not None and res.status != "ok"]
     if not failures and all(res is not None for res in results) and all(c in (0, None) for c in exit_codes):
-        status, reason = "ok", ""
-    elif failures and not (
+        return "ok", ""
+    if failures and not (
         # a rank that died first without a word is the cause; its peers' crashes (a broken
         # connection in a collective) are the consequence
         first_failed is not None
@@ -231,24 +242,29 @@ def merge_rank_results(
         and all(res.status == "crash" for _, res in failures)
     ):
         r, res = min(failures, key=lambda fr: (_STATUS_RANK.get(fr[1].status, 9), fr[0]))
-        status, reason = res.status, f"rank {r}/{world}: {res.reason}"
-        if status == "crash" and tails[r]:
+        if res.status == "crash" and tails[r]:
             env["stderr_tail"] = tails[r]
+        return res.status, f"rank {r}/{world}: {res.reason}"
+    # a rank died without leaving a result (the first one that failed is the cause), or every rank
+    # left an ok result and one still exited non-zero (a crash in the teardown)
+    if first_failed is not None and (results[first_failed] is None or exit_codes[first_failed] not in (0, None)):
+        r = first_failed
     else:
-        # a rank died without leaving a result: the first one that failed is the cause
-        dead = [r for r in range(world) if results[r] is None]
-        r = first_failed if first_failed is not None and results[first_failed] is None else dead[0]
-        code = exit_codes[r]
-        status = "crash"
+        r = next((r for r in range(world) if results[r] is None), None)
+        if r is None:
+            r = next(r for r in range(world) if exit_codes[r] not in (0, None))
+    code = exit_codes[r]
+    if results[r] is None:
         reason = f"rank {r}/{world} {_how(code)} without a result"
-        if code is not None and code == -signal.SIGKILL:
-            reason += " (SIGKILL: possibly the kernel's out-of-memory killer)"
-        if tails[r]:
-            reason += f"; last stderr: {tails[r].splitlines()[-1][:300]}"
-            env["stderr_tail"] = tails[r]
-        metrics["exit_code"] = code
-    metrics["failed_rank"] = None if status == "ok" else first_failed
-    return ProbeResult(status=status, request=request, reason=reason, metrics=metrics, env=env)
+    else:
+        reason = f"rank {r}/{world} {_how(code)} after writing an ok result"
+    if code is not None and code == -signal.SIGKILL:
+        reason += " (SIGKILL: possibly the kernel's out-of-memory killer)"
+    if tails[r]:
+        reason += f"; last stderr: {tails[r].splitlines()[-1][:300]}"
+        env["stderr_tail"] = tails[r]
+    metrics["exit_code"] = code
+    return "crash", reason
 
 
 def _free_port() -> int:

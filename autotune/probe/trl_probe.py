@@ -176,19 +176,20 @@ def build_sft_trainer(
     num_optimizer_steps: int,
     worst_case_first: bool,
     metrics: dict[str, Any],
+    lora: dict[str, Any] | None,
 ) -> Any:
     """SFTTrainer (``trainer_base``'s timing subclass of it) built by ``train_sft.py``'s ``build_trainer``.
 
     Records in ``metrics``: ``trainer_config`` (the SFTConfig keys it ran: sft_config.json's, with
     the probe's run-only keys), ``mean_seq_len``, ``dataset_column``, ``trl_rows`` (rows of the
-    prepared dataset) and, with packing, ``quality_notes``.
+    prepared dataset) and, with packing, ``quality_notes``. ``lora``: the adapter's lora_config.json
+    (``autotune.emit.training_args.lora_config`` with this model's targets; None for full fine-tuning).
     """
     from trl import SFTConfig
 
-    from autotune.emit.training_args import lora_config, lora_target_modules
     from autotune.emit.trl_sft import TRL_PACKING_QUALITY_NOTE, sft_config, sft_probe_overrides
 
-    c, w = req.candidate, req.workload
+    c = req.candidate
     tok = _tokenizer(req)
     per_step = c.micro_batch * c.grad_accum
     # synthetic sequences: twice what the steps consume unpacked (packing rounds rows up)
@@ -203,12 +204,9 @@ def build_sft_trainer(
     config_dir = Path(out_dir) / "sft"
     config_dir.mkdir(parents=True, exist_ok=True)
     (config_dir / "sft_config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
-    if w.mode != "full":
-        leaf_names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-        targets = lora_target_modules(leaf_names, w.lora_targets)
-        metrics["lora_target_modules"] = targets
-        lc = lora_config(w, target_modules=targets)
-        (config_dir / "lora_config.json").write_text(json.dumps(lc, indent=2) + "\n", encoding="utf-8")
+    if lora is not None:
+        metrics["lora_target_modules"] = lora["target_modules"]
+        (config_dir / "lora_config.json").write_text(json.dumps(lora, indent=2) + "\n", encoding="utf-8")
 
     class TrlProbeTrainer(trainer_base):  # type: ignore[misc, valid-type]
         def _get_train_sampler(self, train_dataset: Any = None) -> Any:

@@ -21,6 +21,11 @@ micro-step is timed too (CUDA events on a GPU, so nothing extra is synchronised)
 the candidate's true accumulation is composed from a non-boundary micro-step and the boundary
 (``autotune.probe.compose``). The window stops once the composed figure is stable. The result's
 request, and everything emitted from it, keep the true accumulation.
+
+The worker runs in stages (``run_probe_in_process``): the window and device, the arguments derived
+from ``autotune.emit.training_args`` (computed once: the model's, the adapter's, the
+TrainingArguments), the meter of the device kind (CPU: RSS growth and perf_counter marks; GPU: the
+CUDA context, the allocator cap, NVML and CUDA events), then build -> trainer -> train -> verdict.
 """
 
 from __future__ import annotations
@@ -31,8 +36,9 @@ import sys
 import tempfile
 import time
 import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from autotune.probe.failure import classify_exception
 from autotune.spec.budget import format_bytes
@@ -166,15 +172,13 @@ def _torch_dtype(name: str) -> Any:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
-def _build_model(req: ProbeRequest, device: str) -> Any:
-    """Random-weight model from config.json, built directly on the target device and dtype."""
+def _build_model(req: ProbeRequest, device: str, mk: dict[str, Any]) -> Any:
+    """Random-weight model from config.json, built directly on the target device and dtype
+    (``mk``: the emitted model kwargs, ``attn_implementation`` and ``dtype``)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from autotune.emit.training_args import model_kwargs
-
-    w, c = req.workload, req.candidate
-    mk = model_kwargs(c, w)
+    w = req.workload
     dtype = _torch_dtype(mk["dtype"])
     # a fresh config object per model: from_config(dtype=...) mutates the config it is given
     cfg = AutoConfig.from_pretrained(
@@ -210,21 +214,18 @@ def qlora_device_index() -> int:
     return int(os.environ.get("LOCAL_RANK", "0") or 0)
 
 
-def _apply_peft(model: Any, req: ProbeRequest) -> Any:
+def _apply_peft(model: Any, req: ProbeRequest, emitted: _Emitted) -> Any:
     w = req.workload
     if w.mode == "full":
         return model
     from peft import LoraConfig, get_peft_model
 
-    from autotune.emit.training_args import lora_config, lora_target_modules
-
     if w.mode == "qlora":
         from peft import prepare_model_for_kbit_training
 
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=req.candidate.grad_ckpt)
-    leaf_names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
     # the emitted lora_config.json's own arguments, with the targets this model has
-    cfg = LoraConfig(**lora_config(w, target_modules=lora_target_modules(leaf_names, w.lora_targets)))
+    cfg = LoraConfig(**emitted.lora_for(model, w.lora_targets))
     return get_peft_model(model, cfg)
 
 
@@ -485,238 +486,424 @@ def _make_callback(meter: _Meter) -> Any:
     return _StepClock()
 
 
+# ---------------------------------------------------------------------------------------------
+# The probe in stages: begin (window, device) -> emit-derived arguments -> meter (one per device
+# kind) -> distributed set-up -> build -> trainer -> train -> verdict. A stage that settles the
+# probe early raises _Stop with its result; run_probe_in_process returns it.
+# ---------------------------------------------------------------------------------------------
+
+
+class _Stop(Exception):
+    """A stage's verdict before the end of the probe: ``result`` is what the probe returns."""
+
+    def __init__(self, result: ProbeResult) -> None:
+        super().__init__(result.status)
+        self.result = result
+
+
+@dataclass
+class _Probe:
+    """One probe's request, window, clocks and the metrics/env its result carries."""
+
+    req: ProbeRequest
+    timed: ProbeRequest  # what the Trainer runs: the probe's accumulation and warm-up
+    window: ProbeWindow
+    launch_time: float
+    result_path: str | None
+    t_start: float = field(default_factory=time.perf_counter)
+    wall0: float = field(default_factory=time.time)
+    reqd: dict[str, Any] = field(default_factory=dict)  # the request as asked (true accumulation)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, Any] = field(default_factory=dict)
+
+    def result(self, status: str, reason: str = "") -> ProbeResult:
+        self.metrics["wall_s"] = time.time() - self.launch_time
+        return ProbeResult(status=status, request=self.reqd, reason=reason, metrics=self.metrics, env=self.env)
+
+    def stop(self, status: str, reason: str = "") -> NoReturn:
+        raise _Stop(self.result(status, reason))
+
+    def record_window(self, meter: _Meter) -> None:
+        _record_window(self.metrics, meter, self.window, self.launch_time, self.wall0, self.t_start)
+
+
+@dataclass(frozen=True)
+class _Emitted:
+    """The emit-derived arguments of one probe, computed once (``_emitted``) from the request and the
+    device: what the emitted train.py builds the model with, its lora_config.json (the targets are
+    resolved against the built model, ``lora_for``) and the TrainingArguments the probe runs."""
+
+    model_kwargs: dict[str, Any]  # attn_implementation, dtype
+    lora: dict[str, Any] | None  # None for full fine-tuning
+    training_args: dict[str, Any]  # everything but output_dir
+
+    def lora_for(self, model: Any, requested: tuple[str, ...] | list[str]) -> dict[str, Any]:
+        from autotune.emit.training_args import lora_target_modules
+
+        assert self.lora is not None
+        leaf_names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+        return {**self.lora, "target_modules": lora_target_modules(leaf_names, requested)}
+
+
+def _emitted(req: ProbeRequest, timed: ProbeRequest, device: str) -> _Emitted:
+    from transformers import TrainingArguments
+
+    from autotune.emit.training_args import lora_config, model_kwargs, probe_kwargs
+
+    fields = set(TrainingArguments.__dataclass_fields__)
+    return _Emitted(
+        model_kwargs=model_kwargs(req.candidate, req.workload),
+        lora=lora_config(req.workload),
+        training_args=probe_kwargs(timed, fields=fields, device=device),
+    )
+
+
 def run_probe_in_process(
     req: ProbeRequest, *, launch_time: float, result_path: str | None = None
 ) -> ProbeResult:
-    """Measure ``req`` in this process. Never raises for a failed configuration."""
-    t_start = time.perf_counter()
-    wall0 = time.time()
-    metrics: dict[str, Any] = {}
-    env: dict[str, Any] = {}
-    reqd = req.to_dict()  # the request as asked: the true accumulation, the user's warm-up
+    """Measure ``req`` in this process. Never raises for a failed configuration.
+
+    Stages: ``_begin`` (the window, the imports), ``_device_stage`` (device, pre-checks, rank),
+    ``_emitted`` (the emit-derived arguments, once), the meter of this device kind
+    (``_start_cpu_meter`` / ``_start_gpu_meter``), then ``_measure``: distributed set-up, build,
+    trainer (TRL or HF), train, verdict.
+    """
+    probe = _begin(req, launch_time, result_path)
+    try:
+        device, dist = _device_stage(probe)
+        emitted = _emitted(req, probe.timed, device)
+        dm = _start_cpu_meter(probe) if device == "cpu" else _start_gpu_meter(probe.metrics, req.settings.budget_bytes)
+    except _Stop as stop:
+        return stop.result
+    out_dir = tempfile.mkdtemp(prefix="autotune-trainer-")
+    try:
+        _preload_libraries(req)
+        return _measure(probe, device, dist, emitted, dm, out_dir)
+    except _Stop as stop:
+        return stop.result
+    finally:
+        dm.stop()
+        import shutil
+
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def _begin(req: ProbeRequest, launch_time: float, result_path: str | None) -> _Probe:
+    """The window this probe runs, recorded; then the imports whose time is fixed overhead."""
     window = probe_window(req.settings, req.candidate, req.workload)
+    probe = _Probe(req=req, timed=_timed_request(req, window), window=window, launch_time=launch_time,
+                   result_path=result_path, reqd=req.to_dict())
     if window.warmup_steps != req.settings.warmup_steps:
-        metrics["warmup_steps_extended_to"] = window.warmup_steps
-    metrics["window"] = {
+        probe.metrics["warmup_steps_extended_to"] = window.warmup_steps
+    probe.metrics["window"] = {
         "probe_grad_accum": window.grad_accum, "composed": window.composed, "adaptive": window.adaptive,
         "warmup_steps": window.warmup_steps, "min_timed_steps": window.min_timed_steps,
         "max_timed_steps": window.max_timed_steps,
     }
-    # what the Trainer runs: the probe's accumulation and warm-up (emitted files never see this)
-    timed = _timed_request(req, window)
-
-    def result(status: str, reason: str = "") -> ProbeResult:
-        metrics["wall_s"] = time.time() - launch_time
-        return ProbeResult(status=status, request=reqd, reason=reason, metrics=metrics, env=env)
-
-    import torch
+    import torch  # noqa: F401
     import transformers  # noqa: F401  (import time belongs to the fixed overhead)
 
-    from autotune.env import fingerprint
+    probe.metrics["import_s"] = time.perf_counter() - probe.t_start
+    return probe
 
-    metrics["import_s"] = time.perf_counter() - t_start
+
+def _device_stage(probe: _Probe) -> tuple[str, tuple[int, int, int] | None]:
+    """The device, the environment's fingerprint, the pre-checks and this rank's place (if distributed)."""
+    import torch
+
+    from autotune.env import fingerprint
+    from autotune.probe.launch import is_distributed
+
+    req, metrics, env = probe.req, probe.metrics, probe.env
     try:
         device = _resolve_device(req.settings.device)
     except _Unsupported as exc:
         env.update(fingerprint())
-        return result("unsupported", str(exc))
+        probe.stop("unsupported", str(exc))
     env.update(fingerprint(device))
     env["device_type"] = device
     try:
         _precheck(req, device)
     except _Unsupported as exc:
-        return result("unsupported", str(exc))
-    from autotune.probe.launch import is_distributed
-
+        probe.stop("unsupported", str(exc))
     dist = dist_env() if is_distributed(req.candidate) else None
     if dist is not None:
         metrics["rank"] = dist[0]
         env["rank"] = dist[0]
         if device == "cuda":
             torch.cuda.set_device(dist[1])  # LOCAL_RANK picks this rank's GPU among the visible ones
+    metrics["budget_bytes"] = req.settings.budget_bytes
+    metrics["usable_bytes"] = req.settings.usable_bytes()
+    return device, dist
 
-    settings = req.settings
+
+class _DeviceMeter:
+    """What a probe measures with on its kind of device (``_CpuMeter``, ``_GpuMeter``): the step
+    marks and synchronisation the step meter uses, and the memory and utilisation samplers."""
+
+    kind: str
+    sampler: Any = None  # RssSampler on cpu
+    nvml: Any = None  # NvmlSampler on a GPU
+
+    def sync(self) -> None:
+        return None
+
+    def mark(self) -> Any:
+        raise NotImplementedError
+
+    def before_build(self, metrics: dict[str, Any]) -> None:
+        return None
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def record_memory(self, metrics: dict[str, Any], usable: int | None) -> None:
+        _record_memory(metrics, self.kind, self.sampler, self.nvml, usable)
+
+
+class _CpuMeter(_DeviceMeter):
+    """A CPU probe's meter: perf_counter marks, nothing to synchronise, memory as the RSS growth
+    over a baseline taken just before the build (and past the budget the probe stops at once)."""
+
+    kind = "cpu"
+    mark = staticmethod(_cpu_mark)  # type: ignore[assignment]
+
+    def __init__(self, sampler: Any) -> None:
+        self.sampler = sampler
+
+    def before_build(self, metrics: dict[str, Any]) -> None:
+        self.sampler.rebase()
+        metrics["rss_baseline_bytes"] = self.sampler.baseline
+        self.sampler.start()
+
+    def stop(self) -> None:
+        self.sampler.stop()
+
+
+class _GpuMeter(_DeviceMeter):
+    """A GPU probe's meter: CUDA-event marks, a synchronize() at each step's end, memory from torch's
+    allocator and NVML (sampled from the start: the CUDA context is measured before the build)."""
+
+    kind = "cuda"
+    mark = staticmethod(_cuda_mark)  # type: ignore[assignment]
+
+    def __init__(self, nvml: Any) -> None:
+        self.nvml = nvml
+
+    def sync(self) -> None:
+        import torch
+
+        torch.cuda.synchronize()
+
+    def stop(self) -> None:
+        self.nvml.stop()
+
+
+def _start_cpu_meter(probe: _Probe) -> _CpuMeter:
+    import torch
+
+    from autotune.probe.memory import RssSampler
+
+    req, settings = probe.req, probe.req.settings
     budget = settings.budget_bytes
-    usable = settings.usable_bytes()
-    metrics["budget_bytes"] = budget
-    metrics["usable_bytes"] = usable
+    # Threads as the emitted train.py will have them: torch's default (OMP_NUM_THREADS, else the
+    # physical cores this process may use). Pinning os.cpu_count() here measured another
+    # program: it counts SMT siblings and CPUs outside the affinity mask, and overrode the
+    # user's OMP_NUM_THREADS. Only an explicit --cpu-threads, or the ranks of a distributed
+    # CPU probe (which share the cores), set a count.
+    if settings.cpu_threads or req.candidate.world_size > 1:
+        torch.set_num_threads(settings.cpu_threads or max(1, (os.cpu_count() or 1) // req.candidate.world_size))
+    probe.env["torch_threads"] = torch.get_num_threads()  # what was measured with
 
-    from autotune.probe.memory import NvmlSampler, RssSampler
-
-    if device == "cpu":
-        # Threads as the emitted train.py will have them: torch's default (OMP_NUM_THREADS, else the
-        # physical cores this process may use). Pinning os.cpu_count() here measured another
-        # program: it counts SMT siblings and CPUs outside the affinity mask, and overrode the
-        # user's OMP_NUM_THREADS. Only an explicit --cpu-threads, or the ranks of a distributed
-        # CPU probe (which share the cores), set a count.
-        if settings.cpu_threads or req.candidate.world_size > 1:
-            torch.set_num_threads(settings.cpu_threads or max(1, (os.cpu_count() or 1) // req.candidate.world_size))
-        env["torch_threads"] = torch.get_num_threads()  # what was measured with
-
-        def sync() -> None:
-            return None
-
-        def over_limit(growth: int) -> None:
-            # the CPU stand-in for a capped GPU: past the budget itself, stop at once
-            metrics["mem_rss_growth_bytes"] = growth
-            metrics["peak_mem_bytes"] = growth
-            res = result(
-                "over_budget",
-                f"memory grew by {format_bytes(growth)}, past the budget {format_bytes(budget)}; stopped mid-run",
-            )
-            if result_path:
-                write_json_atomic(result_path, res.to_dict())
-            os._exit(0)
-
-        sampler = RssSampler(limit_bytes=budget, on_exceed=over_limit if budget else None)
-        nvml = None
-    else:
-        nvml = NvmlSampler(device_index=_nvml_index(torch.cuda.current_device()))
-        nvml.sample_once()
-        device_used_before = nvml.peak_device_used_bytes
-        nvml.peak_device_used_bytes = None
-        torch.cuda.init()
-        _load_cuda_libraries(torch)
-        nvml.sample_once()
-        context = None
-        if nvml.peak_process_bytes is not None:
-            context = nvml.peak_process_bytes - torch.cuda.memory_reserved()
-            metrics["cuda_context_source"] = "NVML process memory - torch reserved, after a cuBLAS matmul"
-        elif nvml.peak_device_used_bytes is not None and device_used_before is not None:
-            # the process is not visible to NVML (a PID namespace): the device's growth, exact only
-            # while nothing else allocates on this GPU
-            context = nvml.peak_device_used_bytes - device_used_before - torch.cuda.memory_reserved()
-            metrics["cuda_context_source"] = "NVML device used growth - torch reserved, after a cuBLAS matmul"
-        metrics["cuda_context_bytes"] = context
-        total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-        metrics["device_memory_bytes"] = int(total)
-        if budget is not None and budget < total:
-            cap = budget - (context or 0)
-            torch.cuda.set_per_process_memory_fraction(max(0.01, min(1.0, cap / total)))
-            metrics["allocator_cap_bytes"] = int(cap)
-        # TF32 is decided in one place only, TrainingArguments(tf32=...) from probe_kwargs (what the
-        # emitted run does too); setting torch's legacy allow_tf32 flag here as well contradicted it
-        # for fp16 and mixes torch's two TF32 APIs (transformers sets torch.backends.fp32_precision)
-
-        def sync() -> None:
-            torch.cuda.synchronize()
-
-        sampler = None
-        nvml.start()
-
-    _preload_libraries(req)
-    out_dir = tempfile.mkdtemp(prefix="autotune-trainer-")
-    try:
-        early_args = None
-        if dist is not None:
-            # TrainingArguments before the model, as the HF docs ask for DeepSpeed: its config is then
-            # registered and a ZeRO-3 model is built already partitioned (zero.Init) by from_config.
-            # Touching .device initialises the process group (gloo on cpu, nccl on GPUs).
-            import torch._dynamo  # noqa: F401  (zero.Init fails without it imported first)
-
-            try:
-                early_args = _training_args(timed, out_dir, device)
-                _ = early_args.device
-                if req.candidate.zero_stage > 0 and req.candidate.sharding == "deepspeed":
-                    # deepspeed.comm wraps the process group now, else zero.Init's config counts 1 rank
-                    import deepspeed
-                    import torch.distributed as tdist
-
-                    deepspeed.init_distributed(dist_backend=tdist.get_backend())
-            except Exception as exc:
-                status, reason = classify_exception(exc)
-                return result(status, f"distributed setup: {reason}")
-        if sampler is not None:
-            sampler.rebase()
-            metrics["rss_baseline_bytes"] = sampler.baseline
-            sampler.start()
-        t_build = time.perf_counter()
-        try:
-            model = _build_model(req, device)
-            if req.workload.trainer != "trl":  # SFTTrainer applies lora_config.json itself, as train_sft.py
-                model = _apply_peft(model, req)
-        except Exception as exc:  # build failures: OOM for huge models, unsupported attention, ...
-            status, reason = classify_exception(exc)
-            _record_memory(metrics, device, sampler, nvml, usable)
-            return result(status, f"building the model: {reason}")
-        metrics["build_s"] = time.perf_counter() - t_build
-        # ZeRO-3 partitions parameters at build: ds_numel is the full size of each one
-        metrics["num_params"] = int(sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters()))
-        metrics["trainable_params"] = int(
-            sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
+    def over_limit(growth: int) -> None:
+        # the CPU stand-in for a capped GPU: past the budget itself, stop at once
+        probe.metrics["mem_rss_growth_bytes"] = growth
+        probe.metrics["peak_mem_bytes"] = growth
+        res = probe.result(
+            "over_budget",
+            f"memory grew by {format_bytes(growth)}, past the budget {format_bytes(budget)}; stopped mid-run",
         )
+        if probe.result_path:
+            write_json_atomic(probe.result_path, res.to_dict())
+        os._exit(0)
 
-        n_steps = window.max_optimizer_steps
-        meter = _Meter(sync, _cuda_mark if device == "cuda" else _cpu_mark, window=window,
-                       true_accum=req.candidate.grad_accum, collective_stop=dist is not None)
-        if req.workload.trainer == "trl":
-            from autotune.errors import DatasetError, SpecError
+    return _CpuMeter(RssSampler(limit_bytes=budget, on_exceed=over_limit if budget else None))
+
+
+def _start_gpu_meter(metrics: dict[str, Any], budget: int | None, *, nvml: Any = None) -> _GpuMeter:
+    """NVML sampling from before the CUDA context exists, the context measured, the allocator capped
+    at the budget less the context. ``nvml``: an ``NvmlSampler`` (default: this GPU's)."""
+    import torch
+
+    from autotune.probe.memory import NvmlSampler
+
+    if nvml is None:
+        nvml = NvmlSampler(device_index=_nvml_index(torch.cuda.current_device()))
+    nvml.sample_once()
+    device_used_before = nvml.peak_device_used_bytes
+    nvml.peak_device_used_bytes = None
+    torch.cuda.init()
+    _load_cuda_libraries(torch)
+    nvml.sample_once()
+    context = None
+    if nvml.peak_process_bytes is not None:
+        context = nvml.peak_process_bytes - torch.cuda.memory_reserved()
+        metrics["cuda_context_source"] = "NVML process memory - torch reserved, after a cuBLAS matmul"
+    elif nvml.peak_device_used_bytes is not None and device_used_before is not None:
+        # the process is not visible to NVML (a PID namespace): the device's growth, exact only
+        # while nothing else allocates on this GPU
+        context = nvml.peak_device_used_bytes - device_used_before - torch.cuda.memory_reserved()
+        metrics["cuda_context_source"] = "NVML device used growth - torch reserved, after a cuBLAS matmul"
+    metrics["cuda_context_bytes"] = context
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    metrics["device_memory_bytes"] = int(total)
+    if budget is not None and budget < total:
+        cap = budget - (context or 0)
+        torch.cuda.set_per_process_memory_fraction(max(0.01, min(1.0, cap / total)))
+        metrics["allocator_cap_bytes"] = int(cap)
+    # TF32 is decided in one place only, TrainingArguments(tf32=...) from probe_kwargs (what the
+    # emitted run does too); setting torch's legacy flag here as well contradicted it for fp16 and
+    # mixes torch's two TF32 APIs (transformers sets torch.backends.fp32_precision)
+    nvml.start()
+    return _GpuMeter(nvml)
+
+
+def _measure(
+    probe: _Probe, device: str, dist: tuple[int, int, int] | None, emitted: _Emitted, dm: _DeviceMeter,
+    out_dir: str,
+) -> ProbeResult:
+    """Distributed set-up, build, trainer, train, verdict."""
+    early_args = _distributed_setup(probe, emitted, out_dir) if dist is not None else None
+    dm.before_build(probe.metrics)
+    model = _build_stage(probe, device, emitted, dm)
+    meter = _Meter(dm.sync, dm.mark, window=probe.window, true_accum=probe.req.candidate.grad_accum,
+                   collective_stop=dist is not None)
+    trainer = _trainer_stage(probe, model, device, emitted, meter, dm, out_dir, early_args)
+    if dist is not None:
+        # what the Trainer made of it: DEEPSPEED / FSDP / MULTI_CPU (DDP) / MULTI_GPU, and the backend
+        state = trainer.accelerator.state
+        probe.metrics["distributed_type"] = str(getattr(state.distributed_type, "value", state.distributed_type))
+        probe.metrics["dist_backend"] = getattr(state, "backend", None)
+    _train_stage(probe, trainer, meter, dm)
+    if dist is not None:
+        # evidence of the sharding: DTensor under FSDP2, a 0-size local tensor under ZeRO-3
+        p0 = next(trainer.model_wrapped.parameters(), None)
+        if p0 is not None:
+            probe.metrics["param_type"] = type(p0).__name__
+            probe.metrics["param_local_numel"] = int(p0.numel())
+    return _verdict(probe, meter, dm)
+
+
+def _distributed_setup(probe: _Probe, emitted: _Emitted, out_dir: str) -> Any:
+    """TrainingArguments before the model, as the HF docs ask for DeepSpeed: its config is then
+    registered and a ZeRO-3 model is built already partitioned (zero.Init) by from_config.
+    Touching .device initialises the process group (gloo on cpu, nccl on GPUs)."""
+    import torch._dynamo  # noqa: F401  (zero.Init fails without it imported first)
+
+    c = probe.req.candidate
+    try:
+        args = _training_args(emitted, out_dir)
+        _ = args.device
+        if c.zero_stage > 0 and c.sharding == "deepspeed":
+            # deepspeed.comm wraps the process group now, else zero.Init's config counts 1 rank
+            import deepspeed
+            import torch.distributed as tdist
+
+            deepspeed.init_distributed(dist_backend=tdist.get_backend())
+    except Exception as exc:
+        status, reason = classify_exception(exc)
+        probe.stop(status, f"distributed setup: {reason}")
+    return args
+
+
+def _build_stage(probe: _Probe, device: str, emitted: _Emitted, dm: _DeviceMeter) -> Any:
+    req, metrics = probe.req, probe.metrics
+    t_build = time.perf_counter()
+    try:
+        model = _build_model(req, device, emitted.model_kwargs)
+        if req.workload.trainer != "trl":  # SFTTrainer applies lora_config.json itself, as train_sft.py
+            model = _apply_peft(model, req, emitted)
+    except Exception as exc:  # build failures: OOM for huge models, unsupported attention, ...
+        status, reason = classify_exception(exc)
+        dm.record_memory(metrics, req.settings.usable_bytes())
+        probe.stop(status, f"building the model: {reason}")
+    metrics["build_s"] = time.perf_counter() - t_build
+    # ZeRO-3 partitions parameters at build: ds_numel is the full size of each one
+    metrics["num_params"] = int(sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters()))
+    metrics["trainable_params"] = int(
+        sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
+    )
+    return model
+
+
+def _trainer_stage(
+    probe: _Probe, model: Any, device: str, emitted: _Emitted, meter: _Meter, dm: _DeviceMeter,
+    out_dir: str, early_args: Any,
+) -> Any:
+    """The Trainer that is timed: TRL's SFTTrainer as train_sft.py builds it, or the HF Trainer on
+    autotune's own batches. A data error is a crash with its reason; any other failure is classified."""
+    from autotune.errors import DatasetError, SpecError
+
+    req, metrics = probe.req, probe.metrics
+    usable = req.settings.usable_bytes()
+    trl = req.workload.trainer == "trl"
+    try:
+        if trl:
             from autotune.probe.trl_probe import build_sft_trainer
 
-            try:
-                trainer = build_sft_trainer(
-                    timed, model, trainer_base=_make_trainer_class(_sft_trainer_class()), out_dir=out_dir,
-                    device=device, callbacks=[_make_callback(meter)], num_optimizer_steps=n_steps,
-                    worst_case_first=usable is not None, metrics=metrics,
-                )
-            except (DatasetError, SpecError) as exc:
-                return result("crash", f"data: {exc}")
-            except Exception as exc:
-                status, reason = classify_exception(exc)
-                _record_memory(metrics, device, sampler, nvml, usable)
-                return result(status, f"building the SFTTrainer: {reason}")
-            metrics["trainable_params"] = int(sum(p.numel() for p in trainer.model.parameters() if p.requires_grad))
+            trainer = build_sft_trainer(
+                probe.timed, model, trainer_base=_make_trainer_class(_sft_trainer_class()), out_dir=out_dir,
+                device=device, callbacks=[_make_callback(meter)], num_optimizer_steps=probe.window.max_optimizer_steps,
+                worst_case_first=usable is not None, metrics=metrics,
+                lora=emitted.lora_for(model, req.workload.lora_targets) if emitted.lora is not None else None,
+            )
+            # SFTTrainer applied the adapter: count again, as the hf probe counts after _apply_peft
+            params = list(trainer.model.parameters())
+            metrics["num_params"] = int(sum(p.numel() for p in params))
+            metrics["trainable_params"] = int(sum(p.numel() for p in params if p.requires_grad))
         else:
-            trainer = _hf_trainer(timed, model, metrics, out_dir=out_dir, device=device, usable=usable,
-                                  n_steps=n_steps, meter=meter, early_args=early_args)
-            if isinstance(trainer, str):
-                return result("crash", trainer)
-        trainer.probe_meter = meter
-        if dist is not None:
-            # what the Trainer made of it: DEEPSPEED / FSDP / MULTI_CPU (DDP) / MULTI_GPU, and the backend
-            state = trainer.accelerator.state
-            metrics["distributed_type"] = str(
-                getattr(state.distributed_type, "value", state.distributed_type)
-            )
-            metrics["dist_backend"] = getattr(state, "backend", None)
-        t_train = time.perf_counter()
-        try:
-            trainer.train()
-        except Exception as exc:
-            status, reason = classify_exception(exc)
-            _record_memory(metrics, device, sampler, nvml, usable)
-            _record_window(metrics, meter, window, launch_time, wall0, t_start)
-            return result(status, f"training: {reason}")
-        metrics["train_s"] = time.perf_counter() - t_train
-        if dist is not None:
-            # evidence of the sharding: DTensor under FSDP2, a 0-size local tensor under ZeRO-3
-            p0 = next(trainer.model_wrapped.parameters(), None)
-            if p0 is not None:
-                metrics["param_type"] = type(p0).__name__
-                metrics["param_local_numel"] = int(p0.numel())
-        _record_window(metrics, meter, window, launch_time, wall0, t_start)
-        _record_utilisation(metrics, meter, window, sampler, nvml)
-        _record_memory(metrics, device, sampler, nvml, usable)
-        _add_prefetched_batches(metrics, meter, window, req.candidate.grad_accum)
-        if metrics.get("tokens_per_s") is None:
-            return result("crash", f"no timed window completed ({len(meter.step_end_t)} optimizer steps ran, "
-                                   f"{window.warmup_steps} warm-up + at least {window.min_timed_steps} timed needed)")
-        peak = metrics.get("peak_mem_bytes")
-        if usable is not None and peak is not None and peak > usable:
-            return result(
-                "over_budget",
-                f"peak memory {format_bytes(peak)} > usable budget {format_bytes(usable)} "
-                f"({format_bytes(budget)} less {settings.headroom:.0%} headroom)",
-            )
-        return result("ok")
-    finally:
-        if sampler is not None:
-            sampler.stop()
-        if nvml is not None:
-            nvml.stop()
-        import shutil
+            trainer = _hf_trainer(probe, model, emitted, meter, out_dir=out_dir, early_args=early_args)
+    except (DatasetError, SpecError) as exc:
+        probe.stop("crash", f"data: {exc}")
+    except Exception as exc:
+        status, reason = classify_exception(exc)
+        dm.record_memory(metrics, usable)
+        probe.stop(status, f"building the {'SFTTrainer' if trl else 'Trainer'}: {reason}")
+    trainer.probe_meter = meter
+    return trainer
 
-        shutil.rmtree(out_dir, ignore_errors=True)
+
+def _train_stage(probe: _Probe, trainer: Any, meter: _Meter, dm: _DeviceMeter) -> None:
+    t_train = time.perf_counter()
+    try:
+        trainer.train()
+    except Exception as exc:
+        status, reason = classify_exception(exc)
+        dm.record_memory(probe.metrics, probe.req.settings.usable_bytes())
+        probe.record_window(meter)
+        probe.stop(status, f"training: {reason}")
+    probe.metrics["train_s"] = time.perf_counter() - t_train
+
+
+def _verdict(probe: _Probe, meter: _Meter, dm: _DeviceMeter) -> ProbeResult:
+    """The window, utilisation and memory recorded; then ok, or why not (no window, over the budget)."""
+    metrics, window, settings = probe.metrics, probe.window, probe.req.settings
+    usable = settings.usable_bytes()
+    probe.record_window(meter)
+    _record_utilisation(metrics, meter, window, dm.sampler, dm.nvml)
+    dm.record_memory(metrics, usable)
+    _add_prefetched_batches(metrics, meter, window, probe.req.candidate.grad_accum)
+    if metrics.get("tokens_per_s") is None:
+        return probe.result("crash", f"no timed window completed ({len(meter.step_end_t)} optimizer steps ran, "
+                                     f"{window.warmup_steps} warm-up + at least {window.min_timed_steps} timed needed)")
+    peak = metrics.get("peak_mem_bytes")
+    if usable is not None and peak is not None and peak > usable:
+        return probe.result(
+            "over_budget",
+            f"peak memory {format_bytes(peak)} > usable budget {format_bytes(usable)} "
+            f"({format_bytes(settings.budget_bytes)} less {settings.headroom:.0%} headroom)",
+        )
+    return probe.result("ok")
 
 
 def _sft_trainer_class() -> Any:
@@ -725,44 +912,32 @@ def _sft_trainer_class() -> Any:
     return SFTTrainer
 
 
-def _hf_trainer(
-    req: ProbeRequest, model: Any, metrics: dict[str, Any], *, out_dir: str, device: str, usable: int | None,
-    n_steps: int, meter: _Meter, early_args: Any,
-) -> Any:
-    """The ``transformers.Trainer`` the hf probe times, on autotune's own batches (or a crash reason)."""
-    from autotune.emit.training_args import model_dtype
+def _hf_trainer(probe: _Probe, model: Any, emitted: _Emitted, meter: _Meter, *, out_dir: str, early_args: Any) -> Any:
+    """The ``transformers.Trainer`` the hf probe times, on autotune's own batches."""
     from autotune.probe.collate import packing_mask_dtype, pad_token_id_of
     from autotune.probe.data import build_train_data
 
+    req, metrics = probe.timed, probe.metrics
     cfg = model.config
-    pad_id = pad_token_id_of(cfg)
-    compute_dtype = packing_mask_dtype(req.candidate.precision, model_dtype(req.candidate, req.workload))
-    try:
-        data = build_train_data(
-            req.workload,
-            req.candidate,
-            num_optimizer_steps=n_steps,
-            vocab_size=int(cfg.vocab_size),
-            pad_token_id=pad_id,
-            mask_dtype=compute_dtype,
-            # longest sequences first make the measured peak the worst case: only a probe held
-            # to a budget needs that; one without (autotune.verify's loss comparison) needs the
-            # same data order whatever the micro-batch
-            worst_case_first=usable is not None,
-        )
-    except Exception as exc:
-        from autotune.errors import DatasetError, SpecError
-
-        if isinstance(exc, (DatasetError, SpecError)):
-            return f"data: {exc}"
-        raise
+    data = build_train_data(
+        req.workload,
+        req.candidate,
+        num_optimizer_steps=probe.window.max_optimizer_steps,
+        vocab_size=int(cfg.vocab_size),
+        pad_token_id=pad_token_id_of(cfg),
+        mask_dtype=packing_mask_dtype(req.candidate.precision, emitted.model_kwargs["dtype"]),
+        # longest sequences first make the measured peak the worst case: only a probe held
+        # to a budget needs that; one without (autotune.verify's loss comparison) needs the
+        # same data order whatever the micro-batch
+        worst_case_first=req.settings.usable_bytes() is not None,
+    )
     metrics["token_slots_per_step"] = getattr(data, "token_slots_per_step", None)
     # what the emitters for row-counting packers (Axolotl, LLaMA-Factory) and dataset types need
     metrics["mean_seq_len"] = data.info.get("mean_seq_len")
     if data.info.get("column"):
         metrics["dataset_column"] = data.info["column"]
 
-    args = early_args if early_args is not None else _training_args(req, out_dir, device)
+    args = early_args if early_args is not None else _training_args(emitted, out_dir)
     trainer_cls = _make_trainer_class()
     return trainer_cls(
         model=model,
@@ -773,14 +948,10 @@ def _hf_trainer(
     )
 
 
-def _training_args(req: ProbeRequest, out_dir: str, device: str) -> Any:
+def _training_args(emitted: _Emitted, out_dir: str) -> Any:
     from transformers import TrainingArguments
 
-    from autotune.emit.training_args import probe_kwargs
-
-    fields = set(TrainingArguments.__dataclass_fields__)
-    kw = probe_kwargs(req, fields=fields, device=device)
-    return TrainingArguments(output_dir=out_dir, **kw)
+    return TrainingArguments(output_dir=out_dir, **emitted.training_args)
 
 
 def _load_cuda_libraries(torch: Any) -> None:
@@ -975,10 +1146,10 @@ def _record_utilisation(
         return
     t0, t1 = bounds
     if sampler is not None:
-        window = [u for t, u in sampler.cpu_samples if t0 <= t <= t1]
-        if window:
-            metrics["cpu_util_mean"] = sum(window) / len(window)
-            metrics["cpu_util_samples"] = [round(u, 3) for u in window[-600:]]
+        cpu = [u for t, u in sampler.cpu_samples if t0 <= t <= t1]
+        if cpu:
+            metrics["cpu_util_mean"] = sum(cpu) / len(cpu)
+            metrics["cpu_util_samples"] = [round(u, 3) for u in cpu[-600:]]
     if nvml is not None:
         gpu = [u for t, u in nvml.util_samples if t0 <= t <= t1]
         if gpu:

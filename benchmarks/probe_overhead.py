@@ -36,7 +36,7 @@ def plain_loop(req: ProbeRequest) -> dict[str, Any]:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from autotune.emit.training_args import model_dtype
+    from autotune.formats.model import model_dtype
     from autotune.probe.collate import pop_counts
     from autotune.probe.data import build_train_data
 

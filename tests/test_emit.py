@@ -13,11 +13,9 @@ import pytest
 import yaml
 
 from autotune.emit import EMITTED_FILES, build_files, emit_all
-from autotune.emit.training_args import (
-    emitted_model_kwargs,
-    performance_kwargs,
-)
 from autotune.errors import AutotuneError
+from autotune.formats.model import emitted_model_kwargs
+from autotune.formats.training_args import performance_kwargs
 from autotune.spec.baseline import hf_default_candidate
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
 from autotune.spec.result import ProbeResult

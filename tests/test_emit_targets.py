@@ -12,9 +12,10 @@ import pytest
 import yaml
 
 import autotune.emit
-from autotune.emit import build_files, emit_all, trl_sft
+from autotune.emit import build_files, emit_all
 from autotune.formats import axolotl as ax_mod
 from autotune.formats import llamafactory as lf_mod
+from autotune.formats import trl as trl_sft
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
 from autotune.spec.result import ProbeResult
 

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from autotune.emit.training_args import lora_target_modules
 from autotune.estimate import arch_from_config, estimate_memory
 from autotune.estimate.arch import peft_lora_modules, peft_lora_param_count
 from autotune.estimate.memory import (
@@ -25,6 +24,7 @@ from autotune.estimate.memory import (
     CPU_TRAINER_IMPORTS_BYTES,
     layer_activation_bytes_per_token,
 )
+from autotune.formats.model import lora_target_modules
 from autotune.spec.probe_request import Candidate, Workload
 
 ROOT = Path(__file__).resolve().parents[1]

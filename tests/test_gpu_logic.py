@@ -223,7 +223,7 @@ def test_qlora_loads_on_the_ranks_own_gpu(monkeypatch: pytest.MonkeyPatch, tmp_p
 def test_tf32_is_decided_by_training_arguments_only() -> None:
     import inspect
 
-    from autotune.emit.training_args import probe_kwargs
+    from autotune.formats.training_args import probe_kwargs
 
     # the worker no longer sets torch's legacy flag beside TrainingArguments(tf32=...)
     assert "allow_tf32 =" not in inspect.getsource(worker)
@@ -341,7 +341,7 @@ def test_mfu_with_variable_lengths_is_below_the_seq_len_convention() -> None:
 def test_fsdp_offload_on_cuda_has_a_cpu_gloo_backend() -> None:
     from transformers import TrainingArguments
 
-    from autotune.emit.training_args import probe_kwargs
+    from autotune.formats.training_args import probe_kwargs
 
     fields = set(TrainingArguments.__dataclass_fields__)
     offload = _req(world_size=1, zero_stage=3, sharding="fsdp", offload="params", precision="bf16")

@@ -235,7 +235,7 @@ def test_a_huge_accumulation_does_not_make_a_probe_longer() -> None:
 def test_emitted_training_arguments_keep_the_true_accumulation() -> None:
     from transformers import TrainingArguments
 
-    from autotune.emit.training_args import emitted_training_args
+    from autotune.formats.training_args import emitted_training_args
 
     req = _tiny(grad_accum=64)
     kw = emitted_training_args(req, fields=set(TrainingArguments.__dataclass_fields__), device="cpu")

@@ -23,8 +23,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from autotune.emit import build_files, emit_all  # noqa: E402
-from autotune.emit.training_args import RUN_ONLY_KEYS, probe_kwargs  # noqa: E402
 from autotune.executors.local import run_probe_process  # noqa: E402
+from autotune.formats.training_args import RUN_ONLY_KEYS, probe_kwargs  # noqa: E402
 from autotune.models import resolve_model  # noqa: E402
 from autotune.probe import collate  # noqa: E402
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload  # noqa: E402

@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from autotune.emit import build_files
-from autotune.emit.training_args import RUN_ONLY_KEYS
-from autotune.emit.trl_sft import TRL_PACKING_QUALITY_NOTE, sft_config, sft_probe_overrides
+from autotune.formats.training_args import RUN_ONLY_KEYS
+from autotune.formats.trl import TRL_PACKING_QUALITY_NOTE, sft_config, sft_probe_overrides
 from autotune.probe.collate import pop_counts
 from autotune.probe.trl_probe import FrontSampler, trainer_problems
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload

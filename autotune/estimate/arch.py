@@ -291,13 +291,13 @@ def lora_param_count(arch: Arch, r: int, targets: tuple[str, ...] | list[str]) -
 def peft_lora_modules(arch: Arch, targets: tuple[str, ...] | list[str]) -> frozenset[str]:
     """The per-layer linears the probe's peft config really adapts for ``targets``.
 
-    The probe (``autotune.emit.training_args.lora_target_modules``) passes peft the requested names
+    The probe (``autotune.formats.model.lora_target_modules``) passes peft the requested names
     that are leaf module names of the model, or ``"all-linear"`` when none is; peft then matches by
     leaf name. So GPT-2 (``c_attn``/``c_proj``/``c_fc``) gets every linear for the Llama-style default,
     and Phi-3 gets only ``o_proj`` for ``q_proj,k_proj,v_proj,o_proj``, unlike ``lora_modules``'
     canonical mapping.
     """
-    from autotune.emit.training_args import lora_target_modules
+    from autotune.formats.model import lora_target_modules
 
     leaf = {n: n.rsplit(".", 1)[-1] for n, _, _ in arch.linears}
     chosen = lora_target_modules(set(leaf.values()), tuple(targets))

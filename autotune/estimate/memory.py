@@ -55,10 +55,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.emit.training_args import LORA_DROPOUT
 from autotune.errors import SpecError
 from autotune.estimate.arch import Arch, peft_lora_modules, peft_lora_param_count
 from autotune.estimate.catalog import GPU
+from autotune.formats.model import LORA_DROPOUT
 from autotune.spec.probe_request import FLATTEN_ATTN, Candidate, Workload
 
 __all__ = [

@@ -2,9 +2,9 @@
 
 The path is the emitted script's own: this module executes the text of ``train_sft.py``
 (:func:`autotune.emit._train_sft_script.render_train_sft_script`) and calls its ``load_data`` and
-``build_trainer``, with a ``sft_config.json`` written by :func:`autotune.emit.trl_sft.sft_config` (the
+``build_trainer``, with a ``sft_config.json`` written by :func:`autotune.formats.trl.sft_config` (the
 function that writes ``best/sft_config.json``) plus only the run-only keys set to the probe's values
-(:func:`autotune.emit.trl_sft.sft_probe_overrides`: steps, schedule, logging). So SFTTrainer prepares
+(:func:`autotune.formats.trl.sft_probe_overrides`: steps, schedule, logging). So SFTTrainer prepares
 the data itself (chat template, truncation, TRL's packing ``bfd`` and padding-free rows), with its own
 collator and sampler. The model is the probe's (random weights from config.json, seeded); LoRA is
 applied by SFTTrainer from ``lora_config.json``, as in ``train_sft.py``.
@@ -183,11 +183,11 @@ def build_sft_trainer(
     Records in ``metrics``: ``trainer_config`` (the SFTConfig keys it ran: sft_config.json's, with
     the probe's run-only keys), ``mean_seq_len``, ``dataset_column``, ``trl_rows`` (rows of the
     prepared dataset) and, with packing, ``quality_notes``. ``lora``: the adapter's lora_config.json
-    (``autotune.emit.training_args.lora_config`` with this model's targets; None for full fine-tuning).
+    (``autotune.formats.model.lora_config`` with this model's targets; None for full fine-tuning).
     """
     from trl import SFTConfig
 
-    from autotune.emit.trl_sft import TRL_PACKING_QUALITY_NOTE, sft_config, sft_probe_overrides
+    from autotune.formats.trl import TRL_PACKING_QUALITY_NOTE, sft_config, sft_probe_overrides
 
     c = req.candidate
     tok = _tokenizer(req)

@@ -23,7 +23,7 @@ the candidate's true accumulation is composed from a non-boundary micro-step and
 request, and everything emitted from it, keep the true accumulation.
 
 The worker runs in stages (``run_probe_in_process``): the window and device, the arguments derived
-from ``autotune.emit.training_args`` (computed once: the model's, the adapter's, the
+from ``autotune.formats`` (model, training_args) (computed once: the model's, the adapter's, the
 TrainingArguments), the meter of the device kind (CPU: RSS growth and perf_counter marks; GPU: the
 CUDA context, the allocator cap, NVML and CUDA events), then build -> trainer -> train -> verdict.
 """
@@ -538,7 +538,7 @@ class _Emitted:
     training_args: dict[str, Any]  # everything but output_dir
 
     def lora_for(self, model: Any, requested: tuple[str, ...] | list[str]) -> dict[str, Any]:
-        from autotune.emit.training_args import lora_target_modules
+        from autotune.formats.model import lora_target_modules
 
         assert self.lora is not None
         leaf_names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
@@ -548,7 +548,8 @@ class _Emitted:
 def _emitted(req: ProbeRequest, timed: ProbeRequest, device: str) -> _Emitted:
     from transformers import TrainingArguments
 
-    from autotune.emit.training_args import lora_config, model_kwargs, probe_kwargs
+    from autotune.formats.model import lora_config, model_kwargs
+    from autotune.formats.training_args import probe_kwargs
 
     fields = set(TrainingArguments.__dataclass_fields__)
     return _Emitted(

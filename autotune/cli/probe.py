@@ -9,7 +9,7 @@ import typer
 
 from autotune.cli.render import console, dumps_json, render_probe_result
 from autotune.errors import SpecError
-from autotune.spec.budget import parse_budget
+from autotune.spec.budget import parse_budget, resolve_budget
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
 from autotune.spec.result import ProbeResult
 
@@ -80,9 +80,9 @@ def build_probe_request(
     parse_lengths(lengths)  # validated here, sampled in the worker
     budget = parse_budget(gpu_budget) if gpu_budget is not None else None
     budget_bytes = None
-    if budget is not None:
-        total = _device_total_bytes(device) if budget.fraction is not None else None
-        budget_bytes = budget.resolve(total)
+    if budget is not None:  # the device's memory is read only for a percentage
+        where = _budget_device(device) if budget.fraction is not None else {"device": device}
+        budget_bytes = resolve_budget(budget, **where)
     req = ProbeRequest(
         workload=Workload(
             model=resolved.name,
@@ -155,16 +155,21 @@ def _probe_device(device: str) -> str:
     return "cuda" if nvml_device_info() else "cpu"
 
 
-def _device_total_bytes(device: str) -> int | None:
-    """Memory of the device a percentage budget refers to (GPU 0 via NVML, else system RAM)."""
+def _budget_device(device: str) -> dict[str, Any]:
+    """What a percentage budget is a share of (``spec.budget.PERCENT_RULE``): every visible GPU, the
+    smallest one counting, else the system memory. ``resolve_budget``'s keyword arguments."""
     if device in ("auto", "cuda"):
         from autotune.env import nvml_device_info
 
         gpus = nvml_device_info()
         if gpus:
-            return int(gpus[0]["memory_total_bytes"])
+            return {"device": "cuda", "gpu_infos": gpus}
         if device == "cuda":
             raise SpecError("device cuda requested but no NVIDIA GPU is visible (NVML found none)")
+    return {"device": "cpu", "ram_bytes": _ram_bytes}
+
+
+def _ram_bytes() -> int:
     import psutil
 
     return int(psutil.virtual_memory().total)

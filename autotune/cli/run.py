@@ -19,7 +19,7 @@ from rich.table import Table
 from autotune.cli.render import STATUS_STYLE, console, dumps_json
 from autotune.spec.budget import format_bytes
 
-__all__ = ["command", "ProgressPrinter", "render_summary", "answer_line"]
+__all__ = ["command", "ProgressPrinter", "render_summary", "answer_line", "COMMAND_ONLY", "RENAMED"]
 
 
 def _fmt_s(seconds: float | None) -> str:
@@ -170,6 +170,12 @@ def render_summary(summary: dict[str, Any], con: Console) -> None:
     if vl:
         con.print(f"verify-loss: {vl.get('verdict')}", highlight=False)
     con.print(answer_line(summary), highlight=False)
+
+
+# How `run`'s options reach tune(): by the same name, except these (the command's own options, and
+# the ones converted on the way); tune()'s arguments without an option are ``_tune.API_ONLY``.
+COMMAND_ONLY = ("from_file", "write_back", "fmt", "strict", "as_json", "verify_loss_steps")
+RENAMED = {"probe_timeout": "probe_timeout_s", "offline": "hub"}  # option -> tune() argument
 
 
 def command(

@@ -336,6 +336,7 @@ def tune(
     verify the loss) -> :func:`summarize` -> :func:`write_answer`. Nothing is written before
     ``start_run``.
     """
+    # (long for its signature and this docstring: the body is the stages below, one line each)
     given = dict(locals())  # every argument above, by name
     t0 = time.monotonic()
     args = TuneArgs(**{f.name: given[f.name] for f in dataclasses.fields(TuneArgs)})
@@ -416,6 +417,16 @@ class Request:
 
 def read_request(a: TuneArgs) -> Request:
     """Stage 1: every problem with the arguments at once (SpecError), then the model, offline."""
+    parsed = _parse_args(a)
+    resolved = _resolve_inputs(a)
+    return Request(args=a, budget=parsed["budget"], time_budget_s=parsed["time_budget_s"],
+                   gpu_list=parsed["gpu_list"], space=parsed["space"], resolved=resolved,
+                   probe_timeout_s=parsed["probe_timeout_s"])
+
+
+def _parse_args(a: TuneArgs) -> dict[str, Any]:
+    """Every option checked, each parsed once (the Request carries the values); SpecError listing every
+    problem at once."""
     problems = _validate(seq_len=a.seq_len, effective_batch=a.effective_batch, mode=a.mode,
                          max_trials=a.max_trials, device=a.device, resume=a.resume, fresh=a.fresh, top_k=a.top_k,
                          gpus_per_trial=a.gpus_per_trial)  # fmt: skip
@@ -430,7 +441,7 @@ def read_request(a: TuneArgs) -> Request:
     from autotune.store.run_dir import check_out_dir
     from autotune.store.storage import check_storage_url
 
-    parsed: dict[str, Any] = {}  # each parsed once, here; the Request carries the values
+    parsed: dict[str, Any] = {}
     for name, fn in (("time_budget_s", lambda: parse_duration(a.time_budget)),
                      ("budget", lambda: parse_budget(a.gpu_budget)),
                      ("probe_timeout_s", lambda: parse_probe_timeout(a.probe_timeout_s)),
@@ -440,9 +451,8 @@ def read_request(a: TuneArgs) -> Request:
             parsed[name] = fn()
         except SpecError as exc:
             problems += exc.problems
-    space_obj: SearchSpace | None = None
     try:
-        space_obj = a.space if isinstance(a.space, SearchSpace) or a.space is None else load_space(a.space)
+        parsed["space"] = a.space if isinstance(a.space, SearchSpace) or a.space is None else load_space(a.space)
     except SpecError as exc:
         problems += exc.problems
     try:
@@ -451,7 +461,11 @@ def read_request(a: TuneArgs) -> Request:
         problems += exc.problems
     if problems:
         raise SpecError(problems)
+    return parsed
 
+
+def _resolve_inputs(a: TuneArgs) -> Any:
+    """The model (offline unless ``hub``), checked, and the dataset found; the ``ResolvedModel``."""
     from autotune._preflight import check_model_config
     from autotune.models import check_seq_len, resolve_model
 
@@ -483,9 +497,7 @@ def read_request(a: TuneArgs) -> Request:
             raise SpecError(f"dataset {a.dataset!r} does not exist")
     if a.split is not None and a.dataset is None:
         raise SpecError("--split names a split of --dataset; pass --dataset too, or drop --split")
-    return Request(args=a, budget=parsed["budget"], time_budget_s=parsed["time_budget_s"],
-                   gpu_list=parsed["gpu_list"], space=space_obj, resolved=resolved,
-                   probe_timeout_s=parsed["probe_timeout_s"])
+    return resolved
 
 
 @dataclass(frozen=True)

@@ -199,7 +199,7 @@ def command(
     sample_rows: int | None = typer.Option(None, "--sample-rows", help="Rows of a Hub dataset's streamed sample (default 1000: the first N rows of the split)."),
     offline: bool = typer.Option(False, "--offline", help="Never contact the Hub (as HF_HUB_OFFLINE=1): models and datasets only from local folders, the HF caches and the presets."),
     lora_r: int = typer.Option(16, "--lora-r", help="LoRA rank (alpha = 2r)."),
-    gpu_budget: str | None = typer.Option(None, "--gpu-budget", help="Memory budget: 24GB, 24GiB, 24g or 80%. On CPU it caps RSS growth."),
+    gpu_budget: str | None = typer.Option(None, "--gpu-budget", help="Memory budget: 24GB, 24GiB, 24g or 80% (of the smallest visible GPU). On CPU it caps RSS growth."),
     headroom: float = typer.Option(0.05, "--headroom", help="Share of the budget kept free (default 5%)."),
     device: str = typer.Option("auto", "--device", help="auto | cuda | cpu."),
     warmup_steps: int = typer.Option(2, "--warmup-steps", help="Optimizer steps before the timed window."),

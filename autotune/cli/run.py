@@ -180,7 +180,7 @@ RENAMED = {"probe_timeout": "probe_timeout_s", "offline": "hub"}  # option -> tu
 
 def command(
     model: str | None = typer.Option(None, "--model", "-m", help="Local dir with config.json, hub id (ORG/NAME[@REVISION]: the HF cache, else its config.json fetched from the Hub when online) or preset (required unless --from names one)."),
-    gpu_budget: str = typer.Option(..., "--gpu-budget", help="Memory budget per GPU: 24GB, 24GiB, 24g or 80%."),
+    gpu_budget: str = typer.Option(..., "--gpu-budget", help="Memory budget per GPU: 24GB, 24GiB, 24g or 80% (of the smallest GPU in use)."),
     seq_len: int | None = typer.Option(None, "--seq-len", help="Sequence length (tokens). Default: --from's, else 2048."),
     effective_batch: int | None = typer.Option(None, "--effective-batch", help="Sequences per optimizer step, held fixed (micro-batch × accumulation × GPUs). Default: --from's, else 64."),
     mode: str | None = typer.Option(None, "--mode", help="full | lora | qlora. Default: --from's, else full."),

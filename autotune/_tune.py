@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.errors import AutotuneError, NothingFitsError, SpecError
 from autotune.executors.base import Executor
 from autotune.search import FAILED, TrialRecord, candidate_id, candidate_label
-from autotune.spec.budget import Budget, format_bytes, parse_budget
+from autotune.spec.budget import Budget, format_bytes, parse_budget, resolve_budget
 from autotune.spec.parse import parse_duration, parse_gpus
 from autotune.spec.probe_request import (
     DEVICE_CHOICES,
@@ -44,10 +44,14 @@ if TYPE_CHECKING:  # the searcher imports optuna: loaded when a search actually 
 __all__ = [
     "tune", "TuneResult", "TuneArgs", "Request", "SearchPlan", "RunStart", "Searched", "EstimatePruner",
     "read_request", "plan_search", "answer_from_cache", "predict_run", "start_run", "run_search", "summarize", "write_answer",
-    "nothing_fits_message",
+    "nothing_fits_message", "API_ONLY",
 ]
 
 ProgressFn = Callable[[str, dict[str, Any]], None]
+
+# tune()'s arguments that `autotune run` has no option for (Python objects, or settings only the API offers)
+API_ONLY = ("executor", "progress", "pruner", "prune", "baseline", "load_monitor", "verify_loss_tolerance",
+            "warmup_steps")
 
 # sequences per optimizer step: far above any real fine-tuning batch (1,024 x 4k tokens = 4M tokens),
 # and below what would have a probe build and accumulate millions of micro-steps
@@ -152,10 +156,8 @@ def _detect_device(device: str, gpus: list[int] | None, ray_address: str | None)
     return "cpu", []
 
 
-def _device_total_bytes(device: str, gpu_infos: list[dict[str, Any]]) -> int | None:
-    if device == "cuda":
-        totals = [int(g["memory_total_bytes"]) for g in gpu_infos if g.get("memory_total_bytes")]
-        return min(totals) if totals else None
+def _ram_bytes() -> int:
+    """The system memory: what a percentage budget is a share of on cpu (``spec.budget.PERCENT_RULE``)."""
     import psutil
 
     return int(psutil.virtual_memory().total)
@@ -334,6 +336,7 @@ def tune(
     verify the loss) -> :func:`summarize` -> :func:`write_answer`. Nothing is written before
     ``start_run``.
     """
+    # (long for its signature and this docstring: the body is the stages below, one line each)
     given = dict(locals())  # every argument above, by name
     t0 = time.monotonic()
     args = TuneArgs(**{f.name: given[f.name] for f in dataclasses.fields(TuneArgs)})
@@ -353,45 +356,46 @@ def tune(
 
 @dataclass(frozen=True)
 class TuneArgs:
-    """``tune``'s arguments as given (see :func:`tune`)."""
+    """``tune``'s arguments as given (see :func:`tune`), with its defaults (a test holds the two and
+    `autotune run`'s options to the same names)."""
 
     model: str
     gpu_budget: str | int | Budget
-    seq_len: int
-    effective_batch: int
-    mode: str
-    space: str | Path | SearchSpace | None
-    dataset: str | None
-    split: str | None
-    tokenizer: str | None
-    lengths: str
-    max_trials: int
-    time_budget: str | float | None
-    gpus: str | list[int] | None
-    ray_address: str | None
-    device: str
-    storage: str | None
-    out: str | Path
-    seed: int
-    resume: bool
-    fresh: bool
-    executor: Executor | None
-    progress: ProgressFn | None
-    gpus_per_trial: int | None
-    top_k: int
-    steps: int
-    warmup_steps: int
-    probe_timeout_s: float | str | None
-    baseline: bool
-    trust_remote_code: bool
-    pruner: Pruner | None
-    prune: bool | None
-    verify_loss: int
-    verify_loss_tolerance: float | None
-    confirm_rounds: tuple[int, int] | None
-    confirm_tolerance: float | None
-    load_monitor: bool | None
-    trainer: str
+    seq_len: int = 2048
+    effective_batch: int = 64
+    mode: str = "full"
+    space: str | Path | SearchSpace | None = None
+    dataset: str | None = None
+    split: str | None = None
+    tokenizer: str | None = None
+    lengths: str = "fixed"
+    max_trials: int = 40
+    time_budget: str | float | None = None
+    gpus: str | list[int] | None = None
+    ray_address: str | None = None
+    device: str = "auto"
+    storage: str | None = None
+    out: str | Path = "results"
+    seed: int = 42
+    resume: bool = False
+    fresh: bool = False
+    executor: Executor | None = None
+    progress: ProgressFn | None = None
+    gpus_per_trial: int | None = None
+    top_k: int = 3
+    steps: int = 5
+    warmup_steps: int = 2
+    probe_timeout_s: float | str | None = "predicted"
+    baseline: bool = True
+    trust_remote_code: bool = False
+    pruner: Pruner | None = None
+    prune: bool | None = None
+    verify_loss: int = 0
+    verify_loss_tolerance: float | None = None
+    confirm_rounds: tuple[int, int] | None = None
+    confirm_tolerance: float | None = None
+    load_monitor: bool | None = None
+    trainer: str = "hf"
     strategy: str = "walk"
     hub: Any = None  # autotune.models.HubAccess: online; None: offline
     config_name: str | None = None
@@ -408,10 +412,21 @@ class Request:
     gpu_list: list[int] | None
     space: SearchSpace | None  # None: the device's own (chosen in plan_search)
     resolved: Any  # autotune.models.ResolvedModel
+    probe_timeout_s: float | None = None  # --probe-timeout's fixed seconds (None: predicted)
 
 
 def read_request(a: TuneArgs) -> Request:
     """Stage 1: every problem with the arguments at once (SpecError), then the model, offline."""
+    parsed = _parse_args(a)
+    resolved = _resolve_inputs(a)
+    return Request(args=a, budget=parsed["budget"], time_budget_s=parsed["time_budget_s"],
+                   gpu_list=parsed["gpu_list"], space=parsed["space"], resolved=resolved,
+                   probe_timeout_s=parsed["probe_timeout_s"])
+
+
+def _parse_args(a: TuneArgs) -> dict[str, Any]:
+    """Every option checked, each parsed once (the Request carries the values); SpecError listing every
+    problem at once."""
     problems = _validate(seq_len=a.seq_len, effective_batch=a.effective_batch, mode=a.mode,
                          max_trials=a.max_trials, device=a.device, resume=a.resume, fresh=a.fresh, top_k=a.top_k,
                          gpus_per_trial=a.gpus_per_trial)  # fmt: skip
@@ -426,17 +441,18 @@ def read_request(a: TuneArgs) -> Request:
     from autotune.store.run_dir import check_out_dir
     from autotune.store.storage import check_storage_url
 
-    for fn in (lambda: parse_duration(a.time_budget), lambda: parse_budget(a.gpu_budget),
-               lambda: parse_probe_timeout(a.probe_timeout_s),
-               lambda: parse_gpus(a.gpus), lambda: parse_lengths(a.lengths), lambda: check_out_dir(a.out),
-               lambda: check_storage_url(a.storage)):  # fmt: skip
+    parsed: dict[str, Any] = {}
+    for name, fn in (("time_budget_s", lambda: parse_duration(a.time_budget)),
+                     ("budget", lambda: parse_budget(a.gpu_budget)),
+                     ("probe_timeout_s", lambda: parse_probe_timeout(a.probe_timeout_s)),
+                     ("gpu_list", lambda: parse_gpus(a.gpus)), ("lengths", lambda: parse_lengths(a.lengths)),
+                     ("out", lambda: check_out_dir(a.out)), ("storage", lambda: check_storage_url(a.storage))):
         try:
-            fn()
+            parsed[name] = fn()
         except SpecError as exc:
             problems += exc.problems
-    space_obj: SearchSpace | None = None
     try:
-        space_obj = a.space if isinstance(a.space, SearchSpace) or a.space is None else load_space(a.space)
+        parsed["space"] = a.space if isinstance(a.space, SearchSpace) or a.space is None else load_space(a.space)
     except SpecError as exc:
         problems += exc.problems
     try:
@@ -445,7 +461,11 @@ def read_request(a: TuneArgs) -> Request:
         problems += exc.problems
     if problems:
         raise SpecError(problems)
+    return parsed
 
+
+def _resolve_inputs(a: TuneArgs) -> Any:
+    """The model (offline unless ``hub``), checked, and the dataset found; the ``ResolvedModel``."""
     from autotune._preflight import check_model_config
     from autotune.models import check_seq_len, resolve_model
 
@@ -477,29 +497,39 @@ def read_request(a: TuneArgs) -> Request:
             raise SpecError(f"dataset {a.dataset!r} does not exist")
     if a.split is not None and a.dataset is None:
         raise SpecError("--split names a split of --dataset; pass --dataset too, or drop --split")
-    return Request(args=a, budget=parse_budget(a.gpu_budget), time_budget_s=parse_duration(a.time_budget),
-                   gpu_list=parse_gpus(a.gpus), space=space_obj, resolved=resolved)
+    return resolved
 
 
 @dataclass(frozen=True)
 class SearchPlan:
-    """Stage 2's output: what will be searched, where, under which budget, and the cache key."""
+    """Stage 2's output, the run's resolved plan: what will be searched, where, under which budget, with
+    every default resolved once (the cache key, the pre-flight, the forecast, the searcher and
+    summary.json read it from here, so the key describes the run that runs)."""
 
     device: str  # cpu | cuda
-    gpu_infos: list[dict[str, Any]]
+    gpu_infos: list[dict[str, Any]]  # the GPUs in use (--gpus, default all visible)
     space: SearchSpace
     dropped: list[Any]
     notes: list[str]
     confirm_policy: Any  # search.ConfirmPolicy
-    settings: ProbeSettings
+    settings: ProbeSettings  # budget_bytes (spec.budget.resolve_budget) and the run-level timeout_s
     workload: Workload
     baseline: Candidate | None  # the HF default measured beside the search (None: --no-baseline)
-    hardware: dict[str, Any]
-    software: dict[str, Any]
-    key: str
+    capabilities: dict[str, Any]
+    max_world: int | None  # most GPUs one probe may use before the executor reports (spec.max_world)
+    confirm_steps: int  # timed steps of a confirmation probe (spec.confirm_steps)
+    prune: bool  # the memory model's pruner runs (spec.prune_default; a custom pruner replaces it)
+    load_monitor: bool  # other load is watched (spec.load_monitor_default)
+    rule: Any  # search.DeadlineRule: --probe-timeout's
+    hardware: dict[str, Any] = field(default_factory=dict)
+    software: dict[str, Any] = field(default_factory=dict)
+    key: str = ""  # the cache key, from this plan (_cache_key)
     deadlines: Any = None  # search.Deadlines: each probe's deadline from its prediction (predict_run)
     forecast: dict[str, Any] = field(default_factory=dict)  # the predicted time to answer (_deadlines.forecast)
-    rule: Any = None  # search.DeadlineRule: --probe-timeout's
+
+    @property
+    def budget_bytes(self) -> int:
+        return int(self.settings.budget_bytes or 0)
 
     @property
     def usable(self) -> int | None:
@@ -507,29 +537,17 @@ class SearchPlan:
 
 
 def plan_search(r: Request) -> SearchPlan:
-    """Stage 2: the device and its space, the probe settings and workload, the preflight, the cache key."""
+    """Stage 2: the device and its space, the probe settings and workload, every default resolved, the
+    preflight, then the cache key from the plan."""
+    from autotune.spec.run_defaults import confirm_steps, load_monitor_default, max_world, prune_default
+
     a = r.args
     dev, gpu_infos = _detect_device(a.device, r.gpu_list, a.ray_address)
     space_obj, dropped, caps, notes = _space_for_device(r.space, dev, gpu_infos, a.device, a.ray_address, a.mode)
     if a.gpus_per_trial is not None:
         space_obj = dataclasses.replace(space_obj, gpus_per_trial=(a.gpus_per_trial,))
-    confirm_policy = _confirm_policy(dev, a.confirm_rounds, a.confirm_tolerance)
-    budget = r.budget
-    budget_bytes = budget.resolve(_device_total_bytes(dev, gpu_infos) if budget.fraction is not None else None)
-    from autotune._deadlines import parse_probe_timeout
-    from autotune.search import DeadlineRule
-
-    rule = DeadlineRule.for_device(dev, parse_probe_timeout(a.probe_timeout_s))
-    # the run-level timeout: the fixed one, else what an unpredictable probe gets (each probe's own
-    # deadline is set when it is submitted: search.Deadlines)
-    settings = ProbeSettings(device=dev, budget_bytes=budget_bytes, budget_text=budget.text,
-                             warmup_steps=a.warmup_steps, steps=a.steps,
-                             timeout_s=rule.fixed_s if rule.fixed_s is not None else rule.unpredicted_s)
-    if a.dataset is not None and a.lengths != "fixed":
-        raise SpecError("--lengths describes synthetic sequences and --dataset brings real ones: give one of them")
-    workload = Workload(model=r.resolved.name, model_path=r.resolved.path, seq_len=a.seq_len, mode=a.mode,
-                        dataset=a.dataset, trust_remote_code=a.trust_remote_code, seed=a.seed, lengths=a.lengths,
-                        split=a.split, tokenizer=a.tokenizer, trainer=a.trainer)
+    settings, rule = _probe_settings(r, dev, gpu_infos)
+    workload = _workload(r)
     problems = workload.problems() + settings.problems()
     if not problems:
         from autotune.probe.trl_probe import trainer_problems
@@ -537,18 +555,46 @@ def plan_search(r: Request) -> SearchPlan:
         problems = trainer_problems(workload)
     if problems:
         raise SpecError(problems)
-    baseline_cand = _baseline_candidate(space_obj, a.effective_batch, dev) if a.baseline else None
-    deadlines = fc = None
+    plan = SearchPlan(
+        device=dev, gpu_infos=gpu_infos, space=space_obj, dropped=dropped, notes=notes,
+        confirm_policy=_confirm_policy(dev, a.confirm_rounds, a.confirm_tolerance), settings=settings,
+        workload=workload, baseline=_baseline_candidate(space_obj, a.effective_batch, dev) if a.baseline else None,
+        capabilities=caps, max_world=max_world(dev, len(gpu_infos), cluster=a.ray_address is not None),
+        confirm_steps=confirm_steps(a.steps), prune=prune_default(a.prune, dev),
+        load_monitor=load_monitor_default(a.load_monitor, own_executor=a.executor is None,
+                                          cluster=a.ray_address is not None),
+        rule=rule,
+    )  # fmt: skip
     if dev == "cpu":  # the --device auto refusal reads the prediction (a CPU space is small: milliseconds)
-        deadlines, fc = _predict(r, dev, gpu_infos, space_obj, workload, settings, rule, confirm_policy,
-                                 baseline_cand)  # fmt: skip
-    notes += _preflight(r, dev, gpu_infos, space_obj, workload, budget_bytes, fc or {}, rule)
-    hardware, software, key = _cache_key(r, dev, gpu_infos, space_obj, settings, workload, confirm_policy, caps,
-                                         rule)  # fmt: skip
-    return SearchPlan(device=dev, gpu_infos=gpu_infos, space=space_obj, dropped=dropped, notes=notes,
-                      confirm_policy=confirm_policy, settings=settings, workload=workload, baseline=baseline_cand,
-                      hardware=hardware, software=software, key=key, deadlines=deadlines, forecast=fc or {},
-                      rule=rule)  # fmt: skip
+        deadlines, fc = _predict(r, plan)
+        plan = dataclasses.replace(plan, deadlines=deadlines, forecast=fc)
+    plan = dataclasses.replace(plan, notes=[*notes, *_preflight(r, plan)])
+    hardware, software, key = _cache_key(r, plan)
+    return dataclasses.replace(plan, hardware=hardware, software=software, key=key)
+
+
+def _probe_settings(r: Request, dev: str, gpu_infos: list[dict[str, Any]]) -> tuple[ProbeSettings, Any]:
+    """(the probes' settings, the deadline rule): the budget in bytes and the run-level timeout."""
+    from autotune.search import DeadlineRule
+
+    a = r.args
+    budget_bytes = resolve_budget(r.budget, device=dev, gpu_infos=gpu_infos, ram_bytes=_ram_bytes)
+    rule = DeadlineRule.for_device(dev, r.probe_timeout_s)
+    # the run-level timeout: the fixed one, else what an unpredictable probe gets (each probe's own
+    # deadline is set when it is submitted: search.Deadlines)
+    settings = ProbeSettings(device=dev, budget_bytes=budget_bytes, budget_text=r.budget.text,
+                             warmup_steps=a.warmup_steps, steps=a.steps,
+                             timeout_s=rule.fixed_s if rule.fixed_s is not None else rule.unpredicted_s)
+    return settings, rule
+
+
+def _workload(r: Request) -> Workload:
+    a = r.args
+    if a.dataset is not None and a.lengths != "fixed":
+        raise SpecError("--lengths describes synthetic sequences and --dataset brings real ones: give one of them")
+    return Workload(model=r.resolved.name, model_path=r.resolved.path, seq_len=a.seq_len, mode=a.mode,
+                    dataset=a.dataset, trust_remote_code=a.trust_remote_code, seed=a.seed, lengths=a.lengths,
+                    split=a.split, tokenizer=a.tokenizer, trainer=a.trainer)
 
 
 def predict_run(r: Request, plan: SearchPlan) -> SearchPlan:
@@ -560,30 +606,28 @@ def predict_run(r: Request, plan: SearchPlan) -> SearchPlan:
     a = r.args
     deadlines, fc = plan.deadlines, plan.forecast
     if deadlines is None:
-        deadlines, fc = _predict(r, plan.device, plan.gpu_infos, plan.space, plan.workload, plan.settings, plan.rule,
-                                 plan.confirm_policy, plan.baseline)  # fmt: skip
+        deadlines, fc = _predict(r, plan)
     check_time_budget(fc, time_budget_s=r.time_budget_s, time_budget_text=a.time_budget, steps=a.steps,
                       model_ref=a.model)
     return dataclasses.replace(plan, deadlines=deadlines, forecast=fc, notes=[*plan.notes, forecast_line(fc)])
 
 
-def _slots(r: Request, dev: str, gpu_infos: list[dict[str, Any]], space: SearchSpace) -> int:
+def _slots(r: Request, plan: SearchPlan) -> int:
     """Probes that will run at once (before the executor exists: its rule, read from the request)."""
     if r.args.executor is not None:
         return max(1, int(r.args.executor.slots))
-    if dev == "cuda" and gpu_infos and r.args.ray_address is None:
-        return max(1, len(gpu_infos) // max(1, min(space.gpus_per_trial)))
+    if plan.device == "cuda" and plan.gpu_infos and r.args.ray_address is None:
+        return max(1, len(plan.gpu_infos) // max(1, min(plan.space.gpus_per_trial)))
     return 1  # a CPU probe takes every core; a cluster's GPUs are not visible from here (at least 1)
 
 
-def _predict(r: Request, dev: str, gpu_infos: list[dict[str, Any]], space: SearchSpace, workload: Workload,
-             settings: ProbeSettings, rule: Any, confirm_policy: Any, baseline: Candidate | None) -> tuple[Any, dict]:
+def _predict(r: Request, plan: SearchPlan) -> tuple[Any, dict]:
     """(the run's Deadlines, the forecast of its time to answer)."""
     from autotune._deadlines import forecast, make_predictor
     from autotune.search import Deadlines, distinct_candidates, usable_micro_batches, usable_worlds
 
-    a = r.args
-    predictor = make_predictor(r.resolved.config, workload, device=dev, gpu_infos=gpu_infos)
+    a, dev, space, workload, settings, rule = r.args, plan.device, plan.space, plan.workload, plan.settings, plan.rule
+    predictor = make_predictor(r.resolved.config, workload, device=dev, gpu_infos=plan.gpu_infos)
 
     def fits(c: Candidate) -> bool:
         from autotune.estimate import fits as fits_budget
@@ -593,49 +637,45 @@ def _predict(r: Request, dev: str, gpu_infos: list[dict[str, Any]], space: Searc
         except Exception:  # an architecture the memory model does not know: count it
             return True
 
-    max_world = (len(gpu_infos) or None) if dev == "cuda" and a.ray_address is None else (1 if dev == "cpu" else None)
-    worlds, _ = usable_worlds(space, max_world)
+    worlds, _ = usable_worlds(space, plan.max_world)
     mbs, _ = usable_micro_batches(space, a.effective_batch, worlds)
     distinct = distinct_candidates(space, effective_batch=a.effective_batch, micro_batches=mbs, worlds=worlds) \
         if worlds and mbs else None
-    fc = forecast(predictor, space=space, settings=settings, effective_batch=a.effective_batch, max_world=max_world,
-                  max_trials=a.max_trials, top_k=a.top_k, confirm_min_rounds=confirm_policy.min_rounds,
-                  confirm_steps=a.steps * 2, baseline=baseline, slots=_slots(r, dev, gpu_infos, space),
-                  distinct=distinct, fits=fits)  # fmt: skip
+    fc = forecast(predictor, space=space, settings=settings, effective_batch=a.effective_batch,
+                  max_world=plan.max_world, max_trials=a.max_trials, top_k=a.top_k,
+                  confirm_min_rounds=plan.confirm_policy.min_rounds, confirm_steps=plan.confirm_steps,
+                  baseline=plan.baseline, slots=_slots(r, plan), distinct=distinct, fits=fits)  # fmt: skip
     fc["deadline_text"] = rule.text() if fc.get("time_to_answer_s") is not None or rule.fixed_s is not None \
         else f"{rule.unpredicted_s:g} s"
     return Deadlines(rule=rule, predictor=predictor), fc
 
 
-def _preflight(r: Request, dev: str, gpu_infos: list[dict[str, Any]], space: SearchSpace, workload: Workload,
-               budget_bytes: int, fc: dict[str, Any], rule: Any) -> list[str]:
+def _preflight(r: Request, plan: SearchPlan) -> list[str]:
     """Before anything is written: the CPU probe time, the batch, the weights, --ray-address, the dataset.
 
     Raises SpecError for what cannot run; returns notes for what can but the user should know."""
     from autotune._preflight import AUTO_CPU_PROBE_LIMIT_S, check_cpu_probe_time, preflight
 
-    a, notes = r.args, []
-    if dev == "cpu":
+    a, rule, notes = r.args, plan.rule, []
+    if plan.device == "cpu":
         limit = rule.fixed_s if rule.fixed_s is not None else AUTO_CPU_PROBE_LIMIT_S
         limit_text = (f"{limit:g} s probe timeout (--probe-timeout)" if rule.fixed_s is not None
                       else f"{limit:g} s one probe may take on a CPU that --device auto fell back to")
-        cpu_s = check_cpu_probe_time(fc.get("min_probe_s"), workload=workload, effective_batch=a.effective_batch,
-                                     limit_s=limit, limit_text=limit_text, requested_device=a.device,
-                                     model_ref=a.model)  # fmt: skip
+        cpu_s = check_cpu_probe_time(plan.forecast.get("min_probe_s"), workload=plan.workload,
+                                     effective_batch=a.effective_batch, limit_s=limit, limit_text=limit_text,
+                                     requested_device=a.device, model_ref=a.model)  # fmt: skip
         if cpu_s is not None and rule.fixed_s is not None and cpu_s > rule.fixed_s:
             notes.append(f"one probe is predicted to take at least {cpu_s:,.0f} s on this CPU, past the "
                          f"{rule.fixed_s:g} s probe timeout (--probe-timeout)")
-    preflight(config=r.resolved.config, name=r.resolved.name, workload=workload, space=space,
-              effective_batch=a.effective_batch, device=dev, budget_text=r.budget.text, budget_bytes=budget_bytes,
-              max_world=(len(gpu_infos) or None) if dev == "cuda" and a.ray_address is None else (
-                  1 if dev == "cpu" else None),
-              ray_address=a.ray_address)  # fmt: skip
+    preflight(config=r.resolved.config, name=r.resolved.name, workload=plan.workload, space=plan.space,
+              effective_batch=a.effective_batch, device=plan.device, budget_text=r.budget.text,
+              budget_bytes=plan.budget_bytes, max_world=plan.max_world, ray_address=a.ray_address)  # fmt: skip
     return notes
 
 
-def _cache_key(r: Request, dev: str, gpu_infos: list[dict[str, Any]], space: SearchSpace, settings: ProbeSettings,
-               workload: Workload, confirm_policy: Any, caps: dict[str, Any], rule: Any = None) -> tuple[dict, dict, str]:
-    """(hardware, software, key): everything that changes the answer (autotune/store/cache_key.py lists it)."""
+def _cache_key(r: Request, plan: SearchPlan) -> tuple[dict, dict, str]:
+    """(hardware, software, key) of ``plan``: everything that changes the answer
+    (autotune/store/cache_key.py lists it)."""
     from autotune.store import (
         cache_key,
         dataset_identity,
@@ -646,11 +686,11 @@ def _cache_key(r: Request, dev: str, gpu_infos: list[dict[str, Any]], space: Sea
     )
 
     a = r.args
-    probe = probe_fields(settings)
-    if rule is not None and rule.fixed_s is None:
+    probe = probe_fields(plan.settings)
+    if plan.rule is not None and plan.rule.fixed_s is None:
         # each probe's deadline comes from its prediction: the key holds the rule, not the seconds
-        probe["timeout_s"] = rule.describe()
-    hardware = hardware_fingerprint(dev, gpu_infos)
+        probe["timeout_s"] = plan.rule.describe()
+    hardware = hardware_fingerprint(plan.device, plan.gpu_infos)
     if a.ray_address is not None:
         hardware["ray_address"] = a.ray_address
     software = software_versions()
@@ -658,22 +698,25 @@ def _cache_key(r: Request, dev: str, gpu_infos: list[dict[str, Any]], space: Sea
         from autotune.env import versions_of
 
         software.update(versions_of("trl", "datasets"))
-    pruner = a.pruner
-    search_settings = {"max_trials": a.max_trials, "seed": a.seed, "top_k": a.top_k, "confirm_steps": a.steps * 2,
-                       "time_budget_s": r.time_budget_s, "gpus": r.gpu_list, "baseline": a.baseline,
-                       "prune": (f"custom:{getattr(pruner, '__qualname__', type(pruner).__name__)}"
-                                 if pruner is not None else bool(a.prune if a.prune is not None else dev == "cuda")),
-                       "verify_loss": a.verify_loss, "verify_loss_tolerance": a.verify_loss_tolerance,
-                       "confirm": confirm_policy.to_dict(),
-                       **({"strategy": a.strategy} if a.strategy != "walk" else {}),  # (walk: keys as before)
-                       "load_monitor": bool(a.load_monitor if a.load_monitor is not None else (
-                           a.executor is None and a.ray_address is None))}  # fmt: skip
-    key = cache_key(model_config=r.resolved.config, space=space.to_dict(), budget_bytes=settings.budget_bytes,
+    key = cache_key(model_config=r.resolved.config, space=plan.space.to_dict(), budget_bytes=plan.budget_bytes,
                     seq_len=a.seq_len, effective_batch=a.effective_batch, mode=a.mode, hardware=hardware,
                     software=software, dataset=dataset_identity(a.dataset, a.split) if a.hub is not None else
-                    dataset_identity(a.dataset), search=search_settings, model_revision=r.resolved.revision,
-                    workload=workload_fields(workload), probe=probe, capabilities=caps)  # fmt: skip
+                    dataset_identity(a.dataset), search=_search_settings(r, plan), model_revision=r.resolved.revision,
+                    workload=workload_fields(plan.workload), probe=probe, capabilities=plan.capabilities)  # fmt: skip
     return hardware, software, key
+
+
+def _search_settings(r: Request, plan: SearchPlan) -> dict[str, Any]:
+    """The search's part of the cache key, from the plan's resolved defaults."""
+    a, pruner = r.args, r.args.pruner
+    return {"max_trials": a.max_trials, "seed": a.seed, "top_k": a.top_k, "confirm_steps": plan.confirm_steps,
+            "time_budget_s": r.time_budget_s, "gpus": r.gpu_list, "baseline": a.baseline,
+            "prune": (f"custom:{getattr(pruner, '__qualname__', type(pruner).__name__)}"
+                      if pruner is not None else plan.prune),
+            "verify_loss": a.verify_loss, "verify_loss_tolerance": a.verify_loss_tolerance,
+            "confirm": plan.confirm_policy.to_dict(),
+            **({"strategy": a.strategy} if a.strategy != "walk" else {}),  # (walk: keys as before)
+            "load_monitor": plan.load_monitor}  # fmt: skip
 
 
 def answer_from_cache(r: Request, plan: SearchPlan, *, started: float) -> TuneResult | None:
@@ -752,7 +795,7 @@ def start_run(r: Request, plan: SearchPlan, run_dir: Any, resumed: bool) -> RunS
         "space": {"name": space.name, "source": space.source, "dimensions": space.to_dict()},
         "dropped_choices": [d.to_dict() for d in plan.dropped],
         "search": {"max_trials": a.max_trials, "time_budget_s": r.time_budget_s, "top_k": a.top_k, "steps": a.steps,
-                   "confirm_steps": a.steps * 2, "confirm": plan.confirm_policy.to_dict(), "storage": storage_url,
+                   "confirm_steps": plan.confirm_steps, "confirm": plan.confirm_policy.to_dict(), "storage": storage_url,
                    "study_name": run_dir.run_id, "strategy": a.strategy,
                    "deadlines": {**(plan.deadlines.rule.describe() if plan.deadlines is not None else {}),
                                  "forecast": plan.forecast}},
@@ -791,7 +834,7 @@ def run_search(r: Request, plan: SearchPlan, run_dir: Any, started: RunStart) ->
     own_executor = a.executor is None
     executor = a.executor
     monitor = None
-    if a.load_monitor if a.load_monitor is not None else (own_executor and a.ray_address is None):
+    if plan.load_monitor:
         from autotune.executors.load import LoadMonitor
 
         monitor = LoadMonitor(device=plan.device).start()
@@ -846,14 +889,9 @@ def _searcher(r: Request, plan: SearchPlan, run_dir: Any, started: RunStart, exe
     from autotune.store.storage import open_run_storage, open_storage
 
     a, dev, progress = r.args, plan.device, r.args.progress
-    max_world = len(plan.gpu_infos) if dev == "cuda" and plan.gpu_infos else (1 if dev == "cpu" else None)
-    # a distributed probe's ranks run on one node: on a cluster, the largest node bounds the world
-    ex_gpus = getattr(executor, "max_gpus_per_node", None) or getattr(executor, "total_gpus", None)
-    if dev == "cuda" and ex_gpus:
-        max_world = int(ex_gpus) if a.ray_address is not None else min(max_world or ex_gpus, int(ex_gpus))
     pruner = a.pruner
-    if pruner is None and (a.prune if a.prune is not None else dev == "cuda"):
-        pruner = _estimate_pruner(r.resolved.config, plan.workload, dev, plan.settings.budget_bytes)
+    if pruner is None and plan.prune:
+        pruner = _estimate_pruner(r.resolved.config, plan.workload, dev, plan.budget_bytes)
     if a.storage is None:  # the run's own study: a damaged one is rebuilt from the journal
         study_storage, recovered = open_run_storage(run_dir.study_db)
         if recovered and progress is not None:
@@ -863,12 +901,26 @@ def _searcher(r: Request, plan: SearchPlan, run_dir: Any, started: RunStart, exe
     searcher = Searcher(
         space=plan.space, workload=plan.workload, settings=plan.settings, effective_batch=a.effective_batch,
         executor=executor, max_trials=a.max_trials, time_budget_s=r.time_budget_s, seed=a.seed,
-        storage=study_storage, study_name=run_dir.run_id, top_k=a.top_k, device=dev, max_world=max_world,
+        storage=study_storage, study_name=run_dir.run_id, top_k=a.top_k, device=dev,
+        max_world=_run_max_world(plan, executor, cluster=a.ray_address is not None),
+        confirm_steps=plan.confirm_steps,
         history=started.history, sink=run_dir.journal, pruner=pruner, progress=progress, baseline=plan.baseline,
         confirm=plan.confirm_policy, load_check=monitor.check if monitor is not None else None,
         strategy=a.strategy, deadlines=plan.deadlines,
     )
     return searcher, pruner
+
+
+def _run_max_world(plan: SearchPlan, executor: Executor, *, cluster: bool) -> int | None:
+    """The plan's bound on one probe's GPUs, narrowed by what the executor reports (the same rule:
+    ``spec.max_world``); without a report it is ``plan.max_world``."""
+    from autotune.spec.run_defaults import max_world
+
+    # a distributed probe's ranks run on one node: on a cluster, the largest node bounds the world
+    ex_gpus = getattr(executor, "max_gpus_per_node", None) or getattr(executor, "total_gpus", None)
+    if plan.device != "cuda" or not ex_gpus:
+        return plan.max_world
+    return max_world(plan.device, len(plan.gpu_infos), cluster=cluster, executor_gpus=int(ex_gpus))
 
 
 def summarize(r: Request, plan: SearchPlan, searched: Searched, base_summary: dict[str, Any]) -> dict[str, Any]:

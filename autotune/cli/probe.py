@@ -9,7 +9,7 @@ import typer
 
 from autotune.cli.render import console, dumps_json, render_probe_result
 from autotune.errors import SpecError
-from autotune.spec.budget import parse_budget
+from autotune.spec.budget import parse_budget, resolve_budget
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
 from autotune.spec.result import ProbeResult
 
@@ -65,6 +65,7 @@ def build_probe_request(
     ``hub`` (an ``autotune.models.HubAccess``; None: offline) lets a model or dataset missing from the
     local caches come from the Hub (config.json and tokenizer files; a streamed sample of the data);
     what the user should know about it is appended to ``notes``."""
+    # (long for its signature, one keyword per `probe` option; the body is one step per concern)
     from autotune._preflight import check_dataset, check_model_config
     from autotune.models import check_seq_len, resolve_model
     from autotune.spec.lengths import parse_lengths
@@ -80,9 +81,9 @@ def build_probe_request(
     parse_lengths(lengths)  # validated here, sampled in the worker
     budget = parse_budget(gpu_budget) if gpu_budget is not None else None
     budget_bytes = None
-    if budget is not None:
-        total = _device_total_bytes(device) if budget.fraction is not None else None
-        budget_bytes = budget.resolve(total)
+    if budget is not None:  # the device's memory is read only for a percentage
+        where = _budget_device(device) if budget.fraction is not None else {"device": device}
+        budget_bytes = resolve_budget(budget, **where)
     req = ProbeRequest(
         workload=Workload(
             model=resolved.name,
@@ -155,16 +156,21 @@ def _probe_device(device: str) -> str:
     return "cuda" if nvml_device_info() else "cpu"
 
 
-def _device_total_bytes(device: str) -> int | None:
-    """Memory of the device a percentage budget refers to (GPU 0 via NVML, else system RAM)."""
+def _budget_device(device: str) -> dict[str, Any]:
+    """What a percentage budget is a share of (``spec.budget.PERCENT_RULE``): every visible GPU, the
+    smallest one counting, else the system memory. ``resolve_budget``'s keyword arguments."""
     if device in ("auto", "cuda"):
         from autotune.env import nvml_device_info
 
         gpus = nvml_device_info()
         if gpus:
-            return int(gpus[0]["memory_total_bytes"])
+            return {"device": "cuda", "gpu_infos": gpus}
         if device == "cuda":
             raise SpecError("device cuda requested but no NVIDIA GPU is visible (NVML found none)")
+    return {"device": "cpu", "ram_bytes": _ram_bytes}
+
+
+def _ram_bytes() -> int:
     import psutil
 
     return int(psutil.virtual_memory().total)
@@ -193,7 +199,7 @@ def command(
     sample_rows: int | None = typer.Option(None, "--sample-rows", help="Rows of a Hub dataset's streamed sample (default 1000: the first N rows of the split)."),
     offline: bool = typer.Option(False, "--offline", help="Never contact the Hub (as HF_HUB_OFFLINE=1): models and datasets only from local folders, the HF caches and the presets."),
     lora_r: int = typer.Option(16, "--lora-r", help="LoRA rank (alpha = 2r)."),
-    gpu_budget: str | None = typer.Option(None, "--gpu-budget", help="Memory budget: 24GB, 24GiB, 24g or 80%. On CPU it caps RSS growth."),
+    gpu_budget: str | None = typer.Option(None, "--gpu-budget", help="Memory budget: 24GB, 24GiB, 24g or 80% (of the smallest visible GPU). On CPU it caps RSS growth."),
     headroom: float = typer.Option(0.05, "--headroom", help="Share of the budget kept free (default 5%)."),
     device: str = typer.Option("auto", "--device", help="auto | cuda | cpu."),
     warmup_steps: int = typer.Option(2, "--warmup-steps", help="Optimizer steps before the timed window."),

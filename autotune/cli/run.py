@@ -19,7 +19,7 @@ from rich.table import Table
 from autotune.cli.render import STATUS_STYLE, console, dumps_json
 from autotune.spec.budget import format_bytes
 
-__all__ = ["command", "ProgressPrinter", "render_summary", "answer_line"]
+__all__ = ["command", "ProgressPrinter", "render_summary", "answer_line", "COMMAND_ONLY", "RENAMED"]
 
 
 def _fmt_s(seconds: float | None) -> str:
@@ -172,9 +172,15 @@ def render_summary(summary: dict[str, Any], con: Console) -> None:
     con.print(answer_line(summary), highlight=False)
 
 
+# How `run`'s options reach tune(): by the same name, except these (the command's own options, and
+# the ones converted on the way); tune()'s arguments without an option are ``_tune.API_ONLY``.
+COMMAND_ONLY = ("from_file", "write_back", "fmt", "strict", "as_json", "verify_loss_steps")
+RENAMED = {"probe_timeout": "probe_timeout_s", "offline": "hub"}  # option -> tune() argument
+
+
 def command(
     model: str | None = typer.Option(None, "--model", "-m", help="Local dir with config.json, hub id (ORG/NAME[@REVISION]: the HF cache, else its config.json fetched from the Hub when online) or preset (required unless --from names one)."),
-    gpu_budget: str = typer.Option(..., "--gpu-budget", help="Memory budget per GPU: 24GB, 24GiB, 24g or 80%."),
+    gpu_budget: str = typer.Option(..., "--gpu-budget", help="Memory budget per GPU: 24GB, 24GiB, 24g or 80% (of the smallest GPU in use)."),
     seq_len: int | None = typer.Option(None, "--seq-len", help="Sequence length (tokens). Default: --from's, else 2048."),
     effective_batch: int | None = typer.Option(None, "--effective-batch", help="Sequences per optimizer step, held fixed (micro-batch × accumulation × GPUs). Default: --from's, else 64."),
     mode: str | None = typer.Option(None, "--mode", help="full | lora | qlora. Default: --from's, else full."),

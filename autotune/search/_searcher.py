@@ -175,6 +175,8 @@ class Searcher:
             problems.append(f"top_k must be >= 0; got {top_k}")
         if problems:
             raise SpecError(problems)
+        from autotune.spec.run_defaults import confirm_steps as default_confirm_steps
+
         self.space = space
         self.workload = workload
         self.settings = settings
@@ -184,7 +186,7 @@ class Searcher:
         self.time_budget_s = time_budget_s
         self.seed = seed
         self.top_k = top_k
-        self.confirm_steps = confirm_steps or settings.steps * 2
+        self.confirm_steps = confirm_steps or default_confirm_steps(settings.steps)  # tune passes its plan's
         self.confirm = confirm if confirm is not None else ConfirmPolicy.for_device(device)
         self.load_check = load_check
         # each probe's deadline (settings.timeout_s) from its prediction; None: settings.timeout_s as given

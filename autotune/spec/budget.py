@@ -3,18 +3,22 @@
 Units follow the convention of ``accelerate`` and the SI: ``KB/MB/GB/TB`` are powers of 10,
 ``KiB/MiB/GiB/TiB`` powers of 2. A single letter (``k``, ``m``, ``g``, ``t``, as docker and
 ``ulimit`` write it) means the binary unit. A bare number is bytes. A percentage is a share of
-the device's memory and is resolved once the device is known.
+the device's memory and is resolved once the device is known, by :func:`resolve_budget` (``run``
+and ``probe`` both): see ``PERCENT_RULE``.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from autotune.errors import SpecError
 
-__all__ = ["Budget", "parse_budget", "format_bytes", "parse_size"]
+__all__ = ["Budget", "parse_budget", "format_bytes", "parse_size", "PERCENT_RULE", "budget_reference_bytes",
+           "resolve_budget"]
 
 _UNITS: dict[str, int] = {
     "": 1,
@@ -102,6 +106,42 @@ def parse_budget(text: str | int | Budget) -> Budget:
             raise SpecError(f"gpu budget percentage must be in (0%, 100%], got {text!r}")
         return Budget(text=stripped, fraction=share)
     return Budget(text=stripped, bytes=parse_size(stripped, what="gpu budget"))
+
+
+# The one rule for what a percentage budget is a share of. The budget is per GPU and every GPU a
+# probe may land on must hold it, so the smallest of them sets the bytes: on a machine with an
+# 80 GB and a 24 GB GPU, "50%" is 12 GB whether it is given to `run` or to `probe`.
+PERCENT_RULE = (
+    "a percentage budget is a share of the smallest GPU the command may use (run: the --gpus list, "
+    "default every visible GPU; probe: every visible GPU); on cpu, of the system memory"
+)
+
+
+def budget_reference_bytes(
+    device: str, gpu_infos: Sequence[Mapping[str, Any]], ram_bytes: int | Callable[[], int | None] | None = None,
+) -> int | None:
+    """The memory a percentage budget is a share of (``PERCENT_RULE``); None when unknown.
+
+    ``device`` is ``cuda`` or ``cpu``; ``gpu_infos`` the NVML records of the GPUs the command may use
+    (``memory_total_bytes``); ``ram_bytes`` the system memory, or a function giving it (read only on cpu).
+    """
+    if device == "cuda":
+        totals = [int(g["memory_total_bytes"]) for g in gpu_infos if g.get("memory_total_bytes")]
+        return min(totals) if totals else None
+    return ram_bytes() if callable(ram_bytes) else ram_bytes
+
+
+def resolve_budget(
+    budget: str | int | Budget, *, device: str, gpu_infos: Sequence[Mapping[str, Any]] = (),
+    ram_bytes: int | Callable[[], int | None] | None = None,
+) -> int:
+    """Bytes ``budget`` allows on ``device`` (``PERCENT_RULE``); SpecError when a share of unknown memory.
+
+    The device's memory is only looked at for a percentage."""
+    parsed = parse_budget(budget)
+    if parsed.fraction is None:
+        return parsed.resolve(None)
+    return parsed.resolve(budget_reference_bytes(device, gpu_infos, ram_bytes))
 
 
 def format_bytes(n: float | int | None) -> str:

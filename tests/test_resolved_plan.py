@@ -1,0 +1,215 @@
+"""One budget resolver for `probe` and `run`, and one resolved plan per run that everything reads."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _fakes import FakeExecutor
+
+from autotune.errors import SpecError
+from autotune.spec.budget import PERCENT_RULE, budget_reference_bytes, parse_budget, resolve_budget
+
+GiB = 2**30
+# a mixed machine: a large GPU 0 and a small GPU 1
+MIXED = [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "memory_total_bytes": 80 * GiB, "driver": "x",
+          "compute_capability": [9, 0]},
+         {"index": 1, "name": "NVIDIA A10G", "memory_total_bytes": 24 * GiB, "driver": "x",
+          "compute_capability": [8, 6]}]  # fmt: skip
+
+
+def mixed_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("autotune.env.nvml_device_info", lambda: [dict(g) for g in MIXED])
+
+
+# ------------------------------------------------------------------------------ the budget rule
+
+
+def test_a_percentage_is_a_share_of_the_smallest_gpu() -> None:
+    assert "smallest GPU" in PERCENT_RULE
+    assert budget_reference_bytes("cuda", MIXED) == 24 * GiB
+    assert resolve_budget("50%", device="cuda", gpu_infos=MIXED) == 12 * GiB
+    assert resolve_budget("50%", device="cuda", gpu_infos=MIXED[:1]) == 40 * GiB  # --gpus 0
+    assert resolve_budget("10GiB", device="cuda", gpu_infos=MIXED) == 10 * GiB
+    assert resolve_budget(parse_budget("25%"), device="cpu", ram_bytes=lambda: 64 * GiB) == 16 * GiB
+
+
+def test_the_device_memory_is_read_only_for_a_percentage() -> None:
+    def ram() -> int:
+        raise AssertionError("read for an absolute budget")
+
+    assert resolve_budget("8GB", device="cpu", ram_bytes=ram) == 8 * 10**9
+    with pytest.raises(SpecError, match="memory is unknown"):
+        resolve_budget("80%", device="cuda", gpu_infos=[])
+
+
+def test_probe_and_run_resolve_a_percentage_to_the_same_bytes_on_a_mixed_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from autotune._tune import plan_search, read_request
+    from autotune.cli.probe import build_probe_request
+
+    mixed_machine(monkeypatch)
+    req = build_probe_request(model="tiny-llama", seq_len=64, micro_batch=2, gpu_budget="50%", device="auto")
+    assert req.settings.budget_bytes == 12 * GiB  # the small GPU's half, not GPU 0's (40 GiB)
+    plan = plan_search(read_request(_args(tmp_path, gpu_budget="50%", device="auto", space=None)))
+    assert plan.device == "cuda" and plan.settings.budget_bytes == req.settings.budget_bytes
+
+
+def test_read_request_parses_each_option_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import autotune._tune as tune_module
+
+    calls: dict[str, int] = {}
+
+    def counting(name: str) -> Any:
+        real = getattr(tune_module, name)
+
+        def wrapper(*a: Any, **kw: Any) -> Any:
+            calls[name] = calls.get(name, 0) + 1
+            return real(*a, **kw)
+
+        return wrapper
+
+    for name in ("parse_budget", "parse_duration", "parse_gpus"):
+        monkeypatch.setattr(tune_module, name, counting(name))
+    r = tune_module.read_request(_args(tmp_path, time_budget="1m"))
+    assert calls == {"parse_budget": 1, "parse_duration": 1, "parse_gpus": 1}
+    assert r.budget.bytes == 10 * GiB and r.time_budget_s == 60
+
+
+# ------------------------------------------------------------------------------ the resolved plan
+
+
+def test_the_plan_holds_every_resolved_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from autotune._tune import plan_search, read_request
+
+    plan = plan_search(read_request(_args(tmp_path, steps=4)))
+    assert plan.budget_bytes == 10 * GiB == plan.settings.budget_bytes
+    assert (plan.max_world, plan.confirm_steps, plan.prune, plan.load_monitor) == (1, 8, False, False)
+    assert plan.rule is not None and plan.settings.timeout_s == plan.rule.unpredicted_s
+    mixed_machine(monkeypatch)
+    gpu = plan_search(read_request(_args(tmp_path, device="cuda", space=None, executor=None, load_monitor=None)))
+    assert (gpu.prune, gpu.load_monitor, gpu.max_world) == (True, True, 2)
+
+
+def test_the_cache_key_and_the_run_read_the_same_plan(tmp_path: Path) -> None:
+    """Change a resolved value in the plan: the key changes with it, and the run does what it says."""
+    from autotune._tune import _cache_key, plan_search, read_request, run_search, start_run, summarize
+    from autotune.store import RunDir, make_run_id
+
+    r = read_request(_args(tmp_path, top_k=1, max_trials=3))
+    plan = plan_search(r)
+    assert _cache_key(r, plan)[2] == plan.key  # the key is the plan's
+    changed = dataclasses.replace(plan, confirm_steps=7)
+    assert _cache_key(r, changed)[2] != plan.key
+    rd = RunDir.create(tmp_path, make_run_id("tiny-llama", plan.key))
+    started = start_run(r, changed, rd, resumed=False)
+    assert started.base_summary["search"]["confirm_steps"] == 7
+    searched = run_search(r, changed, rd, started)
+    confirms = [rec for rec in searched.outcome.records if rec.phase == "confirm"]
+    assert confirms and all(ProbeStepsOf(rec) == 7 for rec in confirms)
+    assert summarize(r, changed, searched, started.base_summary)["search"]["confirm_steps"] == 7
+
+
+def ProbeStepsOf(rec: Any) -> int:  # noqa: N802 - reads like the quantity
+    return int((rec.result or {})["request"]["settings"]["steps"])
+
+
+def test_on_a_cluster_the_searcher_gets_the_preflights_world_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Local GPUs do not bound a cluster's probes: the pre-flight and the searcher agree (no bound until
+    the executor reports its nodes), where the searcher used to take the local GPU count."""
+    import autotune.search
+
+    mixed_machine(monkeypatch)
+    monkeypatch.setattr("autotune._preflight.check_ray", lambda *a, **kw: None)
+    seen: dict[str, Any] = {}
+    real = autotune.search.Searcher
+
+    class Recording(real):  # type: ignore[misc, valid-type]
+        def __init__(self, **kw: Any) -> None:
+            seen.update(kw)
+            super().__init__(**kw)
+
+    monkeypatch.setattr(autotune.search, "Searcher", Recording)
+    from autotune._tune import plan_search, read_request, tune
+
+    a = _args(tmp_path, device="cuda", space=None, gpu_budget="10GiB", ray_address="ray://head:10001",
+              max_trials=2, top_k=0, seq_len=64, effective_batch=8)
+    plan = plan_search(read_request(a))
+    assert plan.max_world is None
+    tune(**{f.name: getattr(a, f.name) for f in dataclasses.fields(a)})
+    assert "max_world" in seen and seen["max_world"] is None
+    assert seen["confirm_steps"] == plan.confirm_steps
+
+
+def test_an_executor_that_reports_its_gpus_narrows_the_plans_bound() -> None:
+    from autotune.spec.run_defaults import max_world
+
+    assert max_world("cuda", 8, cluster=False) == 8
+    assert max_world("cuda", 8, cluster=False, executor_gpus=4) == 4
+    assert max_world("cuda", 2, cluster=True) is None
+    assert max_world("cuda", 2, cluster=True, executor_gpus=4) == 4
+    assert max_world("cpu", 0, cluster=False, executor_gpus=4) == 1
+
+
+# ------------------------------------------------------------------------------ one list of names
+
+
+def test_run_options_tune_and_tune_args_list_the_same_names() -> None:
+    from autotune._tune import API_ONLY, TuneArgs, tune
+    from autotune.cli.run import COMMAND_ONLY, RENAMED, command
+
+    tune_params = inspect.signature(tune).parameters
+    fields = {f.name: f for f in dataclasses.fields(TuneArgs)}
+    assert list(fields) == list(tune_params)
+    for name, p in tune_params.items():  # the same defaults
+        f = fields[name]
+        default = p.default if p.default is not p.empty else dataclasses.MISSING
+        assert f.default == default, name
+    options = [n for n in inspect.signature(command).parameters if n not in COMMAND_ONLY]
+    as_tune = {RENAMED.get(n, n) for n in options}
+    assert as_tune == set(tune_params) - set(API_ONLY)
+    assert not set(API_ONLY) & as_tune
+
+
+def test_run_passes_each_of_its_options_to_tune(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from autotune._tune import API_ONLY
+    from autotune.cli.app import app
+
+    got: dict[str, Any] = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_tune(model: str, **kw: Any) -> Any:
+        got.update(model=model, **kw)
+        raise Stop
+
+    monkeypatch.setattr("autotune._tune.tune", fake_tune)
+    CliRunner().invoke(app, ["run", "--model", "tiny-llama", "--gpu-budget", "8GB", "--out", str(tmp_path)])
+    assert got, "tune() was not called"
+    passed = set(got) - {"progress"}  # the printer: the command's own
+    import autotune._tune as tune_module
+
+    assert passed == set(inspect.signature(tune_module.TuneArgs).parameters) - set(API_ONLY)
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+def _args(tmp_path: Path, **kw: Any) -> Any:
+    from autotune._tune import TuneArgs, tune
+
+    defaults = {n: p.default for n, p in inspect.signature(tune).parameters.items() if p.default is not p.empty}
+    base = dict(model="tiny-llama", gpu_budget="10GiB", seq_len=512, effective_batch=16, space="cpu", max_trials=6,
+                device="cpu", out=tmp_path, executor=FakeExecutor(), top_k=2, load_monitor=False)
+    return TuneArgs(**{**defaults, **base, **kw})
+
+

@@ -80,7 +80,7 @@ class TuneResult:
         path = self.run_dir / "best" / "training_args.json"
         if path.exists():
             return dict(json.loads(path.read_text(encoding="utf-8")))
-        from autotune.emit.training_args import emitted_training_args
+        from autotune.formats.training_args import emitted_training_args
 
         req = self.best.probe_request()
         device = "cpu" if self.summary.get("device") == "cpu" else "cuda"
@@ -797,6 +797,8 @@ def start_run(r: Request, plan: SearchPlan, run_dir: Any, resumed: bool) -> RunS
         "search": {"max_trials": a.max_trials, "time_budget_s": r.time_budget_s, "top_k": a.top_k, "steps": a.steps,
                    "confirm_steps": plan.confirm_steps, "confirm": plan.confirm_policy.to_dict(), "storage": storage_url,
                    "study_name": run_dir.run_id, "strategy": a.strategy,
+                   "prune": _search_settings(r, plan)["prune"], "load_monitor": plan.load_monitor,
+                   "max_world": plan.max_world,
                    "deadlines": {**(plan.deadlines.rule.describe() if plan.deadlines is not None else {}),
                                  "forecast": plan.forecast}},
         "environment": {"hardware": plan.hardware, "software": plan.software},

@@ -108,6 +108,10 @@ def test_the_cache_key_and_the_run_read_the_same_plan(tmp_path: Path) -> None:
     rd = RunDir.create(tmp_path, make_run_id("tiny-llama", plan.key))
     started = start_run(r, changed, rd, resumed=False)
     assert started.base_summary["search"]["confirm_steps"] == 7
+    # summary.json states the plan's other resolved defaults (CPU: no pruner, one GPU-less process)
+    assert {k: started.base_summary["search"][k] for k in ("prune", "load_monitor", "max_world")} == {
+        "prune": plan.prune, "load_monitor": plan.load_monitor, "max_world": plan.max_world}
+    assert (plan.prune, plan.max_world) == (False, 1)
     searched = run_search(r, changed, rd, started)
     confirms = [rec for rec in searched.outcome.records if rec.phase == "confirm"]
     assert confirms and all(ProbeStepsOf(rec) == 7 for rec in confirms)

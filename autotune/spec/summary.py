@@ -159,6 +159,9 @@ class SearchInfo(BaseModel):
     confirm: dict[str, Any]
     storage: str | None
     study_name: str
+    prune: bool | str | None = Field(None, description="the memory model's pruner ran (\"custom:NAME\": a pruner of yours)")
+    load_monitor: bool | None = Field(None, description="other load on the machine was watched")
+    max_world: int | None = Field(None, description="most GPUs one probe could use, as planned (null: bounded only by what the executor reports)")
 
 
 class Environment(_Closed):

@@ -164,17 +164,9 @@ class Searcher:
         defaults: Candidate | None = None,
         deadlines: Deadlines | None = None,
     ) -> None:
-        problems = []
-        if isinstance(effective_batch, bool) or not isinstance(effective_batch, int) or effective_batch < 1:
-            problems.append(f"effective batch must be an integer >= 1; got {effective_batch!r}")
-        if isinstance(max_trials, bool) or not isinstance(max_trials, int) or max_trials < 1:
-            problems.append(f"max trials must be an integer >= 1; got {max_trials!r}")
-        if time_budget_s is not None and time_budget_s <= 0:
-            problems.append(f"time budget must be positive; got {time_budget_s!r} s")
-        if top_k < 0:
-            problems.append(f"top_k must be >= 0; got {top_k}")
-        if problems:
-            raise SpecError(problems)
+        # Over 80 lines only by its keyword list (one per line) and the attributes it sets from them; the
+        # checks and the usable shapes are _check_arguments and _usable_shapes, the sampler owns the space.
+        _check_arguments(effective_batch, max_trials, time_budget_s, top_k)
         from autotune.spec.run_defaults import confirm_steps as default_confirm_steps
 
         self.space = space
@@ -210,18 +202,7 @@ class Searcher:
         self._submitted_wall: dict[str, float] = {}
         self._history = list(history or [])
 
-        worlds, dropped_w = usable_worlds(space, max_world)
-        mbs, dropped_mb = usable_micro_batches(space, effective_batch, worlds)
-        self.skipped_choices = dropped_w + dropped_mb
-        if not worlds:
-            raise SpecError(
-                f"no gpus_per_trial choice in {list(space.gpus_per_trial)} fits the {max_world} GPU(s) available"
-            )
-        if not mbs:
-            raise SpecError(
-                f"no micro_batch in {list(space.micro_batch)} divides the effective batch {effective_batch} "
-                f"with gpus_per_trial {worlds}; choose an effective batch that is a multiple of one of them"
-            )
+        worlds, mbs, self.skipped_choices = _usable_shapes(space, effective_batch, max_world)
         self.worlds = worlds
         self.micro_batches = mbs
         self._origins: dict[str, str] = {}  # candidate key -> what proposed it (TrialRecord.origin)
@@ -755,6 +736,39 @@ class Searcher:
         best_record = next(r for r in ok if r.key == winner["key"])
         best = _best_result(best_record, self._confirm_values(winner["key"]), winner)
         return ranking, best, best_record
+
+
+def _check_arguments(effective_batch: Any, max_trials: Any, time_budget_s: float | None, top_k: int) -> None:
+    """The Searcher's own arguments, each problem named (one SpecError for all of them)."""
+    problems = []
+    if isinstance(effective_batch, bool) or not isinstance(effective_batch, int) or effective_batch < 1:
+        problems.append(f"effective batch must be an integer >= 1; got {effective_batch!r}")
+    if isinstance(max_trials, bool) or not isinstance(max_trials, int) or max_trials < 1:
+        problems.append(f"max trials must be an integer >= 1; got {max_trials!r}")
+    if time_budget_s is not None and time_budget_s <= 0:
+        problems.append(f"time budget must be positive; got {time_budget_s!r} s")
+    if top_k < 0:
+        problems.append(f"top_k must be >= 0; got {top_k}")
+    if problems:
+        raise SpecError(problems)
+
+
+def _usable_shapes(space: SearchSpace, effective_batch: int, max_world: int | None) \
+        -> tuple[list[int], list[int], list[Any]]:
+    """The world sizes and micro-batches of ``space`` this run can use, and the choices dropped (with why);
+    SpecError when none is left of either."""
+    worlds, dropped_w = usable_worlds(space, max_world)
+    mbs, dropped_mb = usable_micro_batches(space, effective_batch, worlds)
+    if not worlds:
+        raise SpecError(
+            f"no gpus_per_trial choice in {list(space.gpus_per_trial)} fits the {max_world} GPU(s) available"
+        )
+    if not mbs:
+        raise SpecError(
+            f"no micro_batch in {list(space.micro_batch)} divides the effective batch {effective_batch} "
+            f"with gpus_per_trial {worlds}; choose an effective batch that is a multiple of one of them"
+        )
+    return worlds, mbs, dropped_w + dropped_mb
 
 
 def _rank_entry(search: TrialRecord, confirms: list[TrialRecord], policy: ConfirmPolicy,

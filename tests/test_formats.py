@@ -185,6 +185,36 @@ def test_run_from_reads_the_request_and_flags_override(tmp_path: Path, monkeypat
     assert (seen["model"], seen["seq_len"], seen["effective_batch"]) == ("tiny-llama", 64, 8)
 
 
+@pytest.mark.parametrize("name,fmt", [("lora-1b.yml", "axolotl"), ("fft-8b.yaml", "axolotl")])
+def test_run_from_a_file_that_packs_into_rows_needs_the_batch_in_sequences(
+    name: str, fmt: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A packed file's batch keys count rows of the sequence length: read as sequences they would hold
+    another batch than the file trains with. Without --effective-batch: exit 2 naming the fix; with it,
+    the flag is the effective batch (in sequences) and the run goes on."""
+    from typer.testing import CliRunner
+
+    import autotune._tune as tune_mod
+    from autotune.cli.app import app
+    from autotune.errors import SpecError
+
+    seen: dict = {}
+
+    def spy(model, **kw):
+        seen.update(kw, model=model)
+        raise SpecError("stop here")
+
+    monkeypatch.setattr(tune_mod, "tune", spy)
+    src = str(DATA.parent / "clients" / fmt / name)
+    res = CliRunner().invoke(app, ["run", "--from", src, "--gpu-budget", "24GB", "--model", "tiny-llama"],
+                             catch_exceptions=False)
+    assert res.exit_code == 2 and "sample_packing: true" in res.output and "--effective-batch" in res.output
+    assert not seen  # refused before tune
+    res = CliRunner().invoke(app, ["run", "--from", src, "--gpu-budget", "24GB", "--model", "tiny-llama",
+                                   "--effective-batch", "64"], catch_exceptions=False)
+    assert seen["effective_batch"] == 64
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--write-back", "x.yaml", "--model", "m"], "--write-back needs --from"),
     (["--from", str(DATA / "ds_z3.json")], "names it"),

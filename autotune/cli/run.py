@@ -308,7 +308,7 @@ def _from_file(path: str, fmt: str | None, *, model: str | None, mode: str | Non
     from pathlib import Path
 
     from autotune.errors import SpecError
-    from autotune.formats import read_config, value_problems
+    from autotune.formats import packs_into_rows, read_config, value_problems
     from autotune.spec.files import read_text_file
 
     p = Path(path)
@@ -321,6 +321,15 @@ def _from_file(path: str, fmt: str | None, *, model: str | None, mode: str | Non
     if problems:
         raise SpecError(problems)
     req = cfg.request
+    packed = packs_into_rows(cfg)
+    if packed and effective_batch is None and req.get("effective_batch"):
+        # rows of packed sequences per step are not a number of sequences: reading one as the other
+        # would hold a different batch than the file trains with, and the data's mean length that
+        # converts them is not known before the data is read
+        raise SpecError(
+            f"--from {p.name} packs sequences into rows ({packed}: true), so its {req['effective_batch']} per "
+            f"step counts rows, not the sequences autotune holds fixed; pass --effective-batch SEQUENCES (about "
+            f"{req['effective_batch']} x {req.get('seq_len') or 'the sequence length'} / your data's mean sequence length)")
     return (cfg, model or req.get("model"), mode or req.get("mode"), seq_len or req.get("seq_len"),
             effective_batch or req.get("effective_batch"), dataset or req.get("dataset"))
 

@@ -44,6 +44,7 @@ __all__ = [
     "key_source_label",
     "known_keys",
     "measured_at",
+    "packs_into_rows",
     "parse_text",
     "read_config",
     "target_device",
@@ -249,6 +250,18 @@ def unified_diff(name: str, before: str, after: str) -> str:
 
     return "".join(difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
                                         fromfile=f"a/{name}", tofile=f"b/{name}"))
+
+
+# the keys under which each framework packs the dataset into rows of the sequence length ahead of
+# training, so that its batch size counts ROWS (autotune's micro-batch counts sequences); TRL's
+# padding_free alone keeps counting sequences
+_ROW_PACKING_KEYS = {"axolotl": ("sample_packing",), "llamafactory": ("packing", "neat_packing"), "trl": ("packing",)}
+
+
+def packs_into_rows(cfg: ReadConfig) -> str | None:
+    """The key (``sample_packing``, ``packing``, ``neat_packing``) with which ``cfg`` packs sequences into
+    rows, so that its batch keys count rows rather than sequences; None when they count sequences."""
+    return next((k for k in _ROW_PACKING_KEYS.get(cfg.format, ()) if cfg.data.get(k) is True), None)
 
 
 def writable_keys(cfg: ReadConfig, *, fields: set[str] | None = None) -> set[str]:

@@ -384,8 +384,16 @@ def _kill_when_probing(args: list[str], sig: signal.Signals, tmp: Path, *, wait_
         time.sleep(1.0)
         seen |= _descendants(proc.pid)
         sent = time.monotonic()
+        masks = _signal_masks(proc.pid)  # if the CLI does not stop, say whether it ignored the signal
         os.kill(proc.pid, sig)  # the CLI process alone, as `timeout` or a pipeline would
-        _, err = proc.communicate(timeout=60)
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired as exc:
+            tail = (exc.stderr or b"")[-1500:]
+            raise AssertionError(
+                f"autotune run did not exit within 60 s of {sig.name}; its signal masks when sent: {masks}; "
+                f"this test process's SIGINT handler: {signal.getsignal(signal.SIGINT)!r}; stderr tail: {tail!r}"
+            ) from None
         if report is not None:
             report.update(code=proc.returncode, stderr=err, seconds=time.monotonic() - sent)
     finally:
@@ -393,6 +401,15 @@ def _kill_when_probing(args: list[str], sig: signal.Signals, tmp: Path, *, wait_
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     return seen
+
+
+def _signal_masks(pid: int) -> dict[str, str]:
+    """The process's ignored / caught signal masks (Linux /proc), as hex strings."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return {}
+    return {k: v.strip() for k, _, v in (ln.partition(":") for ln in lines) if k in ("SigIgn", "SigCgt", "SigBlk")}
 
 
 def _none_alive_soon(started: set[tuple[int, float]], within: float) -> None:

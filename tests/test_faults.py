@@ -369,7 +369,8 @@ def _kill_when_probing(args: list[str], sig: signal.Signals, tmp: Path, *, wait_
     ``report`` (optional) receives the CLI's exit code, its stderr and the seconds it took to exit."""
     env = {**os.environ, "AUTOTUNE_CACHE": str(tmp / "cache")}
     proc = subprocess.Popen([sys.executable, "-m", "autotune", *args], cwd=tmp, env=env, text=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=_as_in_a_terminal)
     seen: set[tuple[int, float]] = set()
     deadline = time.monotonic() + 240
     try:
@@ -401,6 +402,15 @@ def _kill_when_probing(args: list[str], sig: signal.Signals, tmp: Path, *, wait_
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     return seen
+
+
+def _as_in_a_terminal() -> None:
+    """The CLI as a user's shell starts it: SIGINT and SIGQUIT at their defaults. A shell without job
+    control starts a background job (`make test &` in a script, a CI runner) with both ignored, the
+    children inherit that across exec, and Python then keeps SIGINT ignored: Ctrl-C could not reach
+    any program there, and the test would time out for a reason that is not autotune's."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 def _signal_masks(pid: int) -> dict[str, str]:

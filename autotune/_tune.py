@@ -706,13 +706,18 @@ def _cache_key(r: Request, plan: SearchPlan) -> tuple[dict, dict, str]:
     return hardware, software, key
 
 
+def _prune_setting(r: Request, plan: SearchPlan) -> bool | str:
+    """Whether the memory model's pruner runs (the plan's), or ``custom:NAME`` for a pruner of yours."""
+    pruner = r.args.pruner
+    return f"custom:{getattr(pruner, '__qualname__', type(pruner).__name__)}" if pruner is not None else plan.prune
+
+
 def _search_settings(r: Request, plan: SearchPlan) -> dict[str, Any]:
     """The search's part of the cache key, from the plan's resolved defaults."""
-    a, pruner = r.args, r.args.pruner
+    a = r.args
     return {"max_trials": a.max_trials, "seed": a.seed, "top_k": a.top_k, "confirm_steps": plan.confirm_steps,
             "time_budget_s": r.time_budget_s, "gpus": r.gpu_list, "baseline": a.baseline,
-            "prune": (f"custom:{getattr(pruner, '__qualname__', type(pruner).__name__)}"
-                      if pruner is not None else plan.prune),
+            "prune": _prune_setting(r, plan),
             "verify_loss": a.verify_loss, "verify_loss_tolerance": a.verify_loss_tolerance,
             "confirm": plan.confirm_policy.to_dict(),
             **({"strategy": a.strategy} if a.strategy != "walk" else {}),  # (walk: keys as before)
@@ -797,7 +802,7 @@ def start_run(r: Request, plan: SearchPlan, run_dir: Any, resumed: bool) -> RunS
         "search": {"max_trials": a.max_trials, "time_budget_s": r.time_budget_s, "top_k": a.top_k, "steps": a.steps,
                    "confirm_steps": plan.confirm_steps, "confirm": plan.confirm_policy.to_dict(), "storage": storage_url,
                    "study_name": run_dir.run_id, "strategy": a.strategy,
-                   "prune": _search_settings(r, plan)["prune"], "load_monitor": plan.load_monitor,
+                   "prune": _prune_setting(r, plan), "load_monitor": plan.load_monitor,
                    "max_world": plan.max_world,
                    "deadlines": {**(plan.deadlines.rule.describe() if plan.deadlines is not None else {}),
                                  "forecast": plan.forecast}},

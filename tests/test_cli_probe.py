@@ -1,4 +1,5 @@
-"""`autotune probe` end to end: the real CLI, a real probe on CPU, and bad input."""
+"""`autotune probe` end to end: the real CLI (in-process; its probe in a process of its own), a real probe on
+CPU, and bad input; the console script and ``python -m autotune`` in real processes."""
 
 from __future__ import annotations
 
@@ -8,19 +9,19 @@ import sys
 from pathlib import Path
 
 import pytest
+from _cli import cli
 
 BASE = ["--model", "tiny-llama", "--device", "cpu", "--seq-len", "64", "--micro-batch", "2",
         "--warmup-steps", "1", "--steps", "2", "--precision", "fp32"]  # fmt: skip
 
 
-def autotune(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "autotune", *args], capture_output=True, text=True, timeout=timeout
-    )
+def autotune(tmp: Path, *args: str, timeout: float = 300, process: bool = False) -> subprocess.CompletedProcess[str]:
+    """The CLI in-process (its probe still runs in a probe process of its own), or in a real process."""
+    return cli(tmp, *args, timeout=timeout, process=process)
 
 
-def test_probe_json_end_to_end() -> None:
-    p = autotune("probe", *BASE, "--json")
+def test_probe_json_end_to_end(tmp_path: Path) -> None:
+    p = autotune(tmp_path, "probe", *BASE, "--json")
     assert p.returncode == 0, p.stderr
     data = json.loads(p.stdout)  # stdout holds only the JSON
     assert data["status"] == "ok"
@@ -29,8 +30,8 @@ def test_probe_json_end_to_end() -> None:
     assert data["request"]["workload"]["model"] == "tiny-llama"
 
 
-def test_probe_human_output_and_flags() -> None:
-    p = autotune("probe", *BASE, "--grad-ckpt", "--attn", "eager", "--workers", "1", "--no-pin-memory",
+def test_probe_human_output_and_flags(tmp_path: Path) -> None:
+    p = autotune(tmp_path, "probe", *BASE, "--grad-ckpt", "--attn", "eager", "--workers", "1", "--no-pin-memory",
                  "--packing", "--lengths", "lognormal:3.5,1.0", "--gpu-budget", "4GB", "--timeout", "200")  # fmt: skip
     assert p.returncode == 0, p.stderr
     out = p.stdout
@@ -39,21 +40,21 @@ def test_probe_human_output_and_flags() -> None:
     assert "of 3.73 GiB budget" in out
 
 
-def test_probe_lora_mode() -> None:
-    p = autotune("probe", *BASE, "--mode", "lora", "--lora-r", "4", "--json")
+def test_probe_lora_mode(tmp_path: Path) -> None:
+    p = autotune(tmp_path, "probe", *BASE, "--mode", "lora", "--lora-r", "4", "--json")
     assert p.returncode == 0, p.stderr
     m = json.loads(p.stdout)["metrics"]
     assert 0 < m["trainable_params"] < m["num_params"] / 10
 
 
-def test_unsupported_exits_1_with_reason() -> None:
-    p = autotune("probe", *BASE, "--attn", "flash_attention_2")
+def test_unsupported_exits_1_with_reason(tmp_path: Path) -> None:
+    p = autotune(tmp_path, "probe", *BASE, "--attn", "flash_attention_2")
     assert p.returncode == 1
     assert "unsupported" in p.stdout and "flash_attention_2" in p.stdout
 
 
-def test_over_budget_exits_3() -> None:
-    p = autotune("probe", *BASE, "--gpu-budget", "2MB", "--json")
+def test_over_budget_exits_3(tmp_path: Path) -> None:
+    p = autotune(tmp_path, "probe", *BASE, "--gpu-budget", "2MB", "--json")
     assert p.returncode == 3
     assert json.loads(p.stdout)["status"] == "over_budget"
 
@@ -71,10 +72,10 @@ def test_over_budget_exits_3() -> None:
         (["--dataset", "/nonexistent/data.jsonl"], "data.jsonl"),
     ],
 )
-def test_bad_input_one_line_exit_2(args: list[str], message: str) -> None:
+def test_bad_input_one_line_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
     base = [a for a in BASE]
     # later flags override earlier ones in click; put the bad one last
-    p = autotune("probe", *base, *args)
+    p = autotune(tmp_path, "probe", *base, *args)
     assert p.returncode == 2, (p.stdout, p.stderr)
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1, p.stderr
@@ -85,7 +86,7 @@ def test_bad_input_one_line_exit_2(args: list[str], message: str) -> None:
 def test_dataset_text_without_tokenizer_is_refused(tmp_path: Path) -> None:
     data = tmp_path / "d.jsonl"
     data.write_text('{"text": "hello world"}\n')
-    p = autotune("probe", *BASE, "--dataset", str(data))
+    p = autotune(tmp_path, "probe", *BASE, "--dataset", str(data))
     assert p.returncode == 2
     assert "tokenizer" in p.stderr and len(p.stderr.strip().splitlines()) == 1
 
@@ -94,14 +95,14 @@ def test_dataset_with_input_ids_runs(tmp_path: Path) -> None:
     data = tmp_path / "d.jsonl"
     rows = [{"input_ids": list(range(1, 10 + (i * 7) % 50))} for i in range(64)]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    p = autotune("probe", *BASE, "--dataset", str(data), "--json")
+    p = autotune(tmp_path, "probe", *BASE, "--dataset", str(data), "--json")
     assert p.returncode == 0, p.stderr
     m = json.loads(p.stdout)["metrics"]
     assert m["real_tokens"] < m["token_slots"]
 
 
-def test_python_m_and_console_script_agree() -> None:
-    p = autotune("--help")
+def test_python_m_and_console_script_agree(tmp_path: Path) -> None:
+    p = autotune(tmp_path, "--help", process=True)
     assert p.returncode == 0 and "probe" in p.stdout
     exe = Path(sys.executable).parent / "autotune"
     if exe.exists():

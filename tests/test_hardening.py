@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _cli import cli, one_line
 from _fakes import FakeExecutor
 
 from autotune._tune import tune
@@ -28,29 +29,13 @@ from autotune.store.run_dir import Journal
 RUN = ["run", "--model", "tiny-llama", "--device", "cpu", "--gpu-budget", "3GB", "--seq-len", "64",
        "--effective-batch", "4", "--space", "cpu", "--max-trials", "2"]  # fmt: skip
 ROOT = os.geteuid() == 0
-FAKE_CLI = Path(__file__).resolve().parent / "_fake_cli.py"
 
 
-def autotune(tmp: Path, *args: str, timeout: float = 120, fake: bool = False,
-             stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    """The real CLI in a real process (``fake``: with the fake probe executor, tests/_fake_cli.py);
-    ``stdin``: text fed to it (else the test's own stdin)."""
-    env = {**os.environ, "AUTOTUNE_CACHE": str(tmp / "cache"), "HF_HUB_OFFLINE": "1", "FAKE_PROBE_S": "0.01"}
-    env.pop("AUTOTUNE_DEBUG", None)
-    head = [sys.executable, str(FAKE_CLI)] if fake else [sys.executable, "-m", "autotune"]
-    return subprocess.run([*head, *args], capture_output=True, text=True, timeout=timeout, cwd=tmp, env=env,
-                          input=stdin)
-
-
-def one_line(p: subprocess.CompletedProcess[str], *needles: str, code: int = 2) -> str:
-    """Exit ``code``, exactly one stderr line with every needle, no traceback."""
-    assert p.returncode == code, (p.returncode, p.stdout, p.stderr)
-    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, p.stderr
-    assert lines[0].startswith("autotune: error: ") and "Traceback" not in p.stderr, p.stderr
-    for needle in needles:
-        assert needle.lower() in lines[0].lower(), (needle, lines[0])
-    return lines[0]
+def autotune(tmp: Path, *args: str, timeout: float = 120, fake: bool = False, stdin: str | None = None,
+             process: bool = False) -> subprocess.CompletedProcess[str]:
+    """The real CLI, in-process (``process``: in a real process; ``fake``: with the fake probe executor,
+    tests/_fake_cli.py); ``stdin``: text fed to it."""
+    return cli(tmp, *args, timeout=timeout, fake=fake, stdin=stdin, process=process)
 
 
 def tree(path: Path) -> list[str]:

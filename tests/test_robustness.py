@@ -1,4 +1,4 @@
-"""Bad input and untrusted input, through the real CLI in a real process (issue 8, items 1 and 4).
+"""Bad input and untrusted input, through the real CLI entry point (in-process unless a process is the point).
 
 Every bad request must: exit 2, print exactly one line on stderr that names the problem and the
 fix, show no traceback (unless ``--debug``), and write nothing under ``--out``.
@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _cli import cli
 
 from autotune.errors import SpecError
 from autotune.executors.local import worker_env
@@ -28,10 +29,8 @@ RUN = ["run", "--model", "tiny-llama", "--device", "cpu", "--gpu-budget", "3GB",
 
 
 def autotune(tmp: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "AUTOTUNE_CACHE": str(tmp / "cache"), "HF_HUB_OFFLINE": "1"}
-    env.pop("AUTOTUNE_DEBUG", None)
-    return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=tmp, env=env)
+    """The real CLI, in-process (tests/_cli.py): its entry point, exit codes and one-line errors."""
+    return cli(tmp, *args, timeout=timeout)
 
 
 def assert_refused(tmp: Path, p: subprocess.CompletedProcess[str], *needles: str) -> str:

@@ -169,30 +169,32 @@ def test_trl_probe_on_synthetic_tokens(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ the CLI
 
 
-def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
+def _cli(tmp: Path, *args: str, timeout: float = 300, process: bool = False) -> subprocess.CompletedProcess[str]:
+    """The CLI in-process (tests/_cli.py; a probe still runs in a process of its own), or in a real process."""
+    from _cli import cli
+
+    return cli(tmp, *args, timeout=timeout, process=process)
 
 
 @pytest.mark.parametrize("cmd", ["probe", "run"])
 def test_trainer_trl_without_tokenizer_is_refused(cmd: str, tmp_path: Path) -> None:
     pytest.importorskip("trl")
     extra = ["--gpu-budget", "4GB", "--out", str(tmp_path / "r")] if cmd == "run" else []
-    p = _cli(cmd, "--model", "tiny-llama", "--device", "cpu", "--seq-len", "64", "--trainer", "trl", *extra)
+    p = _cli(tmp_path, cmd, "--model", "tiny-llama", "--device", "cpu", "--seq-len", "64", "--trainer", "trl", *extra)
     assert p.returncode == 2, p.stderr
     assert "--tokenizer DIR" in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "r").exists()
 
 
-def test_bad_trainer_value_is_refused() -> None:
-    p = _cli("probe", "--model", "tiny-llama", "--device", "cpu", "--trainer", "deepspeed")
+def test_bad_trainer_value_is_refused(tmp_path: Path) -> None:
+    p = _cli(tmp_path, "probe", "--model", "tiny-llama", "--device", "cpu", "--trainer", "deepspeed")
     assert p.returncode == 2 and "trainer must be one of hf, trl" in p.stderr
 
 
 def test_probe_cli_trainer_trl_json(tmp_path: Path) -> None:
     pytest.importorskip("trl")
     data = _chat_dir(tmp_path)
-    p = _cli("probe", "--model", "tiny-llama", "--device", "cpu", "--seq-len", "64", "--micro-batch", "2",
+    p = _cli(tmp_path, "probe", "--model", "tiny-llama", "--device", "cpu", "--seq-len", "64", "--micro-batch", "2",
              "--warmup-steps", "1", "--steps", "1", "--precision", "fp32", "--dataset", str(data),
              "--tokenizer", str(TINY_CHAT), "--trainer", "trl", "--json")
     assert p.returncode == 0, p.stderr[-2000:]
@@ -248,11 +250,11 @@ def test_run_trainer_trl_then_train_sft_py_at_the_reported_speed(tmp_path: Path)
     space.write_text("# autotune run ... --trainer trl --space small.yaml\nmicro_batch: [4, 8]\n"
                      "packing: [false, true]\nattn: [sdpa]\nprecision: [fp32]\npin_memory: [false]\nworkers: [0]\n")
     out = tmp_path / "results"
-    p = _cli("run", "--model", "tiny-llama", "--device", "cpu", "--gpu-budget", "4GB", "--seq-len", "64",
+    p = _cli(tmp_path, "run", "--model", "tiny-llama", "--device", "cpu", "--gpu-budget", "4GB", "--seq-len", "64",
              "--effective-batch", "8", "--space", str(space), "--max-trials", "3", "--top-k", "1", "--steps", "3",
              "--confirm-rounds", "2:2",
              "--dataset", str(data), "--tokenizer", str(TINY_CHAT), "--trainer", "trl", "--out", str(out), "--json",
-             timeout=900)
+             timeout=900, process=True)
     assert p.returncode == 0, p.stderr[-3000:]
     summary = json.loads(p.stdout)
     assert summary["status"] == "complete" and summary["trainer"] == "trl"

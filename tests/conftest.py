@@ -1,0 +1,75 @@
+"""What the whole suite shares: a time limit per test, the client tier last with its venvs built in the
+background while everything else runs, and session fixtures that several files read instead of each
+building their own (see tests/README.md for the tiers and what each costs).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+# the client tier's first test may wait for its venvs to be built (about 12-16 minutes cold on 2 cores)
+CLIENT_BUILD_TIMEOUT_S = 2400
+
+_builder: subprocess.Popen[bytes] | None = None
+
+
+def _client_venvs_missing() -> list[str]:
+    sys.path.insert(0, str(TESTS))
+    import _clients
+
+    return [name for name, client in _clients.CLIENTS.items()
+            if not (_clients.venv_dir(client) / ".complete").exists()]
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+                                  items: list[pytest.Item]) -> None:
+    """The client tier runs last (its venvs build meanwhile) and gets the build's time limit."""
+    clients = [it for it in items if it.get_closest_marker("clients")]
+    if not clients:
+        return
+    rest = [it for it in items if not it.get_closest_marker("clients")]
+    items[:] = rest + clients
+    for it in clients:
+        if it.get_closest_marker("timeout") is None:
+            it.add_marker(pytest.mark.timeout(CLIENT_BUILD_TIMEOUT_S))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start building the missing client venvs now, in the background, when the client tier is selected
+    and other tests run first; the tier's fixtures wait on the build's lock (tests/_clients.py)."""
+    global _builder
+    if session.config.option.collectonly or os.environ.get("AUTOTUNE_NO_BACKGROUND_CLIENTS"):
+        return
+    items = session.items
+    if not any(it.get_closest_marker("clients") for it in items) or all(
+            it.get_closest_marker("clients") for it in items):
+        return
+    missing = _client_venvs_missing()
+    if not missing:
+        return
+    import _clients
+
+    log = _clients.cache_root()
+    log.mkdir(parents=True, exist_ok=True)
+    with open(log / "background-build.log", "ab") as out:
+        _builder = subprocess.Popen([sys.executable, str(TESTS / "_clients.py"), "build", *missing],
+                                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A build still running when the session ends (the tier was deselected by -x, or failed) is stopped."""
+    if _builder is not None and _builder.poll() is None:
+        import signal
+
+        try:
+            os.killpg(_builder.pid, signal.SIGTERM)
+            _builder.wait(timeout=30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(_builder.pid, signal.SIGKILL)

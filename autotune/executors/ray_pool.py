@@ -349,14 +349,17 @@ class _PrivateRuntime:
     * probes at normal priority: Ray starts its workers at niceness 15 (its ``worker_niceness``
       config), and a probe inherits it, so on a machine where anything else runs it would measure a
       program starved far more than the user's training (niceness 0) would be.
-      ``RAY_worker_niceness=0`` starts them as the user's training runs.
+      ``RAY_worker_niceness=0`` starts them as the user's training runs;
+    * no task events (``RAY_task_events_report_interval_ms=0``): only Ray's dashboard and state API
+      read them, and ``ray.shutdown`` waits up to 5 s to flush them to a GCS that may have died first
+      (a signal to every process of a Slurm job or a systemd unit reaches the GCS too).
 
     The environment variables are set for the life of the pool (the runtime's processes inherit
     them) and restored by ``release``.
     """
 
     _ENV = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_TOKEN",
-            "RAY_worker_niceness", "AUTOTUNE_PROBE_TMPDIR")
+            "RAY_worker_niceness", "RAY_task_events_report_interval_ms", "AUTOTUNE_PROBE_TMPDIR")
 
     def __init__(self, ray: Any) -> None:
         import secrets
@@ -373,6 +376,7 @@ class _PrivateRuntime:
         os.environ.pop("RAY_AUTH_TOKEN", None)
         os.environ.update({"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token",
                            "RAY_AUTH_TOKEN_PATH": token_path, "RAY_worker_niceness": "0",
+                           "RAY_task_events_report_interval_ms": "0",
                            # the probes' folders inside this one, which the reaper removes on every exit path
                            # (a Ray worker killed with the driver never runs its own cleanup)
                            "AUTOTUNE_PROBE_TMPDIR": os.path.join(self.temp_dir, "probes")})

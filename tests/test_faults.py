@@ -33,8 +33,9 @@ ARGS = ["run", "--model", "tiny-llama", "--device", "cpu", "--gpu-budget", "10Gi
         "--effective-batch", "16", "--space", "cpu", "--max-trials", "8", "--top-k", "1"]  # fmt: skip
 
 
-def fake_cli(*args: str, log: Path | None = None, delay: float = 0.3, **popen: object) -> subprocess.Popen[str]:
-    env = {**os.environ, "FAKE_PROBE_S": str(delay)}
+def fake_cli(*args: str, log: Path | None = None, delay: float = 0.3, env_extra: dict[str, str] | None = None,
+             **popen: object) -> subprocess.Popen[str]:
+    env = {**os.environ, "FAKE_PROBE_S": str(delay), **(env_extra or {})}
     if log is not None:
         env["FAKE_PROBE_LOG"] = str(log)
     return subprocess.Popen([sys.executable, str(FAKE_CLI), *args], env=env, text=True,
@@ -524,3 +525,78 @@ def test_a_probe_dies_with_its_parent_even_by_sigkill(tmp_path: Path) -> None:
     if alive:
         os.kill(probe, signal.SIGKILL)
     assert not alive, "the probe outlived its parent's kill -9"
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_a_signal_to_the_whole_process_group_ends_autotune_run_as_one_to_its_pid(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    """`timeout`, CI runners and Ctrl-C in a terminal signal the whole process group, not only
+    autotune's pid. On the real embedded Ray pool, each probe a real process (only its measurement is
+    fake): nothing autotune started shares its group, so the signal reaches autotune alone; it exits
+    130 within seconds, nothing it started is left, the journal is intact, and ``--resume`` finishes
+    the search without re-running a finished probe."""
+    out, log = tmp_path / "out", tmp_path / "probes.log"
+    python = _fake_python(tmp_path, f'exec "{sys.executable}" "{TESTS / "_fake_probe.py"}" "$@"')
+    args = [*ARGS, "--out", str(out), "--json"]
+    proc = fake_cli(*args, log=log, delay=0.5, env_extra={"FAKE_PROBE_POOL": "ray", "FAKE_PROBE_PYTHON": python},
+                    start_new_session=True, preexec_fn=_as_in_a_terminal)
+    seen: set[tuple[int, float]] = set()
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:  # a probe landed, and the next one's process is running
+            seen |= _descendants(proc.pid)
+            try:
+                landed = [r for r in journal_lines(run_dirs(out)[0]) if r["result"] is not None]
+            except (IndexError, OSError, ValueError):  # no run folder or journal yet, or a line half-written
+                landed = []
+            if landed and any("_fake_probe.py" in line for line in _alive(seen)):
+                break
+            assert proc.poll() is None, ("the run ended before it could be signalled", proc.communicate())
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"no probe running after one landed within 180 s: {_alive(seen)}")
+        seen |= _descendants(proc.pid)
+        assert len(seen) > 5  # the Ray runtime (GCS, raylet, agents, a worker), the reaper and the probe
+        in_group = [line for line in _alive(seen) if _pgid(int(line.split()[0])) == proc.pid]
+        sent = time.monotonic()
+        os.killpg(proc.pid, sig)  # autotune and every process of its group, as `timeout` does
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"autotune run did not exit within 60 s of {sig.name} to its group") from None
+        seconds = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130 and "autotune: interrupted" in err, (proc.returncode, err[-2000:])
+    assert seconds < 10.0, f"{seconds:.1f} s from {sig.name} to the group to the exit"
+    _none_alive_soon(seen, within=5.0)
+    # the group held autotune alone (the probes and the reaper are in sessions of their own, and so is the
+    # Ray runtime): a SIGTERM that also reached the GCS left ray.shutdown waiting on it, ~9 s instead of 2
+    assert not in_group, f"{sig.name} to autotune's group also reached {in_group}"
+
+    (rd,) = run_dirs(out)
+    assert not (rd / "summary.json").exists()
+    before = journal_lines(rd)  # every line parses: none torn
+    done_keys = {r["key"] for r in before if r["result"] is not None and r["phase"] == "search"}
+    assert done_keys
+    p = subprocess.run([sys.executable, str(FAKE_CLI), *args, "--resume"], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "FAKE_PROBE_S": "0.05", "FAKE_PROBE_LOG": str(log)})
+    assert p.returncode == 0, p.stderr
+    summary = json.loads(p.stdout)
+    assert summary["status"] == "complete" and summary["resumed"] is True and Path(summary["run_dir"]) == rd
+    rerun = [key for pid, steps, key in probes_logged(log) if pid != proc.pid and steps == 5 and key in done_keys]
+    assert not rerun, rerun
+    assert journal_lines(rd)[: len(before)] == before
+    assert summary["counts"]["probed"] == 8
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None

@@ -109,3 +109,52 @@ def test_the_embedded_pool_is_private_loopback_only_token_auth_on_and_reaped(tmp
     time.sleep(1.0)
     left = [p for p in started if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert not left, [psutil.Process(p).name() for p in left]
+
+
+def _hang(request: ProbeRequest) -> ProbeResult:
+    time.sleep(600)
+    raise AssertionError("not reached")
+
+
+def test_a_pool_whose_processes_were_all_sent_sigterm_closes_within_seconds() -> None:
+    """Slurm (a job's time limit, ``scancel``) and systemd stop every process of a job, not one process
+    group: Ray's GCS, raylet, workers and agents get the SIGTERM with autotune. Closing the pool then
+    must not wait on the dead GCS (``ray.shutdown`` flushed its task events to it for 5 s), and leaves
+    nothing running."""
+    import os
+    import signal
+
+    import psutil
+
+    me = psutil.Process()
+    pool = RayExecutor(device="cpu", num_cpus=1, probe_fn=_hang)
+    try:
+        pool.submit(_req())
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any("_probe_task" in " ".join(p.cmdline())
+                                                       for p in me.children(recursive=True)):
+            time.sleep(0.1)
+        started = {(p.pid, p.create_time()) for p in me.children(recursive=True)}
+        for pid, _ in started:  # every process of the job, as slurmstepd signals them
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except OSError:
+                pass
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        pool.close()
+        took = time.monotonic() - t0
+    finally:
+        pool.close()  # (again, if something above failed: a second close does nothing)
+    assert took < 5.0, f"closing took {took:.1f} s"  # (about 8 s while ray.shutdown flushed task events)
+    time.sleep(1.0)
+    left = []
+    for pid, created in started:
+        try:
+            p = psutil.Process(pid)
+            if p.create_time() == created and p.status() != psutil.STATUS_ZOMBIE:
+                left.append(" ".join(p.cmdline())[:100])
+                p.kill()
+        except psutil.Error:
+            continue
+    assert not left, left

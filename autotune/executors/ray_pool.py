@@ -222,6 +222,8 @@ class RayExecutor:
         where = f"the Ray cluster at {address!r}" if address else "an embedded Ray runtime"
         self._restore_messages = _ray_messages_to_stderr()
         handlers = _python_signal_handlers()
+        # an embedded runtime's processes start in a session of their own, out of this one's process group
+        own_session = _runtime_in_its_own_session() if address is None else None
         try:
             ray.init(**kwargs)
             _reinstall(handlers)  # ray.init replaced them; the caller's decide how an interruption unwinds
@@ -235,6 +237,8 @@ class RayExecutor:
             msg = " ".join(str(exc).split())[:300]
             raise SpecError(f"could not start or reach {where}: {type(exc).__name__}: {msg}") from exc
         finally:
+            if own_session is not None:
+                own_session()
             auth_log.setLevel(saved_level)
             if address is None and self.device == "cuda" and gpus is not None:
                 if saved_cvd is None:
@@ -345,14 +349,17 @@ class _PrivateRuntime:
     * probes at normal priority: Ray starts its workers at niceness 15 (its ``worker_niceness``
       config), and a probe inherits it, so on a machine where anything else runs it would measure a
       program starved far more than the user's training (niceness 0) would be.
-      ``RAY_worker_niceness=0`` starts them as the user's training runs.
+      ``RAY_worker_niceness=0`` starts them as the user's training runs;
+    * no task events (``RAY_task_events_report_interval_ms=0``): only Ray's dashboard and state API
+      read them, and ``ray.shutdown`` waits up to 5 s to flush them to a GCS that may have died first
+      (a signal to every process of a Slurm job or a systemd unit reaches the GCS too).
 
     The environment variables are set for the life of the pool (the runtime's processes inherit
     them) and restored by ``release``.
     """
 
     _ENV = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_TOKEN",
-            "RAY_worker_niceness", "AUTOTUNE_PROBE_TMPDIR")
+            "RAY_worker_niceness", "RAY_task_events_report_interval_ms", "AUTOTUNE_PROBE_TMPDIR")
 
     def __init__(self, ray: Any) -> None:
         import secrets
@@ -369,6 +376,7 @@ class _PrivateRuntime:
         os.environ.pop("RAY_AUTH_TOKEN", None)
         os.environ.update({"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token",
                            "RAY_AUTH_TOKEN_PATH": token_path, "RAY_worker_niceness": "0",
+                           "RAY_task_events_report_interval_ms": "0",
                            # the probes' folders inside this one, which the reaper removes on every exit path
                            # (a Ray worker killed with the driver never runs its own cleanup)
                            "AUTOTUNE_PROBE_TMPDIR": os.path.join(self.temp_dir, "probes")})
@@ -432,6 +440,42 @@ def _reinstall(handlers: dict[int, Any]) -> None:
             signal.signal(sig, handler)
         except (ValueError, OSError):  # pragma: no cover - not the main thread after all
             pass
+
+
+def _runtime_in_its_own_session() -> Callable[[], None] | None:
+    """Start the processes ``ray.init`` starts (GCS, raylet, and through the raylet the agents and
+    workers) in a session of their own, out of this process's process group; return the undo.
+
+    ``timeout``, CI runners and Ctrl-C in a terminal signal the whole process group. A SIGTERM
+    that reached the GCS with autotune left its unwinding (``ray.shutdown``) waiting on the
+    dead GCS: about 9 s instead of 2 on an idle machine, past ``timeout -k 5``'s SIGKILL. Out of the
+    group, a signal to it is a signal to autotune alone, which stops its probes and shuts the runtime
+    down in order. (The runtime's processes die with autotune all the same: Ray's parent-death signal
+    and the reaper, which is in a session of its own for the same reason; so are the probes.) None
+    when this Ray starts its processes some other way (nothing to undo).
+    """
+    import subprocess
+
+    try:
+        from ray._private import services
+    except ImportError:  # pragma: no cover - another ray layout
+        return None
+    original = getattr(services, "ConsolePopen", None)
+    if not (isinstance(original, type) and issubclass(original, subprocess.Popen)) or os.name != "posix":
+        return None
+
+    class _OwnSession(original):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["start_new_session"] = True
+            super().__init__(*args, **kwargs)
+
+    services.ConsolePopen = _OwnSession
+
+    def undo() -> None:
+        if services.ConsolePopen is _OwnSession:
+            services.ConsolePopen = original
+
+    return undo
 
 
 def _ray_messages_to_stderr() -> Callable[[], None] | None:

@@ -12,6 +12,12 @@ It answers the routes ``huggingface_hub`` and ``datasets`` use, with the headers
 
 Every request is recorded (method, path) in :attr:`HubStandIn.requests`, so a test can check what
 was fetched. Start it with :func:`serve` (a context manager) and point ``HF_ENDPOINT`` at ``.url``.
+
+A hostile Hub: :attr:`HubStandIn.hostile` maps a file's path (in any repository) to a :class:`Hostile`,
+which changes what the stand-in answers for it: an ``ETag`` or ``X-Repo-Commit`` that is a path (the
+second HEAD only, if asked), a body trickled byte by byte or headers trickled line by line, a body of
+any size with a ``Content-Length`` that lies; :attr:`Repo.announced` makes the repository's info and
+headers announce another commit (``sha``) than the one it serves.
 """
 
 from __future__ import annotations
@@ -22,12 +28,13 @@ import io
 import json
 import re
 import threading
+import time
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-__all__ = ["HubStandIn", "Repo", "serve"]
+__all__ = ["Hostile", "HubStandIn", "Repo", "serve"]
 
 
 @dataclass
@@ -39,6 +46,10 @@ class Repo:
     files: dict[str, bytes]
     commit: str = ""
     gated: bool = False
+    announced: str | None = None  # the commit its info (``sha``) and headers (``X-Repo-Commit``) announce
+
+    def commit_header(self) -> str:
+        return self.commit if self.announced is None else self.announced
 
     def __post_init__(self) -> None:
         if not self.commit:
@@ -49,9 +60,28 @@ class Repo:
 
 
 @dataclass
+class Hostile:
+    """How the stand-in answers for one file path (of any repository) when it is hostile."""
+
+    etag: str | None = None  # the ETag header value sent (verbatim, quotes included) instead of the sha256
+    commit: str | None = None  # the X-Repo-Commit header sent (also on a 404 for a missing file)
+    from_head: int = 1  # etag/commit are sent from this HEAD of the path on (2: the first HEAD is honest)
+    trickle_s: float = 0.0  # seconds between the pieces of the body (GET)
+    step: int = 1  # bytes per piece when trickling
+    trickle_headers_s: float = 0.0  # seconds between the header lines (HEAD and GET)
+    size: int | None = None  # a body of this many bytes (a JSON object padded with spaces) instead of the file
+    declared: int | None = None  # the Content-Length claimed; the GET then sends the body chunked, unannounced
+    redirect_to: str | None = None  # answer 302 to this base URL + the path, as the Hub does for a file in LFS
+    heads: int = 0  # HEADs of this path answered so far
+
+
+@dataclass
 class HubStandIn:
     repos: dict[tuple[str, str], Repo] = field(default_factory=dict)
+    hostile: dict[str, Hostile] = field(default_factory=dict)
     requests: list[tuple[str, str]] = field(default_factory=list)
+    auth: list[str | None] = field(default_factory=list)  # the Authorization header of each request
+    sent: dict[str, int] = field(default_factory=dict)  # bytes of a hostile file's body written, by path
     ranges: list[tuple[str, str | None, int]] = field(default_factory=list)  # (path, Range header, bytes sent)
     url: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -115,6 +145,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _record(self) -> None:
         with self.hub.lock:
             self.hub.requests.append((self.command, self.path))
+            self.hub.auth.append(self.headers.get("Authorization"))
 
     def _repo(self, kind: str, repo_id: str) -> Repo | None:
         repo = self.hub.repos.get((kind, repo_id))
@@ -189,7 +220,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._revision_ok(repo, rev):
             return
         if what in (None, "revision"):
-            info = {"id": repo.repo_id, "_id": repo.commit[:24], "sha": repo.commit, "private": False,
+            info = {"id": repo.repo_id, "_id": repo.commit[:24], "sha": repo.commit_header(), "private": False,
                     "gated": False, "disabled": False, "downloads": 0, "likes": 0, "tags": [],
                     "lastModified": "2026-01-01T00:00:00.000Z", "createdAt": "2026-01-01T00:00:00.000Z",
                     "siblings": [{"rfilename": f} for f in sorted(repo.files)]}
@@ -234,12 +265,25 @@ class _Handler(BaseHTTPRequestHandler):
         if repo is None or not self._revision_ok(repo, m.group("rev")):
             return
         name = m.group("path")
-        commit = {"X-Repo-Commit": repo.commit}
+        hostile = self.hub.hostile.get(name)
+        if hostile is not None:
+            with self.hub.lock:
+                if self.command == "HEAD":
+                    hostile.heads += 1
+                now = hostile.heads >= hostile.from_head
+        commit = {"X-Repo-Commit": repo.commit_header()}
+        if hostile is not None and hostile.commit is not None and now:
+            commit = {"X-Repo-Commit": hostile.commit}
         if name not in repo.files:
             self._error(404, "EntryNotFound", f"{name} does not exist on {m.group('rev')}", commit)
             return
         data = repo.files[name]
         headers = {**commit, "ETag": _etag(data), "Accept-Ranges": "bytes"}
+        if hostile is not None:
+            if hostile.etag is not None and now:
+                headers["ETag"] = hostile.etag
+            self._hostile(hostile, data, headers)
+            return
         rng = self.headers.get("Range")
         if rng and self.command == "GET":
             mm = re.match(r"bytes=(\d*)-(\d*)", rng)
@@ -258,6 +302,64 @@ class _Handler(BaseHTTPRequestHandler):
                            content_type="application/octet-stream")
                 return
         self._send(200, data, headers, content_type="application/octet-stream")
+
+
+    def _hostile(self, hostile: Hostile, data: bytes, headers: dict[str, str]) -> None:
+        """The answer for a file with a :class:`Hostile` entry (no byte ranges)."""
+        if hostile.redirect_to is not None:
+            self._send(302, b"", {**headers, "Location": hostile.redirect_to + self.path,
+                                  "X-Linked-Etag": headers["ETag"], "X-Linked-Size": str(len(data))})
+            return
+        size = len(data) if hostile.size is None else hostile.size
+        declared = size if hostile.declared is None else hostile.declared
+        name = _RESOLVE.match(urllib.parse.unquote(self.path.split("?")[0])).group("path")  # type: ignore[union-attr]
+        chunked = self.command == "GET" and declared != size
+        self.send_response(200)
+        lines = [("Content-Type", "application/octet-stream"), *headers.items()]
+        lines.append(("Transfer-Encoding", "chunked") if chunked else ("Content-Length", str(declared)))
+        for k, v in lines:
+            self.send_header(k, v)
+            if hostile.trickle_headers_s:
+                self.flush_headers()
+                time.sleep(hostile.trickle_headers_s)
+        self.end_headers()
+        if self.command == "HEAD":
+            return
+        with self.hub.lock:
+            self.hub.ranges.append((urllib.parse.unquote(self.path.split("?")[0]), None, size))
+        try:
+            for piece in _body(data if hostile.size is None else None, size,
+                               hostile.step if hostile.trickle_s else 1 << 16):
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece)
+                self.wfile.flush()
+                with self.hub.lock:
+                    self.hub.sent[name] = self.hub.sent.get(name, 0) + len(piece)
+                if hostile.trickle_s:
+                    time.sleep(hostile.trickle_s)
+            if chunked:
+                self.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up: what a hostile server wants to test
+            self.close_connection = True
+
+
+def _body(data: bytes | None, size: int, step: int) -> Iterator[bytes]:
+    """``data`` in pieces of ``step`` bytes, or ``size`` generated bytes: a JSON object padded with spaces."""
+    if data is None:
+        head, tail = b'{"model_type": "llama"', b"}"
+        if size < len(head) + len(tail):
+            data = b" " * size
+        else:
+            pad = b" " * max(step, 1 << 16)
+            yield from _body(head, len(head), step)
+            left = size - len(head) - len(tail)
+            while left > 0:
+                n = min(left, step, len(pad))
+                yield pad[:n]
+                left -= n
+            yield tail
+            return
+    for i in range(0, len(data), step):
+        yield data[i : i + step]
 
 
 @contextlib.contextmanager

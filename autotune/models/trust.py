@@ -10,7 +10,8 @@ line, exit 2), before transformers looks at it.
 
     tok = AutoTokenizer.from_pretrained(path, **trust_kwargs(path, trust_remote_code=flag))
 
-Pure apart from reading the two small JSON files of a local folder (bounded, like every user file).
+Pure apart from reading the two small JSON files of a local folder (bounded, like every user file: one
+over the cap is refused by name, never skipped, since its ``auto_map`` could not be checked).
 """
 
 from __future__ import annotations
@@ -21,22 +22,37 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import SpecError
+from autotune.spec.files import MAX_FILE_BYTES
 
 __all__ = ["REMOTE_CODE_FILES", "remote_code_request", "require_trusted", "trust_kwargs"]
 
 # the files transformers reads an ``auto_map`` from when it loads a tokenizer or a config
 REMOTE_CODE_FILES = ("tokenizer_config.json", "config.json")
-_MAX_BYTES = 8 * 2**20
 _AUTO_CLASSES = {"tokenizer": ("AutoTokenizer",), "config": ("AutoConfig",)}
 
 
 def _auto_map(file: Path) -> dict[str, Any] | None:
-    """The ``auto_map`` of a JSON file (None when absent, unreadable or not JSON: the loader reports those)."""
+    """The ``auto_map`` of a JSON file (None when absent, unreadable or not JSON: the loader reports those).
+    A file over the cap is a SpecError: what it asks to run could not be checked."""
     try:
-        if not file.is_file() or file.stat().st_size > _MAX_BYTES:
+        if not file.is_file():
             return None
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        size = file.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise SpecError(f"{file} is {size:,} bytes, more than the {MAX_FILE_BYTES:,} bytes autotune reads to check "
+                            "whether it asks to run code of its own (auto_map); use a folder whose file is smaller, "
+                            "or pass --trust-remote-code if you trust that folder's code")
+        with open(file, "rb") as fh:
+            raw = fh.read(MAX_FILE_BYTES + 1)
+        if len(raw) > MAX_FILE_BYTES:  # grew since the stat
+            raise SpecError(f"{file} is more than the {MAX_FILE_BYTES:,} bytes autotune reads to check whether it "
+                            "asks to run code of its own (auto_map)")
+        data = json.loads(raw.decode("utf-8"))
+    except (OSError, UnicodeDecodeError, RecursionError):
+        return None
+    except SpecError:
+        raise
+    except ValueError:
         return None
     amap = data.get("auto_map") if isinstance(data, dict) else None
     return amap if isinstance(amap, dict) and amap else None

@@ -7,6 +7,11 @@ downloaded. The sample is written as JSON lines (only the columns autotune reads
 ``$AUTOTUNE_CACHE/hub-samples/{org}___{name}/{split}/sample.jsonl`` with a ``sample.json`` beside it
 (repository, commit, config, split, rows); the probes (offline) read that file, and its content is
 what the cache key holds. The emitted ``train.py`` / ``train_sft.py`` load the full dataset by id.
+
+``datasets`` fetches the dataset card (``README.md``) and its metadata files with ``hf_hub_download``, which
+names what it writes into the HF cache after the server's answer (``ETag``, ``X-Repo-Commit``, also a 404's):
+while the sample is read, every such answer is checked first (a commit hash, a file hash; else one line,
+nothing written), as for a model (:mod:`autotune.models.hub`), and the repository's commit too.
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
+import re
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -56,7 +62,12 @@ def _check_repo(ref: str, endpoint: str, token: str | None) -> str:
                 f"be reached ({type(exc).__name__}: {_one_line(exc)}); connect and retry, or pass a local file"
             ) from None
         raise DatasetError(f"dataset {ref}: the Hub answered {status} ({_one_line(exc)})") from None
-    return str(info.sha or "")
+    from autotune.models.hub import is_commit
+
+    if not is_commit(info.sha):
+        raise DatasetError(f"dataset {ref}: the Hub at {endpoint} named its commit {_one_line(repr(info.sha))[:80]}, "
+                           "not a commit hash (40 hex digits): refused, nothing read; check HF_ENDPOINT")
+    return str(info.sha)
 
 
 def sample_hub_dataset(
@@ -118,7 +129,8 @@ def _endpoint(endpoint: str, datasets: Any) -> Iterator[None]:
     datasets.config.HUB_DATASETS_URL = endpoint + "/datasets/{repo_id}/resolve/{revision}/{path}"
     datasets.config.HF_HUB_OFFLINE = hub_constants.HF_HUB_OFFLINE = False
     try:
-        yield
+        with _checked_answers(endpoint):
+            yield
     finally:
         (env, datasets.config.HF_ENDPOINT, datasets.config.HUB_DATASETS_URL, hub_constants.ENDPOINT,
          hub_constants.HUGGINGFACE_CO_URL_TEMPLATE, datasets.config.HF_HUB_OFFLINE,
@@ -127,6 +139,45 @@ def _endpoint(endpoint: str, datasets: Any) -> Iterator[None]:
             os.environ.pop("HF_ENDPOINT", None)
         else:
             os.environ["HF_ENDPOINT"] = env
+
+
+@contextlib.contextmanager
+def _checked_answers(endpoint: str) -> Iterator[None]:
+    """huggingface_hub's HEAD for a file to cache, checked before it names anything on disk: the blob is named
+    after the ``ETag``, the snapshot (and, on a 404, the ``.no_exist`` record) after ``X-Repo-Commit``."""
+    import huggingface_hub.file_download as file_download
+
+    from autotune.models.hub import is_commit, normalize_etag
+
+    original = file_download.get_hf_file_metadata
+
+    def refuse(url: str, header: str, value: object, want: str) -> DatasetError:
+        found = re.search(r"/datasets/([^/]+/[^/]+)/resolve/[^/]+/(.+)$", urllib.parse.unquote(str(url)))
+        repo, name = found.groups() if found else ("", str(url).rsplit("/", 1)[-1])
+        return DatasetError(f"{'dataset ' + repo + ': ' if repo else ''}the Hub at {endpoint} answered {name[:80]} "
+                            f"with an {header} that is not {want} ({_one_line(repr(value))[:80]}): refused, "
+                            "nothing written; check HF_ENDPOINT")
+
+    def checked(url: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            meta = original(url, *args, **kwargs)
+        except Exception as exc:
+            response = getattr(exc, "response", None)
+            commit = response.headers.get("X-Repo-Commit") if response is not None else None
+            if commit is not None and not is_commit(commit):
+                raise refuse(url, "X-Repo-Commit", commit, "a commit hash") from None
+            raise
+        if not is_commit(meta.commit_hash):
+            raise refuse(url, "X-Repo-Commit", meta.commit_hash, "a commit hash")
+        if normalize_etag(meta.etag) != meta.etag:
+            raise refuse(url, "ETag", meta.etag, "a file hash")
+        return meta
+
+    file_download.get_hf_file_metadata = checked
+    try:
+        yield
+    finally:
+        file_download.get_hf_file_metadata = original
 
 
 def _accepts_trust_remote_code(datasets: Any) -> bool:
@@ -139,18 +190,10 @@ def _accepts_trust_remote_code(datasets: Any) -> bool:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """Atomically, with the umask's permissions like every other output (not ``mkstemp``'s 0600)."""
+    from autotune.store import write_text_atomic
+
+    write_text_atomic(path, text)
 
 
 def prepare_hub_dataset(dataset: str, *, split: str | None, config_name: str | None, rows: int | None,

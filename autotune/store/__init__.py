@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autotune.store.atomic import write_json_atomic, write_text_atomic
+from autotune.store.atomic import new_file_mode, write_json_atomic, write_text_atomic
 from autotune.store.cache_key import (
     cache_key,
     dataset_identity,
@@ -35,6 +35,7 @@ __all__ = [
     "find_resumable",
     "hardware_fingerprint",
     "make_run_id",
+    "new_file_mode",
     "probe_fields",
     "software_versions",
     "trials_csv_text",

@@ -23,7 +23,7 @@ from typing import Any
 
 from autotune.errors import WriteError
 
-__all__ = ["beside", "check_write_target", "content_state", "target_problem", "write_text_atomic",
+__all__ = ["beside", "check_write_target", "content_state", "new_file_mode", "target_problem", "write_text_atomic",
            "write_json_atomic", "write_error"]
 
 
@@ -159,6 +159,12 @@ def _mode_for(path: Path) -> int:
         return path.stat().st_mode & 0o7777
     except OSError:
         return 0o666 & ~_umask()
+
+
+def new_file_mode(path: str | os.PathLike[str]) -> int:
+    """The permissions :func:`write_text_atomic` gives ``path``, for a file written another way (streamed bytes):
+    the old file's, or 0666 less the umask. ``os.fchmod`` the temporary file to it before ``os.replace``."""
+    return _mode_for(Path(path))
 
 
 def write_error(path: str | os.PathLike[str], exc: OSError) -> WriteError:

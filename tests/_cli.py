@@ -108,9 +108,14 @@ def _in_process(args: list[str], *, cwd: Path, env: Mapping[str, str], stdin: st
 
 
 def cli(tmp: Path, *args: str, process: bool = False, fake: bool = False, stdin: str | None = None,
-        env: Mapping[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """``autotune ARGS`` with its working folder and cache in ``tmp``: in-process unless ``process``."""
-    full_env = process_env(tmp, env)
+        env: Mapping[str, str] | None = None, timeout: float = 120,
+        offline: bool = True) -> subprocess.CompletedProcess[str]:
+    """``autotune ARGS`` in the working folder ``tmp``: in-process unless ``process``.
+
+    ``offline`` (the default): its own cache under ``tmp``, no Hub. ``offline=False``: the environment as the
+    test set it (a stand-in Hub's ``HF_ENDPOINT`` and caches), plus ``env``.
+    """
+    full_env = process_env(tmp, env) if offline else {**os.environ, **(env or {})}
     if not process:
         return _in_process(list(args), cwd=tmp, env=full_env, stdin=stdin, fake=fake)
     head = [sys.executable, str(FAKE_CLI)] if fake else [sys.executable, "-m", "autotune"]

@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+import _cli
 import pytest
 from _hub_stand_in import Hostile, Repo, parquet_bytes, serve
 
@@ -77,10 +78,11 @@ def _escape(tmp_path: Path, start: Path) -> tuple[str, Path]:
     return os.path.relpath(target, start), target
 
 
-def cli(*args: str, env_extra: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env_extra or {})}
-    return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True, text=True, env=env,
-                          timeout=timeout)
+def cli(*args: str, env_extra: dict[str, str] | None = None, timeout: float = 300,
+        process: bool = False) -> subprocess.CompletedProcess:
+    """The real CLI, in-process unless ``process`` (tests/_cli.py), in the environment the fixtures set."""
+    return _cli.cli(Path.cwd(), *args, env={"PYTHONPATH": str(ROOT), **(env_extra or {})}, timeout=timeout,
+                    process=process, offline=False)
 
 
 # --------------------------------------------------------------------------- writes outside the cache

@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import _cli
 import pytest
 from _fakes import FakeExecutor
 from _hub_stand_in import Repo, parquet_bytes, serve
@@ -91,11 +92,11 @@ def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         assert_only_small_files(h)
 
 
-def cli(*args: str, env_extra: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """The real CLI in its own process (the environment as the fixtures set it)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env_extra or {})}
-    return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True, text=True, env=env,
-                          timeout=timeout)
+def cli(*args: str, env_extra: dict[str, str] | None = None, timeout: float = 300,
+        process: bool = False) -> subprocess.CompletedProcess:
+    """The real CLI, in-process unless ``process`` (tests/_cli.py), in the environment the fixtures set."""
+    return _cli.cli(Path.cwd(), *args, env={"PYTHONPATH": str(ROOT), **(env_extra or {})}, timeout=timeout,
+                    process=process, offline=False)
 
 
 def one_line(res: subprocess.CompletedProcess) -> str:

@@ -15,28 +15,28 @@ Pure apart from reading the two small JSON files of a local folder (bounded, lik
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from autotune.errors import SpecError
+from autotune.spec.files import read_json_file
 
 __all__ = ["REMOTE_CODE_FILES", "remote_code_request", "require_trusted", "trust_kwargs"]
 
 # the files transformers reads an ``auto_map`` from when it loads a tokenizer or a config
 REMOTE_CODE_FILES = ("tokenizer_config.json", "config.json")
-_MAX_BYTES = 8 * 2**20
 _AUTO_CLASSES = {"tokenizer": ("AutoTokenizer",), "config": ("AutoConfig",)}
 
 
 def _auto_map(file: Path) -> dict[str, Any] | None:
-    """The ``auto_map`` of a JSON file (None when absent, unreadable or not JSON: the loader reports those)."""
+    """The ``auto_map`` of a JSON file (None when absent, unreadable or not JSON: the loader reports those).
+    Read through the bounded reader: the size is checked before reading, numbers are bounded."""
+    if not file.is_file():
+        return None
     try:
-        if not file.is_file() or file.stat().st_size > _MAX_BYTES:
-            return None
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        data = read_json_file(file, what="model file")
+    except SpecError:
         return None
     amap = data.get("auto_map") if isinstance(data, dict) else None
     return amap if isinstance(amap, dict) and amap else None

@@ -53,6 +53,7 @@ from autotune.models.hub import (
     split_revision,
 )
 from autotune.spec.files import read_json_file
+from autotune.spec.shell import command_line
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -205,7 +206,7 @@ def resolve_model(
     hint = ""
     if "/" in text and _HUB_ID_RE.match(text):
         hint = (
-            f" (autotune never downloads; `hf download {text} {CONFIG_NAME}` puts its config "
+            f" (autotune never downloads; `{command_line('hf', 'download', text, CONFIG_NAME)}` puts its config "
             f"in the cache, which is {cache_dir})"
         )
     raise ModelNotFoundError(
@@ -361,7 +362,8 @@ def _fetch(ref: str, repo: str, revision: str | None, cache_dir: Path, hub: HubA
                           revision=fallback.name, notes=(note,))
         raise HubUnreachable(
             f"model {repo}{at} is not in the local Hugging Face cache ({cache_dir}) and {exc}; connect and retry, "
-            f"put its config in the cache (`hf download {repo} {CONFIG_NAME}`), or pass a local directory or a preset"
+            f"put its config in the cache (`{command_line('hf', 'download', repo, CONFIG_NAME)}`), or pass a local "
+            "directory or a preset"
         ) from None
     snapshot = fetched.snapshot
     _build(ref, repo, str(snapshot), "hub", trust_remote_code)  # refuses remote code before anything else
@@ -382,7 +384,8 @@ def _resolve_revision(ref: str, repo: str, revision: str, cache_dir: Path, hub: 
                       fallback=found[1] if found is not None else None)
     raise ModelNotFoundError(
         f"model {ref!r}: revision {revision!r} of {repo} is not in the local Hugging Face cache ({cache_dir}) and "
-        f"the Hub is off (HF_HUB_OFFLINE or --offline); `hf download {repo} {CONFIG_NAME} --revision {revision}` "
+        f"the Hub is off (HF_HUB_OFFLINE or --offline); "
+        f"`{command_line('hf', 'download', repo, CONFIG_NAME, '--revision', revision)}` "
         "puts it there, or drop the revision"
     )
 

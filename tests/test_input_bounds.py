@@ -116,3 +116,40 @@ def test_remote_code_detection_reads_through_the_same_bounded_reader(tmp_path: P
         fh.truncate(MAX_FILE_BYTES + 1)
     assert remote_code_request(tmp_path) is None  # over the cap: not read (the loader reports it)
 
+
+# ------------------------------------------------------------------------------ absurd requests
+
+
+def test_a_run_predicted_to_take_over_a_day_without_a_time_budget_is_refused_before_anything(tmp_path: Path) -> None:
+    from _fakes import FakeExecutor
+
+    from autotune._deadlines import MAX_UNBUDGETED_S
+    from autotune._tune import tune
+    from autotune.spec.parse import duration_text
+
+    ex = FakeExecutor()
+    out = tmp_path / "out"
+    request = dict(gpu_budget="8GB", device="cpu", seq_len=64, effective_batch=8, out=out, executor=ex)
+    with pytest.raises(SpecError) as info:
+        tune("tiny-llama", steps=1_000_000_000, **request)
+    msg = str(info.value)
+    assert "\n" not in msg and f"more than the {duration_text(MAX_UNBUDGETED_S)}" in msg
+    assert "smaller --steps than 1000000000" in msg and "--max-trials" in msg and "--time-budget" in msg
+    assert ex.requests == [] and not out.exists(), "refused before any probe and before anything is written"
+    # a --time-budget is the user's own bound: the request is judged by it instead
+    with pytest.raises(SpecError, match="--time-budget 8h cannot hold even the HF-default baseline"):
+        tune("tiny-llama", steps=1_000_000_000, time_budget="8h", **request)
+
+
+def test_a_forecast_where_nothing_fits_or_a_fixed_probe_timeout_bounds_it_is_not_refused() -> None:
+    from autotune._deadlines import MAX_UNBUDGETED_S, check_time_budget
+
+    fc = {"time_to_answer_s": 10 * MAX_UNBUDGETED_S, "search_probes": 40, "confirm_probes": 8, "slots": 1,
+          "probe_s": MAX_UNBUDGETED_S / 4, "fitting": 12}
+    kw = dict(time_budget_s=None, time_budget_text=None, steps=5, model_ref="m", max_trials=40)
+    with pytest.raises(SpecError, match="--time-budget"):
+        check_time_budget(dict(fc), **kw)
+    check_time_budget({**fc, "fitting": 0}, **kw)  # every probe stops at its out-of-memory error or is pruned
+    check_time_budget(dict(fc), **kw, probe_timeout_s=60.0)  # 48 probes of at most a minute
+    with pytest.raises(SpecError, match=r"of at most 1\.0 h each \(--probe-timeout\)"):
+        check_time_budget(dict(fc), **kw, probe_timeout_s=3600.0)

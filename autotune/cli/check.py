@@ -59,6 +59,7 @@ def _referenced(config: Path, value: str, kind: str) -> tuple[Path | None, str |
 
     raw = Path(value).expanduser()
     cands = [raw] if raw.is_absolute() else list(dict.fromkeys([raw, config.parent / raw]))
+    wrong: str | None = None  # the first candidate that exists but is the wrong kind (another may be right)
     for cand in cands:
         try:
             mode = os.stat(cand).st_mode
@@ -70,7 +71,9 @@ def _referenced(config: Path, value: str, kind: str) -> tuple[Path | None, str |
             return cand, None
         what = "a folder" if stat.S_ISDIR(mode) else "a device or a pipe" \
             if not stat.S_ISREG(mode) else "a file"
-        return None, f"{cand} is {what}, not {_KIND_WORDS[kind]}"
+        wrong = wrong or f"{cand} is {what}, not {_KIND_WORDS[kind]}"
+    if wrong is not None:
+        return None, wrong
     where = str(raw) if raw.is_absolute() else f"in the working directory or beside {config.name}"
     return None, f"{value} does not exist ({where})"
 

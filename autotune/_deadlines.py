@@ -10,7 +10,8 @@ Run by ``tune`` before anything is written (``plan_search``):
   probes a run makes (the search's ``--max-trials``, or fewer when the space holds fewer distinct
   configurations, plus the confirmation's rounds over the top-k and the baseline);
 * :func:`check_time_budget`: with ``--time-budget``, how many probes it buys; SpecError (exit 2,
-  one line) when not even the baseline and one candidate fit.
+  one line) when not even the baseline and one candidate fit; without one, SpecError when the predicted
+  time to answer is over ``MAX_UNBUDGETED_S`` (a day: ``--steps 1000000000`` is a typo, not a request).
 """
 
 from __future__ import annotations
@@ -25,12 +26,15 @@ from typing import Any
 from autotune.errors import SpecError
 from autotune.spec.parse import duration_text
 from autotune.spec.probe_request import Candidate, ProbeSettings, Workload
+from autotune.spec.shell import command_line
 from autotune.spec.space import SearchSpace
 
-__all__ = ["PREDICTED", "parse_probe_timeout", "make_predictor", "forecast", "forecast_line", "check_time_budget",
-           "duration_text"]
+__all__ = ["MAX_UNBUDGETED_S", "PREDICTED", "parse_probe_timeout", "make_predictor", "forecast", "forecast_line",
+           "check_time_budget", "duration_text"]
 
 PREDICTED = "predicted"
+# the longest predicted time to answer a run starts without --time-budget (a longer one is refused)
+MAX_UNBUDGETED_S = 24 * 3600.0
 # configurations of the space whose predictions give the typical probe time (a seeded uniform sample)
 _SAMPLE = 300
 
@@ -136,6 +140,7 @@ def forecast(
     does not fit stops at its out-of-memory error long before its window ends.
     """
     cands = _candidates(space, effective_batch, max_world)
+    fitting: list[Candidate] | None = None
     if fits is not None:
         fitting = [c for c in cands if fits(c)]
         cands = fitting or cands
@@ -146,7 +151,10 @@ def forecast(
     confirm_probes = (top_k + (1 if baseline is not None else 0)) * confirm_min_rounds if top_k else 0
     out: dict[str, Any] = {"search_probes": search_probes, "confirm_probes": confirm_probes, "slots": slots,
                            "probe_s": None, "min_probe_s": None, "confirm_probe_s": None, "baseline_probe_s": None,
-                           "time_to_answer_s": None, "sampled": len(cands)}
+                           "time_to_answer_s": None, "sampled": len(cands),
+                           # of those, the memory model's fitting ones (0: every probe stops at its out-of-memory
+                           # error or is pruned, long before its predicted time; None: not judged)
+                           "fitting": None if fitting is None else len(fitting)}
     if not preds:
         return out
     typical = statistics.median(preds)
@@ -174,10 +182,35 @@ def forecast_line(fc: dict[str, Any]) -> str:
     return text
 
 
+def _bounded_answer_s(fc: dict[str, Any], probe_timeout_s: float | None) -> float | None:
+    """The predicted time to answer, or None where it says nothing: no prediction, or no configuration the
+    memory model puts within the budget. A fixed ``--probe-timeout`` bounds each probe."""
+    t = fc.get("time_to_answer_s")
+    if t is None or fc.get("fitting") == 0:
+        return None
+    if probe_timeout_s is not None:
+        probes = int(fc.get("search_probes") or 0) + int(fc.get("confirm_probes") or 0)
+        t = min(float(t), probes * probe_timeout_s / max(1, int(fc.get("slots") or 1)))
+    return float(t)
+
+
 def check_time_budget(fc: dict[str, Any], *, time_budget_s: float | None, time_budget_text: Any, steps: int,
-                      model_ref: str) -> None:
+                      model_ref: str, max_trials: int | None = None, probe_timeout_s: float | None = None) -> None:
     """Adds ``probes_in_budget``; SpecError (one line) when the budget cannot hold the baseline and one
-    candidate."""
+    candidate, or, without a budget, when the predicted time to answer is over ``MAX_UNBUDGETED_S``
+    (``probe_timeout_s``: a fixed ``--probe-timeout``, which bounds each probe)."""
+    answer_s = _bounded_answer_s(fc, probe_timeout_s)
+    if time_budget_s is None and answer_s is not None and answer_s > MAX_UNBUDGETED_S:
+        raise SpecError(
+            f"this run is predicted to take ~{duration_text(answer_s)} to answer "
+            f"({fc['search_probes']} search + {fc['confirm_probes']} confirmation probes "
+            + (f"x ~{duration_text(fc['probe_s'])} each" if answer_s == fc["time_to_answer_s"] or not probe_timeout_s
+               else f"of at most {duration_text(probe_timeout_s)} each (--probe-timeout)")
+            + f"), more than the {duration_text(MAX_UNBUDGETED_S)} autotune "
+            f"starts without a --time-budget: give a smaller --steps than {steps}"
+            + (f", fewer --max-trials than {max_trials}" if max_trials else "")
+            + ", or a --time-budget to stop the search at (e.g. --time-budget 8h); "
+            f"`{command_line('autotune', 'plan', '--model', model_ref)}` shows what one step costs")
     if time_budget_s is None or fc.get("probe_s") is None:
         return
     slots = max(1, int(fc["slots"]))
@@ -190,5 +223,5 @@ def check_time_budget(fc: dict[str, Any], *, time_budget_s: float | None, time_b
             f"--time-budget {time_budget_text} cannot hold even the HF-default baseline and one candidate (one probe "
             f"is predicted to take ~{duration_text(typical)}, {duration_text(needed)} for the two"
             + (f" on {slots} slots" if slots > 1 else "") + f"): give a smaller --steps than {steps}, more GPUs "
-            f"(--gpus, --ray-address), a larger --time-budget, or see the estimate with `autotune plan --model "
-            f"{model_ref}`")
+            f"(--gpus, --ray-address), a larger --time-budget, or see the estimate with "
+            f"`{command_line('autotune', 'plan', '--model', model_ref)}`")

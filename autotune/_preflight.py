@@ -35,6 +35,7 @@ from typing import Any
 from autotune.errors import SpecError
 from autotune.spec.budget import format_bytes
 from autotune.spec.probe_request import Candidate, Workload
+from autotune.spec.shell import command_line
 from autotune.spec.space import SearchSpace
 
 __all__ = ["RAY_CONNECT_TIMEOUT_S", "check_batch", "weights_floor", "check_weights", "check_ray", "check_dataset",
@@ -286,8 +287,9 @@ def check_cpu_probe_time(
         raise SpecError(
             f"no GPU found, and on this CPU one probe of {workload.model} (--mode {workload.mode}, --seq-len "
             f"{workload.seq_len}, --effective-batch {effective_batch}) is predicted to take {_duration(seconds)}, "
-            f"past the {limit_text}: see what it needs on a GPU with `autotune plan --model "
-            f"{ref} --mode {workload.mode} --seq-len {workload.seq_len}`, or pass --device cpu "
+            f"past the {limit_text}: see what it needs on a GPU with `"
+            f"{command_line('autotune', 'plan', '--model', ref, '--mode', workload.mode, '--seq-len', str(workload.seq_len))}"
+            "`, or pass --device cpu "
             "to search on this CPU anyway")
     return seconds
 

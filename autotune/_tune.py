@@ -608,7 +608,7 @@ def predict_run(r: Request, plan: SearchPlan) -> SearchPlan:
     if deadlines is None:
         deadlines, fc = _predict(r, plan)
     check_time_budget(fc, time_budget_s=r.time_budget_s, time_budget_text=a.time_budget, steps=a.steps,
-                      model_ref=a.model)
+                      model_ref=a.model, max_trials=a.max_trials, probe_timeout_s=r.probe_timeout_s)
     return dataclasses.replace(plan, deadlines=deadlines, forecast=fc, notes=[*plan.notes, forecast_line(fc)])
 
 

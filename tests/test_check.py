@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -192,3 +194,104 @@ def test_cli_unreadable_input_exits_2_with_one_line(app, tmp_path, content):
 def test_cli_empty_directory_exits_2(app, tmp_path):
     res = CliRunner().invoke(app, ["check", str(tmp_path)])
     assert res.exit_code == 2
+
+
+# ---------------------------------------------------------------- only what can be known here
+
+FORMATS_DATA = Path(__file__).parent / "data" / "formats"
+
+
+def _items(res, item_id):
+    return [i for i in json.loads(res.stdout)["items"] if i["id"] == item_id]
+
+
+def test_trl_names_are_an_info_naming_trl_when_trl_is_not_installed(app, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "trl", None)  # `import trl` raises ImportError, as without the package
+    res = CliRunner().invoke(app, ["check", str(FORMATS_DATA / "trl_sft.yaml"), "--json"])
+    assert res.exit_code == 0, res.output
+    (names,) = _items(res, "names")
+    assert names["status"] == "info" and "trl is not installed" in names["message"]
+    assert "max_length, packing" in names["message"] and "pip install trl" in names["fix"]
+    # what is known without TRL is still judged: a name transformers 5 removed
+    bad = tmp_path / "sft.yaml"
+    bad.write_text((FORMATS_DATA / "trl_sft.yaml").read_text() + "evaluation_strategy: steps\n")
+    res = CliRunner().invoke(app, ["check", str(bad), "--json"])
+    assert res.exit_code == 1
+    assert [i["status"] for i in _items(res, "names")] == ["fail", "info"]
+
+
+def test_training_arguments_names_are_an_info_when_transformers_is_not_installed(app, monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    res = CliRunner().invoke(app, ["check", str(FORMATS_DATA / "ta.yaml"), "--json"])
+    assert res.exit_code == 0, res.output
+    (names,) = _items(res, "names")
+    assert names["status"] == "info" and "transformers is not installed" in names["message"]
+    assert "pip install transformers" in names["fix"]
+
+
+_ACCELERATE = "compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n"
+
+
+def _with_deepspeed(fmt: str, value: str) -> tuple[str, str]:
+    """(file name, text) of a ``fmt`` config that names the DeepSpeed file ``value``."""
+    quoted = json.dumps(value)
+    if fmt == "llamafactory":
+        text = (FORMATS_DATA / "lf_lora_sft.yaml").read_text().replace("deepspeed: ds_z3.json", f"deepspeed: {quoted}")
+        return "lf.yaml", text
+    if fmt == "axolotl":
+        return "ax.yaml", (FORMATS_DATA / "axolotl_lora.yaml").read_text() + f"deepspeed: {quoted}\n"
+    if fmt == "training_args":
+        return "args.json", json.dumps({"output_dir": "o", "bf16": True, "seed": 1, "deepspeed": value})
+    return "acc.yaml", _ACCELERATE + f"  deepspeed_config_file: {quoted}\n"
+
+
+@pytest.mark.parametrize("fmt", ["llamafactory", "axolotl", "training_args", "accelerate"])
+@pytest.mark.parametrize("target", ["missing", "folder", "device"])
+def test_a_deepspeed_file_that_is_missing_or_not_a_file_fails_naming_the_key(app, tmp_path, monkeypatch, fmt,
+                                                                              target):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ds_folder.json").mkdir()
+    value = {"missing": "no_such_ds.json", "folder": "ds_folder.json", "device": "/dev/zero"}[target]
+    name, text = _with_deepspeed(fmt, value)
+    (tmp_path / name).write_text(text)
+    res = CliRunner().invoke(app, ["check", str(tmp_path / name), "--json"])
+    assert res.exit_code == 1, res.output
+    assert json.loads(res.stdout)["context"]["format"] == fmt
+    (item,) = _items(res, "files")
+    key = "deepspeed_config.deepspeed_config_file" if fmt == "accelerate" else "deepspeed"
+    assert item["status"] == "fail" and item["message"].startswith(f"{key}: ")
+    assert {"missing": "does not exist", "folder": "is a folder", "device": "is a device"}[target] in item["message"]
+    assert item["fix"]
+
+
+def test_a_deepspeed_file_that_is_there_is_read_and_passes(app, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "ds_z3.json").write_bytes((FORMATS_DATA / "ds_z3.json").read_bytes())
+    name, text = _with_deepspeed("llamafactory", "ds_z3.json")
+    (tmp_path / "sub" / name).write_text(text)  # beside the config, not in the working directory
+    res = CliRunner().invoke(app, ["check", str(tmp_path / "sub" / name), "--json"])
+    assert res.exit_code == 0, res.output
+    assert [i["status"] for i in _items(res, "files")] == ["pass"]
+    assert "ds_z3.json" in json.loads(res.stdout)["files"]
+
+
+@pytest.mark.parametrize("name, text, key", [
+    ("ax.yaml", (FORMATS_DATA / "axolotl_lora.yaml").read_text().replace(
+        "path: mhenrichsen/alpaca_2k_test", "path: ./no_such_data.jsonl"), "datasets[0].path"),
+    ("lf.yaml", (FORMATS_DATA / "lf_lora_sft.yaml").read_text().replace("deepspeed: ds_z3.json", "")
+     + "dataset_dir: /no/such/folder\n", "dataset_dir"),
+    ("sft.yaml", (FORMATS_DATA / "trl_sft.yaml").read_text() + "dataset_name: data/no_such.jsonl\n", "dataset_name"),
+])
+def test_a_local_dataset_that_is_missing_fails_naming_the_key(app, tmp_path, monkeypatch, name, text, key):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / name).write_text(text)
+    res = CliRunner().invoke(app, ["check", str(tmp_path / name), "--json"])
+    assert res.exit_code == 1, res.output
+    (item,) = _items(res, "files")
+    assert item["status"] == "fail" and item["message"].startswith(f"{key}: ") and "does not exist" in item["message"]
+    # a Hub dataset id is not a local path: not judged
+    if name == "ax.yaml":
+        (tmp_path / name).write_text((FORMATS_DATA / "axolotl_lora.yaml").read_text())
+        res = CliRunner().invoke(app, ["check", str(tmp_path / name), "--json"])
+        assert _items(res, "files") == []

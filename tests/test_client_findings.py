@@ -139,7 +139,8 @@ def test_axolotl_lora_kernels_are_written_off() -> None:
 def test_llamafactory_note_says_how_to_use_a_save_to_disk_folder() -> None:
     files = build_files(_result(Candidate(), dataset="/data/chat", split="train"), fields=FIELDS)
     note = next(ln for ln in files["llamafactory.yaml"].splitlines() if ln.startswith("# NOTE dataset"))
-    assert "load_from_disk('/data/chat')['train'].to_json('/data/chat.jsonl')" in note
+    assert """python -c 'import datasets; datasets.load_from_disk("/data/chat")["train"].to_json("/data/chat.jsonl")'""" \
+        in note
     assert '"file_name": "/data/chat.jsonl"' in note and '"formatting": "sharegpt"' in note
     plain = build_files(_result(Candidate(), dataset="/data/chat.jsonl"), fields=FIELDS)["llamafactory.yaml"]
     assert "load_from_disk" not in plain and '"file_name": "/data/chat.jsonl"' in plain

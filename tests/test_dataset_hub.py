@@ -177,7 +177,7 @@ def test_a_missing_hub_id_is_one_line_naming_the_cache_and_the_fix(hf_cache: Pat
         load_token_sequences("someone/absent", seq_len=64, tokenizer=TOK)
     msg = str(info.value)
     assert "\n" not in msg and str(hf_cache / "someone___absent") in msg
-    assert "load_dataset('someone/absent')" in msg and "or pass a path" in msg
+    assert """python -c 'import datasets; datasets.load_dataset("someone/absent")'""" in msg and "or pass a path" in msg
 
 
 def test_cache_key_identity_of_hub_ids_folders_and_splits(hf_cache: Path, tmp_path: Path) -> None:

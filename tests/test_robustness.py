@@ -98,7 +98,7 @@ def test_malformed_config_json(tmp_path: Path) -> None:
     model.mkdir()
     (model / "config.json").write_text('{"model_type": "llama", "hidden_size": ')
     line = run_refused(tmp_path, "--model", str(model))
-    assert "config.json is not valid JSON" in line
+    assert "config.json: not valid JSON" in line
 
 
 def test_config_with_a_non_integer_size_is_refused_and_the_repeat_too(tmp_path: Path) -> None:

@@ -79,6 +79,9 @@ class ConfigBundle:
     known_keys: set[str] | None = None
     key_source: str = ""  # where known_keys were read (repo, path, commit)
     problems: list[str] = field(default_factory=list)  # wrongly typed values found while reading: FAILs
+    # the local files a config names (its file, key, path, None or what is wrong: missing, a folder, a device):
+    # the CLI looks at the disk, the rule FAILs each problem (the training tool would not start)
+    references: list[tuple[str, str, str, str | None]] = field(default_factory=list)
 
     def get(self, kind: str) -> Any:
         return self.data.get(kind)
@@ -760,6 +763,11 @@ def _rule_names(c: _Ctx) -> None:
         return
     ver = f"transformers {c.version}" if c.version else "transformers 5"
     what = "an SFTConfig" if c.b.fmt == "trl" else "a TrainingArguments"
+    # check judges only what it can know: names are checked against the installed package's fields; where
+    # that package is not installed (trl's SFTConfig adds fields to TrainingArguments), the names it alone
+    # could judge are an INFO naming it
+    missing = _names_package(c)
+    unknown: list[str] = []
     bad = 0
     if c.has_ta:
         src = c.src("training_args")
@@ -784,6 +792,8 @@ def _rule_names(c: _Ctx) -> None:
                     src,
                 )
                 bad += 1
+            elif c.fields is not None and key not in c.fields and key != "output_dir" and missing:
+                unknown.append(key)
             elif c.fields is not None and key not in c.fields and key != "output_dir":
                 c.add(
                     "names",
@@ -804,15 +814,35 @@ def _rule_names(c: _Ctx) -> None:
             c.src("model_kwargs"),
         )
         bad += 1
-    if c.has_ta and not bad:
-        known = f"known to {ver}" if c.fields is not None else "none removed in transformers 5"
+    if c.has_ta and missing and (unknown or not bad):
+        pkg, cls = missing
+        if c.fields is None:
+            judged = "checked only for the names transformers 5 removed"
+        elif unknown:
+            one = len(unknown) == 1
+            judged = (f"{', '.join(unknown)} {'is not a TrainingArguments field' if one else 'are not TrainingArguments fields'}"
+                      f", and whether {cls} takes {'it' if one else 'them'} is not known here")
+        else:
+            judged = "all TrainingArguments fields"
+        c.add("names", "argument names", "info", f"{len(c.ta)} arguments, {judged} ({pkg} is not installed)",
+              f"pip install {pkg} to check every name against {cls}", c.src("training_args"))
+    elif c.has_ta and not bad:
         c.add(
             "names",
             "argument names",
             "pass",
-            f"{len(c.ta)} arguments, {known}",
+            f"{len(c.ta)} arguments, known to {ver}",
             source=c.src("training_args"),
         )
+
+
+def _names_package(c: _Ctx) -> tuple[str, str] | None:
+    """(the package, its class) whose fields the names would be checked against, when it is not installed."""
+    if c.b.fmt == "trl" and c.b.known_keys is None:
+        return "trl", "SFTConfig"
+    if c.fields is None:
+        return "transformers", "TrainingArguments"
+    return None
 
 
 _BUCKETS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size")
@@ -892,7 +922,18 @@ def _typed(bundle: ConfigBundle) -> tuple[ConfigBundle, list[CheckItem]]:
     return dataclasses.replace(bundle, data=data), items
 
 
+def _rule_references(c: _Ctx) -> None:
+    """A file the config names (a DeepSpeed JSON, a local dataset) must be there, and be a file."""
+    for src, key, value, problem in c.b.references:
+        if problem is None:
+            c.add("files", "referenced files", "pass", f"{key}: {value} is there", source=src)
+        else:
+            c.add("files", "referenced files", "fail", f"{key}: {problem}; the training tool stops at it",
+                  f"correct {key} (a relative path counts from where training starts), or remove it", src)
+
+
 _RULES = (
+    _rule_references,
     _rule_names,
     _rule_precision,
     _rule_tf32,

@@ -5,6 +5,7 @@ input cannot be read."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import typer
@@ -29,7 +30,11 @@ def load_bundle(path: Path) -> ConfigBundle:
         texts = {name: _read(path / name) for name in CONFIG_FILE_KINDS if (path / name).is_file()}
         if not texts:
             raise SpecError(f"{str(path)!r} holds none of {', '.join(CONFIG_FILE_KINDS)}")
-        return bundle_from_texts(str(path), texts, directory=True)
+        b = bundle_from_texts(str(path), texts, directory=True)
+        for kind in ("training_args", "accelerate"):  # the files they name (a best/ folder moved elsewhere)
+            if isinstance(b.data.get(kind), dict):
+                _check_references(path / b.sources[kind], b, kind, b.data[kind])
+        return b
     return bundle_from_file(path)
 
 
@@ -44,14 +49,46 @@ def installed_sft_fields() -> set[str] | None:
     return {f.name for f in dataclasses.fields(SFTConfig)}
 
 
-def _linked_deepspeed(path: Path, value: object) -> Path | None:
-    """A DeepSpeed JSON the config names by path (relative to the working directory or to the file)."""
-    if not isinstance(value, str) or not value.endswith(".json"):
-        return None
-    for cand in (Path(value), path.parent / value):
-        if cand.is_file():
-            return cand
-    return None
+_KIND_WORDS = {"deepspeed": "a DeepSpeed JSON file", "dataset": "a dataset file or folder", "folder": "a folder"}
+
+
+def _referenced(config: Path, value: str, kind: str) -> tuple[Path | None, str | None]:
+    """(the file or folder ``value`` names, None) or (None, what is wrong with it). A relative path is looked
+    for in the working directory, then beside the config (where the training tool may be started from)."""
+    import stat
+
+    raw = Path(value).expanduser()
+    cands = [raw] if raw.is_absolute() else list(dict.fromkeys([raw, config.parent / raw]))
+    wrong: str | None = None  # the first candidate that exists but is the wrong kind (another may be right)
+    for cand in cands:
+        try:
+            mode = os.stat(cand).st_mode
+        except OSError:
+            continue
+        ok = (stat.S_ISREG(mode) if kind == "deepspeed" else stat.S_ISDIR(mode) if kind == "folder"
+              else stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+        if ok:
+            return cand, None
+        what = "a folder" if stat.S_ISDIR(mode) else "a device or a pipe" \
+            if not stat.S_ISREG(mode) else "a file"
+        wrong = wrong or f"{cand} is {what}, not {_KIND_WORDS[kind]}"
+    if wrong is not None:
+        return None, wrong
+    where = str(raw) if raw.is_absolute() else f"in the working directory or beside {config.name}"
+    return None, f"{value} does not exist ({where})"
+
+
+def _check_references(path: Path, b: ConfigBundle, fmt: str, data: dict[str, object]) -> None:
+    """Every local file the config names (``autotune.formats.file_references``): a missing one, or one that is
+    not a regular file, is recorded for a FAIL naming the key; a DeepSpeed JSON that is there is read too."""
+    from autotune.formats import file_references
+
+    for key, value, kind in file_references(fmt, data):
+        found, problem = _referenced(path, value, kind)
+        b.references.append((path.name, key, value, problem))
+        if found is not None and kind == "deepspeed" and "deepspeed" not in b.data:
+            b.data["deepspeed"] = read_config(found.name, _read(found), fmt="deepspeed").data
+            b.sources["deepspeed"] = found.name
 
 
 def bundle_from_file(path: Path, fmt: str | None = None) -> ConfigBundle:
@@ -79,10 +116,7 @@ def bundle_from_file(path: Path, fmt: str | None = None) -> ConfigBundle:
         ta_fields, _ = installed_training_fields()
         b.known_keys = known_keys(cfg.format, ta_fields=ta_fields, trl_fields=installed_sft_fields())
         b.key_source = key_source_label(cfg.format)
-    ds_path = _linked_deepspeed(path, cfg.data.get("deepspeed"))
-    if ds_path is not None and "deepspeed" not in b.data:
-        b.data["deepspeed"] = read_config(ds_path.name, _read(ds_path), fmt="deepspeed").data
-        b.sources["deepspeed"] = ds_path.name
+    _check_references(path, b, cfg.format, cfg.data)
     return b
 
 

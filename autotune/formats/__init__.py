@@ -39,6 +39,7 @@ __all__ = [
     "REQUEST_FIELDS",
     "ReadConfig",
     "detect_format",
+    "file_references",
     "format_module",
     "key_source",
     "key_source_label",
@@ -100,6 +101,41 @@ def parse_text(name: str, text: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise SpecError(f"{name} must hold a mapping of settings, got {type(data).__name__}")
     return data
+
+
+# what a local dataset file's name ends with (Axolotl's datasets[].path, TRL's dataset_name)
+_DATA_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv", ".arrow", ".txt")
+
+
+def _path_like(value: Any, suffixes: tuple[str, ...]) -> bool:
+    """A string that can only mean a local path (a DeepSpeed value may also be base64 JSON, a dataset a Hub id)."""
+    return isinstance(value, str) and bool(value) and (
+        value.startswith(("/", "./", "../", "~")) or value.lower().endswith(suffixes))
+
+
+def file_references(fmt: str, data: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """The local files and folders a ``fmt`` config names, as (key, path, kind): ``deepspeed`` (a DeepSpeed
+    JSON: a regular file), ``dataset`` (a data file, or a folder of one) or ``folder``. The training tool
+    refuses to start when one is missing, so ``autotune check`` FAILs it; a value that is not a path
+    (a DeepSpeed config given inline or as base64, a Hub dataset id, LLaMA-Factory's ``ONLINE``) is left out."""
+    refs: list[tuple[str, str, str]] = []
+    if fmt in ("training_args", "trl", "llamafactory", "axolotl") and _path_like(data.get("deepspeed"), (".json",)):
+        refs.append(("deepspeed", data["deepspeed"], "deepspeed"))
+    if fmt == "accelerate":
+        ds = data.get("deepspeed_config")
+        if isinstance(ds, dict) and _path_like(ds.get("deepspeed_config_file"), (".json",)):
+            refs.append(("deepspeed_config.deepspeed_config_file", ds["deepspeed_config_file"], "deepspeed"))
+    if fmt == "axolotl":
+        for section in ("datasets", "test_datasets"):
+            entries = data.get(section)
+            for i, entry in enumerate(entries if isinstance(entries, list) else []):
+                if isinstance(entry, dict) and _path_like(entry.get("path"), _DATA_SUFFIXES):
+                    refs.append((f"{section}[{i}].path", entry["path"], "dataset"))
+    if fmt == "trl" and _path_like(data.get("dataset_name"), _DATA_SUFFIXES):
+        refs.append(("dataset_name", data["dataset_name"], "dataset"))
+    if fmt == "llamafactory" and isinstance(data.get("dataset_dir"), str) and data["dataset_dir"] not in ("", "ONLINE"):
+        refs.append(("dataset_dir", data["dataset_dir"], "folder"))
+    return refs
 
 
 def detect_format(name: str, data: dict[str, Any]) -> str:

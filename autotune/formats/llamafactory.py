@@ -39,6 +39,7 @@ from autotune.formats import training_args as _ta
 from autotune.formats._common import Measured, changed, packed_rows
 from autotune.formats.model import LORA_DROPOUT
 from autotune.spec.probe_request import Candidate, ProbeRequest
+from autotune.spec.shell import py_str, python_c
 
 __all__ = ["NAME", "LABEL", "VOCAB", "MARKERS", "DEFAULTS", "FLASH_ATTN_VALUES", "HELD_LEVERS", "LEVER_KEYS", "OWN_KEYS",
            "accepted_fields", "checkpointing_on", "dataset_note", "detect", "lever_values", "llamafactory_config",
@@ -131,9 +132,9 @@ def dataset_note(dataset: str, *, split: str | None, column: str | None) -> str:
     if not dataset.lower().endswith(_FILE_SUFFIXES):
         # a save_to_disk folder (or a Hub id's cache): dataset_info.json takes files of one type only
         path = dataset.rstrip("/") + ".jsonl"
-        pick = f"[{split!r}]" if split else ""
-        steps = (f"export it first (a save_to_disk folder cannot be registered): python -c \"import datasets; "
-                 f"datasets.load_from_disk({dataset!r}){pick}.to_json({path!r})\"; then ")
+        pick = f"[{py_str(split)}]" if split else ""
+        export = python_c(f"import datasets; datasets.load_from_disk({py_str(dataset)}){pick}.to_json({py_str(path)})")
+        steps = f"export it first (a save_to_disk folder cannot be registered): {export}; then "
     if column == "text":
         entry = {"autotune_data": {"file_name": path, "columns": {"prompt": "text"}}}
         tail = "and set dataset: autotune_data, dataset_dir: (that folder), stage: pt"

@@ -33,7 +33,6 @@ and only to ask whether it knows an uncommon ``model_type``.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Mapping
@@ -53,6 +52,8 @@ from autotune.models.hub import (
     is_hub_repo_id,
     split_revision,
 )
+from autotune.spec.files import read_json_file
+from autotune.spec.shell import command_line
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -205,7 +206,7 @@ def resolve_model(
     hint = ""
     if "/" in text and _HUB_ID_RE.match(text):
         hint = (
-            f" (autotune never downloads; `hf download {text} {CONFIG_NAME}` puts its config "
+            f" (autotune never downloads; `{command_line('hf', 'download', text, CONFIG_NAME)}` puts its config "
             f"in the cache, which is {cache_dir})"
         )
     raise ModelNotFoundError(
@@ -317,10 +318,7 @@ def _tokenizer_for(repo: str, snapshot: Path, hub: HubAccess, cache_dir: Path, w
     """What a Hub snapshot lacks: the model's own code when ``trust_remote_code`` allows it and the config's
     auto_map needs it; the tokenizer files (``wanted`` only). Notes on a fallback."""
     if trust_remote_code and is_hub_repo_id(repo) and not any(snapshot.glob("*.py")):
-        try:
-            config = json.loads((snapshot / CONFIG_NAME).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            config = {}
+        config = _json_or_none(snapshot / CONFIG_NAME)
         if isinstance(config, dict) and isinstance(config.get("auto_map"), dict):
             try:
                 fetch_code(repo, snapshot.name, hub, cache_dir)
@@ -344,10 +342,7 @@ def _check_tokenizer_code(snapshot: Path, trust_remote_code: bool) -> None:
     file = snapshot / "tokenizer_config.json"
     if trust_remote_code or not file.is_file():
         return
-    try:
-        cfg = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return
+    cfg = _json_or_none(file)
     if isinstance(cfg, dict) and cfg.get("auto_map"):
         raise SpecError(f"{file}: the tokenizer needs its own code (auto_map); pass --trust-remote-code to run "
                         "that code, or --tokenizer DIR of another tokenizer")
@@ -367,7 +362,8 @@ def _fetch(ref: str, repo: str, revision: str | None, cache_dir: Path, hub: HubA
                           revision=fallback.name, notes=(note,))
         raise HubUnreachable(
             f"model {repo}{at} is not in the local Hugging Face cache ({cache_dir}) and {exc}; connect and retry, "
-            f"put its config in the cache (`hf download {repo} {CONFIG_NAME}`), or pass a local directory or a preset"
+            f"put its config in the cache (`{command_line('hf', 'download', repo, CONFIG_NAME)}`), or pass a local "
+            "directory or a preset"
         ) from None
     snapshot = fetched.snapshot
     _build(ref, repo, str(snapshot), "hub", trust_remote_code)  # refuses remote code before anything else
@@ -388,7 +384,8 @@ def _resolve_revision(ref: str, repo: str, revision: str, cache_dir: Path, hub: 
                       fallback=found[1] if found is not None else None)
     raise ModelNotFoundError(
         f"model {ref!r}: revision {revision!r} of {repo} is not in the local Hugging Face cache ({cache_dir}) and "
-        f"the Hub is off (HF_HUB_OFFLINE or --offline); `hf download {repo} {CONFIG_NAME} --revision {revision}` "
+        f"the Hub is off (HF_HUB_OFFLINE or --offline); "
+        f"`{command_line('hf', 'download', repo, CONFIG_NAME, '--revision', revision)}` "
         "puts it there, or drop the revision"
     )
 
@@ -420,16 +417,19 @@ def _build(
     )
 
 
-def _read_config(config_file: str) -> dict[str, Any]:
+def _json_or_none(file: Path) -> Any:
+    """A small JSON file of a model or tokenizer folder, through the bounded reader; None when it cannot be
+    read (the step that needs it reports that)."""
     try:
-        with open(config_file, encoding="utf-8") as fh:
-            config = json.load(fh)
-    except json.JSONDecodeError as e:
-        raise SpecError(
-            f"{config_file} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}"
-        ) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecError(f"{config_file} cannot be read: {e}") from None
+        return read_json_file(file, what="model file")
+    except SpecError:
+        return None
+
+
+def _read_config(config_file: str) -> dict[str, Any]:
+    """config.json through the bounded reader (size checked before reading, numbers bounded): SpecError
+    naming the file otherwise."""
+    config = read_json_file(config_file, what="model config")
     if not isinstance(config, dict):
         raise SpecError(f"{config_file} must hold a JSON object, got a {type(config).__name__}")
     model_type = config.get("model_type")

@@ -16,13 +16,12 @@ over the cap is refused by name, never skipped, since its ``auto_map`` could not
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from autotune.errors import SpecError
-from autotune.spec.files import MAX_FILE_BYTES
+from autotune.spec.files import MAX_FILE_BYTES, read_json_file
 
 __all__ = ["REMOTE_CODE_FILES", "remote_code_request", "require_trusted", "trust_kwargs"]
 
@@ -33,26 +32,21 @@ _AUTO_CLASSES = {"tokenizer": ("AutoTokenizer",), "config": ("AutoConfig",)}
 
 def _auto_map(file: Path) -> dict[str, Any] | None:
     """The ``auto_map`` of a JSON file (None when absent, unreadable or not JSON: the loader reports those).
-    A file over the cap is a SpecError: what it asks to run could not be checked."""
+    Read through the bounded reader (numbers bounded); a file over the size cap is a SpecError: what it asks
+    to run could not be checked."""
     try:
         if not file.is_file():
             return None
         size = file.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise SpecError(f"{file} is {size:,} bytes, more than the {MAX_FILE_BYTES:,} bytes autotune reads to check "
-                            "whether it asks to run code of its own (auto_map); use a folder whose file is smaller, "
-                            "or pass --trust-remote-code if you trust that folder's code")
-        with open(file, "rb") as fh:
-            raw = fh.read(MAX_FILE_BYTES + 1)
-        if len(raw) > MAX_FILE_BYTES:  # grew since the stat
-            raise SpecError(f"{file} is more than the {MAX_FILE_BYTES:,} bytes autotune reads to check whether it "
-                            "asks to run code of its own (auto_map)")
-        data = json.loads(raw.decode("utf-8"))
-    except (OSError, UnicodeDecodeError, RecursionError):
+    except OSError:
         return None
+    if size > MAX_FILE_BYTES:
+        raise SpecError(f"{file} is {size:,} bytes, more than the {MAX_FILE_BYTES:,} bytes autotune reads to check "
+                        "whether it asks to run code of its own (auto_map); use a folder whose file is smaller, "
+                        "or pass --trust-remote-code if you trust that folder's code")
+    try:
+        data = read_json_file(file, what="model file")
     except SpecError:
-        raise
-    except ValueError:
         return None
     amap = data.get("auto_map") if isinstance(data, dict) else None
     return amap if isinstance(amap, dict) and amap else None

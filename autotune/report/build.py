@@ -170,15 +170,17 @@ def _find_default(summary: dict[str, Any], results: list[ProbeResult]) -> ProbeR
 
 def read_model_config(data: RunData) -> tuple[dict[str, Any] | None, str | None]:
     """The model's config.json (from the probes' ``workload.model_path``), or (None, why not)."""
+    from autotune.spec.files import read_json_file
+
     for r in ([data.best] if data.best else []) + data.results:
         mp = (r.request.get("workload") or {}).get("model_path")
         if not mp:
             continue
         cfg_path = Path(mp) / "config.json"
         try:
-            cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            return None, f"model config {str(cfg_path)!r} unreadable ({exc.__class__.__name__}): no MFU"
+            cfg = read_json_file(cfg_path, what="model config")
+        except SpecError as exc:
+            return None, f"{exc}: no MFU"
         return (cfg if isinstance(cfg, dict) else None), None
     return None, "no probe records its model_path: no MFU"
 

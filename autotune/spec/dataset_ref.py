@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from autotune.spec.files import file_sha256
+from autotune.spec.shell import py_str, python_c
 
 __all__ = [
     "default_datasets_cache_dir",
@@ -101,7 +102,7 @@ def missing_hub_dataset_message(ref: str, cache_dir: str | os.PathLike[str] | No
     return (
         f"dataset {ref!r} is not a path and not in the local Hugging Face datasets cache at "
         f"{hub_dataset_dir(ref, cache_dir)} (autotune never downloads); download it once with "
-        f"`python -c \"import datasets; datasets.load_dataset('{ref}')\"` (set HF_DATASETS_CACHE or HF_HOME "
+        f"`{python_c(f'import datasets; datasets.load_dataset({py_str(ref)})')}` (set HF_DATASETS_CACHE or HF_HOME "
         "if your cache lives elsewhere), or pass a path to a .jsonl/.parquet file or a save_to_disk folder"
     )
 

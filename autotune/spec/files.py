@@ -4,16 +4,22 @@ Every user file input (``--space``, ``--catalog``, ``autotune check``, ``--lengt
 goes through ``read_text_file`` and ``load_yaml``/``load_json``, so a FIFO (which would block),
 ``/dev/zero`` (which would never end), a binary file, a document nested 100,000 deep or a "billion
 laughs" of YAML aliases is a ``SpecError`` naming the file, not a hang, a traceback or gigabytes of
-memory. ``short_repr`` bounds what a message quotes from a value.
+memory. Numbers go through one bounded reading for JSON and YAML alike: a literal of more than
+``MAX_NUMBER_CHARS`` characters (Python would refuse to convert it, or spend quadratic time on it) or
+a float that overflows is a ``SpecError`` naming the file, the key and the line, never a crash.
+``short_repr`` bounds what a message quotes from a value.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import re
 import reprlib
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +27,15 @@ import yaml
 
 from autotune.errors import SpecError
 
-__all__ = ["MAX_FILE_BYTES", "MAX_YAML_NODES", "read_text_file", "load_yaml", "load_json", "short_repr", "file_sha256"]
+__all__ = ["MAX_FILE_BYTES", "MAX_NUMBER_CHARS", "MAX_YAML_NODES", "read_text_file", "read_json_file", "load_yaml",
+           "load_json", "short_repr", "file_sha256"]
 
 MAX_FILE_BYTES = 8 * 2**20  # a search space, catalog, config or histogram is a few KB
 MAX_YAML_NODES = 100_000  # nodes of the document with every alias expanded
 MAX_DEPTH = 200
+# characters of one number literal: the longest a real config holds is tokenizers' model_max_length
+# sentinel int(1e30), 31 digits; Python refuses to convert an int of over 4,300 digits (ValueError)
+MAX_NUMBER_CHARS = 100
 
 _repr = reprlib.Repr()
 _repr.maxstring = 60
@@ -67,6 +77,78 @@ def read_text_file(path: str | os.PathLike[str], *, what: str, max_bytes: int = 
         line = data[: exc.start].count(b"\n") + 1
         raise SpecError(f"{what} {str(p)!r} is not UTF-8 text (byte {data[exc.start]:#04x} on line {line}); "
                         "give a text file") from None
+
+
+@dataclass(frozen=True)
+class _OutOfRange:
+    """A number literal left unconverted (too long, or a float that overflows), named once parsing is done."""
+
+    text: str
+    line: int | None = None  # 1-based, where the parser knows it (YAML)
+
+
+def _number_problem(text: str) -> str:
+    if len(text) > MAX_NUMBER_CHARS:
+        return f"{len(text):,} characters long, more than the {MAX_NUMBER_CHARS} a number may have here"
+    return "beyond the largest float (about 1.8e308)"
+
+
+def _refuse_out_of_range(data: Any, first: _OutOfRange, text: str, what: str) -> None:
+    """SpecError naming the key path (``a.b[2]``) and line of the first out-of-range number."""
+    where = "the document"
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:  # iterative: a document nested deep must not recurse here
+        path, node = stack.pop()
+        if node is first:
+            where = path or "the document"
+            break
+        if isinstance(node, dict):
+            for k, v in reversed(list(node.items())):
+                if k is first:
+                    where, stack = f"a key of {path or 'the top level'}", []
+                    break
+                stack.append((f"{path}.{k}" if path else str(k), v))
+        elif isinstance(node, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(node))))
+    line = first.line
+    if line is None:
+        m = re.search(r"(?<![\w.+-])" + re.escape(first.text) + r"(?![\w.])", text)
+        line = text.count("\n", 0, m.start()) + 1 if m else None
+    quoted = first.text if len(first.text) <= 24 else first.text[:12] + "..." + first.text[-6:]
+    raise SpecError(f"{what}: the number at {where}" + (f" (line {line})" if line else "") + f", {quoted}, is "
+                    f"out of range: {_number_problem(first.text)}; write the value the setting should have")
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader whose int and float constructors leave an out-of-range literal unconverted."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.out_of_range: list[_OutOfRange] = []
+
+    def _out(self, text: str, node: yaml.Node) -> _OutOfRange:
+        found = _OutOfRange(text, node.start_mark.line + 1)
+        self.out_of_range.append(found)
+        return found
+
+    def construct_bounded_int(self, node: yaml.ScalarNode) -> Any:
+        text = str(self.construct_scalar(node))
+        if len(text) > MAX_NUMBER_CHARS:
+            return self._out(text, node)
+        return self.construct_yaml_int(node)
+
+    def construct_bounded_float(self, node: yaml.ScalarNode) -> Any:
+        text = str(self.construct_scalar(node))
+        if len(text) > MAX_NUMBER_CHARS:
+            return self._out(text, node)
+        value = self.construct_yaml_float(node)
+        if math.isinf(value) and text.replace("_", "").lower().lstrip("+-") != ".inf":
+            return self._out(text, node)
+        return value
+
+
+_BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_bounded_int)
+_BoundedLoader.add_constructor("tag:yaml.org,2002:float", _BoundedLoader.construct_bounded_float)
 
 
 def _expanded_size(node: yaml.Node, memo: dict[int, int], depth: int = 0) -> int:
@@ -113,11 +195,14 @@ def load_yaml(text: str, *, what: str) -> Any:
         if size > MAX_YAML_NODES:
             raise SpecError(f"{what}: more than {MAX_YAML_NODES:,} values once its aliases (&anchor/*alias) are "
                             "expanded; write the values out instead")
-        loader = yaml.SafeLoader(text)
+        loader = _BoundedLoader(text)
         try:
-            return loader.get_single_data()
+            data = loader.get_single_data()
         finally:
             loader.dispose()
+        if loader.out_of_range:
+            _refuse_out_of_range(data, loader.out_of_range[0], text, what)
+        return data
     except yaml.YAMLError as exc:
         raise SpecError(f"{what}: not valid YAML: {' '.join(str(exc).split())[:300]}") from None
     except RecursionError:
@@ -125,15 +210,39 @@ def load_yaml(text: str, *, what: str) -> Any:
 
 
 def load_json(text: str, *, what: str) -> Any:
-    """``json.loads`` with one-line SpecErrors for bad JSON, deep nesting and giant numbers."""
+    """``json.loads`` with one-line SpecErrors for bad JSON, deep nesting and out-of-range numbers."""
+    found: list[_OutOfRange] = []
+
+    def parse_int(literal: str) -> Any:
+        if len(literal) > MAX_NUMBER_CHARS:
+            found.append(_OutOfRange(literal))
+            return found[-1]
+        return int(literal)
+
+    def parse_float(literal: str) -> Any:
+        value = float(literal) if len(literal) <= MAX_NUMBER_CHARS else math.inf
+        if math.isinf(value):  # (JSON's own Infinity goes through parse_constant, not here)
+            found.append(_OutOfRange(literal))
+            return found[-1]
+        return value
+
     try:
-        return json.loads(text)
+        data = json.loads(text, parse_int=parse_int, parse_float=parse_float)
     except json.JSONDecodeError as exc:
         raise SpecError(f"{what}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except RecursionError:
         raise SpecError(f"{what}: nested too deeply to read; give a flatter document") from None
-    except ValueError as exc:  # e.g. an integer of more digits than Python converts
+    except ValueError as exc:  # anything else json refuses
         raise SpecError(f"{what}: {' '.join(str(exc).split())[:200]}") from None
+    if found:
+        _refuse_out_of_range(data, found[0], text, what)
+    return data
+
+
+def read_json_file(path: str | os.PathLike[str], *, what: str, max_bytes: int = MAX_FILE_BYTES) -> Any:
+    """The parsed JSON of the regular file ``path`` (size checked before it is read), through :func:`load_json`;
+    a problem is a SpecError naming the file."""
+    return load_json(read_text_file(path, what=what, max_bytes=max_bytes), what=str(Path(path).expanduser()))
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:

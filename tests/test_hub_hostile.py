@@ -16,7 +16,6 @@ import json
 import os
 import stat
 import subprocess
-import sys
 import time
 from pathlib import Path
 

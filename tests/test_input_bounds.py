@@ -114,7 +114,8 @@ def test_remote_code_detection_reads_through_the_same_bounded_reader(tmp_path: P
     assert remote_code_request(tmp_path) == "AutoTokenizer -> x.Tok (tokenizer_config.json)"
     with open(tmp_path / "tokenizer_config.json", "r+b") as fh:
         fh.truncate(MAX_FILE_BYTES + 1)
-    assert remote_code_request(tmp_path) is None  # over the cap: not read (the loader reports it)
+    with pytest.raises(SpecError, match="more than the"):  # over the cap: refused by name, never skipped unread
+        remote_code_request(tmp_path)
 
 
 # ------------------------------------------------------------------------------ absurd requests

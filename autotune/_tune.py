@@ -480,7 +480,7 @@ def _resolve_inputs(a: TuneArgs) -> Any:
         from autotune.probe.hub_sample import prepare_hub_dataset
 
         note = prepare_hub_dataset(a.dataset, split=a.split, config_name=a.config_name, rows=a.sample_rows,
-                                   hub=a.hub)
+                                   hub=a.hub, seq_len=a.seq_len)
         if note and a.progress is not None:
             a.progress("note", {"text": note})
         from autotune.spec.dataset_ref import (

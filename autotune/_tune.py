@@ -480,10 +480,11 @@ def _resolve_inputs(a: TuneArgs) -> Any:
         from autotune.probe.hub_sample import prepare_hub_dataset
 
         note = prepare_hub_dataset(a.dataset, split=a.split, config_name=a.config_name, rows=a.sample_rows,
-                                   hub=a.hub)
+                                   hub=a.hub, seq_len=a.seq_len)
         if note and a.progress is not None:
             a.progress("note", {"text": note})
         from autotune.spec.dataset_ref import (
+            check_dataset_files,
             find_hub_dataset,
             find_hub_sample,
             is_hub_dataset_id,
@@ -495,6 +496,11 @@ def _resolve_inputs(a: TuneArgs) -> Any:
             raise SpecError(missing_hub_dataset_message(a.dataset))
         if not is_hub_dataset_id(a.dataset) and not Path(a.dataset).exists():
             raise SpecError(f"dataset {a.dataset!r} does not exist")
+        # every file's size, by stat, before anything reads or hashes one (the cache key hashes the data)
+        local = (find_hub_dataset(a.dataset) or find_hub_sample(a.dataset, a.split)) if is_hub_dataset_id(a.dataset) \
+            else Path(a.dataset).expanduser()
+        if local is not None:
+            check_dataset_files(local)
     if a.split is not None and a.dataset is None:
         raise SpecError("--split names a split of --dataset; pass --dataset too, or drop --split")
     return resolved

@@ -138,7 +138,8 @@ def build_probe_request(
     if dataset is not None:
         from autotune.probe.hub_sample import prepare_hub_dataset
 
-        note = prepare_hub_dataset(dataset, split=split, config_name=config_name, rows=sample_rows, hub=hub)
+        note = prepare_hub_dataset(dataset, split=split, config_name=config_name, rows=sample_rows, hub=hub,
+                                   seq_len=req.workload.seq_len)
         if note and notes is not None:
             notes.append(note)
         # tokenized once here (bad files and token ids outside the vocabulary fail now, with exit 2);

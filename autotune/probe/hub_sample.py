@@ -3,7 +3,10 @@
 ``--dataset ORG/NAME`` that is not prepared in the local datasets cache is read, when online, as a
 sample: the first ``rows`` rows of ``--split`` (``--config-name``) through ``datasets``' streaming
 mode, which reads the first data files by byte range and stops; the whole dataset is never
-downloaded. The sample is written as JSON lines (only the columns autotune reads) to
+downloaded. It also ends before the row that would take the rows read past ``max_bytes``
+(``DEFAULT_SAMPLE_BYTES``, counted as JSON lines), and each row is cut to what ``--seq-len`` tokens can use
+(:func:`autotune.probe.readers.cut_record`) before it is kept, so what is streamed, held and written is
+bounded whatever the rows hold. The sample is written as JSON lines (only the columns autotune reads) to
 ``$AUTOTUNE_CACHE/hub-samples/{org}___{name}/{split}/sample.jsonl`` with a ``sample.json`` beside it
 (repository, commit, config, split, rows); the probes (offline) read that file, and its content is
 what the cache key holds. The emitted ``train.py`` / ``train_sft.py`` load the full dataset by id.
@@ -26,11 +29,17 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import DatasetError
+from autotune.probe.readers import cut_record, interruptible
 from autotune.spec.dataset_ref import hub_sample_file
 
-__all__ = ["DEFAULT_SAMPLE_ROWS", "prepare_hub_dataset", "sample_hub_dataset"]
+__all__ = ["DEFAULT_SAMPLE_BYTES", "DEFAULT_SAMPLE_ROWS", "prepare_hub_dataset", "sample_hub_dataset"]
 
 DEFAULT_SAMPLE_ROWS = 1000
+# the rows a sample reads, counted as JSON lines (each is then cut to what --seq-len can use): 64 MiB holds the
+# default 1000 rows at 64 KiB each, about 16,000 tokens of English text a row, more than the few hundred
+# sequences the probes measure need; the sample stops before the row that would pass it (the first row is
+# always taken), so rows of tens of MB make a short sample, not gigabytes streamed and held
+DEFAULT_SAMPLE_BYTES = 64 * 2**20
 _COLUMNS = ("input_ids", "messages", "prompt", "completion", "text")
 
 
@@ -72,11 +81,14 @@ def _check_repo(ref: str, endpoint: str, token: str | None) -> str:
 
 def sample_hub_dataset(
     ref: str, *, split: str | None, config_name: str | None, rows: int, endpoint: str, token: str | None,
-    cache_root: Path | None = None,
+    cache_root: Path | None = None, seq_len: int | None = None, max_bytes: int = DEFAULT_SAMPLE_BYTES,
 ) -> tuple[Path, dict[str, Any]]:
-    """Stream the first ``rows`` rows of ``ref`` and write them as the sample; (file, its metadata)."""
+    """Stream the first ``rows`` rows of ``ref`` (fewer when they pass ``max_bytes`` as JSON lines), each cut to
+    what ``seq_len`` tokens can use, and write them as the sample; (file, its metadata)."""
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
         raise DatasetError(f"--sample-rows must be a positive integer, got {rows!r}")
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+        raise ValueError(f"max_bytes must be a positive integer, got {max_bytes!r}")
     commit = _check_repo(ref, endpoint, token)
     try:
         import datasets
@@ -88,10 +100,27 @@ def sample_hub_dataset(
             kwargs: dict[str, Any] = {"trust_remote_code": False} if _accepts_trust_remote_code(datasets) else {}
             stream = datasets.load_dataset(ref, name=config_name, split=chosen, streaming=True, token=token,
                                            revision=commit or None, **kwargs)
-            taken = []
-            for row in stream:
-                taken.append({k: row[k] for k in _COLUMNS if k in row})
+            taken: list[str] = []  # JSON lines, each row cut to what seq_len can use
+            read, capped = 0, False  # bytes of the rows taken, as JSON lines before the cut
+            rows_in = iter(stream)
+            # (datasets decodes a parquet row group whole when it reaches it: a SIGTERM is handled meanwhile)
+            while (row := interruptible(next, rows_in, None)) is not None:
+                rec = {k: row[k] for k in _COLUMNS if k in row}
+                del row
+                if not taken and not rec:
+                    raise DatasetError(f"dataset {ref}: split {chosen!r} has no usable column; autotune reads 'text', "
+                                       "'messages' (chat), 'prompt' + 'completion' or 'input_ids'")
+                n = len(json.dumps(rec, ensure_ascii=False).encode("utf-8")) + 1
+                if taken and read + n > max_bytes:  # (the first row is always taken, cut)
+                    capped = True
+                    break
+                read += n
+                taken.append(json.dumps(cut_record(rec, seq_len), ensure_ascii=False) + "\n")
+                del rec
                 if len(taken) >= rows:
+                    break
+                if read >= max_bytes:
+                    capped = True
                     break
     except DatasetError:
         raise
@@ -103,13 +132,11 @@ def sample_hub_dataset(
                            + f" from the Hub failed ({type(exc).__name__}: {text}){hint}") from None
     if not taken:
         raise DatasetError(f"dataset {ref}: split {chosen!r} is empty on the Hub; it needs at least one row")
-    if not any(taken[0]):
-        raise DatasetError(f"dataset {ref}: split {chosen!r} has no usable column; autotune reads 'text', 'messages' "
-                           "(chat), 'prompt' + 'completion' or 'input_ids'")
     file = hub_sample_file(ref, split, cache_root)
     meta = {"repo": ref, "commit": commit, "config": config_name, "split": chosen, "rows": len(taken),
-            "rows_asked": rows, "complete": len(taken) < rows}
-    _write_atomic(file, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in taken))
+            "rows_asked": rows, "complete": len(taken) < rows and not capped, "bytes_read": read,
+            "max_bytes": max_bytes, "stopped_at_max_bytes": capped, "seq_len": seq_len}
+    _write_atomic(file, "".join(taken))
     _write_atomic(file.with_suffix(".json"), json.dumps(meta, indent=2) + "\n")
     return file, meta
 
@@ -197,7 +224,7 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def prepare_hub_dataset(dataset: str, *, split: str | None, config_name: str | None, rows: int | None,
-                        hub: Any) -> str | None:
+                        hub: Any, seq_len: int | None = None) -> str | None:
     """Before the probes: a Hub id not prepared in the local datasets cache is sampled when ``hub`` (an
     ``autotune.models.HubAccess``) is given. Returns the note that says what was read, or None.
 
@@ -215,8 +242,10 @@ def prepare_hub_dataset(dataset: str, *, split: str | None, config_name: str | N
         return None
     n = DEFAULT_SAMPLE_ROWS if rows is None else rows
     file, meta = sample_hub_dataset(dataset, split=split, config_name=config_name, rows=n, endpoint=hub.endpoint,
-                                    token=hub.token)
+                                    token=hub.token, seq_len=seq_len)
     got = (f"all {meta['rows']} rows" if meta["complete"] else f"the first {meta['rows']} rows")
+    if meta["stopped_at_max_bytes"]:
+        got += f" (as many as fit the {meta['max_bytes'] / 2**20:g} MiB a sample reads)"
     return (f"dataset {dataset}: read {got} of split {meta['split']}"
             + (f" (config {config_name})" if config_name else "")
             + f" from the Hub (commit {str(meta['commit'])[:12]}) as the sample the probes measure, streamed, not "

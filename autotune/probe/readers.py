@@ -4,6 +4,15 @@ Each reader returns ``(column, rows)``: ``text``, ``input_ids``, ``messages`` or
 rows, checked one by one (a bad row is one DatasetError naming the file and the row). Chat rows
 become text through the tokenizer's chat template (:func:`render_chat`). Tokenizing and caching the
 result is :mod:`autotune.probe.tokenize_cache`.
+
+What is read is bounded by what a probe can use, not by the rows: every file's size is checked with
+``stat`` before it is opened (``autotune.spec.dataset_ref.check_dataset_files``), and given ``seq_len`` each
+row is cut as it is read to what a sequence of ``seq_len`` tokens can hold (:func:`text_limit` characters of
+text, ``seq_len + 1`` token ids), so memory and tokenizing time follow ``seq_len`` x rows, not the rows'
+size. Parquet and Arrow rows are converted to Python in batches of about ``_BATCH_BYTES``, and the long C
+calls (pyarrow decoding a row group, a tokenizer batch) run through :func:`interruptible`, so a SIGTERM
+(the CLI's KeyboardInterrupt, which Python handles only between bytecodes of the main thread) is honoured
+within a second, not when the call returns.
 """
 
 from __future__ import annotations
@@ -11,35 +20,138 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from autotune.errors import DatasetError
 from autotune.spec.dataset_ref import (
+    MAX_DATASET_FILE_BYTES,
+    check_dataset_files,
     default_datasets_cache_dir,
     find_hub_dataset,
     hub_dataset_dir,
     missing_hub_dataset_message,
 )
 
-__all__ = ["DATASET_EXTENSIONS", "MAX_DATASET_BYTES", "MAX_LINE_BYTES", "read_dataset", "read_hub_online",
-           "render_chat"]
+__all__ = ["DATASET_EXTENSIONS", "MAX_CHARS_PER_TOKEN", "MAX_DATASET_BYTES", "MAX_LINE_BYTES", "cut_record",
+           "interruptible", "read_dataset", "read_hub_online", "render_chat", "text_limit"]
+
+_T = TypeVar("_T")
 
 DATASET_EXTENSIONS = (".jsonl", ".parquet")
-# a probe measures a few hundred sequences: a file past these bounds is refused in one line (the rows
-# are held in memory, several times their bytes), not read until the machine runs out of memory
-MAX_DATASET_BYTES = 2 * 2**30
+# a probe measures a few hundred sequences: a file past these bounds is refused in one line (checked with
+# stat before it is opened), not read until the machine runs out of memory
+MAX_DATASET_BYTES = MAX_DATASET_FILE_BYTES
 MAX_LINE_BYTES = 64 * 2**20
+# A token of the LLM tokenizers autotune meets spans about 4 characters of English text on average (fewer
+# for code and most other scripts). A row's text is cut to (seq_len + 1) x 32 characters before it is
+# held or tokenized: 8 times that average, so the seq_len + 1 tokens a probe keeps (one past seq_len tells
+# a cut row from an exact fit) lie well inside the cut, and memory and tokenizing time follow seq_len, not
+# the row. A text whose first seq_len tokens average more than 32 characters each would come out shorter
+# than it is whole: runs of hundreds of spaces, or a word-level tokenizer's unknown long words (one token
+# each, however long; the tiny tokenizer shipped for tests is word-level).
+MAX_CHARS_PER_TOKEN = 32
+# rows converted from Arrow (parquet, save_to_disk, the datasets cache) to Python per batch, by their bytes
+_BATCH_BYTES = 64 * 2**20
+# pyarrow decodes a parquet row group's column whole (a dictionary page at once): the columns read, uncompressed,
+# are held to the bound of a file, since a small compressed file can hold gigabytes of repeated text
+_MAX_ROW_GROUP_BYTES = MAX_DATASET_FILE_BYTES
+_MAX_BATCH_ROWS = 65536
+
+
+def interruptible(fn: Callable[..., _T], /, *args: Any, **kwargs: Any) -> _T:
+    """``fn(*args, **kwargs)``, run in a daemon thread while the main thread waits in slices of 0.1 s, so a
+    signal handler (the CLI turns SIGTERM into KeyboardInterrupt) runs at once even while ``fn`` is inside
+    one long C call that releases the GIL (pyarrow decoding a row group, a fast tokenizer's batch): the
+    KeyboardInterrupt is raised here and the abandoned call ends with the process. Off the main thread
+    (no handler runs there) ``fn`` is simply called."""
+    if threading.current_thread() is not threading.main_thread():
+        return fn(*args, **kwargs)
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn(*args, **kwargs)
+        except BaseException as exc:  # handed to the caller's thread
+            box["error"] = exc
+
+    worker = threading.Thread(target=run, name="autotune-read", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.1)
+    if "error" in box:
+        raise box["error"]
+    return box["value"]  # type: ignore[no-any-return]
+
+
+def text_limit(seq_len: int) -> int:
+    """Characters of a row's text a sequence of ``seq_len`` tokens can use (``MAX_CHARS_PER_TOKEN``)."""
+    return (seq_len + 1) * MAX_CHARS_PER_TOKEN
+
+
+def _cut_messages(v: Any, budget: int) -> tuple[Any, int]:
+    """Chat messages with their string contents cut to ``budget`` characters in all, in order (a chat
+    template renders them in order); what is left of the budget."""
+    if not isinstance(v, list):
+        return v, budget
+    out = []
+    for m in v:
+        if isinstance(m, dict) and isinstance(m.get("content"), str):
+            if len(m["content"]) > budget:
+                m = {**m, "content": m["content"][:budget]}
+            budget -= len(m["content"])
+        out.append(m)
+    return out, budget
+
+
+def _cut(column: str, v: Any, seq_len: int | None) -> Any:
+    """Row value ``v`` of ``column`` cut to what a sequence of ``seq_len`` tokens can use: text to
+    ``text_limit(seq_len)`` characters (a chat's contents, or a prompt then its completion, together),
+    token ids to ``seq_len + 1``; a value of another type as it is (the row check refuses it)."""
+    if seq_len is None:
+        return v
+    limit = text_limit(seq_len)
+    if column == "text":
+        return v[:limit] if isinstance(v, str) else v
+    if column == "input_ids":
+        return v[: seq_len + 1] if isinstance(v, (list, tuple)) else v
+    if column == "messages":
+        return _cut_messages(v, limit)[0]
+    if column == "prompt_completion" and isinstance(v, dict):
+        out, budget = dict(v), limit
+        for k in ("prompt", "completion"):
+            x = v.get(k)
+            if isinstance(x, str):
+                out[k] = x = x[:budget]
+                budget -= len(x)
+            elif x is not None:
+                out[k], budget = _cut_messages(x, budget)
+        return out
+    return v
+
+
+def cut_record(rec: dict[str, Any], seq_len: int | None) -> dict[str, Any]:
+    """A raw record (its columns by name, as a Hub sample row) with each column autotune reads cut as
+    reading it would cut it (``seq_len`` None: as it is)."""
+    out = dict(rec)
+    for column in ("text", "input_ids", "messages"):
+        if column in out:
+            out[column] = _cut(column, out[column], seq_len)
+    if "prompt" in out and "completion" in out:
+        out.update(_cut("prompt_completion", {"prompt": out["prompt"], "completion": out["completion"]}, seq_len))
+    return out
+
+
+def _batch_rows(total_bytes: int, num_rows: int) -> int:
+    """Rows per Arrow-to-Python batch: about ``_BATCH_BYTES`` of them (at least one)."""
+    per_row = max(1, total_bytes // max(1, num_rows))
+    return max(1, min(_MAX_BATCH_ROWS, _BATCH_BYTES // per_row))
 
 
 def _check_size(path: Path) -> None:
-    size = path.stat().st_size
-    if size > MAX_DATASET_BYTES:
-        raise DatasetError(
-            f"{path}: {size:,} bytes, more than the {MAX_DATASET_BYTES:,} a dataset file may hold here; probes "
-            "need a sample: pass a part of it (e.g. head -n 20000 data.jsonl > sample.jsonl) or a save_to_disk folder"
-        )
+    check_dataset_files(path)
 
 
 def _text_ok(v: str, where: str, path: Path | str, what: str) -> str:
@@ -63,7 +175,7 @@ def _check_ids(value: Any, where: str, path: Path) -> list[int]:
 _MAX_TOKEN_ID = 2**31 - 1  # (a larger id overflows the tensor it goes into; no vocabulary is that large)
 
 
-def _read_jsonl(path: Path) -> tuple[str, list[Any]]:
+def _read_jsonl(path: Path, seq_len: int | None = None) -> tuple[str, list[Any]]:
     column: str | None = None
     values: list[Any] = []
     _check_size(path)
@@ -79,7 +191,7 @@ def _read_jsonl(path: Path) -> tuple[str, list[Any]]:
                     f"{path}: line {lineno} is not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1}); "
                     "the dataset must be UTF-8 JSON lines"
                 ) from None
-            if not line.strip():
+            if not line or line.isspace():  # (no stripped copy of a long line)
                 continue
             try:
                 rec = json.loads(line)
@@ -102,31 +214,20 @@ def _read_jsonl(path: Path) -> tuple[str, list[Any]]:
                     raise DatasetError(
                         f"{path}: line {lineno} lacks 'prompt' or 'completion' (the first record has both)"
                     )
-                values.append(
-                    _check_row(
-                        column,
-                        {"prompt": rec["prompt"], "completion": rec["completion"]},
-                        f"line {lineno}",
-                        path,
-                    )
-                )
-                continue
-            if column not in rec:
+                v = {"prompt": rec["prompt"], "completion": rec["completion"]}
+            elif column not in rec:
                 raise DatasetError(f"{path}: line {lineno} has no {column!r} key (the first record has one)")
-            v = rec[column]
-            if column == "messages":
-                v = _check_row(column, v, f"line {lineno}", path)
-            elif column == "text":
-                v = _check_row(column, v, f"line {lineno}", path)
             else:
-                v = _check_ids(v, f"line {lineno}", path)
-            values.append(v)
+                v = rec[column]
+            del rec, line, raw  # the whole line is not held while the next one is read: only its cut row is kept
+            values.append(_check_row(column, _cut(column, v, seq_len), f"line {lineno}", path))
+            del v
     if column is None:
         raise DatasetError(f"{path}: the dataset is empty (no JSON lines); it needs at least one record")
     return column, values
 
 
-def _read_parquet(path: Path) -> tuple[str, list[Any]]:
+def _read_parquet(path: Path, seq_len: int | None = None) -> tuple[str, list[Any]]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -136,25 +237,53 @@ def _read_parquet(path: Path) -> tuple[str, list[Any]]:
         ) from None
     _check_size(path)
     try:
-        names = list(pq.read_schema(path).names)
+        pf = pq.ParquetFile(path)
+        names = list(pf.schema_arrow.names)
     except Exception as e:
         raise DatasetError(f"{path}: cannot read as parquet ({type(e).__name__}: {e})") from None
+    # (no `with pf`: closing the file under a decode that a SIGTERM abandoned in interruptible's thread could
+    # crash it; the file is closed when the last reference goes)
     column = _pick_column(names, str(path))  # the same columns as a .jsonl file, in the same order
     columns = ["prompt", "completion"] if column == "prompt_completion" else [column]
+    values: list[Any] = []
     try:
-        table = pq.read_table(path, columns=columns)
-        if column == "prompt_completion":
-            rows: list[Any] = [{"prompt": p, "completion": c} for p, c in
-                               zip(table.column("prompt").to_pylist(), table.column("completion").to_pylist(),
-                                   strict=True)]
-        else:
-            rows = table.column(column).to_pylist()
+        md = pf.metadata
+        _check_row_groups(md, columns, path)
+        size = sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
+        batches = pf.iter_batches(batch_size=_batch_rows(size, md.num_rows), columns=columns)
+        while (batch := interruptible(next, batches, None)) is not None:  # (a row group is decoded whole)
+            _take(column, batch.to_pydict(), values, seq_len, path)
+    except DatasetError:
+        raise
     except Exception as e:
         raise DatasetError(f"{path}: cannot read column(s) {', '.join(columns)} ({type(e).__name__}: "
                            f"{' '.join(str(e).split())[:200]})") from None
-    if not rows:
+    if not values:
         raise DatasetError(f"{path}: the dataset is empty (no rows); it needs at least one record")
-    return column, [_check_row(column, v, f"row {i}", path) for i, v in enumerate(rows)]
+    return column, values
+
+
+def _check_row_groups(md: Any, columns: list[str], path: Path) -> None:
+    """DatasetError for a row group whose ``columns`` take more than ``_MAX_ROW_GROUP_BYTES`` uncompressed."""
+    for i in range(md.num_row_groups):
+        rg = md.row_group(i)
+        size = sum(rg.column(j).total_uncompressed_size for j in range(rg.num_columns)
+                   if rg.column(j).path_in_schema.split(".")[0] in columns)
+        if size > _MAX_ROW_GROUP_BYTES:
+            raise DatasetError(
+                f"{path}: row group {i} holds {size:,} bytes of {', '.join(columns)} uncompressed, more than the "
+                f"{_MAX_ROW_GROUP_BYTES:,} read at once here; write it with smaller row groups "
+                "(pyarrow.parquet.write_table(table, path, row_group_size=1000)) or pass a part of it")
+
+
+def _take(column: str, batch: dict[str, list[Any]], values: list[Any], seq_len: int | None, path: Path | str) -> None:
+    """A batch's rows of ``column`` (a column name -> values mapping), cut and checked, appended to ``values``."""
+    if column == "prompt_completion":
+        rows: Any = ({"prompt": p, "completion": c} for p, c in zip(batch["prompt"], batch["completion"], strict=True))
+    else:
+        rows = batch[column]
+    for v in rows:
+        values.append(_check_row(column, _cut(column, v, seq_len), f"row {len(values)}", path))
 
 
 _COLUMNS_HELP = (
@@ -238,8 +367,9 @@ def _import_datasets(what: str) -> Any:
     return datasets
 
 
-def _read_saved(path: Path, split: str | None) -> tuple[str, list[Any]]:
+def _read_saved(path: Path, split: str | None, seq_len: int | None = None) -> tuple[str, list[Any]]:
     """A directory written by ``datasets.Dataset.save_to_disk`` (or a DatasetDict's, with ``split``)."""
+    check_dataset_files(path)
     datasets = _import_datasets(f"the saved dataset {str(path)!r}")
     try:
         ds = datasets.load_from_disk(str(path))
@@ -248,7 +378,7 @@ def _read_saved(path: Path, split: str | None) -> tuple[str, list[Any]]:
             f"{path}: not a dataset written by save_to_disk ({type(e).__name__}: {e}); pass a directory from "
             "Dataset.save_to_disk / DatasetDict.save_to_disk, or a .jsonl/.parquet file"
         ) from None
-    return _rows_of(ds, split, path, datasets)
+    return _rows_of(ds, split, path, datasets, seq_len)
 
 
 @contextlib.contextmanager
@@ -272,12 +402,14 @@ def _hub_offline() -> Iterator[None]:
                 os.environ[k] = v
 
 
-def _read_hub(ref: str, split: str | None) -> tuple[str, list[Any]]:
+def _read_hub(ref: str, split: str | None, seq_len: int | None = None) -> tuple[str, list[Any]]:
     """A Hub dataset id already prepared in the local datasets cache, loaded with the network off."""
     datasets = _import_datasets(f"the Hub dataset {ref!r}")
     root = default_datasets_cache_dir()
-    if find_hub_dataset(ref, root) is None:
+    folder = find_hub_dataset(ref, root)
+    if folder is None:
         raise DatasetError(missing_hub_dataset_message(ref, root))
+    check_dataset_files(folder)
     try:
         with _hub_offline():
             ds = datasets.load_dataset(ref, cache_dir=str(root))
@@ -287,10 +419,10 @@ def _read_hub(ref: str, split: str | None) -> tuple[str, list[Any]]:
             f"({type(e).__name__}: {' '.join(str(e).split())[:200]}); load it once with datasets.load_dataset"
             f"('{ref}') while online, or pass a path"
         ) from None
-    return _rows_of(ds, split, Path(ref), datasets)
+    return _rows_of(ds, split, Path(ref), datasets, seq_len)
 
 
-def read_hub_online(ref: str, split: str | None) -> tuple[str, list[Any]]:
+def read_hub_online(ref: str, split: str | None, seq_len: int | None = None) -> tuple[str, list[Any]]:
     """The whole split of Hub dataset ``ref``, downloaded by ``datasets`` as the user would (train.py)."""
     datasets = _import_datasets(f"the Hub dataset {ref!r}")
     try:
@@ -298,11 +430,12 @@ def read_hub_online(ref: str, split: str | None) -> tuple[str, list[Any]]:
     except Exception as e:
         raise DatasetError(f"dataset {ref!r} cannot be loaded from the Hub ({type(e).__name__}: "
                            f"{' '.join(str(e).split())[:200]}); check the id and --split, or pass a path") from None
-    return _rows_of(ds, None, Path(ref), datasets)
+    return _rows_of(ds, None, Path(ref), datasets, seq_len)
 
 
-def _rows_of(ds: Any, split: str | None, path: Path, datasets: Any) -> tuple[str, list[Any]]:
-    """The chosen split's usable column, checked row by row."""
+def _rows_of(ds: Any, split: str | None, path: Path, datasets: Any, seq_len: int | None = None) -> tuple[str, list[Any]]:
+    """The chosen split's usable column, cut and checked row by row, converted in batches of about
+    ``_BATCH_BYTES``."""
     if isinstance(ds, datasets.DatasetDict):
         splits = sorted(ds)
         chosen = split if split is not None else ("train" if "train" in ds else None)
@@ -320,11 +453,12 @@ def _rows_of(ds: Any, split: str | None, path: Path, datasets: Any) -> tuple[str
     column = _pick_column(list(ds.column_names), str(path))
     if len(ds) == 0:
         raise DatasetError(f"{path}: the dataset is empty (no rows); it needs at least one record")
-    if column == "prompt_completion":
-        rows = [{"prompt": p, "completion": c} for p, c in zip(ds["prompt"], ds["completion"], strict=True)]
-    else:
-        rows = list(ds[column])
-    return column, [_check_row(column, v, f"row {i}", path) for i, v in enumerate(rows)]
+    part = ds.select_columns(["prompt", "completion"] if column == "prompt_completion" else [column])
+    step = _batch_rows(part.data.nbytes, len(part))
+    values: list[Any] = []
+    for start in range(0, len(part), step):
+        _take(column, part[start : start + step], values, seq_len, path)
+    return column, values
 
 
 def render_chat(column: str, values: list[Any], tok: Any, path: Path) -> list[str]:
@@ -343,11 +477,14 @@ def render_chat(column: str, values: list[Any], tok: Any, path: Path) -> list[st
     return out
 
 
-def read_dataset(path: Path, split: str | None = None, hub_id: str | None = None) -> tuple[str, list[Any]]:
+def read_dataset(path: Path, split: str | None = None, hub_id: str | None = None, *,
+                 seq_len: int | None = None) -> tuple[str, list[Any]]:
+    """``(column, rows)`` of the dataset at ``path`` (or Hub id ``hub_id`` in the datasets cache); given
+    ``seq_len``, each row cut to what a sequence of that many tokens can use (see the module doc)."""
     if hub_id is not None:
-        return _read_hub(hub_id, split)
+        return _read_hub(hub_id, split, seq_len)
     if path.is_dir():
-        return _read_saved(path, split)
+        return _read_saved(path, split, seq_len)
     if path.suffix.lower() == ".jsonl":
-        return _read_jsonl(path)
-    return _read_parquet(path)
+        return _read_jsonl(path, seq_len)
+    return _read_parquet(path, seq_len)

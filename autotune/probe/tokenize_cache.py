@@ -5,6 +5,11 @@
 ``seq_len`` and caches the token lists (``.npz``, no pickle) under ``$AUTOTUNE_CACHE/datasets`` or
 ``~/.cache/autotune/datasets``, keyed by the data's content, the split, the tokenizer files and
 ``seq_len``.
+
+Rows arrive cut to what ``seq_len`` tokens can use (:func:`autotune.probe.readers.text_limit`; a rendered
+chat is cut again) and are tokenized in calls of at most ``_TOKENIZE_BATCH_CHARS`` characters, so one call
+stays short and small, and runs through :func:`autotune.probe.readers.interruptible`: a SIGTERM (the CLI's
+KeyboardInterrupt, which Python would handle only once the tokenizer's C call returns) is honoured at once.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import io
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,8 +31,16 @@ from autotune.models import TOKENIZER_FILES
 from autotune.probe.collate import (
     TokenSequences,
 )
-from autotune.probe.readers import DATASET_EXTENSIONS, read_dataset, read_hub_online, render_chat
+from autotune.probe.readers import (
+    DATASET_EXTENSIONS,
+    interruptible,
+    read_dataset,
+    read_hub_online,
+    render_chat,
+    text_limit,
+)
 from autotune.spec.dataset_ref import (
+    check_dataset_files,
     dataset_content_digest,
     find_hub_dataset,
     find_hub_sample,
@@ -39,6 +53,10 @@ __all__ = ["CACHE_FORMAT", "TOKENIZER_FILES", "LoadedDataset", "default_cache_di
            "load_token_sequences"]
 
 CACHE_FORMAT = 1
+# text per tokenizer call: about a second of a fast tokenizer on one core, so the call's encodings stay a few
+# hundred MB at most and a signal waits for no more than that
+_TOKENIZE_BATCH_CHARS = 2**20
+_TOKENIZE_BATCH_ROWS = 1000
 
 
 
@@ -218,7 +236,8 @@ def load_token_sequences(
         located = find_hub_dataset(hub_id)
         if located is None and not local_files_only:
             # train.py: the full dataset, by id, as the user would load it (never the probes' sample)
-            return _tokenize(hub_id, *read_hub_online(hub_id, split), tokenizer=tokenizer, seq_len=seq_len,
+            return _tokenize(hub_id, *read_hub_online(hub_id, split, seq_len=seq_len), tokenizer=tokenizer,
+                             seq_len=seq_len,
                              local_files_only=local_files_only, cfile=None, trust_remote_code=trust_remote_code)
         if located is None:
             # the probes: the bounded sample streamed when online (autotune.probe.hub_sample), JSON lines
@@ -243,6 +262,7 @@ def load_token_sequences(
         )
     if p.is_file() and p.stat().st_size == 0:
         raise DatasetError(f"dataset {str(p)!r} is empty (0 bytes); it needs at least one record")
+    check_dataset_files(p)  # every file's size, before the cache key hashes them or a reader opens one
 
     cdir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     cfile = _cache_file(cdir, p, tokenizer, seq_len, split) if use_cache else None
@@ -266,9 +286,25 @@ def load_token_sequences(
                 num_empty=meta["num_empty"],
             )
 
-    column, values = read_dataset(p, split, reader_hub_id) if reader_hub_id or not hub_id else read_dataset(p)
+    column, values = read_dataset(p, split, reader_hub_id, seq_len=seq_len) if reader_hub_id or not hub_id \
+        else read_dataset(p, seq_len=seq_len)
     return _tokenize(source, column, values, tokenizer=tokenizer, seq_len=seq_len, local_files_only=local_files_only,
                      cfile=cfile, trust_remote_code=trust_remote_code)
+
+
+def _text_batches(values: list[str]) -> Iterator[list[str]]:
+    """``values`` in order, in batches of at most ``_TOKENIZE_BATCH_ROWS`` texts and ``_TOKENIZE_BATCH_CHARS``
+    characters (a longer text alone)."""
+    batch: list[str] = []
+    chars = 0
+    for v in values:
+        if batch and (chars + len(v) > _TOKENIZE_BATCH_CHARS or len(batch) >= _TOKENIZE_BATCH_ROWS):
+            yield batch
+            batch, chars = [], 0
+        batch.append(v)
+        chars += len(v)
+    if batch:
+        yield batch
 
 
 def _tokenize(source: str, column: str, values: list[Any], *, tokenizer: str | None, seq_len: int,
@@ -283,12 +319,13 @@ def _tokenize(source: str, column: str, values: list[Any], *, tokenizer: str | N
         chat = column in ("messages", "prompt_completion")
         if chat:
             values = render_chat(column, values, tok, Path(source))
+        limit = text_limit(seq_len)
+        values = [t[:limit] for t in values]  # (the reader cut the rows; a chat template's own text is cut here)
         ids: list[list[int]] = []
-        for start in range(0, len(values), 1000):
-            chunk = values[start : start + 1000]
+        for chunk in _text_batches(values):
             # one token past seq_len tells a truncated record from an exact fit; a rendered chat
             # template already holds its special tokens
-            enc = tok(chunk, add_special_tokens=not chat, truncation=True, max_length=seq_len + 1)
+            enc = interruptible(tok, chunk, add_special_tokens=not chat, truncation=True, max_length=seq_len + 1)
             ids.extend(list(x) for x in enc["input_ids"])
     else:
         ids = values

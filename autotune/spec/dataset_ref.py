@@ -18,13 +18,17 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 
+from autotune.errors import DatasetError
 from autotune.spec.files import file_sha256
 from autotune.spec.shell import py_str, python_c
 
 __all__ = [
+    "MAX_DATASET_FILE_BYTES",
+    "check_dataset_files",
     "default_datasets_cache_dir",
     "is_hub_dataset_id",
     "hub_dataset_dir",
@@ -40,6 +44,10 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _UPPER_UPPER = re.compile(r"([A-Z]+)([A-Z][a-z])")
 _LOWER_UPPER = re.compile(r"([a-z\d])([A-Z])")
 _SKIPPED_SUFFIXES = (".lock",)
+# a probe measures a few hundred sequences: a dataset file past this is refused in one line, checked with
+# stat before a byte of it is read (hashing it for the cache key alone would take minutes, holding its rows
+# several times its size in memory)
+MAX_DATASET_FILE_BYTES = 2 * 2**30
 
 
 def default_datasets_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
@@ -107,12 +115,47 @@ def missing_hub_dataset_message(ref: str, cache_dir: str | os.PathLike[str] | No
     )
 
 
-def dataset_content_digest(path: str | os.PathLike[str]) -> str:
-    """sha256 over a folder's files (relative path and content; lock files skipped), or a file's sha256."""
+def _check_one(f: Path, folder: Path | None) -> bool:
+    """Whether ``f`` is a regular file (False: a folder, or an entry that is gone); DatasetError for a pipe, a
+    device or a file past ``MAX_DATASET_FILE_BYTES``. Only ``stat``: nothing is opened."""
+    try:
+        st = os.stat(f)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise DatasetError(f"dataset file {str(f)!r} cannot be read: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(st.st_mode):
+        return False
+    if not stat.S_ISREG(st.st_mode):
+        raise DatasetError(f"dataset {str(f)!r} is not a regular file (a pipe or a device?); pass a .jsonl or "
+                           ".parquet file or a save_to_disk folder")
+    if st.st_size > MAX_DATASET_FILE_BYTES:
+        fix = ("pass a part of it (e.g. head -n 20000 data.jsonl > sample.jsonl) or a save_to_disk folder"
+               if folder is None else "save it in smaller shards (save_to_disk(..., max_shard_size='500MB')) or pass "
+               "a part of it")
+        raise DatasetError(f"{f}: {st.st_size:,} bytes, more than the {MAX_DATASET_FILE_BYTES:,} a dataset file may "
+                           f"hold here; probes need a sample: {fix}")
+    return True
+
+
+def check_dataset_files(path: str | os.PathLike[str]) -> list[Path]:
+    """The regular files of dataset ``path`` (the file itself, or a folder's files, sorted), each checked with
+    ``stat`` before anything reads it: at most ``MAX_DATASET_FILE_BYTES``, no pipe or device (which would
+    block or never end). DatasetError naming the file, the limit and the fix otherwise."""
     p = Path(path)
+    if not p.is_dir():
+        return [p] if _check_one(p, None) else []
+    return [f for f in sorted(p.rglob("*")) if _check_one(f, p)]
+
+
+def dataset_content_digest(path: str | os.PathLike[str]) -> str:
+    """sha256 over a folder's files (relative path and content; lock files skipped), or a file's sha256;
+    every file's size is checked (:func:`check_dataset_files`) before the first is read."""
+    p = Path(path)
+    files = check_dataset_files(p)
     if not p.is_dir():
         return file_sha256(p)
     h = hashlib.sha256()
-    for f in sorted(q for q in p.rglob("*") if q.is_file() and not q.name.endswith(_SKIPPED_SUFFIXES)):
+    for f in (q for q in files if not q.name.endswith(_SKIPPED_SUFFIXES)):
         h.update(f"{f.relative_to(p).as_posix()}:{file_sha256(f)}\n".encode())
     return h.hexdigest()

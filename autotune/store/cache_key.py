@@ -44,7 +44,6 @@ from autotune.spec.dataset_ref import (
     find_hub_sample,
     is_hub_dataset_id,
 )
-from autotune.spec.files import file_sha256
 from autotune.spec.probe_request import ProbeSettings, Workload
 
 __all__ = [
@@ -101,8 +100,9 @@ def dataset_identity(dataset: str | os.PathLike[str] | None, split: str | None =
     try:
         if p.is_dir():
             return {"digest": dataset_content_digest(p), **({"hub": ref} if hub else {}), **out}
-        # a file; for a Hub id, its streamed sample (autotune.probe.hub_sample)
-        return {"sha256": file_sha256(p), "size": p.stat().st_size, **({"hub": ref, "sample": True} if hub else {}),
+        # a file; for a Hub id, its streamed sample (autotune.probe.hub_sample). Its size is checked before
+        # it is hashed (a file past the dataset bound is a DatasetError, not minutes of hashing)
+        return {"sha256": dataset_content_digest(p), "size": p.stat().st_size, **({"hub": ref, "sample": True} if hub else {}),
                 **out}
     except OSError:
         return {"path": ref, **out}

@@ -1,6 +1,8 @@
 # make demo : create .venv, install (CPU torch pinned), and run autotune on a bundled tiny model
-# make test : run the test suite (what CI runs), the client tier included
+# make test : run the test suite (what CI runs), the client tier included (tests/README.md: the tiers and their cost)
+# make test-fast : the edit-run loop: no Ray, no DeepSpeed, no real probe, no client tier
 # make test-clients : only the client tier (LLaMA-Factory, Axolotl in venvs of their own, cached)
+# make test-gpu-rehearsal : the GPU benchmark scripts end to end on the CPU (before a GPU session)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -8,7 +10,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-fast test-clients clients lint clean
+.PHONY: setup demo test test-fast test-clients test-gpu-rehearsal clients lint clean
 
 setup: $(VENV)/.installed
 
@@ -24,10 +26,10 @@ demo: setup
 		--effective-batch 16 --space cpu --max-trials 12 --out results
 
 test: setup
-	TORCH_SPEC="$(TORCH_SPEC)" $(PY) -m pytest -q --durations=40 $(PYTEST_ARGS)
+	TORCH_SPEC="$(TORCH_SPEC)" $(PY) -m pytest -q --durations=40 -m "not gpu_rehearsal" $(PYTEST_ARGS)
 
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow and not clients" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow and not ray and not clients and not gpu_rehearsal" $(PYTEST_ARGS)
 
 # one venv per client, pinned, next to $(TORCH_SPEC); cached in ~/.cache/autotune-clients (AUTOTUNE_CLIENTS_CACHE)
 clients: setup
@@ -35,6 +37,9 @@ clients: setup
 
 test-clients: setup
 	TORCH_SPEC="$(TORCH_SPEC)" $(PY) -m pytest -q -m clients tests/test_clients.py $(PYTEST_ARGS)
+
+test-gpu-rehearsal: setup
+	$(PY) -m pytest -q -m gpu_rehearsal $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check autotune tests benchmarks

@@ -16,7 +16,7 @@ TESTS = Path(__file__).resolve().parent
 # the client tier's first test may wait for its venvs to be built (about 12-16 minutes cold on 2 cores)
 CLIENT_BUILD_TIMEOUT_S = 2400
 
-_builder: subprocess.Popen[bytes] | None = None
+_builders: list[subprocess.Popen[bytes]] = []
 
 
 def _client_venvs_missing() -> list[str]:
@@ -43,7 +43,6 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start building the missing client venvs now, in the background, when the client tier is selected
     and other tests run first; the tier's fixtures wait on the build's lock (tests/_clients.py)."""
-    global _builder
     if session.config.option.collectonly or os.environ.get("AUTOTUNE_NO_BACKGROUND_CLIENTS"):
         return
     items = session.items
@@ -55,21 +54,27 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     import _clients
 
-    log = _clients.cache_root()
-    log.mkdir(parents=True, exist_ok=True)
-    with open(log / "background-build.log", "ab") as out:
-        _builder = subprocess.Popen([sys.executable, str(TESTS / "_clients.py"), "build", *missing],
-                                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
+    root = _clients.cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    for name in missing:  # one builder per client: the downloads of one overlap the other's unpacking
+        with open(root / f"background-build-{name}.log", "ab") as out:
+            _builders.append(subprocess.Popen([sys.executable, str(TESTS / "_clients.py"), "build", name],
+                                              stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                              start_new_session=True))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """A build still running when the session ends (the tier was deselected by -x, or failed) is stopped."""
-    if _builder is not None and _builder.poll() is None:
-        import signal
+    """A build still running when the session ends (stopped early by -x or Ctrl-C) is stopped with it; the
+    next build starts over (tests/_clients.py removes a half-built venv)."""
+    import signal
 
+    for builder in _builders:
+        if builder.poll() is not None:
+            continue
         try:
-            os.killpg(_builder.pid, signal.SIGTERM)
-            _builder.wait(timeout=30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(_builder.pid, signal.SIGKILL)
+            os.killpg(builder.pid, signal.SIGTERM)
+            builder.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(builder.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -261,6 +261,7 @@ def test_a_killed_run_resumes_without_re_running_finished_probes(tmp_path: Path)
     assert result.summary["counts"]["probed"] == 10
 
 
+@pytest.mark.timeout(900)  # a real end-to-end run: minutes on 2 cores
 @pytest.mark.slow
 @pytest.mark.ray
 def test_cli_end_to_end_on_cpu_through_real_ray_and_real_probes(tmp_path: Path) -> None:

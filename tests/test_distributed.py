@@ -87,20 +87,21 @@ class ChildWatch:
         return alive
 
 
-def per_rank_tokens() -> int:
-    return STEPS * MB * SEQ
+def per_rank_tokens(accum: int = 1) -> int:
+    return STEPS * MB * SEQ * accum
 
 
-def assert_ok_world2(r: ProbeResult, distributed_type: str) -> None:
+def assert_ok_world2(r: ProbeResult, distributed_type: str, accum: int = 1) -> None:
+    """A whole-window probe of STEPS optimizer steps at accumulation ``accum`` on 2 ranks."""
     assert r.status == "ok", (r.reason, r.env.get("stderr_tail"))
     m = r.metrics
     assert m["world_size"] == 2 and len(m["ranks"]) == 2
     assert m["distributed_type"] == distributed_type
     assert m["dist_backend"] == "gloo"
     # fixed lengths: each rank counts its own real tokens; the probe's figure is their sum
-    assert [x["real_tokens"] for x in m["ranks"]] == [per_rank_tokens()] * 2
-    assert m["real_tokens"] == 2 * per_rank_tokens()
-    assert m["token_slots"] == 2 * per_rank_tokens()
+    assert [x["real_tokens"] for x in m["ranks"]] == [per_rank_tokens(accum)] * 2
+    assert m["real_tokens"] == 2 * per_rank_tokens(accum)
+    assert m["token_slots"] == 2 * per_rank_tokens(accum)
     assert m["padding_fraction"] == 0.0
     assert m["tokens_per_s"] == pytest.approx(m["real_tokens"] / m["window_s"])
     assert m["window_s"] == max(x["window_s"] for x in m["ranks"])
@@ -184,16 +185,18 @@ def test_fsdp_stands_in_for_zero_where_equivalent() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def test_ddp_world_2_sums_tokens_over_ranks() -> None:
-    r = run_probe_process(dist_request())
-    assert_ok_world2(r, "MULTI_CPU")
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # the first DeepSpeed probe of a machine compiles its ops (tests/_two_rank.py)
+@pytest.mark.parametrize("stage", [0, pytest.param(2, marks=needs_deepspeed), pytest.param(3, marks=needs_deepspeed)],
+                         ids=["ddp", "zero2", "zero3"])
+def test_two_ranks_sum_tokens_and_take_the_max_memory(stage: int) -> None:
+    """DDP and DeepSpeed ZeRO-2/3 on 2 gloo ranks: the session's whole-window probes (tests/_two_rank.py,
+    shared with the composed-window tests), STEPS optimizer steps at accumulation 8."""
+    import _two_rank
 
-
-@needs_deepspeed
-@pytest.mark.parametrize("stage", [2, 3])
-def test_deepspeed_zero_world_2(stage: int) -> None:
-    r = run_probe_process(dist_request(zero_stage=stage, timeout_s=DS_TIMEOUT))
-    assert_ok_world2(r, "DEEPSPEED")
+    assert (_two_rank.WHOLE_STEPS, _two_rank.MB, _two_rank.SEQ) == (STEPS, MB, SEQ)
+    r = _two_rank.probe("whole", stage)
+    assert_ok_world2(r, "DEEPSPEED" if stage else "MULTI_CPU", accum=_two_rank.ACCUM)
     if stage == 3:
         # built under zero.Init: every rank holds only its shard; the count is still the full model
         assert r.metrics["param_local_numel"] == 0
@@ -201,6 +204,7 @@ def test_deepspeed_zero_world_2(stage: int) -> None:
 
 @needs_deepspeed
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # DeepSpeed compiles cpu_adam on a machine's first offload (~2 min on 2 cores)
 def test_deepspeed_zero2_optimizer_offload_world_2() -> None:
     r = run_probe_process(dist_request(zero_stage=2, offload="optimizer", timeout_s=DS_TIMEOUT))
     assert_ok_world2(r, "DEEPSPEED")
@@ -297,6 +301,8 @@ def test_cli_distributed_flags() -> None:
 
 @needs_deepspeed
 @pytest.mark.slow
+@pytest.mark.gpu_rehearsal
+@pytest.mark.timeout(1500)
 def test_gpu_zero_stages_dry_run(tmp_path: Path) -> None:
     out = tmp_path / "zero.json"
     root = Path(__file__).resolve().parents[1]

@@ -446,15 +446,12 @@ def test_a_killed_autotune_probe_leaves_no_process_behind(tmp_path: Path, sig: s
 
 @pytest.mark.slow
 @pytest.mark.ray
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
-def test_a_killed_autotune_run_leaves_no_process_behind_ray_included(tmp_path: Path, sig: signal.Signals) -> None:
-    report: dict = {}
-    started = _kill_when_probing(RUN_REAL, sig, tmp_path, wait_for="autotune.probe.worker", report=report)
+def test_a_killed_autotune_run_leaves_no_process_behind_ray_included(tmp_path: Path) -> None:
+    """kill -9 of the CLI: nothing unwinds, so the reaper and the parent-death signals must end the Ray runtime
+    and the probe. (SIGINT and SIGTERM, which autotune unwinds itself, are proven under CPU starvation below.)"""
+    started = _kill_when_probing(RUN_REAL, signal.SIGKILL, tmp_path, wait_for="autotune.probe.worker")
     assert len(started) > 5  # the Ray runtime (GCS, raylet, agents, a worker), the reaper and the probe
     _none_alive_soon(started, within=15.0)
-    if sig != signal.SIGKILL:  # unwound by autotune itself (ray.init had replaced its SIGTERM handler: exit 1)
-        assert report["code"] == 130 and "autotune: interrupted" in report["stderr"], report
-        assert "SIGTERM received" not in report["stderr"], report["stderr"][-2000:]
 
 
 @pytest.mark.slow
@@ -469,8 +466,11 @@ def test_an_interrupted_run_whose_probe_is_starved_of_cpu_stops_within_seconds(
     try:
         report: dict = {}
         started = _kill_when_probing(RUN_REAL, sig, tmp_path, wait_for="autotune.probe.worker", report=report)
+        # unwound by autotune itself (ray.init had replaced its SIGTERM handler once: exit 1)
         assert report["code"] == 130 and "autotune: interrupted" in report["stderr"], report
+        assert "SIGTERM received" not in report["stderr"], report["stderr"][-2000:]
         assert report["seconds"] < 10.0, report
+        assert len(started) > 5  # the Ray runtime (GCS, raylet, agents, a worker), the reaper and the probe
         _none_alive_soon(started, within=5.0)
     finally:
         for h in hogs:

@@ -142,6 +142,7 @@ def test_write_back_refuses_a_nested_target() -> None:
         write_back_text("a.yaml", "a:\n  b: 1\n", {"a": 3})
 
 
+@pytest.mark.timeout(900)  # a real end-to-end run: minutes on 2 cores
 @pytest.mark.slow
 def test_run_from_axolotl_writes_back(tmp_path: Path) -> None:
     src = tmp_path / "axolotl_lora.yaml"

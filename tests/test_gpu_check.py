@@ -1,5 +1,6 @@
 """benchmarks/gpu_check.sh, the one GPU pass: its plan, its caps, its process cleanup, its helpers,
-and (slow tier) its CPU mode, which runs every step's code path on tiny-llama."""
+and (the GPU rehearsal tier, `make test-gpu-rehearsal`) its CPU mode, which runs every step's code path on
+tiny-llama."""
 
 from __future__ import annotations
 
@@ -165,6 +166,8 @@ def test_zero_rows_in_the_pass_order_compare_both_engines() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.gpu_rehearsal
+@pytest.mark.timeout(900)
 def test_cpu_mode_runs_every_step_and_returns_at_most_8_files(tmp_path: Path) -> None:
     out = tmp_path / "gpu-check"
     res = subprocess.run(["bash", str(SCRIPT), "--cpu", str(out)], capture_output=True, text=True, cwd=REPO,

@@ -310,6 +310,7 @@ def test_model_references_and_the_offline_switch() -> None:
     assert got is not None and got.endpoint == "http://127.0.0.1:9" and got.token == "t"
 
 
+@pytest.mark.timeout(900)  # a real end-to-end run: minutes on 2 cores
 @pytest.mark.slow
 def test_a_real_run_with_a_hub_model_and_a_hub_dataset(hub, tmp_path: Path) -> None:
     out = tmp_path / "out"

@@ -239,6 +239,7 @@ def _probe_request(probe: psutil.Process) -> dict | None:
     return None
 
 
+@pytest.mark.timeout(900)  # a real end-to-end run: minutes on 2 cores
 def test_a_run_on_a_two_node_cluster_survives_losing_the_worker_node(cluster: _Cluster, tmp_path: Path) -> None:
     out = tmp_path / "out"
     head, worker = cluster.nodes["head"], cluster.nodes["worker"]

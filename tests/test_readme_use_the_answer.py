@@ -146,6 +146,7 @@ def test_the_zero_answer_loads_in_accelerate_and_deepspeed(fixture: dict[str, Pa
     assert DeepSpeedConfig(json.loads((zero / "deepspeed.json").read_text())).zero_optimization_stage == 3
 
 
+@pytest.mark.timeout(600)  # each block trains for real: minutes on 2 cores
 @pytest.mark.slow
 @pytest.mark.parametrize("target", sorted(TARGETS))
 def test_each_readme_block_runs_as_written(fixture: dict[str, Path], target: str, tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ A venv that cannot be built (no network, say) skips these tests with pip's reaso
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
 import os
@@ -116,11 +117,13 @@ class _Run:
     def __init__(self, cmd: list, *, cwd: Path, env: dict[str, str], logs: Path, timeout: float = 900) -> None:
         self.cmd = [str(c) for c in cmd]
         self.timeout = timeout
+        self._stopped = False
         self._out, self._err = logs.with_suffix(".out"), logs.with_suffix(".err")
         with self._out.open("w") as out, self._err.open("w") as err:
             self.proc = subprocess.Popen(self.cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
                                          stderr=err, start_new_session=True)
         self._deadline = time.monotonic() + timeout
+        atexit.register(self.stop)  # a session ended before the tier's teardown (Ctrl-C) leaves none behind
 
     def result(self) -> subprocess.CompletedProcess[str]:
         try:
@@ -133,11 +136,14 @@ class _Run:
 
     def stop(self) -> None:
         """The process and whatever it started (accelerate's trainer) are ended: nothing outlives the tier."""
+        if self._stopped:
+            return
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         self.proc.wait()
+        self._stopped = True
 
 
 _NEEDS: dict[str, str] = {}  # test name -> the client process it reads
@@ -160,9 +166,10 @@ class _Tier:
         self._started: dict[str, object] = {}
         self._resolved: dict[str, dict[str, dict]] = {}
         self._pythons: dict[str, Path | BaseException] = {}
+        # the longest first; LLaMA-Factory's training last, after the note's export (run here, meanwhile)
         self._starters: dict[str, Callable[[], _Run]] = {
-            "lf-resolve": self._lf_resolve, "lf-train": self._lf_train,
-            "ax-resolve": self._ax_resolve, "ax-train": self._ax_train,
+            "ax-train": self._ax_train, "lf-resolve": self._lf_resolve, "ax-resolve": self._ax_resolve,
+            "lf-train": self._lf_train,
         }
 
     def start(self, job: str) -> _Run:
@@ -177,7 +184,7 @@ class _Tier:
         return got
 
     def prestart(self, jobs: set[str]) -> None:
-        for job in self._starters:  # LLaMA-Factory's first: its tests come first
+        for job in self._starters:
             if job in jobs and _ready("llamafactory" if job.startswith("lf") else "axolotl"):
                 try:
                     self.start(job)

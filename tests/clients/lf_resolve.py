@@ -1,6 +1,11 @@
 """Run with LLaMA-Factory's python: what LLaMA-Factory's own parser makes of each YAML given.
 
-    python lf_resolve.py FILE.yaml [...]   ->  one JSON object per file on stdout (path -> resolved values)
+    python lf_resolve.py [--run SCRIPT ARG] [--cwd DIR] FILE.yaml [...]
+        ->  the last stdout line: JSON, path -> resolved values
+
+``--cwd DIR`` resolves the files after it from DIR (a batch per working directory, one process for all), and
+``--run SCRIPT ARG`` runs a script of the repository as ``python SCRIPT ARG`` would, in this process (its result
+under ``"run SCRIPT"``: ``{}``, or the error it raised), so that one LLaMA-Factory start serves every check.
 
 Reads each file as ``llamafactory-cli train FILE`` does (OmegaConf, then ``_parse_train_args``: HfArgumentParser
 over its Model/Data/Training/Finetuning/Generating arguments, unknown keys refused). An answer tuned for a GPU
@@ -11,7 +16,9 @@ the HF Trainer opens it: relative to the working directory.
 
 import json
 import os
+import runpy
 import sys
+import traceback
 from pathlib import Path
 
 from llamafactory.hparams.parser import _parse_train_args
@@ -68,5 +75,31 @@ def resolve(path: str) -> dict:
     return out
 
 
+def run(script: str, arg: str) -> dict:
+    argv = sys.argv
+    sys.argv = [script, arg]
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except BaseException:  # noqa: B036 - a SystemExit from the script is its failure too, reported with the rest
+        return {"error": traceback.format_exc()[-3000:]}
+    finally:
+        sys.argv = argv
+    return {}
+
+
+def main(args: list[str]) -> dict:
+    out = {}
+    while args:
+        arg = args.pop(0)
+        if arg == "--cwd":
+            os.chdir(args.pop(0))
+        elif arg == "--run":
+            script, script_arg = args.pop(0), args.pop(0)
+            out[f"run {script}"] = run(script, script_arg)
+        else:
+            out[arg] = resolve(arg)
+    return out
+
+
 if __name__ == "__main__":
-    print(json.dumps({p: resolve(p) for p in sys.argv[1:]}))
+    print(json.dumps(main(sys.argv[1:])))

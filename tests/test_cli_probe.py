@@ -20,6 +20,7 @@ def autotune(tmp: Path, *args: str, timeout: float = 300, process: bool = False)
     return cli(tmp, *args, timeout=timeout, process=process)
 
 
+@pytest.mark.slow
 def test_probe_json_end_to_end(tmp_path: Path) -> None:
     p = autotune(tmp_path, "probe", *BASE, "--json")
     assert p.returncode == 0, p.stderr
@@ -30,6 +31,7 @@ def test_probe_json_end_to_end(tmp_path: Path) -> None:
     assert data["request"]["workload"]["model"] == "tiny-llama"
 
 
+@pytest.mark.slow
 def test_probe_human_output_and_flags(tmp_path: Path) -> None:
     p = autotune(tmp_path, "probe", *BASE, "--grad-ckpt", "--attn", "eager", "--workers", "1", "--no-pin-memory",
                  "--packing", "--lengths", "lognormal:3.5,1.0", "--gpu-budget", "4GB", "--timeout", "200")  # fmt: skip
@@ -40,6 +42,7 @@ def test_probe_human_output_and_flags(tmp_path: Path) -> None:
     assert "of 3.73 GiB budget" in out
 
 
+@pytest.mark.slow
 def test_probe_lora_mode(tmp_path: Path) -> None:
     p = autotune(tmp_path, "probe", *BASE, "--mode", "lora", "--lora-r", "4", "--json")
     assert p.returncode == 0, p.stderr
@@ -47,12 +50,14 @@ def test_probe_lora_mode(tmp_path: Path) -> None:
     assert 0 < m["trainable_params"] < m["num_params"] / 10
 
 
+@pytest.mark.slow
 def test_unsupported_exits_1_with_reason(tmp_path: Path) -> None:
     p = autotune(tmp_path, "probe", *BASE, "--attn", "flash_attention_2")
     assert p.returncode == 1
     assert "unsupported" in p.stdout and "flash_attention_2" in p.stdout
 
 
+@pytest.mark.slow
 def test_over_budget_exits_3(tmp_path: Path) -> None:
     p = autotune(tmp_path, "probe", *BASE, "--gpu-budget", "2MB", "--json")
     assert p.returncode == 3
@@ -91,6 +96,7 @@ def test_dataset_text_without_tokenizer_is_refused(tmp_path: Path) -> None:
     assert "tokenizer" in p.stderr and len(p.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_dataset_with_input_ids_runs(tmp_path: Path) -> None:
     data = tmp_path / "d.jsonl"
     rows = [{"input_ids": list(range(1, 10 + (i * 7) % 50))} for i in range(64)]

@@ -210,6 +210,7 @@ def test_deepspeed_zero2_optimizer_offload_world_2() -> None:
     assert_ok_world2(r, "DEEPSPEED")
 
 
+@pytest.mark.slow
 def test_fsdp_full_shard_world_2() -> None:
     r = run_probe_process(dist_request(zero_stage=3, sharding="fsdp"))
     assert_ok_world2(r, "FSDP")
@@ -233,6 +234,7 @@ def test_distributed_request_outside_the_launcher_is_refused(monkeypatch: pytest
         worker._precheck(dist_request(), "cpu")
 
 
+@pytest.mark.slow
 def test_a_rank_that_dies_stops_the_others_and_is_a_crash(tmp_path: Path) -> None:
     # rank 1's interpreter fails at once; rank 0 would wait for it at rendezvous until killed
     wrapper = tmp_path / "python"
@@ -254,6 +256,7 @@ def test_a_rank_that_dies_stops_the_others_and_is_a_crash(tmp_path: Path) -> Non
     assert watch.survivors() == []
 
 
+@pytest.mark.slow
 def test_timeout_kills_every_rank() -> None:
     watch = ChildWatch()
     # thousands of steps: on a quiet machine a 2-rank tiny probe of a few steps ends inside 6 s
@@ -264,6 +267,7 @@ def test_timeout_kills_every_rank() -> None:
     assert watch.survivors() == []
 
 
+@pytest.mark.slow
 @needs_heuristic_overcommit
 def test_oom_on_a_rank_is_oom(tmp_path: Path) -> None:
     # as in test_probe: a 1M-token vocabulary makes the logits one refused 32 GB allocation per rank
@@ -279,6 +283,7 @@ def test_oom_on_a_rank_is_oom(tmp_path: Path) -> None:
     assert watch.survivors() == []
 
 
+@pytest.mark.slow
 def test_cli_distributed_flags() -> None:
     args = ["probe", "-m", "tiny-llama", "--device", "cpu", "--seq-len", str(SEQ), "--micro-batch", str(MB),
             "--warmup-steps", str(WARMUP), "--steps", str(STEPS), "--world-size", "2", "--zero-stage", "3",

@@ -50,6 +50,7 @@ def tiny_llama_config():
 # ---------------------------------------------------------------- training_args.json
 
 
+@pytest.mark.slow
 def test_training_args_json_builds_training_arguments_and_runs_two_trainer_steps(tmp_path, fields):
     best = result_for(Candidate(micro_batch=2, grad_accum=2, precision="fp32", grad_ckpt=True))
     emit_all(best, tmp_path / "best", fields=fields)
@@ -276,6 +277,7 @@ def _save_tiny_model_and_tokenizer(path: Path) -> None:
     transformers.LlamaForCausalLM(tiny_llama_config()).save_pretrained(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode,packing", [("lora", True)])
 def test_train_py_runs_two_steps(tmp_path, fields, mode, packing):
     """A text dataset, tokenized by the model directory's tokenizer (pre-tokenized rows and the

@@ -390,3 +390,34 @@ def parquet_bytes(rows: list[dict[str, object]]) -> bytes:
     buf = io.BytesIO()
     pq.write_table(pa.Table.from_pylist(rows), buf)
     return buf.getvalue()
+
+
+def isolate_hf_caches(monkeypatch: object, root: object) -> None:
+    """Point huggingface_hub's and datasets' caches at ``root`` for this test, in this process too.
+
+    Both libraries read ``HF_HUB_CACHE`` / ``HF_DATASETS_CACHE`` once, at import, and fsspec keeps one
+    ``HfFileSystem`` (with its listings) per endpoint for the process: a test that only sets the environment
+    would read what an earlier test cached. A command line starts with a fresh process; a test must start
+    with fresh caches.
+    """
+    from pathlib import Path
+
+    root = Path(str(root))
+    mp = monkeypatch
+    mp.setenv("HF_HOME", str(root))  # type: ignore[attr-defined]
+    mp.setenv("HF_HUB_CACHE", str(root / "hub"))  # type: ignore[attr-defined]
+    mp.setenv("HF_DATASETS_CACHE", str(root / "datasets"))  # type: ignore[attr-defined]
+    import huggingface_hub.constants as hub_constants
+
+    mp.setattr(hub_constants, "HF_HUB_CACHE", str(root / "hub"))  # type: ignore[attr-defined]
+    try:
+        import datasets.config as ds_config
+    except ImportError:  # pragma: no cover - datasets is an optional extra
+        ds_config = None
+    if ds_config is not None:
+        mp.setattr(ds_config, "HF_DATASETS_CACHE", root / "datasets")  # type: ignore[attr-defined]
+        mp.setattr(ds_config, "HF_MODULES_CACHE", root / "modules")  # type: ignore[attr-defined]
+    from huggingface_hub import HfFileSystem
+
+    HfFileSystem.clear_instance_cache()
+

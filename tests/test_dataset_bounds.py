@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _hub_stand_in import Repo, parquet_bytes, serve
+from _hub_stand_in import Repo, isolate_hf_caches, parquet_bytes, serve
 from typer.testing import CliRunner
 
 from autotune.cli.app import app
@@ -126,9 +126,7 @@ def hub_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     repo = Repo("standin/big-rows", "dataset", {"data/train.parquet": parquet_bytes(rows)})
     with serve(repo) as hub:
         monkeypatch.setenv("HF_ENDPOINT", hub.url)
-        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
-        monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf" / "datasets"))
+        isolate_hf_caches(monkeypatch, tmp_path / "hf")
         monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path / "autotune-cache"))
         for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HF_TOKEN"):
             monkeypatch.delenv(k, raising=False)

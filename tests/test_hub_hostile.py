@@ -21,7 +21,7 @@ from pathlib import Path
 
 import _cli
 import pytest
-from _hub_stand_in import Hostile, Repo, parquet_bytes, serve
+from _hub_stand_in import Hostile, Repo, isolate_hf_caches, parquet_bytes, serve
 
 from autotune.errors import DatasetError, SpecError
 from autotune.models import HubAccess, HubError, resolve_model
@@ -49,9 +49,7 @@ def _repos() -> list[Repo]:
 def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     with serve(*_repos()) as h:
         monkeypatch.setenv("HF_ENDPOINT", h.url)
-        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
-        monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf" / "datasets"))
+        isolate_hf_caches(monkeypatch, tmp_path / "hf")
         monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path / "autotune-cache"))
         for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HF_TOKEN", "AUTOTUNE_HUB_TIMEOUT"):
             monkeypatch.delenv(k, raising=False)

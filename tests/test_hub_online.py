@@ -275,6 +275,7 @@ def test_a_real_probe_of_a_hub_model_on_a_streamed_hub_dataset(hub, tmp_path: Pa
     assert "read the first 40 rows" in res.stderr
 
 
+@pytest.mark.slow
 def test_train_py_loads_the_full_dataset_by_id_not_the_sample(hub, tmp_path: Path) -> None:
     sample = tmp_path / "autotune-cache" / "hub-samples" / "standin___tiny-data" / "train" / "sample.jsonl"
     sample.parent.mkdir(parents=True)

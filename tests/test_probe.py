@@ -41,6 +41,7 @@ def ok_result() -> ProbeResult:
     return run_probe_process(tiny_request())
 
 
+@pytest.mark.slow
 def test_ok_probe_measures_real_tokens_memory_and_overhead(ok_result: ProbeResult) -> None:
     r = ok_result
     assert r.status == "ok", r.reason
@@ -63,12 +64,14 @@ def test_ok_probe_measures_real_tokens_memory_and_overhead(ok_result: ProbeResul
     json.dumps(r.to_dict())  # plain JSON-serialisable data
 
 
+@pytest.mark.slow
 def test_result_round_trips(ok_result: ProbeResult) -> None:
     again = ProbeResult.from_dict(json.loads(json.dumps(ok_result.to_dict())))
     assert again == ok_result
     assert again.probe_request() == tiny_request()
 
 
+@pytest.mark.slow
 def test_variable_lengths_count_only_real_tokens() -> None:
     r = run_probe_process(tiny_request(lengths="uniform:16-128", micro_batch=4))
     assert r.status == "ok", r.reason
@@ -78,18 +81,21 @@ def test_variable_lengths_count_only_real_tokens() -> None:
     assert m["tokens_per_s"] == pytest.approx(m["real_tokens"] / m["window_s"])
 
 
+@pytest.mark.slow
 def test_unsupported_attention_on_cpu_is_reported() -> None:
     r = run_probe_process(tiny_request(attn="flash_attention_2"))
     assert r.status == "unsupported"
     assert "flash_attention_2" in r.reason and "GPU" in r.reason
 
 
+@pytest.mark.slow
 def test_fp16_on_cpu_is_unsupported() -> None:
     r = run_probe_process(tiny_request(precision="fp16"))
     assert r.status == "unsupported"
     assert "fp16" in r.reason
 
 
+@pytest.mark.slow
 def test_over_budget_stops_the_probe_mid_run() -> None:
     r = run_probe_process(tiny_request(budget_bytes=4 * 2**20))
     assert r.status == "over_budget"
@@ -97,6 +103,7 @@ def test_over_budget_stops_the_probe_mid_run() -> None:
     assert r.metrics["peak_mem_bytes"] > 4 * 2**20
 
 
+@pytest.mark.slow
 def test_over_budget_after_measurement_gives_both_numbers() -> None:
     # the run completes (under the hard budget) but exceeds the usable share after headroom
     r = run_probe_process(tiny_request(budget_bytes=8 * 2**30, headroom=0.999))
@@ -106,6 +113,7 @@ def test_over_budget_after_measurement_gives_both_numbers() -> None:
     assert r.metrics["peak_mem_bytes"] > r.metrics["usable_bytes"]
 
 
+@pytest.mark.slow
 def test_timeout_kills_the_probe() -> None:
     r = run_probe_process(tiny_request(timeout_s=2.0, steps=5000))
     assert r.status == "timeout"
@@ -113,6 +121,7 @@ def test_timeout_kills_the_probe() -> None:
     assert r.metrics["wall_s"] < 15
 
 
+@pytest.mark.slow
 @needs_heuristic_overcommit
 def test_real_out_of_memory(tmp_path: Path) -> None:
     # a 1M-token vocabulary makes the logits of 4 × 2048 tokens a single 32 GB allocation,
@@ -186,6 +195,7 @@ def test_classify_exception(exc: BaseException, status: str) -> None:
     assert reason
 
 
+@pytest.mark.slow
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one CPU: every thread count is 1, the test could not fail")
 def test_a_cpu_probe_runs_with_the_threads_the_emitted_train_py_gets(monkeypatch: pytest.MonkeyPatch) -> None:
     """The probe measures with torch's default thread count, as ``best/train.py`` (which sets none)

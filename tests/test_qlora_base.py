@@ -98,6 +98,7 @@ def test_a_build_that_fails_leaves_no_entry(tmp_path: Path, monkeypatch: pytest.
     assert [p.name for p in tmp_path.iterdir()] == [f"{base_key(tiny_cfg(), dtype='float32', seed=42)}.lock"]
 
 
+@pytest.mark.slow
 def test_concurrent_probes_build_it_once_and_never_see_half_of_it(tmp_path: Path) -> None:
     """Three processes ask at once: one builds, each gets a complete entry, the same one."""
     script = textwrap.dedent(f"""

@@ -218,6 +218,7 @@ def _tiny(**overrides: Any) -> ProbeRequest:
     return ProbeRequest(Workload(**wl), Candidate(**cand), ProbeSettings(**sett))  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_a_huge_accumulation_does_not_make_a_probe_longer() -> None:
     from autotune.executors.local import run_probe_process
 

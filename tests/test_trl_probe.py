@@ -112,6 +112,7 @@ def test_front_sampler_puts_the_worst_case_first_once() -> None:
 # ------------------------------------------------------------------ a real SFTTrainer probe, in process
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("packing", [False, True])
 def test_trl_probe_measures_the_emitted_sft_config(tmp_path: Path, packing: bool) -> None:
     pytest.importorskip("trl")
@@ -153,6 +154,7 @@ def test_trl_probe_measures_the_emitted_sft_config(tmp_path: Path, packing: bool
     assert (rows.get("quality note") == TRL_PACKING_QUALITY_NOTE) is packing
 
 
+@pytest.mark.slow
 def test_trl_probe_on_synthetic_tokens(tmp_path: Path) -> None:
     pytest.importorskip("trl")
     from autotune.probe.worker import run_probe_in_process
@@ -191,6 +193,7 @@ def test_bad_trainer_value_is_refused(tmp_path: Path) -> None:
     assert p.returncode == 2 and "trainer must be one of hf, trl" in p.stderr
 
 
+@pytest.mark.slow
 def test_probe_cli_trainer_trl_json(tmp_path: Path) -> None:
     pytest.importorskip("trl")
     data = _chat_dir(tmp_path)

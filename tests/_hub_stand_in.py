@@ -421,3 +421,17 @@ def isolate_hf_caches(monkeypatch: object, root: object) -> None:
 
     HfFileSystem.clear_instance_cache()
 
+
+def online_against(monkeypatch: object, hub: HubStandIn, tmp_path: object) -> None:
+    """The environment of an online user whose ``HF_ENDPOINT`` is ``hub``: caches under ``tmp_path`` (the Hub's
+    and autotune's), no offline switch, no token, the default Hub deadline."""
+    from pathlib import Path
+
+    tmp = Path(str(tmp_path))
+    mp = monkeypatch
+    mp.setenv("HF_ENDPOINT", hub.url)  # type: ignore[attr-defined]
+    isolate_hf_caches(monkeypatch, tmp / "hf")
+    mp.setenv("AUTOTUNE_CACHE", str(tmp / "autotune-cache"))  # type: ignore[attr-defined]
+    for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HF_TOKEN", "AUTOTUNE_HUB_TIMEOUT"):
+        mp.delenv(k, raising=False)  # type: ignore[attr-defined]
+

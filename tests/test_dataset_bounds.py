@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _hub_stand_in import Repo, isolate_hf_caches, parquet_bytes, serve
+from _hub_stand_in import Repo, online_against, parquet_bytes, serve
 from typer.testing import CliRunner
 
 from autotune.cli.app import app
@@ -125,11 +125,7 @@ def hub_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     rows = [{"text": _big_text(2, f"row {i} ")} for i in range(6)]
     repo = Repo("standin/big-rows", "dataset", {"data/train.parquet": parquet_bytes(rows)})
     with serve(repo) as hub:
-        monkeypatch.setenv("HF_ENDPOINT", hub.url)
-        isolate_hf_caches(monkeypatch, tmp_path / "hf")
-        monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path / "autotune-cache"))
-        for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HF_TOKEN"):
-            monkeypatch.delenv(k, raising=False)
+        online_against(monkeypatch, hub, tmp_path)
         yield hub, rows
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import _cli
 import pytest
-from _hub_stand_in import Hostile, Repo, isolate_hf_caches, parquet_bytes, serve
+from _hub_stand_in import Hostile, Repo, online_against, parquet_bytes, serve
 
 from autotune.errors import DatasetError, SpecError
 from autotune.models import HubAccess, HubError, resolve_model
@@ -48,11 +48,7 @@ def _repos() -> list[Repo]:
 @pytest.fixture
 def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     with serve(*_repos()) as h:
-        monkeypatch.setenv("HF_ENDPOINT", h.url)
-        isolate_hf_caches(monkeypatch, tmp_path / "hf")
-        monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path / "autotune-cache"))
-        for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HF_TOKEN", "AUTOTUNE_HUB_TIMEOUT"):
-            monkeypatch.delenv(k, raising=False)
+        online_against(monkeypatch, h, tmp_path)
         yield h
 
 

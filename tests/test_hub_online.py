@@ -21,7 +21,7 @@ from pathlib import Path
 import _cli
 import pytest
 from _fakes import FakeExecutor
-from _hub_stand_in import Repo, isolate_hf_caches, parquet_bytes, serve
+from _hub_stand_in import Repo, online_against, parquet_bytes, serve
 from typer.testing import CliRunner
 
 import autotune._tune as tune_mod
@@ -81,11 +81,7 @@ def assert_only_small_files(hub) -> None:
 @pytest.fixture
 def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     with serve(*_repos()) as h:
-        monkeypatch.setenv("HF_ENDPOINT", h.url)
-        isolate_hf_caches(monkeypatch, tmp_path / "hf")
-        monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path / "autotune-cache"))
-        for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HF_TOKEN"):
-            monkeypatch.delenv(k, raising=False)
+        online_against(monkeypatch, h, tmp_path)
         yield h
         assert_only_small_files(h)
 

@@ -667,26 +667,25 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
         return None  # a 3xx comes back as it is; _request decides
 
 
-class _WatchedHTTP(http.client.HTTPConnection):
+class _Watched:
+    """A connection the fetch's deadline can shut: registered with the watch, its socket handed over on connect."""
+
     def __init__(self, host: str, *, watch: _Watch, **kwargs: Any) -> None:
-        super().__init__(host, **kwargs)
+        super().__init__(host, **kwargs)  # type: ignore[call-arg]
         self.watch = watch
         watch.add(self)
 
     def connect(self) -> None:
-        super().connect()
-        self.watch.connected(self.sock)
+        super().connect()  # type: ignore[misc]
+        self.watch.connected(self.sock)  # type: ignore[attr-defined]
 
 
-class _WatchedHTTPS(http.client.HTTPSConnection):
-    def __init__(self, host: str, *, watch: _Watch, **kwargs: Any) -> None:
-        super().__init__(host, **kwargs)
-        self.watch = watch
-        watch.add(self)
+class _WatchedHTTP(_Watched, http.client.HTTPConnection):
+    pass
 
-    def connect(self) -> None:
-        super().connect()
-        self.watch.connected(self.sock)
+
+class _WatchedHTTPS(_Watched, http.client.HTTPSConnection):
+    pass
 
 
 class _Http(urllib.request.HTTPHandler):

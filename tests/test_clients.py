@@ -244,8 +244,10 @@ class _Tier:
         """The dataset exported and registered as the answer's note says, then ``llamafactory-cli train``."""
         python, world = self.python("llamafactory"), self.world
         note = _note((world[TRAINED] / "llamafactory.yaml").read_text(), "dataset:")
-        export = re.search(r'python -c "(.*?)"', note).group(1)  # the export command the note gives, as written
-        done = subprocess.run([sys.executable, "-c", export], capture_output=True, text=True, timeout=300)
+        # the export command the note gives, as a shell would split it (its program is one quoted argument)
+        export = shlex.split(re.search(r": (python -c .*?); then write dataset_info", note).group(1))
+        assert export[:2] == ["python", "-c"] and len(export) == 3, export
+        done = subprocess.run([sys.executable, *export[1:]], capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, f"the note's export failed: {export}\n{done.stderr[-3000:]}"
         entry = json.loads(re.search(r"write dataset_info.json (\{.*\}) and set", note).group(1))
         data_dir = world["root"] / "lf_data"

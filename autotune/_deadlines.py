@@ -182,16 +182,23 @@ def forecast_line(fc: dict[str, Any]) -> str:
     return text
 
 
-def _bounded_answer_s(fc: dict[str, Any], probe_timeout_s: float | None) -> float | None:
-    """The predicted time to answer, or None where it says nothing: no prediction, or no configuration the
-    memory model puts within the budget. A fixed ``--probe-timeout`` bounds each probe."""
+def _bounded_answer_s(fc: dict[str, Any], probe_timeout_s: float | None) -> tuple[float | None, bool]:
+    """(the predicted time to answer, or None where it says nothing; whether it is only the fastest
+    single probe). Where the memory model puts no configuration within the budget, most probes stop at
+    their out-of-memory error, but one it misjudges runs its whole window: the fastest configuration's
+    single probe is then the bound. A fixed ``--probe-timeout`` bounds each probe."""
     t = fc.get("time_to_answer_s")
-    if t is None or fc.get("fitting") == 0:
-        return None
+    if t is None:
+        return None, False
+    one_probe = fc.get("fitting") == 0
+    if one_probe:
+        t = fc.get("min_probe_s")
+        if t is None:
+            return None, True
+    probes = 1 if one_probe else int(fc.get("search_probes") or 0) + int(fc.get("confirm_probes") or 0)
     if probe_timeout_s is not None:
-        probes = int(fc.get("search_probes") or 0) + int(fc.get("confirm_probes") or 0)
-        t = min(float(t), probes * probe_timeout_s / max(1, int(fc.get("slots") or 1)))
-    return float(t)
+        t = min(float(t), probes * probe_timeout_s / (1 if one_probe else max(1, int(fc.get("slots") or 1))))
+    return float(t), one_probe
 
 
 def check_time_budget(fc: dict[str, Any], *, time_budget_s: float | None, time_budget_text: Any, steps: int,
@@ -199,16 +206,20 @@ def check_time_budget(fc: dict[str, Any], *, time_budget_s: float | None, time_b
     """Adds ``probes_in_budget``; SpecError (one line) when the budget cannot hold the baseline and one
     candidate, or, without a budget, when the predicted time to answer is over ``MAX_UNBUDGETED_S``
     (``probe_timeout_s``: a fixed ``--probe-timeout``, which bounds each probe)."""
-    answer_s = _bounded_answer_s(fc, probe_timeout_s)
+    answer_s, one_probe = _bounded_answer_s(fc, probe_timeout_s)
     if time_budget_s is None and answer_s is not None and answer_s > MAX_UNBUDGETED_S:
+        bounded = probe_timeout_s is not None and answer_s < (fc["min_probe_s"] if one_probe else fc["time_to_answer_s"])
+        each = (f"of at most {duration_text(probe_timeout_s)} each (--probe-timeout)" if bounded
+                else f"x ~{duration_text(fc['probe_s'])} each")
+        what = (f"even its fastest configuration's one probe is predicted to take ~{duration_text(answer_s)} "
+                f"(the memory model fits none in the budget, but a probe it misjudges runs its whole window)"
+                if one_probe else
+                f"this run is predicted to take ~{duration_text(answer_s)} to answer "
+                f"({fc['search_probes']} search + {fc['confirm_probes']} confirmation probes {each})")
         raise SpecError(
-            f"this run is predicted to take ~{duration_text(answer_s)} to answer "
-            f"({fc['search_probes']} search + {fc['confirm_probes']} confirmation probes "
-            + (f"x ~{duration_text(fc['probe_s'])} each" if answer_s == fc["time_to_answer_s"] or not probe_timeout_s
-               else f"of at most {duration_text(probe_timeout_s)} each (--probe-timeout)")
-            + f"), more than the {duration_text(MAX_UNBUDGETED_S)} autotune "
+            f"{what}, more than the {duration_text(MAX_UNBUDGETED_S)} autotune "
             f"starts without a --time-budget: give a smaller --steps than {steps}"
-            + (f", fewer --max-trials than {max_trials}" if max_trials else "")
+            + (f", fewer --max-trials than {max_trials}" if max_trials and not one_probe else "")
             + ", or a --time-budget to stop the search at (e.g. --time-budget 8h); "
             f"`{command_line('autotune', 'plan', '--model', model_ref)}` shows what one step costs")
     if time_budget_s is None or fc.get("probe_s") is None:

@@ -142,7 +142,23 @@ def test_a_run_predicted_to_take_over_a_day_without_a_time_budget_is_refused_bef
         tune("tiny-llama", steps=1_000_000_000, time_budget="8h", **request)
 
 
-def test_a_forecast_where_nothing_fits_or_a_fixed_probe_timeout_bounds_it_is_not_refused() -> None:
+def test_a_typo_in_steps_at_the_users_scale_is_refused_though_nothing_fits_the_memory_model(tmp_path: Path) -> None:
+    """8B LoRA at seq 4096 in 24 GB on this CPU: the memory model fits no configuration (fp32 weights alone
+    are 32 GB), which once let ``--steps 1000000000`` start a run whose probes had a year-long window."""
+    from _fakes import FakeExecutor
+
+    from autotune._tune import tune
+
+    ex = FakeExecutor()
+    out = tmp_path / "out"
+    with pytest.raises(SpecError, match="even its fastest configuration's one probe is predicted") as info:
+        tune("llama-3.1-8b", gpu_budget="24GB", device="cpu", mode="lora", seq_len=4096, effective_batch=32,
+             steps=1_000_000_000, out=out, executor=ex)
+    assert "smaller --steps than 1000000000" in str(info.value)
+    assert ex.requests == [] and not out.exists(), "refused before any probe and before anything is written"
+
+
+def test_a_forecast_where_nothing_fits_or_a_fixed_probe_timeout_bounds_it_is_judged_by_that_bound() -> None:
     from autotune._deadlines import MAX_UNBUDGETED_S, check_time_budget
 
     fc = {"time_to_answer_s": 10 * MAX_UNBUDGETED_S, "search_probes": 40, "confirm_probes": 8, "slots": 1,
@@ -150,7 +166,12 @@ def test_a_forecast_where_nothing_fits_or_a_fixed_probe_timeout_bounds_it_is_not
     kw = dict(time_budget_s=None, time_budget_text=None, steps=5, model_ref="m", max_trials=40)
     with pytest.raises(SpecError, match="--time-budget"):
         check_time_budget(dict(fc), **kw)
-    check_time_budget({**fc, "fitting": 0}, **kw)  # every probe stops at its out-of-memory error or is pruned
+    # where nothing fits the memory model, most probes stop at their out-of-memory error: the bound is the
+    # fastest configuration's one probe, which runs its whole window if the memory model misjudged it
+    check_time_budget({**fc, "fitting": 0, "min_probe_s": MAX_UNBUDGETED_S / 2}, **kw)
+    with pytest.raises(SpecError, match=r"even its fastest configuration's one probe is predicted to take ~48\.0 h"):
+        check_time_budget({**fc, "fitting": 0, "min_probe_s": 2 * MAX_UNBUDGETED_S}, **kw)
+    check_time_budget({**fc, "fitting": 0, "min_probe_s": 2 * MAX_UNBUDGETED_S}, **kw, probe_timeout_s=3600.0)
     check_time_budget(dict(fc), **kw, probe_timeout_s=60.0)  # 48 probes of at most a minute
     with pytest.raises(SpecError, match=r"of at most 1\.0 h each \(--probe-timeout\)"):
         check_time_budget(dict(fc), **kw, probe_timeout_s=3600.0)

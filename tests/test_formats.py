@@ -142,17 +142,18 @@ def test_write_back_refuses_a_nested_target() -> None:
         write_back_text("a.yaml", "a:\n  b: 1\n", {"a": 3})
 
 
-@pytest.mark.timeout(900)  # a real end-to-end run: minutes on 2 cores
-@pytest.mark.slow
 def test_run_from_axolotl_writes_back(tmp_path: Path) -> None:
+    """The whole run in-process with the fake executor: what is written back depends on the answer, not on
+    how its probes were measured (real probes through Ray: tests/test_cli_run.py); the fake's landscape
+    starts at 4 GiB, hence the budget."""
+    from _cli import cli
+
     src = tmp_path / "axolotl_lora.yaml"
     src.write_text((DATA / "axolotl_lora.yaml").read_text())
     out = tmp_path / "tuned.yaml"
-    proc = subprocess.run(
-        [sys.executable, "-m", "autotune", "run", "--from", str(src), "--device", "cpu", "--model", "tiny-llama",
-         "--gpu-budget", "4GB", "--max-trials", "3", "--steps", "2", "--top-k", "1", "--confirm-rounds", "1",
-         "--out", str(tmp_path / "res"), "--write-back", str(out), "--json"],
-        capture_output=True, text=True, timeout=900)
+    proc = cli(tmp_path, "run", "--from", str(src), "--device", "cpu", "--model", "tiny-llama", "--gpu-budget", "16GB",
+               "--max-trials", "3", "--steps", "2", "--top-k", "1", "--confirm-rounds", "1",
+               "--out", str(tmp_path / "res"), "--write-back", str(out), "--json", fake=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads(proc.stdout)
     wb = summary["write_back"]

@@ -40,15 +40,9 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             it.add_marker(pytest.mark.timeout(CLIENT_BUILD_TIMEOUT_S))
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start building the missing client venvs now, in the background, when the client tier is selected
-    and other tests run first; the tier's fixtures wait on the build's lock (tests/_clients.py)."""
-    if session.config.option.collectonly or os.environ.get("AUTOTUNE_NO_BACKGROUND_CLIENTS"):
-        return
-    items = session.items
-    if not any(it.get_closest_marker("clients") for it in items) or all(
-            it.get_closest_marker("clients") for it in items):
-        return
+def _start_builders(*, stop_with_session: bool) -> None:
+    """Start building the missing client venvs in the background, one builder per client (the downloads of
+    one overlap the other's unpacking); the tier's fixtures wait on the build's lock (tests/_clients.py)."""
     missing = _client_venvs_missing()
     if not missing:
         return
@@ -56,11 +50,35 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
     root = _clients.cache_root()
     root.mkdir(parents=True, exist_ok=True)
-    for name in missing:  # one builder per client: the downloads of one overlap the other's unpacking
+    for name in missing:
         with open(root / f"background-build-{name}.log", "ab") as out:
-            _builders.append(subprocess.Popen([sys.executable, str(TESTS / "_clients.py"), "build", name],
-                                              stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                              start_new_session=True))
+            builder = subprocess.Popen([sys.executable, str(TESTS / "_clients.py"), "build", name], stdout=out,
+                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        if stop_with_session:
+            _builders.append(builder)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """``AUTOTUNE_CLIENTS_BUILD_EARLY=1`` (``make test``'s first phase, which runs no client test): start the
+    missing client venvs' build now and leave it running for the second phase, whose client tier waits on
+    it. Started once, by the controlling process (not by each pytest-xdist worker)."""
+    if os.environ.get("AUTOTUNE_CLIENTS_BUILD_EARLY") != "1" or hasattr(session.config, "workerinput"):
+        return
+    if session.config.option.collectonly or os.environ.get("AUTOTUNE_NO_BACKGROUND_CLIENTS"):
+        return
+    _start_builders(stop_with_session=False)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start building the missing client venvs now, in the background, when the client tier is selected
+    and other tests run first."""
+    if session.config.option.collectonly or os.environ.get("AUTOTUNE_NO_BACKGROUND_CLIENTS"):
+        return
+    items = session.items
+    if not any(it.get_closest_marker("clients") for it in items) or all(
+            it.get_closest_marker("clients") for it in items):
+        return
+    _start_builders(stop_with_session=True)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -116,6 +116,7 @@ def _hang(request: ProbeRequest) -> ProbeResult:
     raise AssertionError("not reached")
 
 
+@pytest.mark.serial  # it bounds the time to close
 def test_a_pool_whose_processes_were_all_sent_sigterm_closes_within_seconds() -> None:
     """Slurm (a job's time limit, ``scancel``) and systemd stop every process of a job, not one process
     group: Ray's GCS, raylet, workers and agents get the SIGTERM with autotune. Closing the pool then

@@ -51,10 +51,19 @@ class Killed(ReplayExecutor):
         return super().submit(request)
 
 
+RESUMED_N = 16
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory):
+    """The uninterrupted search every resume point is compared with (deterministic: searched once)."""
+    return searcher(f"sqlite:///{tmp_path_factory.mktemp('whole') / 'whole.db'}", max_trials=RESUMED_N).run()
+
+
 @pytest.mark.parametrize("k", [2, 4, 7, 10, 13])
-def test_a_resumed_search_proposes_the_same_next_trial_as_an_uninterrupted_one(tmp_path: Path, k: int) -> None:
-    n = 16
-    whole = searcher(f"sqlite:///{tmp_path / 'whole.db'}", max_trials=n).run()
+def test_a_resumed_search_proposes_the_same_next_trial_as_an_uninterrupted_one(tmp_path: Path, k: int,
+                                                                               uninterrupted) -> None:
+    n, whole = RESUMED_N, uninterrupted
     url = f"sqlite:///{tmp_path / 'cut.db'}"
     journal: list = []
     cut = searcher(url, max_trials=n)

@@ -244,6 +244,7 @@ def _varied_chat_dir(tmp_path: Path, rows: int = 96) -> Path:
 
 @pytest.mark.timeout(900)  # a real end-to-end run: minutes on 2 cores
 @pytest.mark.slow
+@pytest.mark.serial  # it compares train_sft.py's speed with the reported one
 @pytest.mark.ray
 def test_run_trainer_trl_then_train_sft_py_at_the_reported_speed(tmp_path: Path) -> None:
     pytest.importorskip("trl")

@@ -127,12 +127,18 @@ def test_a_pool_whose_processes_were_all_sent_sigterm_closes_within_seconds() ->
 
     import psutil
 
+    def command_line(p: psutil.Process) -> str:
+        try:
+            return " ".join(p.cmdline())
+        except psutil.Error:  # ended, or a zombie, between the listing and the read
+            return ""
+
     me = psutil.Process()
     pool = RayExecutor(device="cpu", num_cpus=1, probe_fn=_hang)
     try:
         pool.submit(_req())
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not any("_probe_task" in " ".join(p.cmdline())
+        while time.monotonic() < deadline and not any("_probe_task" in command_line(p)
                                                        for p in me.children(recursive=True)):
             time.sleep(0.1)
         started = {(p.pid, p.create_time()) for p in me.children(recursive=True)}

@@ -310,6 +310,6 @@ def writable_keys(cfg: ReadConfig, *, fields: set[str] | None = None) -> set[str
                                         pin_memory=False, precision="fp32", packing=True, optim="adamw_torch_fused",
                                         torch_compile=True, liger=True), Candidate(precision="fp16"),
                  Candidate(precision="tf32")):
-        for where in (at, Measured(fields=at.fields)):
+        for where in (at, dataclasses.replace(at, device="cpu"), Measured(fields=at.fields)):
             keys |= set(cfg.module.tuned_keys(dataclasses.asdict(cand), cfg.data, fields=fields, at=where))
     return keys

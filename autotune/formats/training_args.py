@@ -40,7 +40,7 @@ DEFAULTS: dict[str, Any] = {
     "gradient_checkpointing": False, "activation_checkpointing": False, "dataloader_num_workers": 0,
     "dataloader_pin_memory": True, "dataloader_persistent_workers": False, "optim": "adamw_torch_fused",
     "torch_compile": False, "use_liger_kernel": False, "gradient_checkpointing_kwargs": _NON_REENTRANT,
-    "activation_checkpointing_kwargs": _NON_REENTRANT,
+    "activation_checkpointing_kwargs": _NON_REENTRANT, "use_cpu": False,
 }  # fmt: skip
 
 # autotune lever -> the TrainingArguments key(s) that carry it
@@ -58,6 +58,7 @@ LEVER_KEYS: dict[str, tuple[str, ...]] = {
     "zero_stage": ("deepspeed", "fsdp", "fsdp_config"),
     "offload": ("deepspeed", "fsdp", "ddp_backend"),
     "attn": (),  # a model argument: model_kwargs.json
+    "device": ("use_cpu",),  # where it was measured: a CPU answer says so, or the Trainer looks for a GPU
 }
 # levers a write-back leaves as the file has them: the distributed set-up (a DeepSpeed/FSDP config the user owns)
 HELD_LEVERS = ("zero_stage", "offload")
@@ -117,6 +118,8 @@ def lever_values(candidate: Candidate, at: Measured, *, ckpt_key: str | None = N
         # raises on tf32=True elsewhere (T4, V100), so fp16/fp32 say False (always accepted; and
         # without it transformers 5 turns TF32 on by itself for fp32, which would blur fp32 vs tf32).
         kw["tf32"] = c.precision in ("tf32", "bf16")
+    if at.device == "cpu":
+        kw["use_cpu"] = True
     kw.update(_sharding_values(c, at.device))
     return kw
 
@@ -131,8 +134,6 @@ def performance_kwargs(
         if not kw[key]:
             del kw[key]
     kw.update(seed=workload.seed, data_seed=workload.seed, remove_unused_columns=False)
-    if device == "cpu":
-        kw["use_cpu"] = True
     unknown = sorted(k for k in kw if k not in fields)
     if unknown:
         # e.g. an older transformers without use_liger_kernel: say so rather than drop silently
@@ -286,6 +287,8 @@ def written_back(candidate: Candidate, cfg: Mapping[str, Any], at: Measured) -> 
             wanted.pop(key, None)
     if candidate.workers == 0 and cfg.get("dataloader_persistent_workers"):
         wanted["dataloader_persistent_workers"] = False  # persistent workers need workers
+    if at.device == "cuda" and cfg.get("use_cpu"):
+        wanted["use_cpu"] = False  # measured on the GPU: a file that says use_cpu would train elsewhere
     if at.device != "cuda" and (candidate.precision == "tf32" or "tf32" in cfg):
         wanted["tf32"] = candidate.precision in ("tf32", "bf16")
     return wanted

@@ -16,7 +16,7 @@
 # and about half of the configurations are over budget. The second record_landscape call only
 # relabels the entries under that budget (no probe runs: every configuration has its repeats).
 #
-# What each one is (autotune/search_spaces/landscape-cpu-*.yaml says more):
+# What each one is (search_spaces/landscape-cpu-*.yaml says more):
 #   F  tiny-llama, fixed-length 256-token sequences (packing cannot win), micro-batch 4..16,
 #      checkpointing, eager/sdpa, packing                                     (24 configurations)
 #   G  tiny-qwen2, LoRA, lognormal lengths, micro-batch 4..16, checkpointing, fp32/bf16, packing  (24)

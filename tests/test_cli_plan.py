@@ -149,7 +149,7 @@ def test_liger_pin_on_and_off() -> None:
 
 
 def test_bad_pins_exit_2_with_one_line() -> None:
-    assert "offload params needs ZeRO stage 3" in _one_line_error(
+    assert "offload=params needs zero_stage 3" in _one_line_error(
         run("--model", "gpt2", "--seq-len", "512", "--zero-stage", "2", "--offload", "params")
     )
     assert "optim must be one of" in _one_line_error(

@@ -14,9 +14,12 @@ REPO = Path(__file__).resolve().parent.parent
 ALL_YAML = sorted((REPO / "search_spaces").rglob("*.y*ml"))
 
 
-def test_the_issue_spaces_ship() -> None:
+def test_the_named_spaces_ship_from_one_copy() -> None:
     assert {"default", "lora", "cpu", "multi-gpu"} <= set(available_spaces())
     assert space_dirs()[0] == REPO / "search_spaces"
+    # the package's folder is a link to the top-level one (a wheel build copies through it), not a second copy
+    packaged = REPO / "autotune" / "search_spaces"
+    assert packaged.is_symlink() and packaged.resolve() == (REPO / "search_spaces").resolve()
 
 
 @pytest.mark.parametrize("path", ALL_YAML, ids=lambda p: p.name)
@@ -68,15 +71,17 @@ def test_all_problems_in_one_error() -> None:
     for needle in ("colour", "micro_batch: choices must be >= 1; got 0", "micro_batch: choices must be integers; got '4'",
                    "micro_batch: choices must be integers; got True", "grad_ckpt: needs at least one choice",
                    "flash_attention_3", "duplicate choice(s) 'bf16'", "workers: choices must be >= 0",
-                   "offload ['optimizer'] needs a zero_stage > 0"):
+                   "offload 'optimizer' acts only with zero_stage 1, 2 or 3 among the choices"):
         assert needle in msg, needle
 
 
 def test_contradictions() -> None:
     with pytest.raises(SpecError, match="offload 'params' needs zero_stage 3"):
         parse_space({"zero_stage": [0, 2], "offload": ["none", "params"]})
-    with pytest.raises(SpecError, match="sharding 'fsdp' needs a zero_stage > 0"):
+    with pytest.raises(SpecError, match="sharding 'fsdp' acts only with zero_stage 1, 2 or 3 among the choices"):
         parse_space({"sharding": ["fsdp"]})
+    with pytest.raises(SpecError, match=r"sharding 'fsdp' needs zero_stage 2 or 3 among the choices \(FSDP has no"):
+        parse_space({"zero_stage": [1], "sharding": ["fsdp"]})
     with pytest.raises(SpecError, match="zero_stage: choices must be 0, 1, 2 or 3"):
         parse_space({"zero_stage": [4]})
     ok = parse_space({"zero_stage": [0, 3], "offload": ["none", "params"], "sharding": ["deepspeed", "fsdp"]})

@@ -20,6 +20,7 @@ from autotune.errors import SpecError
 from autotune.estimate.catalog import catalog_paths_from_env, find_gpus, load_catalog
 from autotune.estimate.plan import PlanResult, breakdown, parse_tokens, plan
 from autotune.spec.budget import format_bytes
+from autotune.spec.levers import choices_help
 from autotune.spec.probe_request import MODE_CHOICES
 
 __all__ = ["command", "gather", "parse_lora_targets", "render", "DEFAULT_GPUS"]
@@ -301,18 +302,10 @@ def command(
     ),
     zero_stage: int | None = typer.Option(None, "--zero-stage", help="Pin the ZeRO stage 0-3."),
     world_size: int | None = typer.Option(None, "--world-size", help="Pin the number of GPUs."),
-    offload: str | None = typer.Option(None, "--offload", help="Pin offload: none | optimizer | params."),
-    optim: str | None = typer.Option(
-        None,
-        "--optim",
-        help="Pin the optimizer (adamw_torch_fused, adamw_torch, adamw_8bit, paged_adamw_8bit, ...).",
-    ),
-    precision: str | None = typer.Option(
-        None, "--precision", help="Pin the precision: bf16 | fp16 | fp32 | tf32."
-    ),
-    attn: str | None = typer.Option(
-        None, "--attn", help="Pin attention: flash_attention_2 | sdpa | eager | flex_attention."
-    ),
+    offload: str | None = typer.Option(None, "--offload", help=choices_help("offload", pin=True)),
+    optim: str | None = typer.Option(None, "--optim", help=choices_help("optim", pin=True)),
+    precision: str | None = typer.Option(None, "--precision", help=choices_help("precision", pin=True)),
+    attn: str | None = typer.Option(None, "--attn", help=choices_help("attn", pin=True)),
     liger: bool | None = typer.Option(
         None, "--liger/--no-liger", help="Pin Liger's fused linear+cross-entropy loss on or off."
     ),

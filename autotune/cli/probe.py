@@ -10,6 +10,7 @@ import typer
 from autotune.cli.render import console, dumps_json, render_probe_result
 from autotune.errors import SpecError
 from autotune.spec.budget import parse_budget, resolve_budget
+from autotune.spec.levers import choices_help
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
 from autotune.spec.result import ProbeResult
 
@@ -183,13 +184,13 @@ def command(
     micro_batch: int = typer.Option(4, "--micro-batch", help="per_device_train_batch_size."),
     grad_accum: int = typer.Option(1, "--grad-accum", help="gradient_accumulation_steps."),
     grad_ckpt: bool = typer.Option(False, "--grad-ckpt/--no-grad-ckpt", help="Gradient (activation) checkpointing."),
-    attn: str = typer.Option("sdpa", "--attn", help="eager | sdpa | flash_attention_2 | flex_attention."),
+    attn: str = typer.Option("sdpa", "--attn", help=choices_help("attn")),
     workers: int = typer.Option(0, "--workers", help="dataloader_num_workers."),
     pin_memory: bool = typer.Option(True, "--pin-memory/--no-pin-memory", help="dataloader_pin_memory."),
     precision: str = typer.Option("auto", "--precision", help="auto | fp32 | tf32 | bf16 | fp16 (auto: bf16 on a GPU, fp32 on cpu)."),
     mode: str = typer.Option("full", "--mode", help="full | lora | qlora."),
     packing: bool = typer.Option(False, "--packing/--no-packing", help="Pack sequences (padding-free) instead of padding."),
-    optim: str = typer.Option("adamw_torch", "--optim", help="adamw_torch | adamw_torch_fused | adamw_8bit | paged_adamw_8bit | paged_adamw_32bit | adafactor | sgd."),
+    optim: str = typer.Option("adamw_torch", "--optim", help=choices_help("optim")),
     torch_compile: bool = typer.Option(False, "--compile/--no-compile", help="TrainingArguments.torch_compile."),
     liger: bool = typer.Option(False, "--liger/--no-liger", help="Liger kernels (GPU, liger-kernel installed)."),
     lengths: str = typer.Option("fixed", "--lengths", help="Synthetic length distribution: fixed | lognormal:MU,SIGMA | uniform:LO-HI | histogram:FILE.json."),
@@ -211,7 +212,7 @@ def command(
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow model code from the model dir (off by default)."),
     world_size: int = typer.Option(1, "--world-size", help="Data-parallel ranks (GPUs; processes on cpu). >1 runs a distributed probe."),
     zero_stage: int = typer.Option(0, "--zero-stage", help="ZeRO stage 0-3 (DeepSpeed), or its FSDP equivalent with --sharding fsdp."),
-    offload: str = typer.Option("none", "--offload", help="none | optimizer (ZeRO>=1) | params (ZeRO-3): offload to CPU memory."),
+    offload: str = typer.Option("none", "--offload", help=choices_help("offload")),
     sharding: str = typer.Option("deepspeed", "--sharding", help="deepspeed | fsdp (full_shard for stage 3, shard_grad_op for 1-2)."),
     trainer: str = typer.Option("hf", "--trainer", help="hf | trl: time transformers.Trainer, or TRL's SFTTrainer with this candidate's sft_config.json (TRL's packing and collator)."),
     as_json: bool = typer.Option(False, "--json", help="Print only the result as JSON."),

@@ -22,12 +22,10 @@ from autotune.estimate.arch import Arch, arch_from_config
 from autotune.estimate.catalog import GPU
 from autotune.estimate.memory import DEFAULT_OPTIM, MemoryBreakdown, estimate_memory
 from autotune.estimate.speed import SpeedEstimate, predict_speed
+from autotune.spec.levers import ZERO_STAGES, rule_problems, value_problem
 from autotune.spec.probe_request import (
-    ATTN_CHOICES,
     MODE_CHOICES,
     OFFLOAD_CHOICES,
-    OPTIM_CHOICES,
-    PRECISION_CHOICES,
     Candidate,
     Workload,
 )
@@ -280,8 +278,8 @@ def _world_sizes(gpus_per_node: int) -> list[int]:
 
 def _sharding(mode: str, world: int, pin: Mapping[str, Any]) -> list[tuple[int, str]]:
     if "zero_stage" in pin or "offload" in pin:
-        opts = [(z, o) for z in (0, 1, 2, 3) for o in OFFLOAD_CHOICES
-                if not (o == "params" and z != 3) and not (o == "optimizer" and z == 0)]  # fmt: skip
+        opts = [(z, o) for z in ZERO_STAGES for o in OFFLOAD_CHOICES
+                if not rule_problems({"zero_stage": z, "offload": o})]
         return [(z, o) for z, o in opts if pin.get("zero_stage", z) == z and pin.get("offload", o) == o]
     if mode != "full":
         return [(0, "none")]
@@ -361,26 +359,10 @@ def _check_pins(pin: Mapping[str, Any], gpus_per_node: int, effective_batch: int
     unknown = sorted(set(pin) - set(PIN_FIELDS))
     if unknown:
         problems.append(f"cannot pin {', '.join(unknown)}; pinnable: {', '.join(PIN_FIELDS)}")
-    for name in ("micro_batch", "world_size"):
-        v = pin.get(name)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            problems.append(f"{name} must be a positive integer; got {v!r}")
-    for name, choices in (("offload", OFFLOAD_CHOICES), ("optim", OPTIM_CHOICES), ("precision", PRECISION_CHOICES),
-                          ("attn", ATTN_CHOICES)):  # fmt: skip
-        if name in pin and pin[name] not in choices:
-            problems.append(f"{name} must be one of {', '.join(choices)}; got {pin[name]!r}")
-    if "zero_stage" in pin and pin["zero_stage"] not in (0, 1, 2, 3):
-        problems.append(f"zero_stage must be 0, 1, 2 or 3; got {pin['zero_stage']!r}")
-    for name in ("grad_ckpt", "liger"):
-        if name in pin and not isinstance(pin[name], bool):
-            problems.append(f"{name} must be true or false; got {pin[name]!r}")
+    problems += [m for name, v in pin.items() if name in PIN_FIELDS and (m := value_problem(name, v))]
     if problems:
         return problems
-    z, o = pin.get("zero_stage"), pin.get("offload")
-    if o == "params" and z is not None and z != 3:
-        problems.append("offload params needs ZeRO stage 3 (parameters are only sharded by ZeRO-3)")
-    if o == "optimizer" and z == 0:
-        problems.append("offload optimizer needs ZeRO stage 1 or more")
+    problems += rule_problems(pin, given_only=True)
     w = pin.get("world_size")
     if w is not None and w > gpus_per_node:
         problems.append(f"world_size {w} exceeds gpus_per_node {gpus_per_node}")

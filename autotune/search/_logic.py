@@ -13,11 +13,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.spec.levers import LEVERS, inactive, rule_problems
 from autotune.spec.probe_request import Candidate
-from autotune.spec.space import DIMENSIONS, SearchSpace
+from autotune.spec.space import DIMENSION_LEVERS, DIMENSIONS, SearchSpace
 from autotune.spec.trial import TrialRecord, candidate_id, candidate_label
 
 __all__ = [
+    "CONDITIONAL_KNOBS",
     "MEMORY_INFEASIBLE",
     "ORDERED_KNOBS",
     "FAILED",
@@ -44,8 +46,9 @@ __all__ = [
 MEMORY_INFEASIBLE = ("oom", "over_budget")
 # Statuses that are genuine failures (told to Optuna as FAIL: the sampler learns nothing from them).
 FAILED = ("timeout", "crash")
-# Conditional knobs: only meaningful when zero_stage > 0.
-_SHARDED_ONLY = ("offload", "sharding")
+# Conditional knobs: they act only under another knob's values (offload and sharding only with a ZeRO stage);
+# elsewhere the search holds them at their default.
+CONDITIONAL_KNOBS = tuple(d for d, name in DIMENSION_LEVERS.items() if LEVERS[name].acts_under)
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,7 @@ class Skip:
 
 # knobs whose choices are ordered (8 lies between 4 and 16): the Searcher may suggest them as an
 # index, and the neighbourhood walk steps to the next value rather than to every other one
-ORDERED_KNOBS = ("micro_batch", "workers", "zero_stage", "gpus_per_trial")
+ORDERED_KNOBS = tuple(d for d, name in DIMENSION_LEVERS.items() if LEVERS[name].ordered)
 
 
 def derive_grad_accum(effective_batch: int, micro_batch: int, world: int) -> int | None:
@@ -112,16 +115,15 @@ def candidate_from_choice(choice: dict[str, Any], *, effective_batch: int) -> Ca
     """Build the candidate for one choice of knobs (all DIMENSIONS present, or defaulted).
 
     Conditional knobs collapse: with zero_stage 0, offload is ``none`` and sharding the default.
-    Combinations that cannot run, and micro-batches that do not divide the effective batch,
-    come back as a Skip with the reason.
+    Combinations the lever rules (``autotune.spec.levers.RULES``) leave unsearched, and micro-batches that
+    do not divide the effective batch, come back as a Skip with the reason.
     """
     c = dict(choice)
     world = int(c.pop("gpus_per_trial", 1))
     mb = int(c["micro_batch"])
-    zero = int(c.get("zero_stage", 0))
-    if zero == 0:
-        c["offload"] = "none"
-        c["sharding"] = Candidate.sharding
+    for d in CONDITIONAL_KNOBS:
+        if inactive(d, c):
+            c[d] = LEVERS[d].default
     key_text = json.dumps({**c, "world": world}, sort_keys=True, default=str)
     key = "skip-" + hashlib.sha1(key_text.encode()).hexdigest()[:12]
     accum = derive_grad_accum(effective_batch, mb, world)
@@ -129,12 +131,9 @@ def candidate_from_choice(choice: dict[str, Any], *, effective_batch: int) -> Ca
         return Skip(
             f"effective batch {effective_batch} is not a multiple of micro_batch {mb} x {world} GPU(s)", key
         )
-    if c.get("offload") == "params" and zero != 3:
-        return Skip(f"offload params needs zero_stage 3, not {zero}", key)
-    if c.get("sharding") == "fsdp" and zero == 1:
-        return Skip("fsdp has no ZeRO-1 equivalent (it shards gradients and optimizer, or everything)", key)
-    if c.get("sharding") == "fsdp" and c.get("offload") == "optimizer":
-        return Skip("fsdp offloads parameters and optimizer together; offload 'params' covers it", key)
+    broken = rule_problems(c, searched=True)
+    if broken:
+        return Skip(broken[0], key)
     fields = {f.name for f in dataclasses.fields(Candidate)}
     kwargs = {k: v for k, v in c.items() if k in fields}
     cand = Candidate(**{**kwargs, "grad_accum": accum, "world_size": world})

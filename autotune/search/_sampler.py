@@ -55,6 +55,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.search import _records
 from autotune.search._logic import (
+    CONDITIONAL_KNOBS,
     ORDERED_KNOBS,
     TrialRecord,
     candidate_from_choice,
@@ -69,6 +70,7 @@ from autotune.search._logic import (
 )
 from autotune.search._strategies import STRATEGIES
 from autotune.search._walk import FollowUps
+from autotune.spec.levers import inactive
 from autotune.spec.probe_request import Candidate
 from autotune.spec.space import DIMENSIONS, SearchSpace
 
@@ -76,7 +78,6 @@ __all__ = ["AutotuneSampler", "STRATEGIES", "Observation"]
 
 NUDGE_EVERY = 8  # the base sampler repeated seen configurations this many times in a row: coverage
 _NOT_PROPOSED = ("baseline", "enqueued")  # origins the policy did not choose (the scripts skip them)
-_SHARDED_ONLY = ("offload", "sharding")  # suggested only with a ZeRO stage
 
 BaseFactory = Callable[[int], BaseSampler]
 # a scripted strategy: yields (candidate, origin) to measure, is sent its tok/s (None: did not fit)
@@ -200,12 +201,11 @@ class AutotuneSampler(BaseSampler):
         the choice in plain values: the fixed knobs, then the suggested ones (``candidate_from_choice`` builds it)."""
         choice: dict[str, Any] = dict(self.fixed)
         for d in self.distributions:
-            if d not in _SHARDED_ONLY:
+            if d not in CONDITIONAL_KNOBS:
                 choice[d] = self._suggest_one(trial, d)
-        if choice.get("zero_stage", 0) > 0:
-            for d in _SHARDED_ONLY:
-                if d in self.distributions:
-                    choice[d] = self._suggest_one(trial, d)
+        for d in CONDITIONAL_KNOBS:  # suggested only where they act (offload and sharding with a ZeRO stage)
+            if d in self.distributions and not inactive(d, choice):
+                choice[d] = self._suggest_one(trial, d)
         return choice
 
     def _suggest_one(self, trial: optuna.Trial, d: str) -> Any:
@@ -228,8 +228,8 @@ class AutotuneSampler(BaseSampler):
         """The searched knobs' values of a choice, in plain values (what a ``TrialRecord`` keeps); offload and
         sharding only with a ZeRO stage."""
         params = {d: v for d, v in choice.items() if d in self.distributions}
-        if choice.get("zero_stage", 0) == 0:
-            for d in _SHARDED_ONLY:
+        for d in CONDITIONAL_KNOBS:
+            if inactive(d, choice):
                 params.pop(d, None)
         return params
 

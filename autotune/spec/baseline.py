@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+from autotune.spec.levers import LEVERS
 from autotune.spec.probe_request import Candidate
 
 __all__ = ["HF_DEFAULT_MICRO_BATCH", "hf_default_candidate"]
 
-# The configuration a user would type without tuning ("HF default"), defined here and only here:
-# TrainingArguments' defaults (per-device batch 8, no checkpointing, no workers, fused AdamW), the
-# model's default attention (sdpa in transformers 5), no packing, fp32 unless the user chose a
-# precision, and accumulation chosen to keep the effective batch the search held fixed. A speedup
+# The configuration a user would type without tuning ("HF default"): each lever's HF default as declared in
+# autotune.spec.levers (TrainingArguments' per-device batch 8, no checkpointing, no workers, fused AdamW, the
+# model's default attention: sdpa in transformers 5, no packing, fp32), the precision the user chose if any,
+# and accumulation chosen to keep the effective batch the search held fixed. A speedup
 # over it at another precision mixes in the precision's own gain: pass ``precision=`` to compare
 # like with like (benchmarks/gpu_check.sh uses the tuned configuration's precision).
-HF_DEFAULT_MICRO_BATCH = 8
+HF_DEFAULT_MICRO_BATCH: int = LEVERS["micro_batch"].hf_default
 
 
 def hf_default_candidate(effective_batch: int, *, world_size: int = 1, precision: str = "fp32") -> Candidate:
@@ -25,15 +26,6 @@ def hf_default_candidate(effective_batch: int, *, world_size: int = 1, precision
         raise ValueError(f"effective batch and world size must be >= 1, got {effective_batch}, {world_size}")
     per_rank = max(1, effective_batch // world_size)
     micro = next(m for m in range(min(HF_DEFAULT_MICRO_BATCH, per_rank), 0, -1) if per_rank % m == 0)
-    return Candidate(
-        micro_batch=micro,
-        grad_accum=per_rank // micro,
-        grad_ckpt=False,
-        attn="sdpa",
-        workers=0,
-        pin_memory=True,
-        precision=precision,
-        packing=False,
-        optim="adamw_torch_fused",
-        world_size=world_size,
-    )
+    hf = {name: lv.hf_default for name, lv in LEVERS.items() if lv.hf_default is not None}
+    return Candidate(**{**hf, "micro_batch": micro, "grad_accum": per_rank // micro, "precision": precision,
+                        "world_size": world_size})

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.errors import SpecError
+from autotune.spec.levers import LEVERS, rule_problems, value_problem
 
 __all__ = [
     "FLATTEN_ATTN",
@@ -31,17 +32,16 @@ __all__ = [
     "ProbeRequest",
 ]
 
-ATTN_CHOICES = ("eager", "sdpa", "flash_attention_2", "flex_attention")
+# the levers' values, as declared in autotune.spec.levers
+ATTN_CHOICES: tuple[str, ...] = LEVERS["attn"].values
 # attention implementations that take packed sequences flattened, padding-free, with position_ids
 # only (no 4D mask): the probe's collator and the memory estimator both read this
 FLATTEN_ATTN = ("flash_attention_2", "flex_attention")
-PRECISION_CHOICES = ("fp32", "bf16", "fp16", "tf32")
+PRECISION_CHOICES: tuple[str, ...] = LEVERS["precision"].values
 MODE_CHOICES = ("full", "lora", "qlora")
-OPTIM_CHOICES = (
-    "adamw_torch", "adamw_torch_fused", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit", "adafactor", "sgd",
-)  # fmt: skip
-OFFLOAD_CHOICES = ("none", "optimizer", "params")
-SHARDING_CHOICES = ("deepspeed", "fsdp")
+OPTIM_CHOICES: tuple[str, ...] = LEVERS["optim"].values
+OFFLOAD_CHOICES: tuple[str, ...] = LEVERS["offload"].values
+SHARDING_CHOICES: tuple[str, ...] = LEVERS["sharding"].values
 DEVICE_CHOICES = ("auto", "cuda", "cpu")
 TRAINER_CHOICES = ("hf", "trl")
 # "adaptive": the probe times components at a small accumulation, composes the true step and stops
@@ -63,44 +63,35 @@ def _check_int(problems: list[str], name: str, value: Any, minimum: int) -> None
         problems.append(f"{name} must be an integer >= {minimum}; got {value!r}")
 
 
+def _default(name: str) -> Any:
+    return LEVERS[name].default
+
+
 @dataclass(frozen=True)
 class Candidate:
-    """The knobs a search chooses. Everything here ends up in the emitted configs."""
+    """The knobs a search chooses, one field per lever (``autotune.spec.levers``, where each is declared with
+    its values, default and rules). Everything here ends up in the emitted configs."""
 
-    micro_batch: int = 1
-    grad_accum: int = 1
-    grad_ckpt: bool = False
-    attn: str = "sdpa"
-    workers: int = 0
-    pin_memory: bool = True
-    precision: str = "bf16"
-    packing: bool = False
-    optim: str = "adamw_torch"
-    torch_compile: bool = False
-    liger: bool = False
-    world_size: int = 1
-    zero_stage: int = 0
-    offload: str = "none"
-    sharding: str = "deepspeed"
+    micro_batch: int = _default("micro_batch")
+    grad_accum: int = _default("grad_accum")
+    grad_ckpt: bool = _default("grad_ckpt")
+    attn: str = _default("attn")
+    workers: int = _default("workers")
+    pin_memory: bool = _default("pin_memory")
+    precision: str = _default("precision")
+    packing: bool = _default("packing")
+    optim: str = _default("optim")
+    torch_compile: bool = _default("torch_compile")
+    liger: bool = _default("liger")
+    world_size: int = _default("world_size")
+    zero_stage: int = _default("zero_stage")
+    offload: str = _default("offload")
+    sharding: str = _default("sharding")
 
     def problems(self) -> list[str]:
-        p: list[str] = []
-        _check_int(p, "micro_batch", self.micro_batch, 1)
-        _check_int(p, "grad_accum", self.grad_accum, 1)
-        _check_int(p, "workers", self.workers, 0)
-        _check_int(p, "world_size", self.world_size, 1)
-        _check_choice(p, "attn", self.attn, ATTN_CHOICES)
-        _check_choice(p, "precision", self.precision, PRECISION_CHOICES)
-        _check_choice(p, "optim", self.optim, OPTIM_CHOICES)
-        _check_choice(p, "offload", self.offload, OFFLOAD_CHOICES)
-        _check_choice(p, "sharding", self.sharding, SHARDING_CHOICES)
-        if self.zero_stage not in (0, 1, 2, 3):
-            p.append(f"zero_stage must be 0, 1, 2 or 3; got {self.zero_stage!r}")
-        if self.offload == "params" and self.zero_stage != 3:
-            p.append("offload=params needs zero_stage 3 (parameters are only sharded by ZeRO-3)")
-        if self.offload == "optimizer" and self.zero_stage == 0:
-            p.append("offload=optimizer needs zero_stage >= 1")
-        return p
+        values = dataclasses.asdict(self)
+        p = [m for name, v in values.items() if (m := value_problem(name, v))]
+        return p or rule_problems(values)
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,11 @@ raised as one :class:`~autotune.errors.SpecError`.
 
 Where the YAML files live
 -------------------------
-``search_spaces/*.yaml`` at the repository root (the issue's layout). ``load_space("cpu")`` looks
-for ``<name>.yaml`` in, in order: the repository's ``search_spaces/`` next to the ``autotune``
-package (a source checkout or ``pip install -e .``), then ``autotune/search_spaces/`` inside the
-package (where a wheel build would copy them). A value that names an existing file (or ends in
-``.yaml``/``.yml``) is read as a path. No environment variables are consulted.
+``search_spaces/*.yaml`` at the repository root, the one copy (``autotune/search_spaces`` is a symbolic
+link to it, which a wheel build follows, copying the files into the package). ``load_space("cpu")`` looks
+for ``<name>.yaml`` in, in order: the repository's ``search_spaces/`` next to the ``autotune`` package (a
+source checkout or ``pip install -e .``), then ``autotune/search_spaces/`` inside the package (a wheel).
+A value that names an existing file (or ends in ``.yaml``/``.yml``) is read as a path. No environment variables are consulted.
 """
 
 from __future__ import annotations
@@ -26,17 +26,11 @@ from typing import Any
 
 from autotune.errors import SpecError
 from autotune.spec.files import short_repr
-from autotune.spec.probe_request import (
-    ATTN_CHOICES,
-    OFFLOAD_CHOICES,
-    OPTIM_CHOICES,
-    PRECISION_CHOICES,
-    SHARDING_CHOICES,
-    Candidate,
-)
+from autotune.spec.levers import LEVERS, or_list, space_problems
 
 __all__ = [
     "DIMENSIONS",
+    "DIMENSION_LEVERS",
     "SearchSpace",
     "parse_space",
     "load_space",
@@ -44,31 +38,25 @@ __all__ = [
     "available_spaces",
 ]
 
+# the space's name for a lever where it differs (a search space chooses GPUs per trial, the Candidate holds
+# them as world_size); the accumulation is derived from the effective batch, never chosen
+_DIMENSION_NAME = {"world_size": "gpus_per_trial"}
+_NOT_SEARCHED = ("grad_accum",)
+# the dimensions, in the order the search suggests them: space name -> lever (autotune.spec.levers)
+DIMENSION_LEVERS: dict[str, str] = {
+    _DIMENSION_NAME.get(name, name): name
+    for name in [n for n in LEVERS if n not in _NOT_SEARCHED and n != "world_size"] + ["world_size"]
+}
 # name -> (kind, allowed choices or minimum). Kind is "int", "bool" or "str".
 DIMENSIONS: dict[str, tuple[str, Any]] = {
-    "micro_batch": ("int", 1),
-    "grad_ckpt": ("bool", None),
-    "attn": ("str", ATTN_CHOICES),
-    "workers": ("int", 0),
-    "pin_memory": ("bool", None),
-    "precision": ("str", PRECISION_CHOICES),
-    "packing": ("bool", None),
-    "optim": ("str", OPTIM_CHOICES),
-    "torch_compile": ("bool", None),
-    "liger": ("bool", None),
-    "zero_stage": ("int", 0),
-    "offload": ("str", OFFLOAD_CHOICES),
-    "sharding": ("str", SHARDING_CHOICES),
-    "gpus_per_trial": ("int", 1),
+    dim: (LEVERS[name].kind, LEVERS[name].values if LEVERS[name].kind == "str" else LEVERS[name].minimum)
+    for dim, name in DIMENSION_LEVERS.items()
 }
 _META_KEYS = ("description",)
-_CANDIDATE_DEFAULTS = Candidate()
 
 
 def _default(dim: str) -> tuple[Any, ...]:
-    if dim == "gpus_per_trial":
-        return (1,)
-    return (getattr(_CANDIDATE_DEFAULTS, dim),)
+    return (LEVERS[DIMENSION_LEVERS[dim]].default,)
 
 
 @dataclass(frozen=True)
@@ -88,7 +76,7 @@ class SearchSpace:
     zero_stage: tuple[int, ...] = _default("zero_stage")
     offload: tuple[str, ...] = _default("offload")
     sharding: tuple[str, ...] = _default("sharding")
-    gpus_per_trial: tuple[int, ...] = (1,)
+    gpus_per_trial: tuple[int, ...] = _default("gpus_per_trial")
     name: str = "custom"
     description: str = ""
     source: str = ""
@@ -118,7 +106,8 @@ MAX_CHOICES = 64  # choices of one knob: a search space is a few dozen configura
 
 
 def _check_dimension(dim: str, raw: Any, problems: list[str]) -> tuple[Any, ...] | None:
-    kind, rule = DIMENSIONS[dim]
+    lever = LEVERS[DIMENSION_LEVERS[dim]]
+    kind = lever.kind
     values = raw if isinstance(raw, list) else [raw]
     if raw is None or (isinstance(raw, list) and not raw):
         problems.append(f"{dim}: needs at least one choice; got {short_repr(raw)}")
@@ -137,19 +126,19 @@ def _check_dimension(dim: str, raw: Any, problems: list[str]) -> tuple[Any, ...]
             if isinstance(v, bool) or not isinstance(v, int):
                 problems.append(f"{dim}: choices must be integers; got {short_repr(v)}")
                 ok = False
-            elif v < rule:
-                problems.append(f"{dim}: choices must be >= {rule}; got {short_repr(v)}")
+            elif lever.values and v not in lever.values:
+                problems.append(f"{dim}: choices must be {or_list(lever.values)}; got {short_repr(v)}")
                 ok = False
-            elif dim == "zero_stage" and v > 3:
-                problems.append(f"zero_stage: choices must be 0, 1, 2 or 3; got {short_repr(v)}")
+            elif lever.minimum is not None and v < lever.minimum:
+                problems.append(f"{dim}: choices must be >= {lever.minimum}; got {short_repr(v)}")
                 ok = False
         elif kind == "bool":
             if not isinstance(v, bool):
                 problems.append(f"{dim}: choices must be true/false; got {short_repr(v)}")
                 ok = False
         else:
-            if not isinstance(v, str) or v not in rule:
-                problems.append(f"{dim}: choices must be among {', '.join(rule)}; got {short_repr(v)}")
+            if not isinstance(v, str) or v not in lever.values:
+                problems.append(f"{dim}: choices must be among {', '.join(lever.values)}; got {short_repr(v)}")
                 ok = False
         out.append(v)
     if ok:
@@ -158,24 +147,6 @@ def _check_dimension(dim: str, raw: Any, problems: list[str]) -> tuple[Any, ...]
             problems.append(f"{dim}: duplicate choice(s) {', '.join(dups)}")
             ok = False
     return tuple(out) if ok else None
-
-
-def _contradictions(dims: dict[str, tuple[Any, ...]]) -> list[str]:
-    p: list[str] = []
-    zero = dims.get("zero_stage", _default("zero_stage"))
-    offload = dims.get("offload", _default("offload"))
-    sharding = dims.get("sharding", _default("sharding"))
-    if any(o != "none" for o in offload) and not any(z > 0 for z in zero):
-        p.append(
-            f"offload {list(offload)} needs a zero_stage > 0 among the choices; zero_stage is {list(zero)}"
-        )
-    if "params" in offload and 3 not in zero:
-        p.append(f"offload 'params' needs zero_stage 3 among the choices; zero_stage is {list(zero)}")
-    if "fsdp" in sharding and not any(z > 0 for z in zero):
-        p.append(f"sharding 'fsdp' needs a zero_stage > 0 among the choices; zero_stage is {list(zero)}")
-    if "fsdp" in sharding and "deepspeed" not in sharding and zero and set(zero) == {1}:
-        p.append("sharding 'fsdp' has no stage 1 (it shards gradients+optimizer or everything); use 2 or 3")
-    return p
 
 
 def parse_space(data: Any, *, name: str = "custom", source: str = "") -> SearchSpace:
@@ -200,7 +171,7 @@ def parse_space(data: Any, *, name: str = "custom", source: str = "") -> SearchS
             checked = _check_dimension(dim, data[dim], problems)
             if checked is not None:
                 dims[dim] = checked
-    problems += _contradictions(dims)
+    problems += space_problems({DIMENSION_LEVERS[d]: v for d, v in dims.items()})
     if problems:
         raise SpecError([f"{where}: {p}" for p in problems])
     kwargs: dict[str, Any] = dict(dims)
@@ -240,13 +211,3 @@ def load_space(name_or_path: str | Path) -> SearchSpace:
 
     data = load_yaml(read_text_file(path, what="search space"), what=f"search space {path}")
     return parse_space(data, name=name, source=str(path))
-
-
-def _fields_match() -> None:  # pragma: no cover - guards against drift with Candidate
-    names = {f.name for f in dataclasses.fields(Candidate)}
-    missing = [d for d in DIMENSIONS if d != "gpus_per_trial" and d not in names]
-    if missing:
-        raise RuntimeError(f"search dimensions not on Candidate: {missing}")
-
-
-_fields_match()

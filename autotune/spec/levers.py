@@ -1,0 +1,189 @@
+"""Every lever, declared once: its values, its default, the HF default, and what it needs.  [pure]
+
+A lever is a knob of :class:`~autotune.spec.probe_request.Candidate` that the search may set (the search
+space calls ``world_size`` ``gpus_per_trial``). What is declared here, and only here:
+
+- ``LEVERS``: each lever's kind (int, bool or a name), its allowed values or minimum, autotune's default
+  (the Candidate's), the HF default (what ``TrainingArguments`` and the model do untouched: the baseline a
+  speed-up is quoted against), whether its values are ordered (8 lies between 4 and 16), and which other
+  lever it only acts under (offload and the sharding backend act only with a ZeRO stage).
+- ``RULES``: what one lever's value needs of another's (parameter offload needs ZeRO-3, ...), each with its
+  reason, and whether a violation is invalid (no probe can run it) or only not searched (it runs, but is
+  the same measurement as another choice).
+
+Driven by it: the Candidate's validation (``Candidate.problems``), the search space's dimensions, value checks
+and contradictions (``autotune.spec.space``), the search's skips (``autotune.search``), and the planner's
+pins and ZeRO/offload lattice (``autotune.estimate.plan``). Each message about a lever's values or rules is
+worded here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Lever", "Rule", "LEVERS", "RULES", "ZERO_STAGES", "lever", "value_problem", "rule_problems", "space_problems",
+           "inactive", "or_list",
+           "choices_help"]
+
+
+@dataclass(frozen=True)
+class Lever:
+    name: str
+    kind: str  # "int", "bool" or "str"
+    default: Any  # autotune's (the Candidate's)
+    hf_default: Any  # TrainingArguments' and the model's, untouched (None: the HF stack has no such lever)
+    values: tuple[Any, ...] = ()  # the allowed values of a "str" lever (or of a bounded "int" one)
+    minimum: int | None = None  # an unbounded "int" lever's least value
+    ordered: bool = False  # values lie in an order: the search steps to the next one
+    acts_under: tuple[str, tuple[Any, ...]] | None = None  # (lever, values): it does anything only then
+    help: str = ""
+
+    def allowed_text(self) -> str:
+        if self.kind == "bool":
+            return "true or false"
+        if self.values:
+            return f"one of {', '.join(map(str, self.values))}" if self.kind == "str" else or_list(self.values)
+        return f"an integer >= {self.minimum}"
+
+
+def or_list(values: Iterable[Any]) -> str:
+    """``3``, ``2 or 3``, ``1, 2 or 3``."""
+    items = [str(v) for v in values]
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} or {items[-1]}"
+
+
+ZERO_STAGES = (0, 1, 2, 3)
+_SHARDED = ("zero_stage", (1, 2, 3))
+
+LEVERS: dict[str, Lever] = {lv.name: lv for lv in (
+    Lever("micro_batch", "int", 1, 8, minimum=1, ordered=True, help="sequences per device per forward pass"),
+    Lever("grad_accum", "int", 1, 1, minimum=1, help="micro-batches per optimizer step (derived from the "
+          "effective batch, never searched)"),
+    Lever("grad_ckpt", "bool", False, False, help="recompute activations in the backward pass"),
+    Lever("attn", "str", "sdpa", "sdpa", values=("eager", "sdpa", "flash_attention_2", "flex_attention"),
+          help="attention kernel"),
+    Lever("workers", "int", 0, 0, minimum=0, ordered=True, help="data-loader worker processes"),
+    Lever("pin_memory", "bool", True, True, help="page-locked host memory for batches"),
+    Lever("precision", "str", "bf16", "fp32", values=("fp32", "bf16", "fp16", "tf32"), help="compute precision"),
+    Lever("packing", "bool", False, False, help="pack sequences into rows, each attending only to itself"),
+    Lever("optim", "str", "adamw_torch", "adamw_torch_fused",
+          values=("adamw_torch", "adamw_torch_fused", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit",
+                  "adafactor", "sgd"), help="optimizer"),
+    Lever("torch_compile", "bool", False, False, help="torch.compile the model"),
+    Lever("liger", "bool", False, False, help="Liger's fused kernels (fused linear + cross-entropy)"),
+    Lever("world_size", "int", 1, 1, minimum=1, ordered=True, help="GPUs one training run uses"),
+    Lever("zero_stage", "int", 0, 0, values=ZERO_STAGES, ordered=True, help="ZeRO stage (0: DDP or one GPU)"),
+    Lever("offload", "str", "none", "none", values=("none", "optimizer", "params"), acts_under=_SHARDED,
+          help="CPU offload under ZeRO"),
+    Lever("sharding", "str", "deepspeed", None, values=("deepspeed", "fsdp"), acts_under=_SHARDED,
+          help="sharding backend (DeepSpeed ZeRO or FSDP)"),
+)}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """``lever`` = ``value`` needs ``other`` among ``allowed``, because ``why``. ``invalid``: no probe can
+    run the combination (a Candidate problem); otherwise the search does not probe it (it measures the same
+    as another choice, or has no twin in the backend) but a probe given it runs."""
+
+    lever: str
+    value: Any
+    other: str
+    allowed: tuple[Any, ...]
+    why: str
+    invalid: bool = True
+
+    def broken_by(self, c: Mapping[str, Any]) -> bool:
+        return c.get(self.lever, LEVERS[self.lever].default) == self.value and c.get(
+            self.other, LEVERS[self.other].default) not in self.allowed
+
+    def message(self) -> str:
+        return f"{self.lever}={self.value} needs {self.other} {or_list(self.allowed)} ({self.why})"
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("offload", "params", "zero_stage", (3,), "parameters are only sharded by ZeRO-3"),
+    Rule("offload", "optimizer", "zero_stage", (1, 2, 3), "the optimizer states are offloaded from ZeRO's shards"),
+    Rule("sharding", "fsdp", "zero_stage", (2, 3),
+         "FSDP has no ZeRO-1 twin: it shards gradients and optimizer states, or everything", invalid=False),
+    Rule("offload", "optimizer", "sharding", ("deepspeed",),
+         "FSDP offloads parameters and optimizer states together: offload params covers it", invalid=False),
+)
+
+
+def lever(name: str) -> Lever:
+    return LEVERS[name]
+
+
+def value_problem(name: str, value: Any) -> str | None:
+    """``name must be ...; got value`` when ``value`` is not one of the lever's values, else None."""
+    lv = LEVERS[name]
+    if lv.kind == "bool":
+        ok = isinstance(value, bool)
+    elif lv.kind == "int":
+        ok = (not isinstance(value, bool) and isinstance(value, int)
+              and (value in lv.values if lv.values else value >= (lv.minimum or 0)))
+    else:
+        ok = isinstance(value, str) and value in lv.values
+    return None if ok else f"{name} must be {lv.allowed_text()}; got {value!r}"
+
+
+def inactive(name: str, c: Mapping[str, Any]) -> bool:
+    """The lever does nothing in ``c`` (offload without a ZeRO stage): the search holds it at its default."""
+    under = LEVERS[name].acts_under
+    return under is not None and c.get(under[0], LEVERS[under[0]].default) not in under[1]
+
+
+def rule_problems(c: Mapping[str, Any], *, searched: bool = False, given_only: bool = False) -> list[str]:
+    """The rules ``c`` (lever -> value; a missing lever is its default) breaks: the invalid ones, and with
+    ``searched`` also those the search does not probe. A lever that does nothing in ``c`` is checked only by
+    the invalid rules (offload=params without ZeRO is a problem; the FSDP backend without ZeRO is plain DDP).
+    ``given_only``: only rules whose two levers ``c`` both names (a planner's pins: the rest is chosen)."""
+    out = []
+    for rule in RULES:
+        if not (rule.invalid or searched):
+            continue
+        if given_only and not (rule.lever in c and rule.other in c):
+            continue
+        if inactive(rule.lever, c) and not rule.invalid:
+            continue
+        if rule.broken_by(c):
+            out.append(rule.message())
+    return out
+
+
+def space_problems(choices: Mapping[str, tuple[Any, ...]]) -> list[str]:
+    """Contradictions among a search space's choices (lever -> its choices; a missing lever: its default):
+    a value that no choice of the lever it acts under or depends on lets run."""
+    def of(name: str) -> tuple[Any, ...]:
+        return tuple(choices.get(name, (LEVERS[name].default,)))
+
+    out = []
+    for lv in LEVERS.values():
+        if lv.acts_under is None or lv.name not in choices:
+            continue
+        other, needed = lv.acts_under
+        moot = [v for v in of(lv.name) if v != lv.default]
+        if moot and not any(z in needed for z in of(other)):
+            out.append(f"{lv.name} {', '.join(map(repr, moot))} acts only with {other} {or_list(needed)} among "
+                       f"the choices; {other} is {list(of(other))}")
+    for rule in RULES:
+        if rule.lever in choices and rule.value in of(rule.lever) and not any(
+                w in rule.allowed for w in of(rule.other)):
+            out.append(f"{rule.lever} {rule.value!r} needs {rule.other} {or_list(rule.allowed)} among the choices "
+                       f"({rule.why}); {rule.other} is {list(of(rule.other))}")
+    return out
+
+
+def choices_help(name: str, *, pin: bool = False) -> str:
+    """A CLI option's help for the lever: ``Attention kernel: eager | sdpa | ...``, each value with what it
+    needs of another lever (``params (needs zero_stage 3)``)."""
+    lv = LEVERS[name]
+    shown = []
+    for v in lv.values:
+        needs = [f"{r.other} {or_list(r.allowed)}" for r in RULES if r.lever == name and r.value == v and r.invalid]
+        shown.append(f"{v} (needs {'; '.join(needs)})" if needs else str(v))
+    what = lv.help[0].upper() + lv.help[1:]
+    return f"{'Pin the ' + lv.help if pin else what}: {' | '.join(shown)}."

@@ -1,0 +1,99 @@
+"""The lever registry (autotune/spec/levers.py): each lever and each rule declared once, and every layer that
+validates, searches or plans applying the same declaration."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from autotune.errors import SpecError
+from autotune.estimate.plan import plan
+from autotune.search import Skip, candidate_from_choice
+from autotune.spec.levers import LEVERS, RULES, inactive, rule_problems, value_problem
+from autotune.spec.probe_request import Candidate
+from autotune.spec.space import DIMENSION_LEVERS, DIMENSIONS, parse_space
+
+AUTOTUNE = Path(__file__).resolve().parents[1] / "autotune"
+
+
+def test_every_candidate_field_is_a_declared_lever_with_its_default() -> None:
+    fields = {f.name: f.default for f in dataclasses.fields(Candidate)}
+    assert fields == {name: lv.default for name, lv in LEVERS.items()}
+    assert set(DIMENSION_LEVERS.values()) == set(LEVERS) - {"grad_accum"}  # accumulation is derived
+    assert list(DIMENSIONS) == list(DIMENSION_LEVERS)
+
+
+def test_the_hf_default_baseline_is_the_declared_hf_defaults() -> None:
+    from autotune.spec import hf_default_candidate
+
+    base = dataclasses.asdict(hf_default_candidate(8))
+    declared = {n: lv.hf_default for n, lv in LEVERS.items() if lv.hf_default is not None}
+    assert {n: base[n] for n in declared} == declared
+
+
+@pytest.mark.parametrize("name", sorted(LEVERS))
+def test_each_levers_values_are_accepted_and_a_wrong_one_refused_in_one_wording(name: str) -> None:
+    lv = LEVERS[name]
+    good = [lv.default, *lv.values, *([True, False] if lv.kind == "bool" else [])]
+    assert all(value_problem(name, v) is None for v in good)
+    bad = {"bool": "yes", "int": -1, "str": "warp_drive"}[lv.kind]
+    msg = value_problem(name, bad)
+    assert msg is not None and msg.startswith(f"{name} must be ") and msg.endswith(f"; got {bad!r}")
+    assert msg in Candidate(**{name: bad}).problems()
+
+
+def _breaking(rule) -> dict:
+    """A candidate's levers that break ``rule``, the lever it binds kept acting where a value allows it."""
+    wrong = [v for v in LEVERS[rule.other].values if v not in rule.allowed]
+    base = {"zero_stage": 3, "world_size": 2, rule.lever: rule.value}
+    acting = [v for v in wrong if not inactive(rule.lever, {**base, rule.other: v})]
+    return {**base, rule.other: (acting or wrong)[0]}
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: f"{r.lever}={r.value}/{r.other}")
+def test_each_rule_holds_in_the_candidate_the_space_and_the_search(rule) -> None:
+    bad = _breaking(rule)
+    ok = {**bad, rule.other: rule.allowed[0]}
+    assert rule_problems(ok, searched=True) == []
+    assert rule.message() in rule_problems(bad, searched=True)
+    # the Candidate refuses only what no probe can run
+    assert (rule.message() in Candidate(**bad).problems()) is rule.invalid
+    # the search does not probe it: a skip with the rule's reason, or, where the lever does nothing (offload
+    # without ZeRO), the lever held at its default
+    choice = {d: bad.get(n, LEVERS[n].default) for d, n in DIMENSION_LEVERS.items()}
+    built = candidate_from_choice({**choice, "gpus_per_trial": 2}, effective_batch=8)
+    if inactive(rule.lever, bad):
+        assert isinstance(built, Candidate) and getattr(built, rule.lever) == LEVERS[rule.lever].default
+    else:
+        assert isinstance(built, Skip) and built.reason == rule.message()
+    # a space whose only choices break it is refused, naming the rule's reason
+    dim_of = {n: d for d, n in DIMENSION_LEVERS.items()}
+    space = {"zero_stage": [bad["zero_stage"]], dim_of[rule.lever]: [rule.value], dim_of[rule.other]: [bad[rule.other]]}
+    with pytest.raises(SpecError, match=re.escape(f"({rule.why})")):
+        parse_space(space)
+
+
+def test_the_planners_pins_apply_the_invalid_rules() -> None:
+    from autotune.estimate import find_gpu
+    from autotune.models import resolve_model
+
+    cfg = resolve_model("tiny-llama").config
+    for rule in (r for r in RULES if r.invalid):
+        bad = _breaking(rule)
+        with pytest.raises(SpecError, match=re.escape(rule.message())):
+            plan(cfg, gpus=[find_gpu("A10G")], pin={rule.lever: rule.value, rule.other: bad[rule.other]})
+
+
+def test_no_lever_value_list_or_rule_is_written_twice_in_the_package() -> None:
+    """A lever's list of values (three or more of them, in their declared order) and a rule's reason appear in
+    autotune/ only in the registry."""
+    home = AUTOTUNE / "spec" / "levers.py"
+    spellings = [", ".join(repr(v).replace("'", q) for v in lv.values[:3]) for lv in LEVERS.values()
+                 if lv.kind == "str" and len(lv.values) >= 3 for q in ("'", '"')]
+    spellings += [r.why for r in RULES]
+    found = [f"{p.relative_to(AUTOTUNE.parent)}: {s}" for p in AUTOTUNE.rglob("*.py") if p != home
+             for s in spellings if s in p.read_text(encoding="utf-8")]
+    assert not found, found

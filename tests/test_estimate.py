@@ -493,6 +493,29 @@ def test_story4_qwen7b_full_needs_zero_over_8_gpus() -> None:
     assert d["gpus"][0]["option"]["candidate"]["world_size"] == 8
 
 
+# Llama-3.1-70B's published config.json (meta-llama/Llama-3.1-70B), the keys the planner reads
+LLAMA_70B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8192,
+             "intermediate_size": 28672, "num_attention_heads": 64, "num_hidden_layers": 80, "num_key_value_heads": 8,
+             "vocab_size": 128256, "max_position_embeddings": 131072, "tie_word_embeddings": False, "head_dim": 128,
+             "torch_dtype": "bfloat16", "hidden_act": "silu"}  # fmt: skip
+
+
+def test_70b_lora_on_eight_h100s_is_sharded_with_zero3_not_sent_to_qlora() -> None:
+    """A 70B base in bf16 (141 GB) fills a 80 GB card whole; ZeRO-3 shards it over the 8 GPUs, so LoRA fits
+    (the plan once considered ZeRO only for full fine-tuning and answered "use QLoRA", which is slower)."""
+    r = plan(LLAMA_70B, gpus=[find_gpu("H100-SXM")], gpus_per_node=8, seq_len=4096, effective_batch=32, mode="lora")
+    o = r.rows[0].option
+    assert r.rows[0].fits and o is not None and o.mode == "lora", r.rows[0]
+    assert o.candidate.zero_stage == 3 and o.candidate.world_size == 8
+    assert o.memory.total < 80e9
+    qlora = plan(LLAMA_70B, gpus=[find_gpu("H100-SXM")], gpus_per_node=8, seq_len=4096, effective_batch=32,
+                 mode="qlora").rows[0].option
+    assert qlora is not None and o.speed.tokens_per_s > qlora.speed.tokens_per_s
+    # one GPU per node: nothing to shard over, so LoRA does not fit a 70B base
+    solo = plan(LLAMA_70B, gpus=[find_gpu("H100-SXM")], gpus_per_node=1, seq_len=4096, effective_batch=32, mode="lora")
+    assert solo.rows[0].option is None or solo.rows[0].option.mode != "lora"
+
+
 def test_story1_llama8b_lora_seq4096_fits_a10g_with_checkpointing() -> None:
     r = plan(cfg("llama-3.1-8b"), gpus=[find_gpu("A10G")], gpus_per_node=1, seq_len=4096, mode="lora")
     row = r.rows[0]

@@ -281,8 +281,12 @@ def _sharding(mode: str, world: int, pin: Mapping[str, Any]) -> list[tuple[int, 
         opts = [(z, o) for z in ZERO_STAGES for o in OFFLOAD_CHOICES
                 if not rule_problems({"zero_stage": z, "offload": o})]
         return [(z, o) for z, o in opts if pin.get("zero_stage", z) == z and pin.get("offload", o) == o]
-    if mode != "full":
+    if mode == "qlora":
         return [(0, "none")]
+    if mode == "lora":
+        # the frozen base is what fills the GPU: ZeRO-3 shards it (ZeRO-1/2 shard only the adapters' small
+        # gradients and optimizer states, which DDP holds whole at little cost)
+        return [(0, "none")] if world == 1 else [(0, "none"), (3, "none")]
     opts = [(0, "none")] if world == 1 else [(0, "none"), (1, "none"), (2, "none"), (3, "none")]
     opts += [(2, "optimizer"), (3, "optimizer"), (3, "params")]
     return opts

@@ -189,3 +189,24 @@ def test_the_keys_checked_before_the_search_cover_the_write_back(name: str) -> N
 
 def test_training_arguments_lever_keys_are_fields_of_the_installed_transformers() -> None:
     assert _lever_keys("training_args") <= FIELDS | {"gradient_checkpointing", "gradient_checkpointing_kwargs"}
+
+
+@pytest.mark.parametrize("name,fmt", [("axolotl_lora.yaml", "axolotl"), ("lf_lora_sft.yaml", "llamafactory"),
+                                      ("trl_sft.yaml", "trl"), ("ta.yaml", "training_args")])
+@pytest.mark.parametrize("tf32", [False, True, None], ids=["tf32-false", "tf32-true", "no-tf32"])
+def test_a_cpu_answer_written_back_leaves_tf32_as_the_file_has_it(name: str, fmt: str, tf32: bool | None) -> None:
+    """TF32 is a GPU mode: a CPU measurement says nothing about it, so a bf16 CPU winner written back neither
+    turns a file's ``tf32: false`` on (it did, for Axolotl) nor adds the key; the device itself is written
+    (``use_cpu``, where the format has it)."""
+    text = (DATA / name).read_text()
+    text = "\n".join(line for line in text.splitlines() if not line.startswith("tf32:")) + "\n"
+    if tf32 is not None:
+        text += f"tf32: {'true' if tf32 else 'false'}\n"
+    cfg = read_config(name, text, fmt=fmt)
+    winner = dataclasses.replace(BASE, precision="bf16")
+    best = _best(winner, device="cpu", seq_len=cfg.request.get("seq_len", SEQ_LEN))
+    out, updates = tuned_file(cfg, dataclasses.asdict(winner), fields=FIELDS, best=best)
+    assert "tf32" not in updates, updates
+    assert yaml.safe_load(out).get("tf32") == tf32
+    if fmt != "axolotl":
+        assert yaml.safe_load(out).get("use_cpu") is True

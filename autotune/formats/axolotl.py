@@ -326,7 +326,7 @@ def tuned_keys(
     wanted = lever_values(c, at)
     if c.precision == "bf16" and cfg.get("bf16") == "auto":
         del wanted["bf16"], wanted["fp16"]
-    if at.device != "cuda" and (c.precision == "tf32" or "tf32" in cfg):
+    if at.device is None and (c.precision == "tf32" or "tf32" in cfg):  # a CPU run leaves TF32 as the file has it
         wanted["tf32"] = c.precision in ("tf32", "bf16")
     if any(cfg.get(k) is not None for k in LORA_KERNEL_KEYS):
         for key in LORA_KERNEL_KEYS:  # one set: Axolotl enables none itself, the file's choice stands

@@ -278,7 +278,8 @@ def candidate_of(candidate: Candidate | Mapping[str, Any]) -> Candidate:
 def written_back(candidate: Candidate, cfg: Mapping[str, Any], at: Measured) -> dict[str, Any]:
     """:func:`lever_values` as a write-back into ``cfg`` writes them: in the checkpointing key the file
     uses, the distributed set-up held (``HELD_LEVERS``), checkpointing kwargs the file states kept (a
-    mapping cannot be edited in place), and off a GPU TF32 written only where the file names it."""
+    mapping cannot be edited in place), and TF32 (a GPU mode) left as the file has it by a CPU measurement; where
+    the device is not known, written only where the file names it."""
     held = {k for lever in HELD_LEVERS for k in LEVER_KEYS[lever]}
     wanted = {k: v for k, v in lever_values(candidate, at, ckpt_key=_ckpt_key(cfg, at.fields)).items()
               if k not in held}
@@ -289,7 +290,7 @@ def written_back(candidate: Candidate, cfg: Mapping[str, Any], at: Measured) -> 
         wanted["dataloader_persistent_workers"] = False  # persistent workers need workers
     if at.device == "cuda" and cfg.get("use_cpu"):
         wanted["use_cpu"] = False  # measured on the GPU: a file that says use_cpu would train elsewhere
-    if at.device != "cuda" and (candidate.precision == "tf32" or "tf32" in cfg):
+    if at.device is None and (candidate.precision == "tf32" or "tf32" in cfg):  # a CPU run leaves TF32 alone
         wanted["tf32"] = candidate.precision in ("tf32", "bf16")
     return wanted
 

@@ -236,3 +236,35 @@ def test_calibrate_refuses_a_cpu_run_in_one_line(tmp_path: Path) -> None:
     assert "no ok probe ran on a GPU of the catalog (cpu)" in r.output
     r = run("--model", "llama-3.1-8b", "--gpu", "A100-80GB", "--calibrate", str(tmp_path / "missing"))
     assert r.exit_code == 2 and "does not exist" in r.output
+
+
+def test_nothing_fits_answers_with_the_smallest_footprint_and_its_breakdown() -> None:
+    """QLoRA of a 7B model at 2048 tokens on one T4 without Liger: nothing fits, and the answer says by how much
+    (the smallest configuration's peak against the usable memory) and what fills it, in text and JSON."""
+    args = ["--model", "qwen2.5-7b", "--gpu", "T4", "--mode", "qlora", "--seq-len", "2048", "--gpus-per-node", "1",
+            "--no-liger"]
+    g = json.loads(run(*args, "--json").output)["gpus"][0]
+    assert not g["fits"] and g["option"] is None
+    least = g["smallest"]
+    assert least["mode"] == "qlora" and least["candidate"]["micro_batch"] == 1 and least["candidate"]["grad_ckpt"]
+    assert g["breakdown"]["total"] == least["memory"]["total"] > g["usable_bytes"]
+    assert g["breakdown"]["dominant"] == "weights" and any(t["term"] == "logits_loss" for t in g["breakdown"]["terms"])
+    gib = least["memory"]["total"] / 2**30
+    assert f"the smallest footprint is {gib:.2f} GiB of {g['usable_bytes'] / 2**30:.2f} GiB usable" in g["note"]
+    text = run(*args).output
+    assert "the smallest footprint is" in text and "T4 memory at the" in text
+
+
+def test_an_answer_that_needs_liger_says_so_and_what_it_is_without() -> None:
+    """8B LoRA at 4096 tokens on one A10G fits with Liger's fused loss; the answer names that assumption and what
+    --no-liger gives (the default answer must not hide that it needs autotune[gpu])."""
+    args = ["--model", "llama-3.1-8b", "--gpu", "A10G", "--mode", "lora", "--seq-len", "4096",
+            "--effective-batch", "32", "--gpus-per-node", "1"]
+    g = json.loads(run(*args, "--json").output)["gpus"][0]
+    assert g["fits"] and g["option"]["candidate"]["liger"]
+    plain = json.loads(run(*args, "--no-liger", "--json").output)["gpus"][0]
+    without = ("lora does not fit" if plain["mode"] != "lora" else
+               f"micro-batch {plain['option']['candidate']['micro_batch']}")
+    assert len(g["assumptions"]) == 1 and "autotune[gpu]" in g["assumptions"][0] and without in g["assumptions"][0]
+    assert plain["assumptions"] == []  # pinned off: nothing assumed
+    assert "A10G: assumes Liger's fused linear+cross-entropy (pip install 'autotune[gpu]')" in run(*args).output

@@ -204,8 +204,10 @@ def render(result: PlanResult, *, width: int = 160, color: bool = False) -> str:
     for row in result.rows:
         o = row.option
         if o is None:
-            table.add_row(row.gpu.name, "no", row.note, "-", f"- / {format_bytes(row.capacity_bytes)}",
-                          "-", "-", "-", "-", "-")  # fmt: skip
+            least = row.smallest
+            peak = f"{format_bytes(least.memory.total)} (smallest)" if least else "-"
+            table.add_row(row.gpu.name, "no", row.note.split(": the smallest")[0], "-",
+                          f"{peak} / {format_bytes(row.capacity_bytes)}", "-", "-", "-", "-", "-")  # fmt: skip
             continue
         c = o.candidate
         fits = "yes" if row.fits else f"no -> {o.mode}"
@@ -233,24 +235,26 @@ def render(result: PlanResult, *, width: int = 160, color: bool = False) -> str:
             f"Prices per GPU-hour as of {', '.join(dates)} (edit gpus.yaml or $AUTOTUNE_GPU_CATALOG)."
         )
     for r in result.rows:
-        if r.note and r.option is not None:
+        if r.note and (r.option is not None or r.smallest is not None):
             lines.append(f"{r.gpu.name}: {r.note}.")
+        lines.extend(f"{r.gpu.name}: {a}." for a in r.assumptions)
     if result.pinned:
         lines.append(
             "Pinned (not searched): " + ", ".join(f"{k}={v}" for k, v in result.pinned.items()) + "."
         )
     for r in result.rows:
-        if r.option is not None:
+        if r.shown is not None:
             lines.extend(_breakdown_lines(r))
     lines.extend(result.notes)
     for line in lines:
-        con.print(line)
+        con.print(line, markup=False)  # plain text: "autotune[gpu]" is a package name, not a style
     return buf.getvalue()
 
 
 def _breakdown_lines(row: Any) -> list[str]:
-    """The chosen configuration's memory, sorted by share of the peak, with the dominant term's lever."""
-    o = row.option
+    """The chosen configuration's memory (or, when nothing fits, the closest one's), sorted by share of the
+    peak, with the dominant term's lever."""
+    o = row.shown
     b = breakdown(o)
     c = o.candidate
     shown = [t for t in b["terms"] if t["share"] >= 0.02][:7]

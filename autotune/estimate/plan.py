@@ -170,6 +170,13 @@ class GPUPlan:
     hours: float | None
     cost_usd: float | None
     note: str = ""
+    smallest: PlanOption | None = None  # when nothing fits: the configuration that came closest
+    assumptions: tuple[str, ...] = ()  # what the answer depends on that the user did not choose (Liger installed)
+
+    @property
+    def shown(self) -> PlanOption | None:
+        """The option whose memory the answer breaks down: the chosen one, or the closest when nothing fits."""
+        return self.option or self.smallest
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -185,7 +192,9 @@ class GPUPlan:
             "price_per_hour_usd": self.gpu.price_per_hour_usd,
             "price_date": self.gpu.price_date,
             "note": self.note,
-            "breakdown": breakdown(self.option) if self.option else None,
+            "breakdown": breakdown(self.shown) if self.shown else None,
+            "smallest": self.smallest.to_dict() if self.smallest else None,
+            "assumptions": list(self.assumptions),
             "host_bytes": self.option.memory.host_bytes if self.option else None,
             "host_memory_per_gpu_bytes": self.gpu.host_memory_bytes_per_gpu,
         }
@@ -310,13 +319,15 @@ def _search(
     effective_batch: int,
     efficiency: float | None,
     pin: Mapping[str, Any],
-) -> tuple[PlanOption | None, int | None, str]:
-    """Fastest fitting option for one GPU and mode, the fewest GPUs that fit at all, and why the
-    host's RAM ruled offload out (empty when it did not)."""
+) -> tuple[PlanOption | None, int | None, str, PlanOption | None]:
+    """Fastest fitting option for one GPU and mode, the fewest GPUs that fit at all, why the host's RAM
+    ruled offload out (empty when it did not), and the configuration with the smallest GPU footprint (what
+    "nothing fits" is measured against)."""
     precision = pin.get("precision", gpu.half_precision)
     attn = pin.get("attn", "flash_attention_2" if gpu.flash_attention_2 else "sdpa")
     host_per_gpu = gpu.host_memory_bytes_per_gpu
     best: tuple[tuple[float, int, int], PlanOption] | None = None
+    smallest: tuple[int, Candidate, MemoryBreakdown] | None = None
     min_gpus: int | None = None
     host_note = ""
     worlds = [pin["world_size"]] if "world_size" in pin else _world_sizes(gpus_per_node)
@@ -334,6 +345,8 @@ def _search(
                                 offload=offload, optim=optim,
                             )  # fmt: skip
                             mem = estimate_memory(arch, workload, cand, device="cuda", gpu=gpu)
+                            if smallest is None or mem.total < smallest[0]:
+                                smallest = (mem.total, cand, mem)
                             if mem.total > usable:
                                 break  # larger micro-batches need more memory still
                             if (
@@ -355,7 +368,12 @@ def _search(
                             key = (round(score, 6), -len(levers), -world)
                             if best is None or key > best[0]:
                                 best = (key, PlanOption(workload.mode, cand, mem, speed, levers))
-    return (best[1] if best else None), min_gpus, host_note
+    least = None
+    if smallest is not None:
+        _, cand, mem = smallest
+        least = PlanOption(workload.mode, cand, mem, predict_speed(arch, workload, cand, gpu, efficiency=efficiency),
+                           _levers(cand, workload.mode, workload))
+    return (best[1] if best else None), min_gpus, host_note, least
 
 
 def _check_pins(pin: Mapping[str, Any], gpus_per_node: int, effective_batch: int) -> list[str]:
@@ -441,18 +459,21 @@ def plan(
         min_gpus: int | None = None
         note = ""
         host_notes: list[str] = []
+        smallest: PlanOption | None = None
         unsupported = _unsupported(gpu, pin)
         n_text = pin.get("world_size", gpus_per_node)
         modes = (mode, *_FALLBACK[mode]) if not unsupported else ()
         for m in modes:
             wl = Workload(model=model_name or arch.model_type, seq_len=seq_len, mode=m, lora_r=lora_r,
                           lora_targets=tuple(lora_targets))  # fmt: skip
-            option, min_gpus, host_note = _search(
+            option, min_gpus, host_note, least = _search(
                 arch, wl, gpu, usable=usable, gpus_per_node=gpus_per_node, effective_batch=effective_batch,
                 efficiency=eff, pin=pin,
             )  # fmt: skip
             if host_note:
                 host_notes.append(f"{m}: {host_note}")
+            if least is not None and (smallest is None or least.memory.total < smallest.memory.total):
+                smallest = least
             if option is not None:
                 if m != mode:
                     note = f"{mode} does not fit on {n_text}x {gpu.name}; {m} does"
@@ -461,8 +482,23 @@ def plan(
             note = unsupported
         elif option is None:
             note = f"nothing fits on {n_text}x {gpu.name} (tried {', '.join((mode, *_FALLBACK[mode]))})"
+            if smallest is not None:
+                c = smallest.candidate
+                note += (f": the smallest footprint is {smallest.memory.total / 2**30:.2f} GiB of {usable / 2**30:.2f} GiB "
+                         f"usable ({smallest.mode}, {', '.join(smallest.levers) or 'no levers'}, micro-batch "
+                         f"{c.micro_batch} x {c.world_size} GPU(s))")
         if host_notes and (option is None or option.mode != mode):
             note += " (" + "; ".join(host_notes) + ")"
+        assumptions: list[str] = []
+        if option is not None and option.candidate.liger and "liger" not in pin:
+            wl = Workload(model=model_name or arch.model_type, seq_len=seq_len, mode=option.mode, lora_r=lora_r,
+                          lora_targets=tuple(lora_targets))  # fmt: skip
+            plain, _, _, _ = _search(arch, wl, gpu, usable=usable, gpus_per_node=gpus_per_node,
+                                     effective_batch=effective_batch, efficiency=eff, pin={**pin, "liger": False})
+            without = (f"{option.mode} does not fit" if plain is None else
+                       f"micro-batch {plain.candidate.micro_batch}, {plain.speed.tokens_per_s:,.0f} tok/s")
+            assumptions.append(f"assumes Liger's fused linear+cross-entropy (pip install 'autotune[gpu]'); without "
+                               f"it (--no-liger): {without}")
         hours = cost = None
         if option is not None and tokens:
             hours = tokens / option.speed.tokens_per_s / 3600.0
@@ -472,7 +508,8 @@ def plan(
             GPUPlan(
                 gpu=gpu, capacity_bytes=gpu.memory_bytes, usable_bytes=usable,
                 fits=option is not None and option.mode == mode, option=option, min_gpus=min_gpus,
-                hours=hours, cost_usd=cost, note=note,
+                hours=hours, cost_usd=cost, note=note, smallest=smallest if option is None else None,
+                assumptions=tuple(assumptions),
             )
         )  # fmt: skip
     return PlanResult(

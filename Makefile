@@ -25,19 +25,20 @@ demo: setup
 	$(VENV)/bin/autotune run --model tiny-llama --device cpu --gpu-budget 3GB --seq-len 256 \
 		--effective-batch 16 --space cpu --max-trials 12 --out results
 
-# Two phases. 1: every test that shares the machine well, on 2 pytest-xdist workers (the missing client venvs
-# start building meanwhile). 2: alone, what measures time or speed (marked serial), then the client tier.
+# Two phases. 1: every test that shares the machine well, on 2 pytest-xdist workers (the tests that share a
+# module fixture or the two-rank probes stay on one worker: tests/conftest.py; the missing client venvs start
+# building meanwhile). 2: alone, what measures time or speed (marked serial), then the client tier.
 # Both phases always run; make fails if either failed (exit 5, no test selected, is not a failure).
 test: setup
 	@status=0; \
-	AUTOTUNE_CLIENTS_BUILD_EARLY=1 TORCH_SPEC="$(TORCH_SPEC)" $(PY) -m pytest -q -n 2 --durations=25 \
+	AUTOTUNE_CLIENTS_BUILD_EARLY=1 TORCH_SPEC="$(TORCH_SPEC)" $(PY) -m pytest -q -n 2 --dist loadgroup --durations=25 \
 		-m "not serial and not clients and not gpu_rehearsal" $(PYTEST_ARGS) || [ $$? -eq 5 ] || status=1; \
 	TORCH_SPEC="$(TORCH_SPEC)" $(PY) -m pytest -q --durations=25 \
 		-m "(serial or clients) and not gpu_rehearsal" $(PYTEST_ARGS) || [ $$? -eq 5 ] || status=1; \
 	exit $$status
 
 test-fast: setup
-	$(PY) -m pytest -q -n 2 -m "not slow and not ray and not clients and not serial and not gpu_rehearsal" \
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not slow and not ray and not clients and not serial and not gpu_rehearsal" \
 		$(PYTEST_ARGS)
 
 # one venv per client, pinned, next to $(TORCH_SPEC); cached in ~/.cache/autotune-clients (AUTOTUNE_CLIENTS_CACHE)

@@ -187,6 +187,7 @@ def test_fsdp_stands_in_for_zero_where_equivalent() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # the first DeepSpeed probe of a machine compiles its ops (tests/_two_rank.py)
+@pytest.mark.xdist_group("two_rank")  # on the worker that ran them for test_short_probes
 @pytest.mark.parametrize("stage", [0, pytest.param(2, marks=needs_deepspeed), pytest.param(3, marks=needs_deepspeed)],
                          ids=["ddp", "zero2", "zero3"])
 def test_two_ranks_sum_tokens_and_take_the_max_memory(stage: int) -> None:

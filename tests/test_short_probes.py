@@ -281,6 +281,7 @@ DIST_CASES = [pytest.param(0, id="ddp"), pytest.param(2, id="zero2"), pytest.par
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # two probes; the first DeepSpeed probe of a machine compiles its ops
+@pytest.mark.xdist_group("two_rank")  # on the worker that ran them for test_distributed (tests/_two_rank.py)
 @pytest.mark.parametrize("stage", DIST_CASES)
 def test_distributed_peak_memory_and_collective_stop_on_two_gloo_ranks(stage: int) -> None:
     import importlib.util

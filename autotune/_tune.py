@@ -33,6 +33,7 @@ from autotune.spec.probe_request import (
     Candidate,
     ProbeSettings,
     Workload,
+    parse_lora_targets,
 )
 from autotune.spec.result import ProbeResult
 from autotune.spec.space import SearchSpace, load_space
@@ -126,6 +127,18 @@ def _validate(
     if gpus_per_trial is not None and (isinstance(gpus_per_trial, bool) or not isinstance(gpus_per_trial, int)
                                        or gpus_per_trial < 1):
         p.append(f"gpus per trial must be an integer >= 1; got {gpus_per_trial!r}")
+    return p
+
+
+def _lora_problems(a: TuneArgs) -> list[str]:
+    p = []
+    if isinstance(a.lora_r, bool) or not isinstance(a.lora_r, int) or a.lora_r < 1:
+        p.append(f"LoRA rank must be an integer >= 1; got {a.lora_r!r}")
+    if a.lora_alpha is not None and (isinstance(a.lora_alpha, bool) or not isinstance(a.lora_alpha, (int, float))
+                                     or not a.lora_alpha > 0):
+        p.append(f"LoRA alpha must be a number > 0; got {a.lora_alpha!r}")
+    if not isinstance(a.lora_targets, (str, tuple, list)) or not _lora_targets(a.lora_targets):
+        p.append(f"LoRA targets must be attn, all-linear or module names separated by commas; got {a.lora_targets!r}")
     return p
 
 
@@ -302,6 +315,9 @@ def tune(
     confirm_tolerance: float | None = None,
     load_monitor: bool | None = None,
     trainer: str = "hf",
+    lora_r: int = 16,
+    lora_alpha: int | None = None,
+    lora_targets: str | tuple[str, ...] = "attn",
     strategy: str = "walk",
     hub: Any = None,
     config_name: str | None = None,
@@ -328,7 +344,8 @@ def tune(
     ``hub`` (an ``autotune.models.HubAccess``; None: never the network) lets a model id missing from
     the cache be fetched (config.json, tokenizer files) and a Hub ``dataset`` missing from the datasets
     cache be read as a streamed sample of ``sample_rows`` rows (default 1000) of ``split``
-    (``config_name``).
+    (``config_name``). ``lora_r``, ``lora_alpha`` (default 2 x rank) and ``lora_targets`` (``attn``,
+    ``all-linear``, or module names) are the adapters a lora/qlora run measures and emits.
 
     The stages, in order: :func:`read_request` (validate, parse, resolve the model) ->
     :func:`plan_search` (device, space, budget, preflight, cache key) -> :func:`answer_from_cache`
@@ -396,6 +413,9 @@ class TuneArgs:
     confirm_tolerance: float | None = None
     load_monitor: bool | None = None
     trainer: str = "hf"
+    lora_r: int = 16
+    lora_alpha: int | None = None  # None: 2 x lora_r
+    lora_targets: str | tuple[str, ...] = "attn"  # attn, all-linear, a comma-separated list, or the names
     strategy: str = "walk"
     hub: Any = None  # autotune.models.HubAccess: online; None: offline
     config_name: str | None = None
@@ -430,6 +450,7 @@ def _parse_args(a: TuneArgs) -> dict[str, Any]:
     problems = _validate(seq_len=a.seq_len, effective_batch=a.effective_batch, mode=a.mode,
                          max_trials=a.max_trials, device=a.device, resume=a.resume, fresh=a.fresh, top_k=a.top_k,
                          gpus_per_trial=a.gpus_per_trial)  # fmt: skip
+    problems += _lora_problems(a)
     if isinstance(a.verify_loss, bool) or not isinstance(a.verify_loss, int) or a.verify_loss < 0:
         problems.append(f"verify-loss steps must be an integer >= 0; got {a.verify_loss!r}")
     from autotune.search import STRATEGIES
@@ -600,7 +621,13 @@ def _workload(r: Request) -> Workload:
         raise SpecError("--lengths describes synthetic sequences and --dataset brings real ones: give one of them")
     return Workload(model=r.resolved.name, model_path=r.resolved.path, seq_len=a.seq_len, mode=a.mode,
                     dataset=a.dataset, trust_remote_code=a.trust_remote_code, seed=a.seed, lengths=a.lengths,
-                    split=a.split, tokenizer=a.tokenizer, trainer=a.trainer)
+                    split=a.split, tokenizer=a.tokenizer, trainer=a.trainer, lora_r=a.lora_r,
+                    lora_alpha=2 * a.lora_r if a.lora_alpha is None else a.lora_alpha,
+                    lora_targets=_lora_targets(a.lora_targets))
+
+
+def _lora_targets(value: str | tuple[str, ...]) -> tuple[str, ...]:
+    return parse_lora_targets(value) if isinstance(value, str) else tuple(value)
 
 
 def predict_run(r: Request, plan: SearchPlan) -> SearchPlan:

@@ -195,7 +195,8 @@ def test_documented_flags_reach_tune(tmp_path: Path, monkeypatch: pytest.MonkeyP
                "--storage", "sqlite:///x.db", "--out", "o", "--seed", "3", "--resume", "--gpus-per-trial", "2",
                "--top-k", "2", "--steps", "4", "--probe-timeout", "60", "--confirm-rounds", "3:5",
                "--confirm-tolerance", "0.2", "--strategy", "tpe", "--trainer", "trl", "--config-name", "cfg",
-               "--sample-rows", "9", "--offline"])
+               "--sample-rows", "9", "--offline",
+               "--lora-r", "32", "--lora-alpha", "16", "--lora-targets", "all-linear"])
     assert res.exit_code == 2
     assert seen == {
         "model": "m", "gpu_budget": "24GB", "seq_len": 4096, "effective_batch": 32, "mode": "lora", "space": "lora",
@@ -206,6 +207,7 @@ def test_documented_flags_reach_tune(tmp_path: Path, monkeypatch: pytest.MonkeyP
         "trainer": "trl",
         "strategy": "tpe",
         "hub": None, "config_name": "cfg", "sample_rows": 9,  # --offline: no HubAccess
+        "lora_r": 32, "lora_alpha": 16, "lora_targets": "all-linear",
     }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -602,3 +603,40 @@ def _pgid(pid: int) -> int | None:
         return os.getpgid(pid)
     except OSError:
         return None
+
+
+def test_ctrl_c_prints_the_command_that_resumes_and_it_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C (or SIGTERM) during the search: exit 130 and one line naming the run folder and the exact command
+    that continues it; that command, run as printed, resumes the journal's probes instead of starting over."""
+    import shlex
+
+    import _fake_cli
+    from _cli import cli
+
+    polls = {"n": 0}
+    real_poll = _fake_cli.SlowFake.poll
+
+    def interrupted_poll(self, timeout=None):  # type: ignore[no-untyped-def]
+        polls["n"] += 1
+        if polls["n"] == 4:  # a few probes have landed
+            raise KeyboardInterrupt
+        return real_poll(self, timeout)
+
+    monkeypatch.setenv("FAKE_PROBE_S", "0")
+    monkeypatch.setattr(_fake_cli.SlowFake, "poll", interrupted_poll)
+    out = tmp_path / "out"
+    first = cli(tmp_path, *ARGS, "--out", str(out), "--fresh", fake=True)
+    lines = [ln for ln in first.stderr.splitlines() if ln.startswith("autotune: interrupted")]
+    assert first.returncode == 130 and len(lines) == 1, first.stderr[-2000:]
+    run_dir = run_dirs(out)[0]
+    assert str(run_dir) in lines[0]
+    command = shlex.split(lines[0].split("resume with: ", 1)[1])
+    assert command[0] == "autotune" and command[-1] == "--resume" and "--fresh" not in command
+    landed = [r for r in journal_lines(run_dir) if r["result"] is not None]
+    assert landed
+    monkeypatch.setattr(_fake_cli.SlowFake, "poll", real_poll)
+    again = cli(tmp_path, *command[1:], fake=True)
+    assert again.returncode == 0, again.stderr[-2000:]
+    restored = re.search(r"resuming \((\d+) records from the journal\)", again.stderr)
+    assert restored and int(restored.group(1)) >= len(landed), again.stderr[-2000:]
+    assert run_dirs(out) == [run_dir]

@@ -45,7 +45,9 @@ def test_requests_from_files() -> None:
     assert (ax["model"], ax["mode"], ax["seq_len"], ax["effective_batch"], ax["lora_r"]) == (
         "TinyLlama/TinyLlama_v1.1", "lora", 128, 8, 8)
     lf = read_config("l.yaml", (DATA / "lf_lora_sft.yaml").read_text()).request
-    assert (lf["mode"], lf["seq_len"], lf["effective_batch"], lf["lora_r"], lf["lora_alpha"]) == ("lora", 1024, 8, 16, 32)
+    assert (lf["mode"], lf["seq_len"], lf["effective_batch"], lf["lora_r"], lf["lora_targets"]) == (
+        "lora", 1024, 8, 16, ("all-linear",))
+    assert "lora_alpha" not in lf  # the file gives none: 2 x the rank, LLaMA-Factory's default and autotune's
     trl = read_config("t.yaml", (DATA / "trl_sft.yaml").read_text()).request
     assert (trl["seq_len"], trl["effective_batch"], trl["packing"]) == (512, 16, False)
 

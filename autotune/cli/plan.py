@@ -21,7 +21,7 @@ from autotune.estimate.catalog import catalog_paths_from_env, find_gpus, load_ca
 from autotune.estimate.plan import PlanResult, breakdown, parse_tokens, plan
 from autotune.spec.budget import format_bytes
 from autotune.spec.levers import choices_help
-from autotune.spec.probe_request import MODE_CHOICES
+from autotune.spec.probe_request import MODE_CHOICES, parse_lora_targets
 
 __all__ = ["command", "gather", "parse_lora_targets", "render", "DEFAULT_GPUS"]
 
@@ -159,19 +159,6 @@ def _hub_access(offline: bool) -> Any:
     from autotune.models import HubAccess
 
     return HubAccess.from_env(offline=offline)
-
-
-ATTN_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
-
-
-def parse_lora_targets(text: str) -> tuple[str, ...]:
-    """``attn`` (q/k/v/o), ``all-linear``, or a comma-separated list of module names; () if empty."""
-    t = (text or "").strip()
-    if t == "attn":
-        return ATTN_TARGETS
-    if t == "all-linear":
-        return ("all-linear",)
-    return tuple(x.strip() for x in t.split(",") if x.strip())
 
 
 def _count(n: float) -> str:

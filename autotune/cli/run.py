@@ -44,6 +44,7 @@ class ProgressPrinter:
         self.best_line = "none yet"
         self.time_left: float | None = None
         self.in_flight = 0
+        self.run_dir: str | None = None  # the run folder, once the run has claimed one
 
     def _refresh(self) -> None:
         if self.status is not None:
@@ -53,6 +54,7 @@ class ProgressPrinter:
     def __call__(self, event: str, data: dict[str, Any]) -> None:
         con = self.con
         if event == "run_dir":
+            self.run_dir = str(data["run_dir"])
             what = f"resuming ({data['restored']} records from the journal)" if data.get("resumed") else "run"
             con.print(f"[dim]{what}: {data['run_dir']}[/dim]")
         elif event == "cached":
@@ -184,6 +186,9 @@ def command(
     seq_len: int | None = typer.Option(None, "--seq-len", help="Sequence length (tokens). Default: --from's, else 2048."),
     effective_batch: int | None = typer.Option(None, "--effective-batch", help="Sequences per optimizer step, held fixed (micro-batch × accumulation × GPUs). Default: --from's, else 64."),
     mode: str | None = typer.Option(None, "--mode", help="full | lora | qlora. Default: --from's, else full."),
+    lora_r: int | None = typer.Option(None, "--lora-r", help="LoRA rank (modes lora and qlora). Default: --from's, else 16."),
+    lora_alpha: int | None = typer.Option(None, "--lora-alpha", help="LoRA alpha. Default: --from's, else 2 x the rank."),
+    lora_targets: str | None = typer.Option(None, "--lora-targets", help="Modules LoRA adapts: attn (q/k/v/o) | all-linear | comma-separated names. Default: --from's, else attn."),
     from_file: str | None = typer.Option(None, "--from", help="Your training config (TrainingArguments/TRL JSON or YAML, Axolotl or LLaMA-Factory YAML): the request is read from it (flags override) and the tuned config is written back in its format."),
     write_back: str | None = typer.Option(None, "--write-back", help="With --from: write your file with the tuned keys changed (nothing else) here. Default: best/<its name> in the run directory."),
     fmt: str | None = typer.Option(None, "--format", help="With --from: the file's format (default: detected from its keys)."),
@@ -232,6 +237,9 @@ def command(
     if from_file:
         source, model, mode, seq_len, effective_batch, dataset = _from_file(
             from_file, fmt, model=model, mode=mode, seq_len=seq_len, effective_batch=effective_batch, dataset=dataset)
+        lora_r = lora_r or source.request.get("lora_r")
+        lora_alpha = lora_alpha or source.request.get("lora_alpha")
+        lora_targets = lora_targets or source.request.get("lora_targets")
         plan = _plan_write_back(source, write_back)  # every refusal before the search, not after it
         err.print(f"[dim]from {from_file} ({source.module.LABEL}): model {model}, mode {mode}, seq-len {seq_len}, "
                   f"effective batch {effective_batch}[/dim]", highlight=False)
@@ -242,6 +250,8 @@ def command(
     seq_len = 2048 if seq_len is None else seq_len
     effective_batch = 64 if effective_batch is None else effective_batch
     mode = mode or "full"
+    lora_r = 16 if lora_r is None else lora_r
+    lora_targets = "attn" if lora_targets is None else lora_targets
     printer = ProgressPrinter(err)
     try:
         result = tune(
@@ -253,7 +263,15 @@ def command(
             verify_loss=verify_loss_steps if verify_loss else 0,
             confirm_rounds=_rounds(confirm_rounds), confirm_tolerance=confirm_tolerance, strategy=strategy,
             trainer=trainer, hub=_hub_access(offline), config_name=config_name, sample_rows=sample_rows,
+            lora_r=lora_r, lora_alpha=lora_alpha, lora_targets=lora_targets,
         )  # fmt: skip
+    except KeyboardInterrupt:
+        printer.close()
+        if printer.run_dir is None:
+            raise
+        err.print(f"autotune: interrupted; the finished probes are kept in {printer.run_dir}; resume with: "
+                  f"{resume_command(sys.argv[1:])}", highlight=False, soft_wrap=True)
+        raise typer.Exit(130) from None
     finally:
         printer.close()
     if source is not None and plan is not None:
@@ -267,6 +285,17 @@ def command(
         err.print(f"--strict: the answer is doubtful ({'; '.join(trust.get('reasons') or [])}); exit 5",
                   highlight=False)
         raise typer.Exit(5)
+
+
+def resume_command(argv: list[str]) -> str:
+    """The command that continues this run: the same arguments, ``--fresh`` dropped, ``--resume`` added
+    (quoted for a POSIX shell)."""
+    import shlex
+
+    args = [a for a in argv if a != "--fresh"]
+    if "--resume" not in args:
+        args.append("--resume")
+    return shlex.join(["autotune", *args])
 
 
 def _hub_access(offline: bool) -> Any:

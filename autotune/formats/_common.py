@@ -27,7 +27,7 @@ __all__ = ["REQUEST_FIELDS", "Measured", "changed", "local_dataset", "packed_row
 # model / mode / seq_len / effective_batch are held from the file; the rest describe its current levers.
 REQUEST_FIELDS = (
     "model", "mode", "seq_len", "effective_batch", "micro_batch", "grad_accum", "dataset", "lora_r",
-    "lora_alpha", "precision", "attn", "workers", "packing", "grad_ckpt", "zero_stage", "offload",
+    "lora_alpha", "lora_targets", "precision", "attn", "workers", "packing", "grad_ckpt", "zero_stage", "offload",
 )  # fmt: skip
 
 

@@ -155,6 +155,11 @@ def to_request(cfg: Mapping[str, Any]) -> dict[str, Any]:
         for key, field in (("lora_r", "lora_r"), ("lora_alpha", "lora_alpha")):
             if isinstance(cfg.get(key), int):
                 req[field] = cfg[key]
+        modules = cfg.get("lora_target_modules")
+        if cfg.get("lora_target_linear") is True:
+            req["lora_targets"] = ("all-linear",)
+        elif isinstance(modules, list) and modules and all(isinstance(m, str) for m in modules):
+            req["lora_targets"] = tuple(modules)
     attn = _attn(cfg)
     if attn:
         req["attn"] = attn
@@ -292,7 +297,10 @@ def axolotl_config(
         cfg["lora_r"] = wl.lora_r
         cfg["lora_alpha"] = wl.lora_alpha
         cfg["lora_dropout"] = LORA_DROPOUT
-        cfg["lora_target_modules"] = list(wl.lora_targets)
+        if wl.lora_targets == ("all-linear",):
+            cfg["lora_target_linear"] = True  # Axolotl's spelling of peft's all-linear
+        else:
+            cfg["lora_target_modules"] = list(wl.lora_targets)
         if wl.mode == "qlora":
             cfg["load_in_4bit"] = True
     if c.zero_stage > 0 and c.sharding == "deepspeed":

@@ -190,7 +190,7 @@ def llamafactory_config(
             lora_rank=wl.lora_r,
             lora_alpha=wl.lora_alpha,
             lora_dropout=LORA_DROPOUT,
-            lora_target=",".join(wl.lora_targets),
+            lora_target="all" if wl.lora_targets == ("all-linear",) else ",".join(wl.lora_targets),
         )
         if wl.mode == "qlora":
             cfg.update(quantization_bit=4, quantization_method="bnb")
@@ -244,7 +244,12 @@ def to_request(cfg: Mapping[str, Any]) -> dict[str, Any]:
     if req["mode"] != "full":
         r = cfg.get("lora_rank", 8)
         req["lora_r"] = r
-        req["lora_alpha"] = cfg.get("lora_alpha") or (2 * r if isinstance(r, int) else None)
+        if cfg.get("lora_alpha"):
+            req["lora_alpha"] = cfg["lora_alpha"]  # without it LLaMA-Factory uses 2 x the rank, as autotune does
+        target = cfg.get("lora_target", "all")  # LLaMA-Factory's default: every linear layer
+        if isinstance(target, str) and target.strip():
+            names = tuple(t.strip() for t in target.split(",") if t.strip())
+            req["lora_targets"] = ("all-linear",) if names == ("all",) else names
     attn = _ATTN.get(str(cfg.get("flash_attn", "auto")))
     if attn:
         req["attn"] = attn

@@ -71,6 +71,8 @@ def lora_config(
     if workload.mode == "full":
         return None
     targets: list[str] | str = list(workload.lora_targets) if target_modules is None else target_modules
+    if targets == ["all-linear"]:
+        targets = "all-linear"  # peft's keyword is the string; a list would name a module "all-linear"
     return {
         "r": workload.lora_r,
         "lora_alpha": workload.lora_alpha,

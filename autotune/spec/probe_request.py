@@ -30,6 +30,8 @@ __all__ = [
     "Workload",
     "ProbeSettings",
     "ProbeRequest",
+    "ATTN_TARGETS",
+    "parse_lora_targets",
 ]
 
 # the levers' values, as declared in autotune.spec.levers
@@ -94,6 +96,20 @@ class Candidate:
         return p or rule_problems(values)
 
 
+# LoRA's default targets: the attention projections (what most recipes adapt)
+ATTN_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def parse_lora_targets(text: str) -> tuple[str, ...]:
+    """``attn`` (q/k/v/o), ``all-linear``, or a comma-separated list of module names; () if empty."""
+    t = (text or "").strip()
+    if t == "attn":
+        return ATTN_TARGETS
+    if t == "all-linear":
+        return ("all-linear",)
+    return tuple(x.strip() for x in t.split(",") if x.strip())
+
+
 @dataclass(frozen=True)
 class Workload:
     """What is being trained: the model, the sequences and the fine-tuning mode."""
@@ -107,7 +123,7 @@ class Workload:
     tokenizer: str | None = None
     lora_r: int = 16
     lora_alpha: int = 32
-    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    lora_targets: tuple[str, ...] = ATTN_TARGETS
     trust_remote_code: bool = False
     seed: int = 42
     split: str | None = None  # the split of a DatasetDict directory or a cached Hub dataset

@@ -27,25 +27,9 @@ def _client_venvs_missing() -> list[str]:
             if not (_clients.venv_dir(client) / ".complete").exists()]
 
 
-def _shared_per_worker(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``--dist loadgroup``), keep on one worker the tests that share what is built once:
-    a module's tests that use one of its module-scoped fixtures (a real probe, a Ray runtime, an emitted
-    bundle), and the two-rank probes' readers (tests/_two_rank.py caches them per process). Split over two
-    workers, each would build it again."""
-    for it in items:
-        if it.get_closest_marker("xdist_group") is not None:
-            continue
-        defs = getattr(getattr(it, "_fixtureinfo", None), "name2fixturedefs", {})
-        if any(d and d[-1].scope == "module" for d in defs.values()):
-            it.add_marker(pytest.mark.xdist_group(it.module.__name__ if it.module else it.nodeid.split("::")[0]))
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
                                   items: list[pytest.Item]) -> None:
-    """Tests that share a module's fixture stay on one xdist worker; the client tier runs last (its venvs
-    build meanwhile) and gets the build's time limit."""
-    _shared_per_worker(items)
+    """The client tier runs last (its venvs build meanwhile) and gets the build's time limit."""
     clients = [it for it in items if it.get_closest_marker("clients")]
     if not clients:
         return

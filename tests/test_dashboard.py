@@ -18,6 +18,9 @@ from autotune.cli.dashboard import dashboard_app, run_study
 optuna_dashboard = pytest.importorskip("optuna_dashboard")
 
 
+pytestmark = pytest.mark.xdist_group("dashboard_run")  # one fake run for the module
+
+
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("runs")

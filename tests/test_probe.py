@@ -42,6 +42,7 @@ def ok_result() -> ProbeResult:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("probe_ok_result")  # one real probe, read by both
 def test_ok_probe_measures_real_tokens_memory_and_overhead(ok_result: ProbeResult) -> None:
     r = ok_result
     assert r.status == "ok", r.reason
@@ -65,6 +66,7 @@ def test_ok_probe_measures_real_tokens_memory_and_overhead(ok_result: ProbeResul
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("probe_ok_result")  # one real probe, read by both
 def test_result_round_trips(ok_result: ProbeResult) -> None:
     again = ProbeResult.from_dict(json.loads(json.dumps(ok_result.to_dict())))
     assert again == ok_result

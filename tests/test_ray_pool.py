@@ -17,7 +17,7 @@ from autotune.executors.ray_pool import RayExecutor, _split_address  # noqa: E40
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload  # noqa: E402
 from autotune.spec.result import ProbeResult  # noqa: E402
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray_pool")]  # one Ray runtime for the module
 
 
 def _make_ok():

@@ -14,7 +14,7 @@ from autotune.estimate.plan import plan
 from autotune.search import Skip, candidate_from_choice
 from autotune.spec.levers import LEVERS, RULES, inactive, rule_problems, value_problem
 from autotune.spec.probe_request import Candidate
-from autotune.spec.space import DIMENSION_LEVERS, DIMENSIONS, parse_space
+from autotune.spec.space import DIMENSIONS, parse_space
 
 AUTOTUNE = Path(__file__).resolve().parents[1] / "autotune"
 
@@ -22,8 +22,7 @@ AUTOTUNE = Path(__file__).resolve().parents[1] / "autotune"
 def test_every_candidate_field_is_a_declared_lever_with_its_default() -> None:
     fields = {f.name: f.default for f in dataclasses.fields(Candidate)}
     assert fields == {name: lv.default for name, lv in LEVERS.items()}
-    assert set(DIMENSION_LEVERS.values()) == set(LEVERS) - {"grad_accum"}  # accumulation is derived
-    assert list(DIMENSIONS) == list(DIMENSION_LEVERS)
+    assert set(DIMENSIONS.values()) == set(LEVERS) - {"grad_accum"}  # accumulation is derived
 
 
 def test_the_hf_default_baseline_is_the_declared_hf_defaults() -> None:
@@ -63,14 +62,14 @@ def test_each_rule_holds_in_the_candidate_the_space_and_the_search(rule) -> None
     assert (rule.message() in Candidate(**bad).problems()) is rule.invalid
     # the search does not probe it: a skip with the rule's reason, or, where the lever does nothing (offload
     # without ZeRO), the lever held at its default
-    choice = {d: bad.get(n, LEVERS[n].default) for d, n in DIMENSION_LEVERS.items()}
+    choice = {d: bad.get(n, LEVERS[n].default) for d, n in DIMENSIONS.items()}
     built = candidate_from_choice({**choice, "gpus_per_trial": 2}, effective_batch=8)
     if inactive(rule.lever, bad):
         assert isinstance(built, Candidate) and getattr(built, rule.lever) == LEVERS[rule.lever].default
     else:
         assert isinstance(built, Skip) and built.reason == rule.message()
     # a space whose only choices break it is refused, naming the rule's reason
-    dim_of = {n: d for d, n in DIMENSION_LEVERS.items()}
+    dim_of = {n: d for d, n in DIMENSIONS.items()}
     space = {"zero_stage": [bad["zero_stage"]], dim_of[rule.lever]: [rule.value], dim_of[rule.other]: [bad[rule.other]]}
     with pytest.raises(SpecError, match=re.escape(f"({rule.why})")):
         parse_space(space)

@@ -91,3 +91,11 @@ def test_a_llamafactory_file_without_lora_target_adapts_every_linear_as_llamafac
                      if not ln.startswith("lora_target")) + "\n"
     assert read_config("lf.yaml", text).request["lora_targets"] == ("all-linear",)
     assert read_config("ax.yaml", (DATA / "axolotl_lora.yaml").read_text()).request["lora_targets"] == ("all-linear",)
+
+
+def test_a_bad_lora_flag_beside_from_is_refused_not_replaced_by_the_files_value(tmp_path: Path) -> None:
+    args = ["run", "--from", str(DATA / "lf_lora_sft.yaml"), "--model", "tiny-llama", "--device", "cpu",
+            "--gpu-budget", "64GiB", "--out", str(tmp_path / "out"), "--lora-r", "0"]
+    done = cli(tmp_path, *args, fake=True)
+    assert done.returncode == 2 and "LoRA rank must be an integer >= 1; got 0" in done.stderr, done.stderr[-1000:]
+    assert not (tmp_path / "out").exists()

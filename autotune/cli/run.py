@@ -237,9 +237,9 @@ def command(
     if from_file:
         source, model, mode, seq_len, effective_batch, dataset = _from_file(
             from_file, fmt, model=model, mode=mode, seq_len=seq_len, effective_batch=effective_batch, dataset=dataset)
-        lora_r = lora_r or source.request.get("lora_r")
-        lora_alpha = lora_alpha or source.request.get("lora_alpha")
-        lora_targets = lora_targets or source.request.get("lora_targets")
+        lora_r = source.request.get("lora_r") if lora_r is None else lora_r  # a flag wins, --lora-r 0 included
+        lora_alpha = source.request.get("lora_alpha") if lora_alpha is None else lora_alpha
+        lora_targets = source.request.get("lora_targets") if lora_targets is None else lora_targets
         plan = _plan_write_back(source, write_back)  # every refusal before the search, not after it
         err.print(f"[dim]from {from_file} ({source.module.LABEL}): model {model}, mode {mode}, seq-len {seq_len}, "
                   f"effective batch {effective_batch}[/dim]", highlight=False)

@@ -327,7 +327,7 @@ def _search(
     attn = pin.get("attn", "flash_attention_2" if gpu.flash_attention_2 else "sdpa")
     host_per_gpu = gpu.host_memory_bytes_per_gpu
     best: tuple[tuple[float, int, int], PlanOption] | None = None
-    smallest: tuple[int, Candidate, MemoryBreakdown] | None = None
+    smallest: tuple[Candidate, MemoryBreakdown] | None = None
     min_gpus: int | None = None
     host_note = ""
     worlds = [pin["world_size"]] if "world_size" in pin else _world_sizes(gpus_per_node)
@@ -345,8 +345,8 @@ def _search(
                                 offload=offload, optim=optim,
                             )  # fmt: skip
                             mem = estimate_memory(arch, workload, cand, device="cuda", gpu=gpu)
-                            if smallest is None or mem.total < smallest[0]:
-                                smallest = (mem.total, cand, mem)
+                            if smallest is None or mem.total < smallest[1].total:
+                                smallest = (cand, mem)
                             if mem.total > usable:
                                 break  # larger micro-batches need more memory still
                             if (
@@ -370,7 +370,7 @@ def _search(
                                 best = (key, PlanOption(workload.mode, cand, mem, speed, levers))
     least = None
     if smallest is not None:
-        _, cand, mem = smallest
+        cand, mem = smallest
         least = PlanOption(workload.mode, cand, mem, predict_speed(arch, workload, cand, gpu, efficiency=efficiency),
                            _levers(cand, workload.mode, workload))
     return (best[1] if best else None), min_gpus, host_note, least
@@ -491,8 +491,7 @@ def plan(
             note += " (" + "; ".join(host_notes) + ")"
         assumptions: list[str] = []
         if option is not None and option.candidate.liger and "liger" not in pin:
-            wl = Workload(model=model_name or arch.model_type, seq_len=seq_len, mode=option.mode, lora_r=lora_r,
-                          lora_targets=tuple(lora_targets))  # fmt: skip
+            # ``wl``: the workload of the mode the loop above stopped at, option's
             plain, _, _, _ = _search(arch, wl, gpu, usable=usable, gpus_per_node=gpus_per_node,
                                      effective_batch=effective_batch, efficiency=eff, pin={**pin, "liger": False})
             without = (f"{option.mode} does not fit" if plain is None else

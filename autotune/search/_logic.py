@@ -15,7 +15,7 @@ from typing import Any
 
 from autotune.spec.levers import LEVERS, inactive, rule_problems
 from autotune.spec.probe_request import Candidate
-from autotune.spec.space import DIMENSION_LEVERS, DIMENSIONS, SearchSpace
+from autotune.spec.space import DIMENSIONS, SearchSpace
 from autotune.spec.trial import TrialRecord, candidate_id, candidate_label
 
 __all__ = [
@@ -48,7 +48,7 @@ MEMORY_INFEASIBLE = ("oom", "over_budget")
 FAILED = ("timeout", "crash")
 # Conditional knobs: they act only under another knob's values (offload and sharding only with a ZeRO stage);
 # elsewhere the search holds them at their default.
-CONDITIONAL_KNOBS = tuple(d for d, name in DIMENSION_LEVERS.items() if LEVERS[name].acts_under)
+CONDITIONAL_KNOBS = tuple(d for d, name in DIMENSIONS.items() if LEVERS[name].acts_under)
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class Skip:
 
 # knobs whose choices are ordered (8 lies between 4 and 16): the Searcher may suggest them as an
 # index, and the neighbourhood walk steps to the next value rather than to every other one
-ORDERED_KNOBS = tuple(d for d, name in DIMENSION_LEVERS.items() if LEVERS[name].ordered)
+ORDERED_KNOBS = tuple(d for d, name in DIMENSIONS.items() if LEVERS[name].ordered)
 
 
 def derive_grad_accum(effective_batch: int, micro_batch: int, world: int) -> int | None:

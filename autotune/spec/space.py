@@ -17,7 +17,6 @@ A value that names an existing file (or ends in ``.yaml``/``.yml``) is read as a
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
@@ -30,7 +29,6 @@ from autotune.spec.levers import LEVERS, or_list, space_problems
 
 __all__ = [
     "DIMENSIONS",
-    "DIMENSION_LEVERS",
     "SearchSpace",
     "parse_space",
     "load_space",
@@ -42,21 +40,17 @@ __all__ = [
 # them as world_size); the accumulation is derived from the effective batch, never chosen
 _DIMENSION_NAME = {"world_size": "gpus_per_trial"}
 _NOT_SEARCHED = ("grad_accum",)
-# the dimensions, in the order the search suggests them: space name -> lever (autotune.spec.levers)
-DIMENSION_LEVERS: dict[str, str] = {
+# the dimensions, in the order the search suggests them: space name -> lever (autotune.spec.levers, which
+# declares each one's kind, values and default)
+DIMENSIONS: dict[str, str] = {
     _DIMENSION_NAME.get(name, name): name
     for name in [n for n in LEVERS if n not in _NOT_SEARCHED and n != "world_size"] + ["world_size"]
-}
-# name -> (kind, allowed choices or minimum). Kind is "int", "bool" or "str".
-DIMENSIONS: dict[str, tuple[str, Any]] = {
-    dim: (LEVERS[name].kind, LEVERS[name].values if LEVERS[name].kind == "str" else LEVERS[name].minimum)
-    for dim, name in DIMENSION_LEVERS.items()
 }
 _META_KEYS = ("description",)
 
 
 def _default(dim: str) -> tuple[Any, ...]:
-    return (LEVERS[DIMENSION_LEVERS[dim]].default,)
+    return (LEVERS[DIMENSIONS[dim]].default,)
 
 
 @dataclass(frozen=True)
@@ -106,7 +100,7 @@ MAX_CHOICES = 64  # choices of one knob: a search space is a few dozen configura
 
 
 def _check_dimension(dim: str, raw: Any, problems: list[str]) -> tuple[Any, ...] | None:
-    lever = LEVERS[DIMENSION_LEVERS[dim]]
+    lever = LEVERS[DIMENSIONS[dim]]
     kind = lever.kind
     values = raw if isinstance(raw, list) else [raw]
     if raw is None or (isinstance(raw, list) and not raw):
@@ -171,7 +165,7 @@ def parse_space(data: Any, *, name: str = "custom", source: str = "") -> SearchS
             checked = _check_dimension(dim, data[dim], problems)
             if checked is not None:
                 dims[dim] = checked
-    problems += space_problems({DIMENSION_LEVERS[d]: v for d, v in dims.items()})
+    problems += space_problems({DIMENSIONS[d]: v for d, v in dims.items()})
     if problems:
         raise SpecError([f"{where}: {p}" for p in problems])
     kwargs: dict[str, Any] = dict(dims)

@@ -111,9 +111,17 @@ def test_the_embedded_pool_is_private_loopback_only_token_auth_on_and_reaped(tmp
     assert not left, [psutil.Process(p).name() for p in left]
 
 
-def _hang(request: ProbeRequest) -> ProbeResult:
-    time.sleep(600)
-    raise AssertionError("not reached")
+def _make_hang():
+    def hang(request: ProbeRequest) -> ProbeResult:
+        time.sleep(600)
+        raise AssertionError("not reached")
+
+    return hang
+
+
+# a closure, so Ray ships it by value: a module-level function is pickled by its module's name, which a Ray
+# worker may not be able to import (the tests folder is not a package)
+_hang = _make_hang()
 
 
 @pytest.mark.serial  # it bounds the time to close
@@ -141,6 +149,7 @@ def test_a_pool_whose_processes_were_all_sent_sigterm_closes_within_seconds() ->
         while time.monotonic() < deadline and not any("_probe_task" in command_line(p)
                                                        for p in me.children(recursive=True)):
             time.sleep(0.1)
+        assert time.monotonic() < deadline, "the probe task never started: nothing to stop"
         started = {(p.pid, p.create_time()) for p in me.children(recursive=True)}
         for pid, _ in started:  # every process of the job, as slurmstepd signals them
             try:

@@ -27,8 +27,9 @@ import hashlib
 import io
 import json
 import re
+import sys
 import threading
-import time
+import traceback
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -85,6 +86,12 @@ class HubStandIn:
     ranges: list[tuple[str, str | None, int]] = field(default_factory=list)  # (path, Range header, bytes sent)
     url: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # set when the stand-in shuts down: a trickling answer stops at its next pause, so no handler thread of
+    # one test is still writing (and failing) while the next test runs
+    closing: threading.Event = field(default_factory=threading.Event)
+    # what a handler raised that was not the client hanging up (``_Server.handle_error``): never printed,
+    # since an in-process CLI call of the same test may be capturing ``sys.stderr`` at that moment
+    errors: list[str] = field(default_factory=list)
 
     def add(self, repo: Repo) -> Repo:
         self.repos[(repo.kind, repo.repo_id)] = repo
@@ -317,17 +324,17 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(200)
         lines = [("Content-Type", "application/octet-stream"), *headers.items()]
         lines.append(("Transfer-Encoding", "chunked") if chunked else ("Content-Length", str(declared)))
-        for k, v in lines:
-            self.send_header(k, v)
-            if hostile.trickle_headers_s:
-                self.flush_headers()
-                time.sleep(hostile.trickle_headers_s)
-        self.end_headers()
-        if self.command == "HEAD":
-            return
-        with self.hub.lock:
-            self.hub.ranges.append((urllib.parse.unquote(self.path.split("?")[0]), None, size))
         try:
+            for k, v in lines:
+                self.send_header(k, v)
+                if hostile.trickle_headers_s:
+                    self.flush_headers()
+                    self._pause(hostile.trickle_headers_s)
+            self.end_headers()
+            if self.command == "HEAD":
+                return
+            with self.hub.lock:
+                self.hub.ranges.append((urllib.parse.unquote(self.path.split("?")[0]), None, size))
             for piece in _body(data if hostile.size is None else None, size,
                                hostile.step if hostile.trickle_s else 1 << 16):
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece)
@@ -335,11 +342,16 @@ class _Handler(BaseHTTPRequestHandler):
                 with self.hub.lock:
                     self.hub.sent[name] = self.hub.sent.get(name, 0) + len(piece)
                 if hostile.trickle_s:
-                    time.sleep(hostile.trickle_s)
+                    self._pause(hostile.trickle_s)
             if chunked:
                 self.wfile.write(b"0\r\n\r\n")
-        except (BrokenPipeError, ConnectionResetError):  # the client gave up: what a hostile server wants to test
+        except (BrokenPipeError, ConnectionResetError, _Closing):  # the client gave up, or the stand-in closes
             self.close_connection = True
+
+    def _pause(self, seconds: float) -> None:
+        """Wait ``seconds`` between two pieces of a trickled answer; :class:`_Closing` once the stand-in shuts down."""
+        if self.hub.closing.wait(seconds):
+            raise _Closing
 
 
 def _body(data: bytes | None, size: int, step: int) -> Iterator[bytes]:
@@ -362,6 +374,30 @@ def _body(data: bytes | None, size: int, step: int) -> Iterator[bytes]:
         yield data[i : i + step]
 
 
+class _Closing(Exception):
+    """The stand-in is shutting down: a trickling handler stops where it is."""
+
+
+class _Server(ThreadingHTTPServer):
+    """The stand-in's server: an error in a handler is kept in ``hub.errors``, not printed.
+
+    ``socketserver`` prints a handler's traceback to ``sys.stderr``. A handler runs in a thread of the test
+    process, and a test's in-process CLI call captures ``sys.stderr`` as the command's own error output: a
+    client hanging up on a trickled answer (what a hostile-server test provokes) then reads as a second
+    line of the command's error message.
+    """
+
+    daemon_threads = True
+    hub: HubStandIn
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        kind = sys.exc_info()[0]
+        if kind is not None and issubclass(kind, (BrokenPipeError, ConnectionResetError, _Closing)):
+            return
+        with self.hub.lock:
+            self.hub.errors.append(traceback.format_exc())
+
+
 @contextlib.contextmanager
 def serve(*repos: Repo) -> Iterator[HubStandIn]:
     """A running stand-in on 127.0.0.1 (a free port) holding ``repos``; shut down on exit."""
@@ -369,17 +405,19 @@ def serve(*repos: Repo) -> Iterator[HubStandIn]:
     for r in repos:
         hub.add(r)
     handler = type("Handler", (_Handler,), {"hub": hub})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
+    server = _Server(("127.0.0.1", 0), handler)
+    server.hub = hub
     hub.url = f"http://127.0.0.1:{server.server_address[1]}"
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
         yield hub
     finally:
+        hub.closing.set()
         server.shutdown()
         server.server_close()
         thread.join(5)
+    assert not hub.errors, "the stand-in Hub failed while answering:\n" + "\n".join(hub.errors)
 
 
 def parquet_bytes(rows: list[dict[str, object]]) -> bytes:

@@ -19,6 +19,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[dev,deepspeed,trl]" "$(TORCH_SPEC)"
+	$(PY) tests/_build_ops.py 2>&1 | grep '^build-ops:'
 	touch $@
 
 demo: setup

@@ -263,37 +263,6 @@ def test_a_killed_run_resumes_without_re_running_finished_probes(tmp_path: Path)
     assert result.summary["counts"]["probed"] == 10
 
 
-@pytest.mark.timeout(900)  # a real end-to-end run: minutes on 2 cores
-@pytest.mark.slow
-@pytest.mark.ray
-def test_cli_end_to_end_on_cpu_through_real_ray_and_real_probes(tmp_path: Path) -> None:
-    # a small space given by path (fp32 only: bf16 autocast is ~35x slower on this kind of CPU)
-    space = tmp_path / "small.yaml"
-    space.write_text("# autotune run ... --space small.yaml\nmicro_batch: [1, 2, 4]\nattn: [eager, sdpa]\n"
-                     "precision: [fp32]\npin_memory: [false]\nworkers: [0]\n")
-    args = ["run", "--model", "tiny-llama", "--device", "cpu", "--gpu-budget", "3GB", "--seq-len", "64",
-            "--effective-batch", "4", "--space", str(space), "--max-trials", "3", "--top-k", "1", "--steps", "2",
-            "--out", str(tmp_path / "results"), "--json"]
-    res = run(args)
-    assert res.exit_code == 0, res.output
-    summary = json.loads(res.stdout)
-    assert summary["status"] == "complete" and summary["device"] == "cpu"
-    from autotune.spec.summary import RunSummary
-
-    RunSummary.model_validate(summary)  # real probes' figures fit the published schema (docs/summary.schema.json)
-    assert summary["best"]["tokens_per_s"] > 0
-    assert summary["best"]["peak_mem_bytes"] <= summary["usable_bytes"]
-    rd = Path(summary["run_dir"])
-    targs = json.loads((rd / "best" / "training_args.json").read_text())
-    from transformers import TrainingArguments
-
-    ta = TrainingArguments(output_dir=str(tmp_path / "o"), **targs)
-    assert ta.per_device_train_batch_size * ta.gradient_accumulation_steps == 4
-    # and the repeat comes from the cache, without Ray
-    again = json.loads(run(args).stdout)
-    assert again["from_cache"] is True
-
-
 def test_estimator_pruning_and_a_predicted_nothing_fits(tmp_path: Path) -> None:
     ex = FakeExecutor()
     with pytest.raises(NothingFitsError, match=r"the memory model predicts >= .* nothing was probed; try --mode lora"):

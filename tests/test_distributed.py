@@ -2,7 +2,8 @@
 
 The same launcher and worker code runs W ranks on W GPUs. DeepSpeed compiles its ops on first use
 (``deepspeed_shm_comm`` ~1-3 min, ``cpu_adam`` ~2 min on 2 cores) into ``TORCH_EXTENSIONS_DIR``
-(default ``~/.cache/torch_extensions``); the timeouts here allow for that first build.
+(default ``~/.cache/torch_extensions``). ``make setup`` builds both ahead (``tests/_build_ops.py``); the
+timeouts here still allow for the build, for a venv set up without it.
 """
 
 from __future__ import annotations

@@ -318,3 +318,19 @@ def test_a_real_run_with_a_hub_model_and_a_hub_dataset(hub, tmp_path: Path) -> N
     run_json = json.loads((Path(summary["run_dir"]) / "run.json").read_text())
     assert run_json["model_revision"] == hub.repos[("model", MODEL)].commit
     assert "read the first 32 rows" in res.stderr
+    # the suite's one real `autotune run` through the embedded Ray pool and real probes: what real figures
+    # make of the summary, the emitted arguments and the cache
+    from transformers import TrainingArguments
+
+    from autotune.spec.summary import RunSummary
+
+    RunSummary.model_validate(summary)  # real probes' figures fit the published schema (docs/summary.schema.json)
+    assert summary["device"] == "cpu" and summary["best"]["tokens_per_s"] > 0
+    assert 0 < summary["best"]["peak_mem_bytes"] <= summary["usable_bytes"]
+    targs = json.loads((Path(summary["run_dir"]) / "best" / "training_args.json").read_text())
+    ta = TrainingArguments(output_dir=str(tmp_path / "o"), **targs)
+    assert ta.per_device_train_batch_size * ta.gradient_accumulation_steps == 4
+    again = cli("run", "--model", MODEL, "--dataset", DATA, "--sample-rows", "32", "--device", "cpu", "--seq-len",
+                "64", "--effective-batch", "4", "--gpu-budget", "8GiB", "--max-trials", "2", "--top-k", "1",
+                "--steps", "1", "--confirm-rounds", "1:1", "--out", str(out), "--json")
+    assert again.returncode == 0 and json.loads(again.stdout)["from_cache"] is True, again.stderr[-2000:]

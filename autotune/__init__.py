@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from autotune._tune import TuneResult, tune
 from autotune.errors import (
     AutotuneError,
     DatasetError,
@@ -11,6 +10,7 @@ from autotune.errors import (
     NothingFitsError,
     SpecError,
 )
+from autotune.run import TuneResult, tune
 from autotune.spec.budget import Budget, parse_budget
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
 from autotune.spec.space import SearchSpace, load_space

@@ -58,10 +58,10 @@ def _minutes(s: float) -> str:
 
 
 def paper() -> list[dict[str, Any]]:
-    from autotune._tune import _baseline_candidate
     from autotune.estimate import arch_from_config, find_gpu, plan, predict_speed
     from autotune.estimate.probe_time import predict_probe_time
     from autotune.models import resolve_model
+    from autotune.run._tune import _baseline_candidate
     from autotune.search import distinct_candidates, usable_micro_batches, usable_worlds
     from autotune.spec.probe_request import ProbeSettings, Workload
     from autotune.spec.probe_window import MIN_TIMED_STEPS

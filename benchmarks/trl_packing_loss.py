@@ -2,7 +2,7 @@
 
     python benchmarks/trl_packing_loss.py [--steps 20] [--rows 64] [--out benchmarks/results/trl_packing_loss.json]
 
-Runs the ``--verify-loss`` pair (``autotune.verify.verify_requests``: no warm-up, no budget, same seed)
+Runs the ``--verify-loss`` pair (``autotune.run._verify.verify_requests``: no warm-up, no budget, same seed)
 for two chosen configurations against the HF default (micro-batch 8, fp32, sdpa, unpacked) on a
 ``save_to_disk`` chat dataset of ``--rows`` random chats (seed 0, tiny-llama, seq 64, the shipped
 tiny-chat tokenizer), once through TRL's SFTTrainer (``trainer=trl``) and once through
@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autotune.probe.worker import run_probe_in_process  # noqa: E402
+from autotune.run._verify import compare_losses, reference_candidate, verify_requests  # noqa: E402
 from autotune.spec.probe_request import ProbeSettings, Workload  # noqa: E402
-from autotune.verify import compare_losses, reference_candidate, verify_requests  # noqa: E402
 
 TOKENIZER = ROOT / "autotune" / "models" / "tokenizers" / "tiny-chat"
 MODEL = ROOT / "autotune" / "models" / "tiny" / "tiny-llama"

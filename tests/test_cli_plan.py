@@ -186,10 +186,10 @@ def _run_folder(tmp_path: Path, *, on_gpu: str | None, share: float = 0.4) -> Pa
     _sys.path.insert(0, str(Path(__file__).parent))
     from _fakes import FakeExecutor, synthetic
 
-    from autotune._tune import tune
     from autotune.estimate import arch_from_config, find_gpu
     from autotune.estimate.speed import predict_speed
     from autotune.models import resolve_model
+    from autotune.run._tune import tune
     from autotune.spec.probe_request import Workload
     from autotune.spec.result import ProbeResult
 

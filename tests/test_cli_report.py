@@ -132,7 +132,7 @@ def test_report_from_a_run_written_by_tune(tmp_path: Path) -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from _fakes import FakeExecutor
 
-    from autotune._tune import tune
+    from autotune.run._tune import tune
 
     res = tune("tiny-llama", gpu_budget="6GB", seq_len=512, effective_batch=16, device="cpu", space="cpu",
                executor=FakeExecutor(), out=str(tmp_path / "results"), max_trials=8, top_k=1)  # fmt: skip

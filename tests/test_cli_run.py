@@ -15,10 +15,11 @@ import pytest
 from _fakes import FakeExecutor, GiB
 from typer.testing import CliRunner
 
-import autotune._tune as tune_mod
-from autotune._tune import tune
+import autotune.run
+import autotune.run._tune as tune_mod
 from autotune.cli.app import app
 from autotune.errors import NothingFitsError, SpecError
+from autotune.run._tune import tune
 from autotune.spec.parse import parse_duration, parse_gpus
 
 ANSI = re.compile(r"\x1b\[")
@@ -188,7 +189,7 @@ def test_documented_flags_reach_tune(tmp_path: Path, monkeypatch: pytest.MonkeyP
         seen.update(kw, model=model)
         raise SpecError("stop here")
 
-    monkeypatch.setattr(tune_mod, "tune", spy)
+    monkeypatch.setattr(autotune.run, "tune", spy)
     res = run(["run", "--model", "m", "--gpu-budget", "24GB", "--seq-len", "4096", "--effective-batch", "32",
                "--mode", "lora", "--space", "lora", "--dataset", "d.jsonl", "--split", "test", "--tokenizer", "tok", "--max-trials", "7",
                "--time-budget", "20m", "--gpus", "0,1", "--ray-address", "ray://h:10001", "--device", "cuda",

@@ -11,9 +11,9 @@ import pytest
 from _fakes import FakeExecutor
 from typer.testing import CliRunner
 
-from autotune._tune import tune
 from autotune.cli.app import app
 from autotune.cli.dashboard import dashboard_app, run_study
+from autotune.run._tune import tune
 
 optuna_dashboard = pytest.importorskip("optuna_dashboard")
 

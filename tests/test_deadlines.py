@@ -15,21 +15,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _fakes import FakeExecutor  # noqa: E402
 
-from autotune._deadlines import forecast, make_predictor, parse_probe_timeout  # noqa: E402
-from autotune._tune import tune  # noqa: E402
 from autotune.cli.app import app  # noqa: E402
 from autotune.errors import SpecError  # noqa: E402
-from autotune.estimate import arch_from_config, find_gpu  # noqa: E402
-from autotune.estimate.probe_time import predict_probe_time  # noqa: E402
-from autotune.models import resolve_model  # noqa: E402
-from autotune.search import (  # noqa: E402
+from autotune.estimate import (  # noqa: E402
     CPU_DEADLINE_FLOOR_S,
     DEADLINE_FLOOR_S,
     DEADLINE_MARGIN,
     UNPREDICTED_S,
     DeadlineRule,
     Deadlines,
+    arch_from_config,
+    find_gpu,
+    make_predictor,
+    predict_probe_time,
 )
+from autotune.models import resolve_model  # noqa: E402
+from autotune.run import forecast, parse_probe_timeout, tune  # noqa: E402
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload  # noqa: E402
 from autotune.spec.result import ProbeResult  # noqa: E402
 from autotune.spec.space import load_space  # noqa: E402

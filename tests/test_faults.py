@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 from _fakes import FakeExecutor
 
-from autotune._tune import tune
 from autotune.errors import NothingFitsError
 from autotune.executors.local import LocalExecutor, run_probe_process
+from autotune.run._tune import tune
 from autotune.search import candidate_id
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
 from autotune.spec.trial import TrialRecord

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import autotune.run
 from autotune.check import gather
 from autotune.cli.check import bundle_from_file, installed_sft_fields, installed_training_fields
 from autotune.errors import AutotuneError, SpecError
@@ -169,7 +170,6 @@ def test_run_from_axolotl_writes_back(tmp_path: Path) -> None:
 def test_run_from_reads_the_request_and_flags_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
-    import autotune._tune as tune_mod
     from autotune.cli.app import app
 
     seen: dict = {}
@@ -178,7 +178,7 @@ def test_run_from_reads_the_request_and_flags_override(tmp_path: Path, monkeypat
         seen.update(kw, model=model)
         raise SpecError("stop here")
 
-    monkeypatch.setattr(tune_mod, "tune", spy)
+    monkeypatch.setattr(autotune.run, "tune", spy)
     lf = str(DATA / "lf_lora_sft.yaml")
     res = CliRunner().invoke(app, ["run", "--from", lf, "--gpu-budget", "24GB"], catch_exceptions=False)
     assert res.exit_code == 2
@@ -198,7 +198,6 @@ def test_run_from_a_file_that_packs_into_rows_needs_the_batch_in_sequences(
     the flag is the effective batch (in sequences) and the run goes on."""
     from typer.testing import CliRunner
 
-    import autotune._tune as tune_mod
     from autotune.cli.app import app
     from autotune.errors import SpecError
 
@@ -208,7 +207,7 @@ def test_run_from_a_file_that_packs_into_rows_needs_the_batch_in_sequences(
         seen.update(kw, model=model)
         raise SpecError("stop here")
 
-    monkeypatch.setattr(tune_mod, "tune", spy)
+    monkeypatch.setattr(autotune.run, "tune", spy)
     src = str(DATA.parent / "clients" / fmt / name)
     res = CliRunner().invoke(app, ["run", "--from", src, "--gpu-budget", "24GB", "--model", "tiny-llama"],
                              catch_exceptions=False)

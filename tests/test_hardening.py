@@ -22,8 +22,9 @@ import pytest
 from _cli import cli, one_line
 from _fakes import FakeExecutor
 
-from autotune._tune import tune
+import autotune.run as run_pkg
 from autotune.errors import SpecError, WriteError
+from autotune.run._tune import tune
 from autotune.store.run_dir import Journal
 
 RUN = ["run", "--model", "tiny-llama", "--device", "cpu", "--gpu-budget", "3GB", "--seq-len", "64",
@@ -48,13 +49,12 @@ def tree(path: Path) -> list[str]:
 def test_an_unexpected_exception_is_one_line_with_exit_1_not_a_chained_traceback(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import autotune._tune as tune_mod
     from autotune.cli import app
 
     def boom(*_a: object, **_k: object) -> None:
         raise RuntimeError("something nobody planned for")
 
-    monkeypatch.setattr(tune_mod, "tune", boom)
+    monkeypatch.setattr(run_pkg, "tune", boom)
     monkeypatch.setattr(sys, "argv", ["autotune", *RUN])
     monkeypatch.setattr(app, "_DEBUG", False)
     monkeypatch.delenv("AUTOTUNE_DEBUG", raising=False)
@@ -70,13 +70,12 @@ def test_an_unexpected_exception_is_one_line_with_exit_1_not_a_chained_traceback
 def test_an_os_error_is_one_line_naming_the_file_with_exit_2(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import autotune._tune as tune_mod
     from autotune.cli import app
 
     def full(*_a: object, **_k: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device", "/data/results/x")
 
-    monkeypatch.setattr(tune_mod, "tune", full)
+    monkeypatch.setattr(run_pkg, "tune", full)
     monkeypatch.setattr(sys, "argv", ["autotune", *RUN])
     monkeypatch.setattr(app, "_DEBUG", False)
     monkeypatch.delenv("AUTOTUNE_DEBUG", raising=False)

@@ -124,8 +124,8 @@ def test_remote_code_detection_reads_through_the_same_bounded_reader(tmp_path: P
 def test_a_run_predicted_to_take_over_a_day_without_a_time_budget_is_refused_before_anything(tmp_path: Path) -> None:
     from _fakes import FakeExecutor
 
-    from autotune._deadlines import MAX_UNBUDGETED_S
-    from autotune._tune import tune
+    from autotune.run._forecast import MAX_UNBUDGETED_S
+    from autotune.run._tune import tune
     from autotune.spec.parse import duration_text
 
     ex = FakeExecutor()
@@ -147,7 +147,7 @@ def test_a_typo_in_steps_at_the_users_scale_is_refused_though_nothing_fits_the_m
     are 32 GB), which once let ``--steps 1000000000`` start a run whose probes had a year-long window."""
     from _fakes import FakeExecutor
 
-    from autotune._tune import tune
+    from autotune.run._tune import tune
 
     ex = FakeExecutor()
     out = tmp_path / "out"
@@ -159,7 +159,7 @@ def test_a_typo_in_steps_at_the_users_scale_is_refused_though_nothing_fits_the_m
 
 
 def test_a_forecast_where_nothing_fits_or_a_fixed_probe_timeout_bounds_it_is_judged_by_that_bound() -> None:
-    from autotune._deadlines import MAX_UNBUDGETED_S, check_time_budget
+    from autotune.run._forecast import MAX_UNBUDGETED_S, check_time_budget
 
     fc = {"time_to_answer_s": 10 * MAX_UNBUDGETED_S, "search_probes": 40, "confirm_probes": 8, "slots": 1,
           "probe_s": MAX_UNBUDGETED_S / 4, "fitting": 12}

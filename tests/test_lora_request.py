@@ -12,7 +12,7 @@ import yaml
 from _cli import cli
 from _fakes import FakeExecutor
 
-from autotune._tune import tune
+from autotune.run._tune import tune
 
 DATA = Path(__file__).parent / "data" / "formats"
 BASE = dict(gpu_budget="10GiB", seq_len=256, effective_batch=8, space="cpu", max_trials=3, device="cpu", top_k=1,

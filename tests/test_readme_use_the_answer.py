@@ -25,9 +25,9 @@ import pytest
 import yaml
 from _fakes import FakeExecutor
 
-from autotune._tune import tune
 from autotune.emit import emit_all
 from autotune.formats import known_keys
+from autotune.run._tune import tune
 from autotune.spec import ProbeResult
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
 

@@ -16,10 +16,9 @@ import pytest
 from _fakes import FakeExecutor
 from typer.testing import CliRunner
 
-import autotune._preflight as preflight_mod
-import autotune._tune as tune_mod
+import autotune.run._preflight as preflight_mod
+import autotune.run._tune as tune_mod
 import autotune.store as store_mod
-from autotune._tune import tune
 from autotune.cli.app import app
 from autotune.errors import DatasetError, NothingFitsError, SpecError
 from autotune.estimate import (
@@ -29,6 +28,7 @@ from autotune.estimate import (
     hardware_flops_per_token,
 )
 from autotune.models import resolve_model
+from autotune.run._tune import tune
 from autotune.spec.capabilities import filter_space
 from autotune.spec.probe_request import Candidate, ProbeRequest, Workload
 from autotune.spec.space import DIMENSIONS, load_space, parse_space

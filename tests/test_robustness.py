@@ -340,10 +340,10 @@ def test_probes_run_with_the_hub_offline(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_trust_remote_code_is_off_by_default() -> None:
     import inspect
 
-    from autotune import _tune
+    from autotune.run import tune
     from autotune.models import resolve_model
 
-    assert inspect.signature(_tune.tune).parameters["trust_remote_code"].default is False
+    assert inspect.signature(tune).parameters["trust_remote_code"].default is False
     assert inspect.signature(resolve_model).parameters["trust_remote_code"].default is False
     assert Workload(model="m", seq_len=64).trust_remote_code is False
 

@@ -96,7 +96,7 @@ def test_a_killed_probe_is_proposed_again_on_resume(tmp_path: Path) -> None:
 
 
 def test_the_study_holds_the_origin_of_every_trial(tmp_path: Path) -> None:
-    from autotune._tune import tune
+    from autotune.run._tune import tune
 
     result = tune(LAND["model"], gpu_budget=LAND["budget_text"], seq_len=LAND["seq_len"], effective_batch=EB,
                   space=SPACE, lengths=LAND["lengths"], max_trials=8, device="cpu", out=tmp_path,

@@ -83,8 +83,8 @@ def test_the_llamafactory_export_line_of_a_hostile_folder_name_runs_nothing_and_
 
 
 def test_suggested_commands_in_messages_quote_the_users_values(tmp_path: Path) -> None:
-    from autotune._preflight import check_cpu_probe_time
     from autotune.errors import SpecError
+    from autotune.run._preflight import check_cpu_probe_time
     from autotune.spec.dataset_ref import missing_hub_dataset_message
     from autotune.spec.probe_request import Workload
 

@@ -11,7 +11,7 @@ import pytest
 from _fakes import FakeExecutor
 from typer.testing import CliRunner
 
-import autotune._tune as tune_mod
+import autotune.run._tune as tune_mod
 from autotune.cli.app import app
 from autotune.errors import NothingFitsError
 from autotune.spec.summary import SCHEMA_VERSION, RunSummary, summary_json_schema

@@ -210,7 +210,7 @@ def test_tune_keys_and_reports_the_trainer(tmp_path: Path) -> None:
     pytest.importorskip("trl")
     from _fakes import FakeExecutor
 
-    from autotune._tune import tune
+    from autotune.run._tune import tune
 
     ex = FakeExecutor()
     res = tune("tiny-llama", gpu_budget="10GiB", seq_len=512, effective_batch=8, space="cpu", device="cpu",
@@ -322,7 +322,7 @@ def test_run_trainer_trl_then_train_sft_py_at_the_reported_speed(tmp_path: Path)
 
 
 def test_verify_loss_expects_trl_packing_to_change_the_batches() -> None:
-    from autotune.verify import expected_differences
+    from autotune.run._verify import expected_differences
 
     ref = Candidate(micro_batch=8, precision="fp32")
     packed = dataclasses.replace(ref, packing=True)

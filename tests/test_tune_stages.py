@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 from _fakes import FakeExecutor
 
-from autotune._tune import (
+from autotune.errors import NothingFitsError, SpecError
+from autotune.models import resolve_model
+from autotune.run._tune import (
     EstimatePruner,
     TuneArgs,
     answer_from_cache,
@@ -21,8 +23,6 @@ from autotune._tune import (
     tune,
     write_answer,
 )
-from autotune.errors import NothingFitsError, SpecError
-from autotune.models import resolve_model
 from autotune.spec.probe_request import Candidate, Workload
 from autotune.store import RunDir, make_run_id
 

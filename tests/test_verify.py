@@ -9,11 +9,9 @@ from pathlib import Path
 import pytest
 from _fakes import FakeExecutor
 
-from autotune._tune import tune
-from autotune.spec.baseline import hf_default_candidate
-from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
-from autotune.spec.result import ProbeResult
-from autotune.verify import (
+import autotune.run
+from autotune.run._tune import tune
+from autotune.run._verify import (
     DEFAULT_TOLERANCE,
     IDENTICAL_KNOBS,
     compare_losses,
@@ -22,6 +20,9 @@ from autotune.verify import (
     run_verify,
     verify_requests,
 )
+from autotune.spec.baseline import hf_default_candidate
+from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
+from autotune.spec.result import ProbeResult
 
 
 def test_compare_losses_reports_the_largest_step_difference() -> None:
@@ -134,7 +135,6 @@ def test_identical_math_gives_the_same_losses_on_real_cpu_probes() -> None:
 def test_cli_flags_reach_tune(monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
-    import autotune._tune as tune_mod
     from autotune.cli.app import app
     from autotune.errors import SpecError
 
@@ -144,7 +144,7 @@ def test_cli_flags_reach_tune(monkeypatch: pytest.MonkeyPatch) -> None:
         seen.update(kw)
         raise SpecError("stop here")
 
-    monkeypatch.setattr(tune_mod, "tune", spy)
+    monkeypatch.setattr(autotune.run, "tune", spy)
     base = ["run", "--model", "m", "--gpu-budget", "24GB"]
     CliRunner().invoke(app, [*base, "--verify-loss"])
     assert seen["verify_loss"] == 20

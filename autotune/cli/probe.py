@@ -67,8 +67,8 @@ def build_probe_request(
     local caches come from the Hub (config.json and tokenizer files; a streamed sample of the data);
     what the user should know about it is appended to ``notes``."""
     # (long for its signature, one keyword per `probe` option; the body is one step per concern)
-    from autotune._preflight import check_dataset, check_model_config
     from autotune.models import check_seq_len, resolve_model
+    from autotune.run import check_dataset, check_model_config
     from autotune.spec.lengths import parse_lengths
 
     resolved = resolve_model(model, trust_remote_code=trust_remote_code, hub=hub,

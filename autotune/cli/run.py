@@ -225,7 +225,7 @@ def command(
     as_json: bool = typer.Option(False, "--json", help="Print only summary.json to stdout."),
 ) -> None:
     """Search for the fastest fine-tuning configuration that fits the budget, by measuring it."""
-    from autotune._tune import tune
+    from autotune.run import tune
 
     err = console(stderr=True)
     source = None
@@ -307,7 +307,7 @@ def _hub_access(offline: bool) -> Any:
 
 def _probe_timeout(text: str) -> float | str:
     """``--probe-timeout``: ``predicted``, or fixed seconds (``300``, ``10m``) for every probe."""
-    from autotune._deadlines import PREDICTED, parse_probe_timeout
+    from autotune.run import PREDICTED, parse_probe_timeout
 
     seconds = parse_probe_timeout(text)
     return PREDICTED if seconds is None else seconds

@@ -6,6 +6,7 @@ beyond the package's own gpus.yaml and catalog files passed in explicitly]
     predict_speed(...) / predict_step_time(...) (the one step-time model) / mfu(...) / calibrate(...);  cpu_probe_seconds(...) (a CPU probe's least time)
     find_gpu(name) / load_catalog(extra=...)
     plan(config, gpus=..., ...) -> PlanResult;  predict_peak_bytes / should_prune (PRUNE_FACTOR)
+    predict_probe_time(...) / make_predictor(...) (one probe's seconds);  DeadlineRule / Deadlines (its deadline)
 """
 
 from __future__ import annotations
@@ -25,6 +26,18 @@ from autotune.estimate.plan import (
     predict_peak_bytes,
     should_prune,
 )
+from autotune.estimate.probe_time import (
+    CPU_DEADLINE_FLOOR_S,
+    DEADLINE_FLOOR_S,
+    DEADLINE_MARGIN,
+    UNPREDICTED_S,
+    DeadlineRule,
+    Deadlines,
+    Predictor,
+    ProbeTime,
+    make_predictor,
+    predict_probe_time,
+)
 from autotune.estimate.speed import (
     DEFAULT_EFFICIENCY,
     SpeedEstimate,
@@ -38,7 +51,17 @@ from autotune.estimate.speed import (
 )
 
 __all__ = [
+    "CPU_DEADLINE_FLOOR_S",
     "CPU_FLOPS_PER_CORE",
+    "DEADLINE_FLOOR_S",
+    "DEADLINE_MARGIN",
+    "UNPREDICTED_S",
+    "DeadlineRule",
+    "Deadlines",
+    "Predictor",
+    "ProbeTime",
+    "make_predictor",
+    "predict_probe_time",
     "DEFAULT_EFFICIENCY",
     "GPU",
     "HEADROOM",

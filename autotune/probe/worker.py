@@ -186,7 +186,7 @@ def _build_model(req: ProbeRequest, device: str, mk: dict[str, Any]) -> Any:
     )
     if getattr(cfg, "use_cache", None) is not None:
         cfg.use_cache = False  # training: no KV cache
-    # the same seed gives the same initial weights (autotune.verify compares two configurations'
+    # the same seed gives the same initial weights (autotune.run's verification compares two configurations'
     # loss trajectories; without it the weights came from whatever the RNG had been used for)
     torch.manual_seed(w.seed)
     if w.mode == "qlora":
@@ -928,7 +928,7 @@ def _hf_trainer(probe: _Probe, model: Any, emitted: _Emitted, meter: _Meter, *, 
         pad_token_id=pad_token_id_of(cfg),
         mask_dtype=packing_mask_dtype(req.candidate.precision, emitted.model_kwargs["dtype"]),
         # longest sequences first make the measured peak the worst case: only a probe held
-        # to a budget needs that; one without (autotune.verify's loss comparison) needs the
+        # to a budget needs that; one without (autotune.run's loss comparison) needs the
         # same data order whatever the micro-batch
         worst_case_first=req.settings.usable_bytes() is not None,
     )

@@ -8,15 +8,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from autotune.search._confirm import ConfirmPolicy, choose_winner, speedup
-from autotune.search._deadline import (
-    CPU_DEADLINE_FLOOR_S,
-    DEADLINE_FLOOR_S,
-    DEADLINE_MARGIN,
-    UNPREDICTED_S,
-    DeadlineRule,
-    Deadlines,
-    Predictor,
-)
 from autotune.search._logic import (
     FAILED,
     MEMORY_INFEASIBLE,
@@ -59,14 +50,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "AutotuneSampler",
-    "CPU_DEADLINE_FLOOR_S",
     "ConfirmPolicy",
-    "DEADLINE_FLOOR_S",
-    "DEADLINE_MARGIN",
-    "DeadlineRule",
-    "Deadlines",
-    "Predictor",
-    "UNPREDICTED_S",
     "FAILED",
     "LoadCheck",
     "MEMORY_INFEASIBLE",

@@ -30,6 +30,7 @@ from optuna.distributions import BaseDistribution
 from optuna.trial import Trial, TrialState
 
 from autotune.errors import SpecError
+from autotune.estimate.probe_time import Deadlines
 from autotune.executors.base import Executor
 from autotune.search import _records
 from autotune.search._confirm import (
@@ -39,7 +40,6 @@ from autotune.search._confirm import (
     interleaved_order,
     measured_range,
 )
-from autotune.search._deadline import Deadlines
 from autotune.search._logic import (
     FAILED,
     MEMORY_INFEASIBLE,

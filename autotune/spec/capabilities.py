@@ -7,7 +7,7 @@ this a CPU run of the ``default`` space spent most of its probes on configuratio
 ``unsupported``. The probe worker keeps its own check (``probe/worker.py``'s ``_precheck``) for
 anything that reaches it another way (``autotune probe``, a remote cluster).
 
-The capability dict (built by ``autotune._preflight.detect_capabilities``; any key may be absent,
+The capability dict (built by ``autotune.run.detect_capabilities``; any key may be absent,
 and an absent or None entry means "unknown": no choice is dropped for it)::
 
     {"device": "cpu" | "cuda",

@@ -275,7 +275,7 @@ def check_cpu_probe_time(
     seconds: float | None, *, workload: Workload, effective_batch: int, limit_s: float, limit_text: str,
     requested_device: str, model_ref: str | None = None,
 ) -> float | None:
-    """``seconds``: the least predicted time of one CPU probe of the space (``autotune._deadlines``).
+    """``seconds``: the least predicted time of one CPU probe of the space (``autotune.run._forecast``).
 
     Raises SpecError when ``--device auto`` resolved to this CPU and that exceeds ``limit_s``; an
     explicit ``--device cpu`` is the user saying they want it, and only gets the figure back.

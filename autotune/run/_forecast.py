@@ -1,11 +1,10 @@
-"""``autotune run``'s probe-time prediction: each probe's deadline, the time to answer, the time budget.
+"""``autotune run``'s time: the time to answer and the time budget (one probe's time and deadline are
+``autotune.estimate.probe_time``'s).
 
 Run by ``tune`` before anything is written (``plan_search``):
 
 * :func:`parse_probe_timeout`: ``--probe-timeout`` is ``predicted`` (the default: each probe's deadline
-  from its prediction, ``autotune.search.DeadlineRule``) or fixed seconds (``300``, ``10m``);
-* :func:`make_predictor`: one probe's predicted seconds (``autotune.estimate.probe_time``) for this
-  model, workload and device; None when the estimator does not know the architecture;
+  from its prediction, ``autotune.estimate.DeadlineRule``) or fixed seconds (``300``, ``10m``);
 * :func:`forecast`: the time to answer, probes x predicted probe time / parallel slots, over the
   probes a run makes (the search's ``--max-trials``, or fewer when the space holds fewer distinct
   configurations, plus the confirmation's rounds over the top-k and the baseline);
@@ -18,19 +17,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import random
 import statistics
 from typing import Any
 
 from autotune.errors import SpecError
 from autotune.spec.parse import duration_text
-from autotune.spec.probe_request import Candidate, ProbeSettings, Workload
+from autotune.spec.probe_request import Candidate, ProbeSettings
 from autotune.spec.shell import command_line
 from autotune.spec.space import SearchSpace
 
-__all__ = ["MAX_UNBUDGETED_S", "PREDICTED", "parse_probe_timeout", "make_predictor", "forecast", "forecast_line",
-           "check_time_budget", "duration_text"]
+__all__ = ["MAX_UNBUDGETED_S", "PREDICTED", "parse_probe_timeout", "forecast", "forecast_line", "check_time_budget"]
 
 PREDICTED = "predicted"
 # the longest predicted time to answer a run starts without --time-budget (a longer one is refused)
@@ -62,48 +59,6 @@ def parse_probe_timeout(value: Any) -> float | None:
     if not math.isfinite(seconds) or seconds <= 0:
         raise SpecError(f"probe timeout must be 'predicted' or positive seconds (300, 10m); got {value!r}")
     return seconds
-
-
-def _gpu_of(gpu_infos: list[dict[str, Any]]) -> Any:
-    from autotune.estimate import find_gpu
-
-    for g in gpu_infos:
-        name = str(g.get("name") or "")
-        # NVML's names: "NVIDIA A10G", "NVIDIA H100 80GB HBM3"
-        for candidate in (name, name.removeprefix("NVIDIA").strip()):
-            try:
-                return find_gpu(candidate)
-            except SpecError:
-                continue
-    return None
-
-
-def make_predictor(
-    config: dict[str, Any], workload: Workload, *, device: str, gpu_infos: list[dict[str, Any]],
-    gpu: Any = None, cores: int | None = None,
-) -> Any:
-    """``predict(candidate, settings) -> seconds | None`` for this run, or None (unknown architecture)."""
-    from autotune.estimate import arch_from_config
-    from autotune.estimate.probe_time import predict_probe_time
-
-    try:
-        arch = arch_from_config(config)
-    except Exception:
-        return None
-    gpu = gpu if gpu is not None else (_gpu_of(gpu_infos) if device == "cuda" else None)
-    mean_tokens: float | None = None
-    if device == "cpu":
-        from autotune._preflight import mean_sequence_tokens
-
-        mean_tokens = mean_sequence_tokens(workload)
-    n_cores = cores or os.cpu_count() or 1
-
-    def predict(candidate: Candidate, settings: ProbeSettings) -> float | None:
-        t = predict_probe_time(arch, workload, candidate, settings, device=device, gpu=gpu, cores=n_cores,
-                               mean_tokens=mean_tokens)
-        return None if t is None else t.total_s
-
-    return predict
 
 
 def _candidates(space: SearchSpace, effective_batch: int, max_world: int | None, n: int = _SAMPLE) -> list[Candidate]:

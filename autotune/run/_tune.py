@@ -194,8 +194,8 @@ def _default_executor(
         if progress is not None:
             progress("note", {"text": "ray is not installed: probes run one at a time as local subprocesses"})
         return LocalExecutor(slots=1)
-    from autotune._preflight import RAY_CONNECT_TIMEOUT_S
     from autotune.executors.ray_pool import RayExecutor
+    from autotune.run._preflight import RAY_CONNECT_TIMEOUT_S
 
     return RayExecutor(ray_address, device=device, gpus=gpus, gpus_per_probe=gpus_per_probe,
                        connect_timeout_s=RAY_CONNECT_TIMEOUT_S)
@@ -332,7 +332,7 @@ def tune(
     data)`` receives ``start``, ``submit``, ``record``, ``tick``, ``confirm``, ``done``, ``cached``
     and ``note`` events. ``verify_loss`` (K > 0) runs the quality guard after the search: the chosen
     configuration and the HF-default reference for K steps each, same seed and data order, loss
-    trajectories compared (``autotune.verify``; ``verify_loss.json``, ``summary["verify_loss"]``).
+    trajectories compared (``autotune.run._verify``; ``verify_loss.json``, ``summary["verify_loss"]``).
     ``space`` None is the device's own: ``cpu`` on a CPU (also when ``device="auto"`` finds no GPU),
     ``default`` on a GPU. Choices the device or installation cannot run are dropped before any
     probe (``summary["dropped_choices"]``, one ``note``).
@@ -457,7 +457,7 @@ def _parse_args(a: TuneArgs) -> dict[str, Any]:
 
     if a.strategy not in STRATEGIES:
         problems.append(f"unknown strategy {a.strategy!r}; choose one of {', '.join(STRATEGIES)}")
-    from autotune._deadlines import parse_probe_timeout
+    from autotune.run._forecast import parse_probe_timeout
     from autotune.spec.lengths import parse_lengths
     from autotune.store.run_dir import check_out_dir
     from autotune.store.storage import check_storage_url
@@ -487,8 +487,8 @@ def _parse_args(a: TuneArgs) -> dict[str, Any]:
 
 def _resolve_inputs(a: TuneArgs) -> Any:
     """The model (offline unless ``hub``), checked, and the dataset found; the ``ResolvedModel``."""
-    from autotune._preflight import check_model_config
     from autotune.models import check_seq_len, resolve_model
+    from autotune.run._preflight import check_model_config
 
     resolved = resolve_model(a.model, trust_remote_code=a.trust_remote_code, hub=a.hub,
                              tokenizer=a.dataset is not None and a.tokenizer is None)
@@ -552,7 +552,7 @@ class SearchPlan:
     software: dict[str, Any] = field(default_factory=dict)
     key: str = ""  # the cache key, from this plan (_cache_key)
     deadlines: Any = None  # search.Deadlines: each probe's deadline from its prediction (predict_run)
-    forecast: dict[str, Any] = field(default_factory=dict)  # the predicted time to answer (_deadlines.forecast)
+    forecast: dict[str, Any] = field(default_factory=dict)  # the predicted time to answer (_forecast.forecast)
 
     @property
     def budget_bytes(self) -> int:
@@ -602,7 +602,7 @@ def plan_search(r: Request) -> SearchPlan:
 
 def _probe_settings(r: Request, dev: str, gpu_infos: list[dict[str, Any]]) -> tuple[ProbeSettings, Any]:
     """(the probes' settings, the deadline rule): the budget in bytes and the run-level timeout."""
-    from autotune.search import DeadlineRule
+    from autotune.estimate import DeadlineRule
 
     a = r.args
     budget_bytes = resolve_budget(r.budget, device=dev, gpu_infos=gpu_infos, ram_bytes=_ram_bytes)
@@ -634,7 +634,7 @@ def predict_run(r: Request, plan: SearchPlan) -> SearchPlan:
     """Stage 3b (a search will run, nothing is written yet): each probe's deadline rule and the predicted
     time to answer, printed with the run's notes; SpecError (exit 2) when ``--time-budget`` cannot hold
     the baseline and one candidate."""
-    from autotune._deadlines import check_time_budget, forecast_line
+    from autotune.run._forecast import check_time_budget, forecast_line
 
     a = r.args
     deadlines, fc = plan.deadlines, plan.forecast
@@ -656,11 +656,14 @@ def _slots(r: Request, plan: SearchPlan) -> int:
 
 def _predict(r: Request, plan: SearchPlan) -> tuple[Any, dict]:
     """(the run's Deadlines, the forecast of its time to answer)."""
-    from autotune._deadlines import forecast, make_predictor
-    from autotune.search import Deadlines, distinct_candidates, usable_micro_batches, usable_worlds
+    from autotune.estimate import Deadlines, make_predictor
+    from autotune.run._forecast import forecast
+    from autotune.run._preflight import mean_sequence_tokens
+    from autotune.search import distinct_candidates, usable_micro_batches, usable_worlds
 
     a, dev, space, workload, settings, rule = r.args, plan.device, plan.space, plan.workload, plan.settings, plan.rule
-    predictor = make_predictor(r.resolved.config, workload, device=dev, gpu_infos=plan.gpu_infos)
+    predictor = make_predictor(r.resolved.config, workload, device=dev, gpu_infos=plan.gpu_infos,
+                               mean_tokens=mean_sequence_tokens(workload) if dev == "cpu" else None)
 
     def fits(c: Candidate) -> bool:
         from autotune.estimate import fits as fits_budget
@@ -687,7 +690,7 @@ def _preflight(r: Request, plan: SearchPlan) -> list[str]:
     """Before anything is written: the CPU probe time, the batch, the weights, --ray-address, the dataset.
 
     Raises SpecError for what cannot run; returns notes for what can but the user should know."""
-    from autotune._preflight import AUTO_CPU_PROBE_LIMIT_S, check_cpu_probe_time, preflight
+    from autotune.run._preflight import AUTO_CPU_PROBE_LIMIT_S, check_cpu_probe_time, preflight
 
     a, rule, notes = r.args, plan.rule, []
     if plan.device == "cpu":
@@ -1088,7 +1091,7 @@ def _space_for_device(
     No space given: the device's own (``cpu`` or ``default``). Then the choices this device or
     installation cannot run are dropped (SpecError when a knob is left with none).
     """
-    from autotune._preflight import default_space_for, detect_capabilities
+    from autotune.run._preflight import default_space_for, detect_capabilities
     from autotune.spec.capabilities import dropped_line, filter_space
 
     notes: list[str] = []
@@ -1222,7 +1225,7 @@ def _verify_loss(steps: int, tolerance: float | None, outcome: SearchOutcome, ba
     """The quality guard (``--verify-loss K``): chosen vs HF-default reference, K steps each."""
     if not steps or outcome.best_record is None:
         return None
-    from autotune.verify import DEFAULT_TOLERANCE, reference_candidate, run_verify
+    from autotune.run._verify import DEFAULT_TOLERANCE, reference_candidate, run_verify
 
     chosen = outcome.best_record.candidate_obj()
     assert chosen is not None

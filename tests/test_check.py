@@ -95,6 +95,19 @@ def test_cpu_run_does_not_fail_on_fp32():
     assert status(r, "precision") == ["info"] and not r.failed
 
 
+def test_a_cpu_answer_checked_for_a_gpu_fails_its_device_and_its_precision():
+    a10g = GpuInfo(name="A10G", bf16=True, flash_attention_2=True, tf32=True)
+    r = gather(bundle(training_args={"use_cpu": True, "bf16": False, "seed": 1}), gpu=a10g)
+    assert status(r, "device") == ["fail"] and "use_cpu" in r.by_id("device")[0].fix and "A10G" in r.by_id("device")[0].message
+    assert status(r, "precision") == ["fail"] and "bf16: true" in r.by_id("precision")[0].fix
+    assert r.failed
+    # the same file without --gpu is a CPU run, judged as one
+    assert status(gather(bundle(training_args={"use_cpu": True, "bf16": False, "seed": 1})), "device") == []
+    # accelerate's use_cpu too
+    r = gather(bundle(training_args={"bf16": True, "seed": 1}, accelerate={"use_cpu": True}), gpu=a10g)
+    assert status(r, "device") == ["fail"] and "accelerate" in r.by_id("device")[0].source
+
+
 def test_deepspeed_offload_and_batch_mismatch():
     ds = {
         "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}},
@@ -165,6 +178,21 @@ def test_cli_good_emitted_config_passes(app, emitted):
     for name in ("training_args.json", "accelerate_config.yaml", "deepspeed.json"):
         res = CliRunner().invoke(app, ["check", str(emitted / name)])
         assert res.exit_code == 0, res.output
+
+
+def test_cli_a_cpu_answer_checked_for_a_gpu_exits_1(app, tmp_path):
+    # what `autotune run --device cpu` emits, checked for the GPU it was not tuned on: the README's promise
+    transformers = pytest.importorskip("transformers")
+    fields = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
+    out = tmp_path / "best"
+    req = ProbeRequest(workload=Workload(model="m"), candidate=Candidate(micro_batch=4, grad_accum=4, precision="fp32"),
+                       settings=ProbeSettings(device="cpu"))
+    emit_all(ProbeResult(status="ok", request=req.to_dict()), out, fields=fields)
+    assert CliRunner().invoke(app, ["check", str(out)]).exit_code == 0  # as the CPU run it is
+    res = CliRunner().invoke(app, ["check", str(out), "--gpu", "A10G", "--json"])
+    assert res.exit_code == 1, res.output
+    failed = {i["id"] for i in json.loads(res.stdout)["items"] if i["status"] == "fail"}
+    assert {"device", "precision"} <= failed, failed
 
 
 def test_cli_bad_config_exits_1_and_json_parses(app, tmp_path):

@@ -328,6 +328,14 @@ def test_strict_exits_5_on_a_doubtful_answer(fake, monkeypatch: pytest.MonkeyPat
         # without --strict the same answer is exit 0, said to be doubtful
         res = run(args + ["--fresh"])
         assert res.exit_code == 0 and "doubtful answer" in res.output
+        # a repeat answered from the store says so again, with the way to measure again, and --strict
+        # still refuses it: a doubtful answer is never served as if it were confirmed
+        again = run(args)
+        assert again.exit_code == 0 and "doubtful answer" in again.output and "load warning" in again.output
+        assert "from the stored run" in again.output and "--fresh" in again.output
+        assert run(args + ["--strict"]).exit_code == 5
+        as_json = json.loads(run(args + ["--json"]).stdout)
+        assert as_json["from_cache"] is True and as_json["trust"]["doubtful"] is True
     else:
         assert res.exit_code == 0, res.output
         assert summary["warnings"] == []

@@ -340,8 +340,8 @@ def test_probes_run_with_the_hub_offline(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_trust_remote_code_is_off_by_default() -> None:
     import inspect
 
-    from autotune.run import tune
     from autotune.models import resolve_model
+    from autotune.run import tune
 
     assert inspect.signature(tune).parameters["trust_remote_code"].default is False
     assert inspect.signature(resolve_model).parameters["trust_remote_code"].default is False

@@ -168,8 +168,15 @@ class _Ctx:
         return "training_args" in self.b.data
 
     @property
-    def cpu(self) -> bool:
+    def says_cpu(self) -> bool:
+        """The file trains on the CPU (``use_cpu``/``no_cuda``, accelerate's ``use_cpu``)."""
         return bool(self.ta.get("use_cpu") or self.ta.get("no_cuda") or self.acc.get("use_cpu"))
+
+    @property
+    def cpu(self) -> bool:
+        """Judge the file as a CPU run: it says so and no ``--gpu`` asks how it fares on a GPU (checked for
+        one, a CPU answer is judged as that GPU would run it once ``use_cpu`` is removed)."""
+        return self.says_cpu and self.gpu is None
 
     def precision(self) -> tuple[str | None, str]:
         """('bf16' | 'fp16' | 'fp32' | None if unknown, where it was read)."""
@@ -268,6 +275,19 @@ def _rule_precision(c: _Ctx) -> None:
                 _sixteen_bit_fix(c.gpu),
                 src,
             )
+
+
+def _rule_device(c: _Ctx) -> None:
+    """A config that trains on the CPU, checked for a GPU: it would not use that GPU at all."""
+    if not (c.says_cpu and c.gpu is not None):
+        return
+    key = "no_cuda" if c.ta.get("no_cuda") and not c.ta.get("use_cpu") else "use_cpu"
+    src = c.src("training_args") if (c.ta.get("use_cpu") or c.ta.get("no_cuda")) else c.src("accelerate")
+    c.add("device", "device", "fail",
+          f"{key}: true trains on the CPU, so this config would leave the {c.gpu.name} idle (an answer tuned on a "
+          "CPU: its precision and batch were measured there, not on this GPU)",
+          f"remove {key}, and tune on the {c.gpu.name} itself (autotune run --device cuda there) for its own "
+          "precision and batch", src)
 
 
 def _rule_tf32(c: _Ctx) -> None:
@@ -935,6 +955,7 @@ def _rule_references(c: _Ctx) -> None:
 _RULES = (
     _rule_references,
     _rule_names,
+    _rule_device,
     _rule_precision,
     _rule_tf32,
     _rule_batch,

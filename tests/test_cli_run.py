@@ -339,3 +339,53 @@ def test_strict_exits_5_on_a_doubtful_answer(fake, monkeypatch: pytest.MonkeyPat
     else:
         assert res.exit_code == 0, res.output
         assert summary["warnings"] == []
+
+
+# ------------------------------------------------------------------ a probe whose process died
+
+
+class _DiesFirst(FakeExecutor):
+    """The HF-default baseline's probes number ``at`` (0: its search probe, 1: its first confirmation, ...)
+    die as the kernel's OOM killer leaves them: no result, an exit code (what the local and Ray executors
+    record for a killed probe process)."""
+
+    def __init__(self, at: tuple[int, ...], *, classified: bool = False) -> None:
+        super().__init__()
+        self.at, self.classified, self.seen, self.deaths = at, classified, 0, 0
+
+    def result_for(self, request):  # type: ignore[no-untyped-def]
+        from autotune.spec.baseline import hf_default_candidate
+        from autotune.spec.result import ProbeResult
+
+        if request.candidate == hf_default_candidate(16):
+            self.seen += 1
+            if self.seen - 1 in self.at:
+                self.deaths += 1
+                if self.classified:  # an error the probe itself caught and classified: not retried
+                    return ProbeResult(status="crash", request=request.to_dict(), reason="RuntimeError: bad kernel")
+                return ProbeResult(status="crash", request=request.to_dict(), metrics={"exit_code": -9, "wall_s": 1.0},
+                                   reason="probe process killed by SIGKILL without a result (SIGKILL: possibly the "
+                                          "kernel's out-of-memory killer)")
+        return super().result_for(request)
+
+
+@pytest.mark.parametrize("at,classified", [((0,), False), ((0, 1), False), ((0,), True), ((1,), False)],
+                         ids=["died-once", "died-twice", "classified-crash", "died-in-confirmation"])
+def test_a_probe_whose_process_died_is_probed_once_more_before_the_crash_counts(
+        tmp_path: Path, at: tuple[int, ...], classified: bool) -> None:
+    notes: list[str] = []
+    ex = _DiesFirst(at, classified=classified)
+    result = tune("tiny-llama", gpu_budget="20GiB", seq_len=512, effective_batch=16, space="cpu", device="cpu",
+                  max_trials=4, out=tmp_path, executor=ex, top_k=1,
+                  progress=lambda event, data: notes.append(data.get("text", "")) if event == "note" else None)
+    base = result.summary["baseline"]
+    assert base is not None and base["label"].startswith("mb8x2")
+    retried = [n for n in notes if "probing it once more before the crash counts" in n]
+    if classified:  # a crash the probe classified is the configuration's own: counted at once
+        assert ex.deaths == 1 and retried == [] and base["status"] == "crash"
+    elif at == (0, 1):  # died twice: the crash counts (one retry, not more)
+        assert ex.deaths == 2 and len(retried) == 1 and base["status"] == "crash"
+    else:  # died once, in the search or in a confirmation round: probed again, and that figure counts
+        assert ex.deaths == 1 and len(retried) == 1 and "out-of-memory killer" in retried[0]
+        assert base["status"] == "ok" and result.summary["speedup_vs_baseline"] is not None
+        assert base["confirmed"] is True

@@ -64,6 +64,27 @@ def test_baseline_that_does_not_fit_and_missing_baseline():
     assert "was not measured" in md and md.startswith("# autotune report: run")
 
 
+def test_a_baseline_that_crashed_or_timed_out_is_not_called_a_budget_failure():
+    import dataclasses
+
+    from autotune.diagnose import diagnose
+
+    best = res(Candidate(micro_batch=4, grad_accum=8), tok=2000.0)
+    killed = dataclasses.replace(
+        res(hf_default_candidate(32), status="crash", tok=None, peak=None, exit_code=-9),
+        reason="probe process killed by SIGKILL without a result (SIGKILL: possibly the kernel's out-of-memory killer)")
+    md = render_report_md(SUMMARY, [best, killed], baseline=killed)
+    assert "within the budget" not in md and "not a budget failure" in md and "SIGKILL" in md
+    # a killed process leaves no traceback: the advice says where to look instead of --debug
+    finding = next(f for f in diagnose(killed).findings if f.key == "crash")
+    assert "--debug" not in finding.fix and "no traceback" in finding.fix
+    raised = dataclasses.replace(killed, metrics={}, reason="RuntimeError: bad kernel")
+    assert "--debug" in next(f for f in diagnose(raised).findings if f.key == "crash").fix
+    late = dataclasses.replace(killed, status="timeout", metrics={}, reason="past the 300 s deadline")
+    md = render_report_md(SUMMARY, [best, late], baseline=late)
+    assert "within the budget" not in md and "deadline (timeout)" in md
+
+
 def test_nothing_fits():
     md = render_report_md(SUMMARY, [res(Candidate(), status="oom", tok=None, peak=None)], baseline=None)
     assert "No configuration fits the budget." in md

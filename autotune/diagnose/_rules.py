@@ -359,6 +359,15 @@ def _data_fix(c: Candidate | None) -> str:
     return ", ".join(steps)
 
 
+def _crash_fix(result: ProbeResult) -> str:
+    """What to do about a crash: a probe that raised has a traceback to show; a process that was killed
+    (``ProbeResult.died``: a signal, the kernel's out-of-memory killer) leaves none."""
+    if result.died:
+        return ("its process was killed and left no traceback: look at the machine's memory and other work "
+                "(e.g. `dmesg | grep -i kill`), then probe it again")
+    return "rerun with --debug to see the traceback"
+
+
 def diagnose(
     result: ProbeResult,
     *,
@@ -394,7 +403,7 @@ def diagnose(
                 evidence=" ".join((result.reason or "no reason recorded").split())[:200],
                 fix={"unsupported": "drop this choice on this machine (the reason says what it needs)",
                      "timeout": "raise --probe-timeout, or a smaller configuration",
-                     "crash": "rerun with --debug to see the traceback"}.get(result.status, ""),
+                     "crash": _crash_fix(result)}.get(result.status, ""),
                 severity="info",
             )
         )  # fmt: skip

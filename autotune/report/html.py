@@ -23,7 +23,13 @@ from autotune.report._model import (
     short_label,
 )
 from autotune.report.diagnosis import fmt_mfu, fmt_util
-from autotune.report.markdown import HF_DEFAULT_DESCRIPTION, effective_batch_text, levers, step_counts_text
+from autotune.report.markdown import (
+    HF_DEFAULT_DESCRIPTION,
+    baseline_not_run,
+    effective_batch_text,
+    levers,
+    step_counts_text,
+)
 from autotune.spec.baseline import hf_default_candidate
 from autotune.spec.budget import format_bytes
 from autotune.spec.result import ProbeResult
@@ -314,7 +320,7 @@ def _baseline_section(model: ReportModel) -> str:
     if best_tps and base.fits and base.tokens_per_s:
         out.append(f"<p><b>{float(best_tps) / base.tokens_per_s:.2f}×</b> the HF default's throughput.</p>")
     elif not base.fits:
-        out.append(f"<p>The HF default does not run within the budget ({_e(base.status)}).</p>")
+        out.append(f"<p>{_e(baseline_not_run(base))}</p>")
     out.append("<h3>Diagnosis of the HF default</h3>")
     out.append(_findings_html(model.baseline_diagnosis))
     return "".join(out)

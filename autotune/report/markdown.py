@@ -15,7 +15,8 @@ from autotune.spec.budget import format_bytes
 from autotune.spec.probe_request import STATUSES, Candidate
 from autotune.spec.result import ProbeResult
 
-__all__ = ["HF_DEFAULT_DESCRIPTION", "render_report_md", "levers", "effective_batch_text", "step_counts_text"]
+__all__ = ["HF_DEFAULT_DESCRIPTION", "render_report_md", "levers", "effective_batch_text", "step_counts_text",
+           "baseline_not_run"]
 
 HF_DEFAULT_DESCRIPTION = (
     f"per_device_train_batch_size {HF_DEFAULT_MICRO_BATCH} with accumulation keeping the same effective batch, "
@@ -118,6 +119,21 @@ def _mem(r: ProbeResult, summary: dict[str, Any]) -> str:
     if budget:
         return f"{format_bytes(peak)} / {format_bytes(budget)} ({100 * peak / budget:.0f}%)"
     return format_bytes(peak)
+
+
+def baseline_not_run(result: ProbeResult) -> str:
+    """Why the HF default has no figure, by its status (plain text): only a memory failure is "not within the
+    budget"; a crash or a timeout says nothing about the budget."""
+    why = " ".join((result.reason or "").split())[:200]
+    if result.status in ("oom", "over_budget"):
+        return f"The HF default does not run within the budget ({result.status})."
+    if result.status == "timeout":
+        return "The HF default did not finish within its probe's deadline (timeout), so there is no speedup to give."
+    if result.status == "unsupported":
+        return f"The HF default cannot run here ({why or 'unsupported'})."
+    return (f"The HF default's probe {result.status}ed" if result.status == "crash" else
+            f"The HF default's probe ended {result.status}") + (f" ({why})" if why else "") + \
+        ", so there is no speedup to give; this is not a budget failure."
 
 
 def _esc(text: Any) -> str:
@@ -242,9 +258,7 @@ def render_report_md(
             out.append(f"{best_tps / base_tps:.2f}× the HF default's throughput (single measurements, not "
                        "re-measured side by side: treat as indicative).")
         elif not baseline.fits:
-            out.append(
-                f"The HF default does not run within the budget ({_esc(baseline.status)}); the best config does."
-            )
+            out.append(_esc(baseline_not_run(baseline)))
 
     out += _confirmation_section(summary)
 

@@ -200,6 +200,7 @@ class Searcher:
         self.records: list[TrialRecord] = []
         self._durations: list[float] = []
         self._submitted_wall: dict[str, float] = {}
+        self._retried: set[tuple[str, str]] = set()  # (phase, key) probed again after its process died
         self._history = list(history or [])
 
         worlds, mbs, self.skipped_choices = _usable_shapes(space, effective_batch, max_world)
@@ -608,9 +609,24 @@ class Searcher:
             if ticket in loop.in_flight:
                 self._land(loop, ticket, result)
 
+    def _retry(self, phase: str, key: str, label: str, result: ProbeResult) -> bool:
+        """Whether to probe again a configuration whose process died (``ProbeResult.died``): once per
+        configuration and phase, before the crash counts; said as a note."""
+        if not result.died or (phase, key) in self._retried:
+            return False
+        self._retried.add((phase, key))
+        self._emit("note", text=f"{label}: {result.reason}; probing it once more before the crash counts")
+        return True
+
     def _land(self, loop: _Loop, ticket: str, result: ProbeResult) -> None:
         probe = loop.in_flight.pop(ticket)
         result = self._landed(ticket, result)
+        if self._retry("search", probe.key, candidate_label(probe.candidate), result):
+            loop.in_flight_keys.pop(probe.key, None)
+            loop.submitted_at.pop(ticket, None)
+            self._submitted_wall.pop(ticket, None)
+            self._launch(loop, probe)
+            return
         loop.in_flight_keys.pop(probe.key, None)
         self._durations.append(self.clock() - loop.submitted_at.pop(ticket))
         loop.probes += 1
@@ -659,6 +675,10 @@ class Searcher:
                     continue
                 rec = in_flight.pop(ticket)
                 result = self._landed(ticket, result)
+                if self._retry(f"confirm {round_index}", rec.key, rec.label, result):
+                    self._submitted_wall.pop(ticket, None)
+                    queue.insert(0, rec.key)
+                    continue
                 cand = rec.candidate_obj()
                 assert cand is not None
                 warnings = self._check_load("during", self._submitted_wall.pop(ticket, None), rec.label)

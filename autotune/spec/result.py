@@ -38,6 +38,13 @@ class ProbeResult:
         return self.status == "ok"
 
     @property
+    def died(self) -> bool:
+        """A crash of the probe's process itself (killed by a signal, the kernel's out-of-memory killer, an
+        exit without a result: the executors record its ``exit_code``), not an error the probe classified:
+        often the machine's doing rather than the configuration's, so worth one more try."""
+        return self.status == "crash" and "exit_code" in self.metrics
+
+    @property
     def fits(self) -> bool:
         """Measured and within budget (the only status a search may choose)."""
         return self.status == "ok"

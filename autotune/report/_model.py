@@ -10,7 +10,7 @@ from typing import Any
 from autotune.diagnose import Diagnosis, RunDiagnosis, diagnose, diagnose_run, gpu_for_result, probe_mfu
 from autotune.estimate import GPU
 from autotune.report._importance import Importance, param_importance
-from autotune.report.markdown import candidate_of, levers
+from autotune.report.markdown import candidate_of, levers, ranked_by_figure
 from autotune.spec.probe_request import Candidate
 from autotune.spec.result import ProbeResult
 from autotune.spec.trial import candidate_label
@@ -72,9 +72,8 @@ class ReportModel:
 
     @property
     def ok(self) -> list[ProbeResult]:
-        return sorted(
-            (r for r in self.results if r.fits and r.tokens_per_s), key=lambda r: -(r.tokens_per_s or 0)
-        )
+        """The configurations that fit, in the report's one order (``markdown.ranked_by_figure``)."""
+        return [r for r, _, _ in ranked_by_figure(self.results, self.summary)]
 
     @property
     def budget_bytes(self) -> int | None:
@@ -178,27 +177,22 @@ class CostRow:
     gpus: int
     hours_per_1b: float  # device-hours (GPU-hours on a GPU) per 1e9 real tokens
     cost_per_1b: float | None  # USD; None: no price
+    figure: str = ""  # where tokens_per_s comes from (markdown.one_figure): re-measured median or search probe
 
 
 def cost_rows(model: ReportModel, top: int = 5) -> tuple[list[CostRow], str]:
     """GPU-hours and cost per 1B real tokens for the fastest configurations, and the price note."""
     rows: list[CostRow] = []
     price = None if model.cpu or model.gpu is None else model.gpu.price_per_hour_usd
-    chosen = model.chosen()
-    ranked = model.ok
-    if chosen is not None and chosen.tokens_per_s:
-        # the chosen (confirmed) probe replaces its own search-phase measurement
-        ranked = [chosen] + [
-            r for r in ranked if r.request.get("candidate") != chosen.request.get("candidate")
-        ]
-    for r in ranked[:top]:
+    # each configuration at its one figure (the re-measured median where the run has one), as in the top table
+    for r, tps, source in ranked_by_figure(model.results, model.summary)[:top]:
         c = candidate_of(r)
-        tps = float(r.metrics.get("confirmed_tokens_per_s") or r.tokens_per_s or 0)
         if tps <= 0:
             continue
         world = c.world_size if c else 1
         hours = world * 1e9 / tps / 3600
-        rows.append(CostRow(short_label(c), tps, world, hours, hours * price if price is not None else None))
+        rows.append(CostRow(short_label(c), tps, world, hours, hours * price if price is not None else None,
+                            figure=source))
     if model.cpu:
         note = "CPU run: hours are machine-hours of this CPU; no price (the catalog prices GPUs only)."
     elif model.gpu is None:

@@ -62,11 +62,13 @@ def render_diagnosis_md(model: ReportModel) -> str:
     rows, note = cost_rows(model)
     if rows:
         unit = "machine-hours" if model.cpu else "GPU-hours"
-        out += ["### Cost per 1B tokens", "", f"| config | tok/s | {unit} per 1B tokens | cost per 1B tokens |",
-                "| --- | --- | --- | --- |"]  # fmt: skip
+        out += ["### Cost per 1B tokens", "",
+                f"| config | tok/s | figure | {unit} per 1B tokens | cost per 1B tokens |",
+                "| --- | --- | --- | --- | --- |"]  # fmt: skip
         for row in rows:
             cost = f"${row.cost_per_1b:,.0f}" if row.cost_per_1b is not None else "no price"
-            out.append(f"| {_cell(row.label)} | {row.tokens_per_s:,.0f} | {row.hours_per_1b:,.1f} | {cost} |")
+            out.append(f"| {_cell(row.label)} | {row.tokens_per_s:,.0f} | {_cell(row.figure)} | "
+                       f"{row.hours_per_1b:,.1f} | {cost} |")
         out += ["", note, ""]
     out += ["### Per probe", "", f"{MFU_CONVENTION}", ""]
     out.append("| # | config | status | tok/s | MFU | data wait | utilisation | diagnosis |")

@@ -26,6 +26,7 @@ from autotune.report.diagnosis import fmt_mfu, fmt_util
 from autotune.report.markdown import (
     HF_DEFAULT_DESCRIPTION,
     baseline_not_run,
+    confirmed_figure,
     effective_batch_text,
     levers,
     step_counts_text,
@@ -302,10 +303,14 @@ def _baseline_section(model: ReportModel) -> str:
             f" ({100 * r.peak_mem_bytes / b:.0f}% of budget)" if b else ""
         )
 
-    base_tps = _tps(base.tokens_per_s) if base.fits else f"{base.status}: {base.reason or ''}"
-    best_tps = best.metrics.get("confirmed_tokens_per_s") or best.tokens_per_s if best else None
+    # the same figures as the markdown report: each side's confirmed median where the run has one
+    summary = model.summary
+    base_fig = confirmed_figure(summary, "baseline") or base.tokens_per_s
+    best_fig = (confirmed_figure(summary, "best") or best.metrics.get("confirmed_tokens_per_s")
+                or best.tokens_per_s) if best else None
+    base_tps = _tps(base_fig) if base.fits else f"{base.status}: {base.reason or ''}"
     rows = [
-        ["tokens/s", _tps(float(best_tps) if best_tps else None), base_tps],
+        ["tokens/s", _tps(float(best_fig) if best_fig else None), base_tps],
         ["peak memory", mem(best), mem(base)],
         ["MFU", fmt_mfu(model.best_mfu), fmt_mfu(model.baseline_mfu)],
         [
@@ -317,8 +322,12 @@ def _baseline_section(model: ReportModel) -> str:
         ["levers", levers(bc) if bc else "n/a", levers(hc) if hc else "n/a"],
     ]
     out.append(_table(["", "best", "HF default"], rows))
-    if best_tps and base.fits and base.tokens_per_s:
-        out.append(f"<p><b>{float(best_tps) / base.tokens_per_s:.2f}×</b> the HF default's throughput.</p>")
+    ratio = summary.get("speedup_vs_baseline")
+    if base.fits and isinstance(ratio, (int, float)):
+        out.append(f"<p><b>{ratio:.2f}×</b> the HF default's throughput, from medians re-measured side by side.</p>")
+    elif best_fig and base.fits and base_fig:
+        out.append(f"<p>{float(best_fig) / float(base_fig):.2f}× the HF default's throughput (single measurements, "
+                   "not re-measured side by side: treat as indicative).</p>")
     elif not base.fits:
         out.append(f"<p>{_e(baseline_not_run(base))}</p>")
     out.append("<h3>Diagnosis of the HF default</h3>")
@@ -333,12 +342,12 @@ def _cost_section(model: ReportModel) -> str:
     if not rows:
         return out[0] + "<p>No configuration fits, so there is nothing to price.</p>"
     table_rows = [
-        [r.label, f"{r.tokens_per_s:,.0f}", str(r.gpus), f"{r.hours_per_1b:,.1f}",
+        [r.label, f"{r.tokens_per_s:,.0f}", r.figure, str(r.gpus), f"{r.hours_per_1b:,.1f}",
          f"${r.cost_per_1b:,.0f}" if r.cost_per_1b is not None else "no price"]
         for r in rows
     ]  # fmt: skip
-    out.append(_table(["config", "tok/s", "GPUs", f"{unit} per 1B tokens", "cost per 1B tokens"], table_rows,
-                      num=(1, 2, 3, 4)))  # fmt: skip
+    out.append(_table(["config", "tok/s", "figure", "GPUs", f"{unit} per 1B tokens", "cost per 1B tokens"],
+                      table_rows, num=(1, 3, 4, 5)))  # fmt: skip
     out.append(f'<p class="muted">{_e(note)} Hours = GPUs × 10⁹ / (tokens/s) / 3600, real tokens only.</p>')
     return "".join(out)
 

@@ -14,9 +14,10 @@ from autotune.spec.baseline import HF_DEFAULT_MICRO_BATCH
 from autotune.spec.budget import format_bytes
 from autotune.spec.probe_request import STATUSES, Candidate
 from autotune.spec.result import ProbeResult
+from autotune.spec.trial import candidate_id
 
 __all__ = ["HF_DEFAULT_DESCRIPTION", "render_report_md", "levers", "effective_batch_text", "step_counts_text",
-           "baseline_not_run"]
+           "baseline_not_run", "confirmed_figure", "one_figure", "ranked_by_figure"]
 
 HF_DEFAULT_DESCRIPTION = (
     f"per_device_train_batch_size {HF_DEFAULT_MICRO_BATCH} with accumulation keeping the same effective batch, "
@@ -98,10 +99,42 @@ def _tok_s(r: ProbeResult) -> str:
     return f"{v:,.0f}"
 
 
-def _confirmed(summary: dict[str, Any], key: str) -> float | None:
+SEARCH_PROBE = "search probe"
+
+
+def one_figure(r: ProbeResult, summary: dict[str, Any]) -> tuple[float | None, str]:
+    """The one tok/s figure every table of a report shows for a configuration, and where it comes from:
+    its median re-measured in the confirmation rounds where the run has one (``summary["top"]``), else its
+    single search probe's figure (``SEARCH_PROBE``)."""
+    c = candidate_of(r)
+    if c is not None:
+        key = candidate_id(c)
+        for e in summary.get("top") or []:
+            if isinstance(e, dict) and e.get("key") == key and isinstance(e.get("median_tokens_per_s"), (int, float)):
+                n = len(e.get("measurements") or [])
+                status = str(e.get("status") or "confirmed")
+                return float(e["median_tokens_per_s"]), f"{status}: median of {n} re-measurements" if n else status
+    return r.tokens_per_s, SEARCH_PROBE
+
+
+def ranked_by_figure(results: list[ProbeResult], summary: dict[str, Any]) -> list[tuple[ProbeResult, float, str]]:
+    """The configurations that fit, each with its one figure: the re-measured ones first (by their median),
+    then the rest by their search figure (two kinds of figure are never ranked against each other)."""
+    rows = []
+    for r in results:
+        if not r.fits or r.tokens_per_s is None:
+            continue
+        tps, source = one_figure(r, summary)
+        if tps is not None:
+            rows.append((r, float(tps), source))
+    return sorted(rows, key=lambda t: (t[2] == SEARCH_PROBE, -t[1]))
+
+
+def confirmed_figure(summary: dict[str, Any], key: str) -> float | None:
     """The confirmed median tok/s the run recorded for ``best`` or ``baseline``, if any."""
     entry = summary.get(key)
-    if isinstance(entry, dict) and isinstance(entry.get("tokens_per_s"), (int, float)):
+    if isinstance(entry, dict) and isinstance(entry.get("tokens_per_s"), (int, float)) \
+            and entry.get("confirmed") is not False:  # an unconfirmed baseline's figure is its search probe's
         return float(entry["tokens_per_s"])
     return None
 
@@ -181,9 +214,8 @@ def render_report_md(
     for note in summary.get("quality_notes") or []:  # e.g. TRL's packing (--trainer trl)
         out += ["", f"**Quality note:** {_esc(note)}"]
 
-    ok = sorted(
-        (r for r in results if r.fits and r.tokens_per_s is not None), key=lambda r: -(r.tokens_per_s or 0)
-    )
+    ranked = ranked_by_figure(results, summary)
+    ok = [r for r, _, _ in ranked]
     if best is None or not best.fits:
         best = ok[0] if ok else None
 
@@ -191,19 +223,22 @@ def render_report_md(
     if not ok:
         out.append("No configuration fits the budget.")
     else:
-        out.append("tok/s counts real tokens only; ± is half the p10–p90 spread of the step time.")
+        out.append("tok/s counts real tokens only: the median of the confirmation's re-measurements where the "
+                   "run has them, else the single search probe's figure (± is half the p10–p90 spread of its "
+                   "step time); the re-measured configurations come first.")
         out.append("")
         out.append(
-            _row(["#", "tok/s", "peak memory / budget", "effective batch (mb × accum × world)", "levers"])
+            _row(["#", "tok/s", "figure", "peak memory / budget", "effective batch (mb × accum × world)", "levers"])
         )
-        out.append(_row(["---"] * 5))
-        for i, r in enumerate(ok[:top], 1):
+        out.append(_row(["---"] * 6))
+        for i, (r, tps, source) in enumerate(ranked[:top], 1):
             c = candidate_of(r)
             out.append(
                 _row(
                     [
                         str(i),
-                        _tok_s(r),
+                        _tok_s(r) if source == SEARCH_PROBE else f"{tps:,.0f}",
+                        _esc(source),
                         _mem(r, summary),
                         effective_batch_text(c) if c else "n/a",
                         levers(c) if c else "n/a",
@@ -228,11 +263,11 @@ def render_report_md(
             if baseline.fits
             else f"{baseline.status}: {baseline.reason or _STATUS_MEANING.get(baseline.status, '')}"
         )
-        best_tps = _confirmed(summary, "best") or best.tokens_per_s
-        base_tps = _confirmed(summary, "baseline") or baseline.tokens_per_s
-        if baseline.fits and _confirmed(summary, "baseline"):
+        best_tps = confirmed_figure(summary, "best") or best.tokens_per_s
+        base_tps = confirmed_figure(summary, "baseline") or baseline.tokens_per_s
+        if baseline.fits and confirmed_figure(summary, "baseline"):
             base_tok = f"{base_tps:,.0f} (confirmed median)"
-        best_tok = f"{best_tps:,.0f} (confirmed median)" if _confirmed(summary, "best") else _tok_s(best)
+        best_tok = f"{best_tps:,.0f} (confirmed median)" if confirmed_figure(summary, "best") else _tok_s(best)
         out.append(_row(["tok/s", best_tok, base_tok]))
         out.append(_row(["peak memory / budget", _mem(best, summary), _mem(baseline, summary)]))
         out.append(

@@ -621,13 +621,12 @@ class Searcher:
     def _land(self, loop: _Loop, ticket: str, result: ProbeResult) -> None:
         probe = loop.in_flight.pop(ticket)
         result = self._landed(ticket, result)
+        loop.in_flight_keys.pop(probe.key, None)
         if self._retry("search", probe.key, candidate_label(probe.candidate), result):
-            loop.in_flight_keys.pop(probe.key, None)
             loop.submitted_at.pop(ticket, None)
             self._submitted_wall.pop(ticket, None)
             self._launch(loop, probe)
             return
-        loop.in_flight_keys.pop(probe.key, None)
         self._durations.append(self.clock() - loop.submitted_at.pop(ticket))
         loop.probes += 1
         label = candidate_label(probe.candidate)

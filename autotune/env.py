@@ -11,7 +11,8 @@ import sys
 from importlib import metadata
 from typing import Any
 
-__all__ = ["fingerprint", "package_versions", "versions_of", "nvml_device_info", "cpu_model", "tail_lines"]
+__all__ = ["fingerprint", "package_versions", "versions_of", "nvml_device_info", "cpu_model", "tail_lines",
+           "training_fields", "sft_fields"]
 
 _PACKAGES = (
     "torch",
@@ -41,6 +42,30 @@ def versions_of(*names: str) -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             out[name] = None
     return out
+
+
+def training_fields() -> tuple[set[str] | None, str | None]:
+    """The installed ``TrainingArguments``' field names and transformers' version (None, None if absent or
+    broken): what the emitted files, the write-back and ``check`` hold a key against."""
+    try:
+        import dataclasses
+
+        import transformers
+        from transformers import TrainingArguments
+    except Exception:  # transformers missing or broken: the v5 table alone
+        return None, None
+    return {f.name for f in dataclasses.fields(TrainingArguments)}, transformers.__version__
+
+
+def sft_fields() -> set[str] | None:
+    """The installed TRL ``SFTConfig``'s field names (None if trl is not installed)."""
+    try:
+        import dataclasses
+
+        from trl import SFTConfig
+    except Exception:
+        return None
+    return {f.name for f in dataclasses.fields(SFTConfig)}
 
 
 def cpu_model() -> str:

@@ -231,7 +231,7 @@ def run_seed_only(p: Problem, seed: int, budget: int) -> tuple[Candidate | None,
 
 
 def _baseline(p: Problem) -> Candidate | None:
-    """What autotune run passes as the baseline (tune's _baseline_candidate), inside the space.
+    """What autotune run passes as the baseline (tune's baseline_candidate), inside the space.
 
     ``hf_default_candidate`` pins memory; a CPU landscape records pin_memory false only (it does
     nothing without a GPU), so a knob the space does not offer takes the space's first choice, as

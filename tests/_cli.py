@@ -79,7 +79,7 @@ class _Text(io.StringIO):
 
 def _in_process(args: list[str], *, cwd: Path, env: Mapping[str, str], stdin: str | None,
                 fake: bool) -> subprocess.CompletedProcess[str]:
-    import autotune.run._tune as tune_mod
+    import autotune.run._search as tune_mod
     from autotune.cli import app as app_mod
 
     out, err = _Text(), _Text()

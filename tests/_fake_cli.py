@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _fakes import FakeExecutor  # noqa: E402
 
-import autotune.run._tune as tune_mod  # noqa: E402
+import autotune.run._search as tune_mod  # noqa: E402
 from autotune.search import candidate_id  # noqa: E402
 
 

@@ -16,7 +16,7 @@ from _fakes import FakeExecutor, GiB
 from typer.testing import CliRunner
 
 import autotune.run
-import autotune.run._tune as tune_mod
+import autotune.run._search as tune_mod
 from autotune.cli.app import app
 from autotune.errors import NothingFitsError, SpecError
 from autotune.run._tune import tune
@@ -185,8 +185,8 @@ def test_each_bad_flag_is_exit_2(tmp_path: Path, fake, extra: list[str], needle:
 def test_documented_flags_reach_tune(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: dict = {}
 
-    def spy(model, **kw):
-        seen.update(kw, model=model)
+    def spy(request):
+        seen.update(vars(request))
         raise SpecError("stop here")
 
     monkeypatch.setattr(autotune.run, "tune", spy)
@@ -199,7 +199,7 @@ def test_documented_flags_reach_tune(tmp_path: Path, monkeypatch: pytest.MonkeyP
                "--sample-rows", "9", "--offline",
                "--lora-r", "32", "--lora-alpha", "16", "--lora-targets", "all-linear"])
     assert res.exit_code == 2
-    assert seen == {
+    expected = {
         "model": "m", "gpu_budget": "24GB", "seq_len": 4096, "effective_batch": 32, "mode": "lora", "space": "lora",
         "dataset": "d.jsonl", "split": "test", "tokenizer": "tok", "lengths": "fixed", "max_trials": 7, "time_budget": "20m", "gpus": "0,1", "ray_address": "ray://h:10001",
         "device": "cuda", "storage": "sqlite:///x.db", "out": "o", "seed": 3, "resume": True, "fresh": False,
@@ -208,8 +208,10 @@ def test_documented_flags_reach_tune(tmp_path: Path, monkeypatch: pytest.MonkeyP
         "trainer": "trl",
         "strategy": "tpe",
         "hub": None, "config_name": "cfg", "sample_rows": 9,  # --offline: no HubAccess
-        "lora_r": 32, "lora_alpha": 16, "lora_targets": "all-linear",
+        "lora_r": 32, "lora_alpha": 16, "lora_targets": "all-linear", "source": None, "write_back": None,
     }
+    assert {k: seen[k] for k in expected} == expected
+    assert set(seen) - set(expected) == set(autotune.run.API_ONLY) - {"progress"}  # what the command cannot set
 
 
 # ------------------------------------------------------------------------------ the library

@@ -12,8 +12,9 @@ import pytest
 import yaml
 
 from autotune.check import gather
-from autotune.cli.check import bundle_from_file, installed_training_fields
+from autotune.cli.check import bundle_from_file
 from autotune.emit import build_files, emit_all
+from autotune.env import training_fields
 from autotune.formats import known_keys, read_config, tuned_file
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
 from autotune.spec.result import ProbeResult
@@ -150,7 +151,7 @@ def test_llamafactory_note_says_how_to_use_a_save_to_disk_folder() -> None:
 
 
 def _check(path: Path):
-    fields, version = installed_training_fields()
+    fields, version = training_fields()
     return gather(bundle_from_file(path), fields=fields, transformers_version=version)
 
 

@@ -17,7 +17,7 @@ import pytest
 from _fakes import FakeExecutor
 from typer.testing import CliRunner
 
-import autotune.run._tune as tune_mod
+import autotune.run._search as tune_mod
 from autotune.cli.app import app
 from autotune.errors import DatasetError
 from autotune.probe.data import load_token_sequences

@@ -13,7 +13,8 @@ import yaml
 
 import autotune.run
 from autotune.check import gather
-from autotune.cli.check import bundle_from_file, installed_sft_fields, installed_training_fields
+from autotune.cli.check import bundle_from_file
+from autotune.env import sft_fields, training_fields
 from autotune.errors import AutotuneError, SpecError
 from autotune.formats import key_source, read_config, tuned_file, write_back_text
 from autotune.spec.probe_request import Candidate
@@ -24,10 +25,10 @@ FILES = {"lf_lora_sft.yaml": "llamafactory", "ds_z3.json": "deepspeed", "axolotl
 
 
 def _check(name: str, fmt: str | None = None):
-    fields, version = installed_training_fields()
+    fields, version = training_fields()
     b = bundle_from_file(DATA / name, fmt)
     if b.fmt == "trl":
-        fields = installed_sft_fields() or fields
+        fields = sft_fields() or fields
     return gather(b, fields=fields, transformers_version=version)
 
 
@@ -87,7 +88,7 @@ def test_axolotl_vocabulary_and_unknown_key(tmp_path: Path) -> None:
 
 
 def test_llamafactory_unknown_key_fails(tmp_path: Path) -> None:
-    if installed_training_fields()[0] is None:
+    if training_fields()[0] is None:
         pytest.skip("transformers not importable")
     (tmp_path / "l.yaml").write_text((DATA / "lf_lora_sft.yaml").read_text() + "cutof_len: 512\n")
     rep = _check(str(tmp_path / "l.yaml"))
@@ -112,7 +113,7 @@ CAND = dataclasses.asdict(Candidate(micro_batch=8, grad_accum=1, grad_ckpt=False
 def test_write_back_touches_only_tuned_keys(name: str) -> None:
     text = (DATA / name).read_text()
     cfg = read_config(name, text)
-    out, updates = tuned_file(cfg, CAND, fields=installed_training_fields()[0])
+    out, updates = tuned_file(cfg, CAND, fields=training_fields()[0])
     assert updates
     before, after = yaml.safe_load(text), yaml.safe_load(out)
     assert {k: v for k, v in after.items() if k not in updates} == {k: v for k, v in before.items() if k not in updates}
@@ -174,8 +175,8 @@ def test_run_from_reads_the_request_and_flags_override(tmp_path: Path, monkeypat
 
     seen: dict = {}
 
-    def spy(model, **kw):
-        seen.update(kw, model=model)
+    def spy(request):
+        seen.update(vars(request))
         raise SpecError("stop here")
 
     monkeypatch.setattr(autotune.run, "tune", spy)
@@ -203,8 +204,8 @@ def test_run_from_a_file_that_packs_into_rows_needs_the_batch_in_sequences(
 
     seen: dict = {}
 
-    def spy(model, **kw):
-        seen.update(kw, model=model)
+    def spy(request):
+        seen.update(vars(request))
         raise SpecError("stop here")
 
     monkeypatch.setattr(autotune.run, "tune", spy)

@@ -24,7 +24,7 @@ from _fakes import FakeExecutor
 from _hub_stand_in import Repo, online_against, parquet_bytes, serve
 from typer.testing import CliRunner
 
-import autotune.run._tune as tune_mod
+import autotune.run._search as tune_mod
 from autotune.cli.app import app
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -81,7 +81,7 @@ def ask(stored: dict[str, Any], monkeypatch: pytest.MonkeyPatch, model: Path | N
         seen["key"] = key
         raise Miss(key)
 
-    monkeypatch.setattr(tune_mod, "_claim_run_dir", claim)
+    monkeypatch.setattr(tune_mod, "claim_run_dir", claim)
     kw = {**stored["kw"], **changes}
     try:
         result = tune(str(model or stored["model"]), executor=FakeExecutor(), **kw)

@@ -50,7 +50,7 @@ def test_probe_and_run_resolve_a_percentage_to_the_same_bytes_on_a_mixed_machine
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from autotune.cli.probe import build_probe_request
-    from autotune.run._tune import plan_search, read_request
+    from autotune.run import plan_search, read_request
 
     mixed_machine(monkeypatch)
     req = build_probe_request(model="tiny-llama", seq_len=64, micro_batch=2, gpu_budget="50%", device="auto")
@@ -60,7 +60,7 @@ def test_probe_and_run_resolve_a_percentage_to_the_same_bytes_on_a_mixed_machine
 
 
 def test_read_request_parses_each_option_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import autotune.run._tune as tune_module
+    import autotune.run._request as tune_module
 
     calls: dict[str, int] = {}
 
@@ -84,7 +84,7 @@ def test_read_request_parses_each_option_once(tmp_path: Path, monkeypatch: pytes
 
 
 def test_the_plan_holds_every_resolved_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from autotune.run._tune import plan_search, read_request
+    from autotune.run import plan_search, read_request
 
     plan = plan_search(read_request(_args(tmp_path, steps=4)))
     assert plan.budget_bytes == 10 * GiB == plan.settings.budget_bytes
@@ -97,7 +97,8 @@ def test_the_plan_holds_every_resolved_default(tmp_path: Path, monkeypatch: pyte
 
 def test_the_cache_key_and_the_run_read_the_same_plan(tmp_path: Path) -> None:
     """Change a resolved value in the plan: the key changes with it, and the run does what it says."""
-    from autotune.run._tune import _cache_key, plan_search, read_request, run_search, start_run, summarize
+    from autotune.run import plan_search, read_request, run_search, start_run, summarize
+    from autotune.run._plan import _cache_key
     from autotune.store import RunDir, make_run_id
 
     r = read_request(_args(tmp_path, top_k=1, max_trials=3))
@@ -140,7 +141,7 @@ def test_on_a_cluster_the_searcher_gets_the_preflights_world_bound(
             super().__init__(**kw)
 
     monkeypatch.setattr(autotune.search, "Searcher", Recording)
-    from autotune.run._tune import plan_search, read_request, tune
+    from autotune.run import plan_search, read_request, tune
 
     a = _args(tmp_path, device="cuda", space=None, gpu_budget="10GiB", ray_address="ray://head:10001",
               max_trials=2, top_k=0, seq_len=64, effective_batch=8)
@@ -164,56 +165,52 @@ def test_an_executor_that_reports_its_gpus_narrows_the_plans_bound() -> None:
 # ------------------------------------------------------------------------------ one list of names
 
 
-def test_run_options_tune_and_tune_args_list_the_same_names() -> None:
+def test_run_options_and_the_run_request_list_the_same_names() -> None:
     from autotune.cli.run import COMMAND_ONLY, RENAMED, command
-    from autotune.run._tune import API_ONLY, TuneArgs, tune
+    from autotune.run import API_ONLY, RunRequest
 
-    tune_params = inspect.signature(tune).parameters
-    fields = {f.name: f for f in dataclasses.fields(TuneArgs)}
-    assert list(fields) == list(tune_params)
-    for name, p in tune_params.items():  # the same defaults
-        f = fields[name]
-        default = p.default if p.default is not p.empty else dataclasses.MISSING
-        assert f.default == default, name
+    fields = [f.name for f in dataclasses.fields(RunRequest)]
     options = [n for n in inspect.signature(command).parameters if n not in COMMAND_ONLY]
-    as_tune = {RENAMED.get(n, n) for n in options}
-    assert as_tune == set(tune_params) - set(API_ONLY)
-    assert not set(API_ONLY) & as_tune
+    as_fields = {RENAMED.get(n, n) for n in options}
+    assert as_fields == set(fields) - set(API_ONLY)
+    assert not set(API_ONLY) & as_fields
 
 
-def test_run_passes_each_of_its_options_to_tune(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_run_passes_each_of_its_options_into_the_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
     from autotune.cli.app import app
-    from autotune.run._tune import API_ONLY
+    from autotune.run import API_ONLY, RunRequest
 
     got: dict[str, Any] = {}
 
     class Stop(Exception):
         pass
 
-    def fake_tune(model: str, **kw: Any) -> Any:
-        got.update(model=model, **kw)
+    def fake_tune(request: Any) -> Any:
+        got["request"] = request
         raise Stop
 
     monkeypatch.setattr("autotune.run.tune", fake_tune)
-    CliRunner().invoke(app, ["run", "--model", "tiny-llama", "--gpu-budget", "8GB", "--out", str(tmp_path)])
-    assert got, "tune() was not called"
-    passed = set(got) - {"progress"}  # the printer: the command's own
-    import autotune.run._tune as tune_module
-
-    assert passed == set(inspect.signature(tune_module.TuneArgs).parameters) - set(API_ONLY)
+    argv = ["run", "--model", "tiny-llama", "--gpu-budget", "8GB", "--out", str(tmp_path), "--seq-len", "96",
+            "--lora-r", "0", "--top-k", "2", "--offline"]
+    CliRunner().invoke(app, argv)
+    request = got.get("request")
+    assert isinstance(request, RunRequest), "tune() was not called with a RunRequest"
+    assert (request.seq_len, request.lora_r, request.top_k, request.hub) == (96, 0, 2, None)  # flags as given
+    assert request.effective_batch == 64 and request.mode == "full"  # what neither flag nor file gives: defaults
+    assert request.progress is not None and request.source is None
+    assert {"progress", "source"} <= {f.name for f in dataclasses.fields(RunRequest)} - set(API_ONLY) | {"progress"}
 
 
 # ------------------------------------------------------------------------------ helpers
 
 
 def _args(tmp_path: Path, **kw: Any) -> Any:
-    from autotune.run._tune import TuneArgs, tune
+    from autotune.run import RunRequest
 
-    defaults = {n: p.default for n, p in inspect.signature(tune).parameters.items() if p.default is not p.empty}
     base = dict(model="tiny-llama", gpu_budget="10GiB", seq_len=512, effective_batch=16, space="cpu", max_trials=6,
                 device="cpu", out=tmp_path, executor=FakeExecutor(), top_k=2, load_monitor=False)
-    return TuneArgs(**{**defaults, **base, **kw})
+    return RunRequest(**{**base, **kw})
 
 

@@ -341,9 +341,9 @@ def test_trust_remote_code_is_off_by_default() -> None:
     import inspect
 
     from autotune.models import resolve_model
-    from autotune.run import tune
+    from autotune.run import RunRequest
 
-    assert inspect.signature(tune).parameters["trust_remote_code"].default is False
+    assert RunRequest(model="m", gpu_budget="8GB").trust_remote_code is False
     assert inspect.signature(resolve_model).parameters["trust_remote_code"].default is False
     assert Workload(model="m", seq_len=64).trust_remote_code is False
 

@@ -11,7 +11,8 @@ import pytest
 from _fakes import FakeExecutor
 from typer.testing import CliRunner
 
-import autotune.run._tune as tune_mod
+import autotune.run
+import autotune.run._search as tune_mod
 from autotune.cli.app import app
 from autotune.errors import NothingFitsError
 from autotune.spec.summary import SCHEMA_VERSION, RunSummary, summary_json_schema
@@ -53,8 +54,8 @@ def test_a_runs_summary_and_its_json_output_validate(tmp_path: Path, fake: None)
     on_disk = json.loads((Path(printed["run_dir"]) / "summary.json").read_text(encoding="utf-8"))
     assert on_disk["schema_version"] == SCHEMA_VERSION and on_disk["status"] == "complete"
     assert on_disk["top"] and on_disk["best"] and on_disk["baseline"]
+    assert printed == on_disk  # one document: what --json prints is summary.json
     validate(on_disk)
-    validate(printed)
     # the repeat is answered from the cache: still the same shape
     again = CliRunner().invoke(app, [*RUN, "--gpu-budget", "10GiB", "--out", str(tmp_path)], catch_exceptions=False)
     cached = json.loads(again.stdout)
@@ -62,9 +63,38 @@ def test_a_runs_summary_and_its_json_output_validate(tmp_path: Path, fake: None)
     validate(cached)
 
 
+AXOLOTL = "base_model: tiny-llama\nmicro_batch_size: 2\ngradient_accumulation_steps: 8\nsequence_len: 512\n"
+
+
+def test_with_a_write_back_summary_json_the_json_output_and_the_result_are_one_document(
+    tmp_path: Path, fake: None,
+) -> None:
+    """The write-back is a stage of the run: it is in summary.json as in --json, and in tune()'s result."""
+    src = tmp_path / "ax.yaml"
+    src.write_text(AXOLOTL)
+    target = tmp_path / "ax.tuned.yaml"
+    res = CliRunner().invoke(app, [*RUN, "--gpu-budget", "10GiB", "--out", str(tmp_path / "cli"), "--from", str(src),
+                                   "--write-back", str(target)], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    printed = json.loads(res.stdout)
+    run_dir = Path(printed["run_dir"])
+    on_disk = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    assert printed == on_disk and on_disk["write_back"]["path"] == str(target) and target.read_text() != AXOLOTL
+    assert "best/ax.yaml.diff" in on_disk["files"] and (run_dir / "best" / "ax.yaml.diff").exists()
+    validate(on_disk)
+    # the same request from Python: RunRequest.from_file, tune(request) -> RunResult
+    request = autotune.run.RunRequest.from_file(src, gpu_budget="10GiB", device="cpu", space="cpu", max_trials=8,
+                                                out=tmp_path / "api", executor=FakeExecutor())
+    assert (request.model, request.seq_len, request.effective_batch) == ("tiny-llama", 512, 16)
+    result = autotune.run.tune(request)
+    stored = json.loads((result.run_dir / "summary.json").read_text(encoding="utf-8"))
+    assert result.summary == stored and stored["write_back"]["path"] == str(result.run_dir / "best" / "ax.yaml")
+    assert (result.run_dir / "best" / "ax.yaml").read_text() != AXOLOTL and src.read_text() == AXOLOTL
+
+
 def test_a_nothing_fits_summary_validates(tmp_path: Path) -> None:
     with pytest.raises(NothingFitsError):
-        tune_mod.tune("tiny-llama", gpu_budget="1GiB", seq_len=512, effective_batch=16, space="cpu", device="cpu",
+        autotune.run.tune("tiny-llama", gpu_budget="1GiB", seq_len=512, effective_batch=16, space="cpu", device="cpu",
                       max_trials=4, out=tmp_path, executor=FakeExecutor())
     (summary_path,) = tmp_path.glob("*/summary.json")
     summary = json.loads(summary_path.read_text(encoding="utf-8"))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from pathlib import Path
 
 import pytest
@@ -11,9 +10,9 @@ from _fakes import FakeExecutor
 
 from autotune.errors import NothingFitsError, SpecError
 from autotune.models import resolve_model
-from autotune.run._tune import (
+from autotune.run import (
     EstimatePruner,
-    TuneArgs,
+    RunRequest,
     answer_from_cache,
     plan_search,
     read_request,
@@ -27,16 +26,34 @@ from autotune.spec.probe_request import Candidate, Workload
 from autotune.store import RunDir, make_run_id
 
 
-def args(tmp_path: Path, **kw) -> TuneArgs:
-    """tune()'s defaults, a small CPU request on the fake executor, and ``kw``."""
-    defaults = {n: p.default for n, p in inspect.signature(tune).parameters.items() if p.default is not p.empty}
+def args(tmp_path: Path, **kw) -> RunRequest:
+    """A small CPU request on the fake executor, and ``kw``."""
     base = dict(model="tiny-llama", gpu_budget="10GiB", seq_len=512, effective_batch=16, space="cpu", max_trials=6,
                 device="cpu", out=tmp_path, executor=FakeExecutor(), top_k=2, load_monitor=False)
-    return TuneArgs(**{**defaults, **base, **kw})
+    return RunRequest(**{**base, **kw})
 
 
-def test_tune_args_mirror_tunes_signature() -> None:
-    assert [f.name for f in dataclasses.fields(TuneArgs)] == list(inspect.signature(tune).parameters)
+def test_the_keyword_form_builds_the_same_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import autotune.run._tune as tune_module
+
+    seen: list[RunRequest] = []
+
+    def stop(request: RunRequest) -> None:
+        seen.append(request)
+        raise SpecError("stop")
+
+    monkeypatch.setattr(tune_module, "read_request", stop)
+    request = args(tmp_path)
+    given = {f.name: getattr(request, f.name) for f in dataclasses.fields(request)}
+    for call in (lambda: tune(request), lambda: tune(**given),
+                 lambda: tune(request.model, **{k: v for k, v in given.items() if k != "model"})):
+        with pytest.raises(SpecError, match="stop"):
+            call()
+    assert seen == [request, request, request]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'gpu_budgte'"):
+        tune("tiny-llama", gpu_budgte="8GB")
+    with pytest.raises(TypeError, match="takes no keywords"):
+        tune(request, seed=1)
 
 
 def test_read_request_reports_every_problem_at_once_and_writes_nothing(tmp_path: Path) -> None:
@@ -72,7 +89,7 @@ def test_the_stages_in_order_give_tunes_answer(tmp_path: Path) -> None:
     assert searched.outcome.best is not None and searched.predictions is None  # not pruned on CPU
     summary = summarize(r, plan, searched, started.base_summary)
     assert summary["best"]["label"] == summary["top"][0]["label"]
-    result = write_answer(rd, summary, searched, device=plan.device, progress=None)
+    result = write_answer(r, rd, summary, searched, device=plan.device)
     assert result.summary["status"] == "complete" and (rd.path / "summary.json").exists()
     # the stored answer now answers the same request
     again = answer_from_cache(r, plan, started=0.0)
@@ -99,4 +116,4 @@ def test_nothing_fits_uses_the_pruners_predictions(tmp_path: Path) -> None:
     summary = summarize(r, plan, searched, started.base_summary)
     assert summary["status"] == "nothing_fits" and "the memory model predicts" in summary["message"]
     with pytest.raises(NothingFitsError, match="the memory model predicts"):
-        write_answer(rd, summary, searched, device=plan.device, progress=None)
+        write_answer(r, rd, summary, searched, device=plan.device)

@@ -140,8 +140,8 @@ def test_cli_flags_reach_tune(monkeypatch: pytest.MonkeyPatch) -> None:
 
     seen: dict = {}
 
-    def spy(model, **kw):
-        seen.update(kw)
+    def spy(request):
+        seen.update(vars(request))
         raise SpecError("stop here")
 
     monkeypatch.setattr(autotune.run, "tune", spy)

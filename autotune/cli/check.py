@@ -12,10 +12,11 @@ import typer
 
 from autotune.check import CONFIG_FILE_KINDS, ConfigBundle, bundle_from_texts, gather, gpu_info, render_text
 from autotune.cli.render import dumps_json
+from autotune.env import sft_fields, training_fields
 from autotune.errors import SpecError
 from autotune.formats import FORMATS, key_source_label, known_keys, read_config
 
-__all__ = ["command", "load_bundle", "bundle_from_file", "installed_training_fields", "installed_sft_fields"]
+__all__ = ["command", "load_bundle", "bundle_from_file"]
 
 
 def _read(path: Path) -> str:
@@ -36,17 +37,6 @@ def load_bundle(path: Path) -> ConfigBundle:
                 _check_references(path / b.sources[kind], b, kind, b.data[kind])
         return b
     return bundle_from_file(path)
-
-
-def installed_sft_fields() -> set[str] | None:
-    """The installed TRL SFTConfig's field names (None if trl is not installed)."""
-    try:
-        import dataclasses
-
-        from trl import SFTConfig
-    except Exception:
-        return None
-    return {f.name for f in dataclasses.fields(SFTConfig)}
 
 
 _KIND_WORDS = {"deepspeed": "a DeepSpeed JSON file", "dataset": "a dataset file or folder", "folder": "a folder"}
@@ -113,23 +103,11 @@ def bundle_from_file(path: Path, fmt: str | None = None) -> ConfigBundle:
         b.sources[kind] = path.name
     if cfg.format in ("axolotl", "llamafactory", "trl"):
         b.native = cfg.data
-        ta_fields, _ = installed_training_fields()
-        b.known_keys = known_keys(cfg.format, ta_fields=ta_fields, trl_fields=installed_sft_fields())
+        ta_fields, _ = training_fields()
+        b.known_keys = known_keys(cfg.format, ta_fields=ta_fields, trl_fields=sft_fields())
         b.key_source = key_source_label(cfg.format)
     _check_references(path, b, cfg.format, cfg.data)
     return b
-
-
-def installed_training_fields() -> tuple[set[str] | None, str | None]:
-    """The installed TrainingArguments' field names and transformers' version (None, None if absent)."""
-    try:
-        import dataclasses
-
-        import transformers
-        from transformers import TrainingArguments
-    except Exception:  # transformers missing or broken: check names against the v5 table only
-        return None, None
-    return {f.name for f in dataclasses.fields(TrainingArguments)}, transformers.__version__
 
 
 def command(
@@ -147,9 +125,9 @@ def command(
     """Check a configuration against the fine-tuning checklist (exit 1 when an item fails)."""
     bundle = bundle_from_file(config, fmt) if fmt and not config.is_dir() else load_bundle(config)
     info = gpu_info(gpu) if gpu else None
-    fields, version = installed_training_fields()
+    fields, version = training_fields()
     if bundle.fmt == "trl":
-        fields = installed_sft_fields() or fields
+        fields = sft_fields() or fields
     report = gather(bundle, gpu=info, fields=fields, transformers_version=version)
     if json_out:
         typer.echo(dumps_json(report.to_dict(), indent=2))

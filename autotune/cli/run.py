@@ -59,6 +59,14 @@ class ProgressPrinter:
             con.print(f"[dim]{what}: {data['run_dir']}[/dim]")
         elif event == "cached":
             con.print(f"[dim]answered from the stored run {data['run_dir']} (use --fresh to search again)[/dim]")
+        elif event == "source":
+            con.print(f"[dim]from {data['name']} ({data['label']}): model {data['model']}, mode {data['mode']}, "
+                      f"seq-len {data['seq_len']}, effective batch {data['effective_batch']}[/dim]", highlight=False)
+        elif event == "write_back":
+            con.print(f"[dim]wrote {data['path']} ({data['label']}): {data['changed']} key(s) changed[/dim]",
+                      highlight=False)
+            if data.get("diff"):
+                con.print(data["diff"], highlight=False, markup=False, end="")
         elif event == "note":
             con.print(f"[yellow]note:[/yellow] {data['text']}")
         elif event == "start":
@@ -176,8 +184,8 @@ def render_summary(summary: dict[str, Any], con: Console) -> None:
 
 # How `run`'s options reach tune(): by the same name, except these (the command's own options, and
 # the ones converted on the way); tune()'s arguments without an option are ``_tune.API_ONLY``.
-COMMAND_ONLY = ("from_file", "write_back", "fmt", "strict", "as_json", "verify_loss_steps")
-RENAMED = {"probe_timeout": "probe_timeout_s", "offline": "hub"}  # option -> tune() argument
+COMMAND_ONLY = ("fmt", "strict", "as_json", "verify_loss_steps")
+RENAMED = {"probe_timeout": "probe_timeout_s", "offline": "hub", "from_file": "source"}  # option -> RunRequest field
 
 
 def command(
@@ -225,46 +233,27 @@ def command(
     as_json: bool = typer.Option(False, "--json", help="Print only summary.json to stdout."),
 ) -> None:
     """Search for the fastest fine-tuning configuration that fits the budget, by measuring it."""
-    from autotune.run import tune
+    from autotune.run import RunRequest, tune
 
     err = console(stderr=True)
-    source = None
-    if write_back and not from_file:
-        from autotune.errors import SpecError
-
-        raise SpecError("--write-back needs --from FILE (the config to write back into)")
-    plan = None
-    if from_file:
-        source, model, mode, seq_len, effective_batch, dataset = _from_file(
-            from_file, fmt, model=model, mode=mode, seq_len=seq_len, effective_batch=effective_batch, dataset=dataset)
-        lora_r = source.request.get("lora_r") if lora_r is None else lora_r  # a flag wins, --lora-r 0 included
-        lora_alpha = source.request.get("lora_alpha") if lora_alpha is None else lora_alpha
-        lora_targets = source.request.get("lora_targets") if lora_targets is None else lora_targets
-        plan = _plan_write_back(source, write_back)  # every refusal before the search, not after it
-        err.print(f"[dim]from {from_file} ({source.module.LABEL}): model {model}, mode {mode}, seq-len {seq_len}, "
-                  f"effective batch {effective_batch}[/dim]", highlight=False)
-    if model is None:
-        from autotune.errors import SpecError
-
-        raise SpecError("--model is required (or --from FILE naming the model)")
-    seq_len = 2048 if seq_len is None else seq_len
-    effective_batch = 64 if effective_batch is None else effective_batch
-    mode = mode or "full"
-    lora_r = 16 if lora_r is None else lora_r
-    lora_targets = "attn" if lora_targets is None else lora_targets
     printer = ProgressPrinter(err)
+    given = dict(
+        model=model, gpu_budget=gpu_budget, seq_len=seq_len, effective_batch=effective_batch, mode=mode,
+        space=space, dataset=dataset, split=split, tokenizer=tokenizer, lengths=lengths, max_trials=max_trials,
+        time_budget=time_budget, gpus=gpus, ray_address=ray_address, device=device, storage=storage, out=out,
+        seed=seed, resume=resume, fresh=fresh, progress=printer, gpus_per_trial=gpus_per_trial, top_k=top_k,
+        steps=steps, probe_timeout_s=_probe_timeout(probe_timeout), trust_remote_code=trust_remote_code,
+        verify_loss=verify_loss_steps if verify_loss else 0, confirm_rounds=_rounds(confirm_rounds),
+        confirm_tolerance=confirm_tolerance, strategy=strategy, trainer=trainer, hub=_hub_access(offline),
+        config_name=config_name, sample_rows=sample_rows, lora_r=lora_r, lora_alpha=lora_alpha,
+        lora_targets=lora_targets, write_back=write_back,
+    )  # fmt: skip
+    if from_file:
+        request = RunRequest.from_file(from_file, fmt=fmt, **given)
+    else:
+        request = RunRequest.with_defaults(**given)
     try:
-        result = tune(
-            model, gpu_budget=gpu_budget, seq_len=seq_len, effective_batch=effective_batch, mode=mode,
-            space=space, dataset=dataset, split=split, tokenizer=tokenizer, lengths=lengths, max_trials=max_trials, time_budget=time_budget, gpus=gpus,
-            ray_address=ray_address, device=device, storage=storage, out=out, seed=seed, resume=resume,
-            fresh=fresh, progress=printer, gpus_per_trial=gpus_per_trial, top_k=top_k, steps=steps,
-            probe_timeout_s=_probe_timeout(probe_timeout), trust_remote_code=trust_remote_code,
-            verify_loss=verify_loss_steps if verify_loss else 0,
-            confirm_rounds=_rounds(confirm_rounds), confirm_tolerance=confirm_tolerance, strategy=strategy,
-            trainer=trainer, hub=_hub_access(offline), config_name=config_name, sample_rows=sample_rows,
-            lora_r=lora_r, lora_alpha=lora_alpha, lora_targets=lora_targets,
-        )  # fmt: skip
+        result = tune(request)
     except KeyboardInterrupt:
         printer.close()
         if printer.run_dir is None:
@@ -274,8 +263,6 @@ def command(
         raise typer.Exit(130) from None
     finally:
         printer.close()
-    if source is not None and plan is not None:
-        result.summary["write_back"] = _write_back(source, result, plan, err)
     if as_json:
         sys.stdout.write(dumps_json(result.summary, indent=2, default=str) + "\n")
     else:
@@ -328,87 +315,7 @@ def _rounds(text: str | None) -> tuple[int, int] | None:
     return a, b
 
 
-def _from_file(path: str, fmt: str | None, *, model: str | None, mode: str | None, seq_len: int | None,
-               effective_batch: int | None, dataset: str | None) -> tuple[Any, Any, Any, Any, Any, Any]:
-    """The request held by ``path``; command-line values (not None) win.
-
-    Read through the bounded reader (a FIFO, ``/dev/zero`` or a huge file is refused in one line);
-    each value the request comes from is type-checked like a flag, naming the key."""
-    from pathlib import Path
-
-    from autotune.errors import SpecError
-    from autotune.formats import packs_into_rows, read_config, value_problems
-    from autotune.spec.files import read_text_file
-
-    p = Path(path)
-    text = read_text_file(p, what="--from")
-    cfg = read_config(p.name, text, fmt=fmt)
-    if cfg.format in ("deepspeed", "accelerate"):
-        raise SpecError(f"--from {path!r} is a {cfg.module.LABEL} config: pass the training config that names it")
-    problems = [f"--from {p.name}: {m}" for m in cfg.problems]
-    problems += [m for m in value_problems(cfg.format, cfg.data, f"--from {p.name}") if m not in problems]
-    if problems:
-        raise SpecError(problems)
-    req = cfg.request
-    packed = packs_into_rows(cfg)
-    if packed and effective_batch is None and req.get("effective_batch"):
-        # rows of packed sequences per step are not a number of sequences: reading one as the other
-        # would hold a different batch than the file trains with, and the data's mean length that
-        # converts them is not known before the data is read
-        raise SpecError(
-            f"--from {p.name} packs sequences into rows ({packed}: true), so its {req['effective_batch']} per "
-            f"step counts rows, not the sequences autotune holds fixed; pass --effective-batch SEQUENCES (about "
-            f"{req['effective_batch']} x {req.get('seq_len') or 'the sequence length'} / your data's mean sequence length)")
-    return (cfg, model or req.get("model"), mode or req.get("mode"), seq_len or req.get("seq_len"),
-            effective_batch or req.get("effective_batch"), dataset or req.get("dataset"))
 
 
-def _plan_write_back(source: Any, out: str | None) -> dict[str, Any]:
-    """Check, before the search, that the tuned file can be written: the ``--write-back`` target
-    (not a folder, link, device or read-only file) and the file's constructs (editable in place).
-    Returns what ``_write_back`` needs: the target and the hash of what it held when checked."""
-    from pathlib import Path
-
-    from autotune.cli.check import installed_sft_fields, installed_training_fields
-    from autotune.errors import SpecError
-    from autotune.formats import uneditable, writable_keys
-    from autotune.store.atomic import check_write_target, content_state
-
-    fields = installed_sft_fields() if source.format == "trl" else installed_training_fields()[0]
-    why = uneditable(source.name, source.text, writable_keys(source, fields=fields))
-    if why:
-        raise SpecError(f"{why} (checked before the search; nothing was run or written)")
-    target = Path(out) if out else None
-    if target is not None:
-        check_write_target(target, what="--write-back")
-    return {"target": target, "state": content_state(target) if target is not None else None, "fields": fields}
 
 
-def _write_back(source: Any, result: Any, plan: dict[str, Any], err: Console) -> dict[str, Any]:
-    """Write the user's file with the tuned keys changed; print and store the diff.
-
-    A target whose content changed during the search (the user edited it) is not overwritten: the
-    tuned file goes beside it and the run exits 2 saying so."""
-    import dataclasses
-    from pathlib import Path
-
-    from autotune.errors import SpecError
-    from autotune.formats import tuned_file, unified_diff
-    from autotune.store.atomic import beside, check_write_target, content_state, write_text_atomic
-
-    text, updates = tuned_file(source, dataclasses.asdict(result.candidate), fields=plan["fields"], best=result.best)
-    diff = unified_diff(source.name, source.text, text)
-    write_text_atomic(Path(result.run_dir) / "best" / (source.name + ".diff"), diff)
-    target = plan["target"] or Path(result.run_dir) / "best" / source.name
-    if plan["target"] is not None:
-        check_write_target(target, what="--write-back")
-        if content_state(target) != plan["state"]:
-            aside = beside(target)
-            write_text_atomic(aside, text)
-            raise SpecError(f"--write-back {str(target)!r} changed during the search, so it was left as it is; the "
-                            f"tuned file is {str(aside)!r} (from the file as it was read): merge the two")
-    write_text_atomic(target, text)
-    err.print(f"[dim]wrote {target} ({source.module.LABEL}): {len(updates)} key(s) changed[/dim]", highlight=False)
-    if diff:
-        err.print(diff, highlight=False, markup=False, end="")
-    return {"path": str(target), "format": source.format, "changed": updates, "diff": diff}

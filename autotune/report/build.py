@@ -91,15 +91,17 @@ def _result(d: Any) -> ProbeResult | None:
         return None
 
 
-def load_run(run_dir: str | os.PathLike[str]) -> RunData:
-    """Read ``summary.json``, ``journal.jsonl`` and ``best_result.json`` of a run directory.
+def load_run(run_dir: str | os.PathLike[str], *, summary: dict[str, Any] | None = None) -> RunData:
+    """Read ``summary.json``, ``journal.jsonl`` and ``best_result.json`` of a run directory (``summary``:
+    the run's summary as it is about to be written, instead of the file).
 
     Raises SpecError when the path is not a run directory (no summary.json and no journal).
     """
     path = Path(run_dir)
     if not path.is_dir():
         raise SpecError(f"run directory {str(path)!r} does not exist or is not a directory")
-    summary = _read_json(path / "summary.json")
+    if summary is None:
+        summary = _read_json(path / "summary.json")
     records = _journal_lines(path / "journal.jsonl")
     if summary is None and not records:
         raise SpecError(
@@ -205,11 +207,13 @@ def render_reports(
     return md, render_html(model)
 
 
-def write_reports(run_dir: str | os.PathLike[str], *, gpu: GPU | None = None) -> list[Path]:
-    """Rebuild ``report.md`` and ``report.html`` in ``run_dir`` (each written atomically)."""
+def write_reports(run_dir: str | os.PathLike[str], *, gpu: GPU | None = None,
+                  summary: dict[str, Any] | None = None) -> list[Path]:
+    """Rebuild ``report.md`` and ``report.html`` in ``run_dir`` (each written atomically); ``summary``: the
+    run's, before summary.json is written (a run writes it last)."""
     from autotune.store.atomic import write_text_atomic
 
-    data = load_run(run_dir)
+    data = load_run(run_dir, summary=summary)
     where = f"run directory {str(data.path)!r}: summary.json"
     config, why = read_model_config(data)
     # on a CPU run there is no MFU anyway: a missing config is not worth a note there

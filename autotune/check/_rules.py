@@ -781,49 +781,11 @@ def _rule_names(c: _Ctx) -> None:
                 c.add("deprecated", "deprecated settings", "warn", f"{message} (Axolotl's own warning)", fix,
                       c.src("training_args"))
         return
-    ver = f"transformers {c.version}" if c.version else "transformers 5"
-    what = "an SFTConfig" if c.b.fmt == "trl" else "a TrainingArguments"
     # check judges only what it can know: names are checked against the installed package's fields; where
     # that package is not installed (trl's SFTConfig adds fields to TrainingArguments), the names it alone
     # could judge are an INFO naming it
     missing = _names_package(c)
-    unknown: list[str] = []
-    bad = 0
-    if c.has_ta:
-        src = c.src("training_args")
-        for key in c.ta:
-            if key in REMOVED_IN_V5 and (c.fields is None or key not in c.fields):
-                c.add(
-                    "names",
-                    "argument names",
-                    "fail",
-                    f"{key} was removed in transformers 5 (TypeError)",
-                    REMOVED_IN_V5[key],
-                    src,
-                )
-                bad += 1
-            elif key in DEPRECATED_IN_V5 and (c.fields is None or DEPRECATED_IN_V5[key] in c.fields):
-                c.add(
-                    "names",
-                    "argument names",
-                    "warn",
-                    f"{key} is a deprecated alias in transformers 5",
-                    f"rename to {DEPRECATED_IN_V5[key]}",
-                    src,
-                )
-                bad += 1
-            elif c.fields is not None and key not in c.fields and key != "output_dir" and missing:
-                unknown.append(key)
-            elif c.fields is not None and key not in c.fields and key != "output_dir":
-                c.add(
-                    "names",
-                    "argument names",
-                    "fail",
-                    f"{key} is not {what} field in {ver}",
-                    "remove or rename it",
-                    src,
-                )
-                bad += 1
+    unknown, bad = _training_args_names(c, missing)
     if c.mk is not None and "torch_dtype" in c.mk:
         c.add(
             "names",
@@ -834,6 +796,62 @@ def _rule_names(c: _Ctx) -> None:
             c.src("model_kwargs"),
         )
         bad += 1
+    _names_verdict(c, missing, unknown, bad)
+
+
+def _names_version(c: _Ctx) -> str:
+    """The transformers the names are judged against, as the messages name it."""
+    return f"transformers {c.version}" if c.version else "transformers 5"
+
+
+def _training_args_names(c: _Ctx, missing: tuple[str, str] | None) -> tuple[list[str], int]:
+    """Each training argument's name against transformers 5 and the installed fields: (the names only the
+    missing package could judge, how many names were reported)."""
+    unknown: list[str] = []
+    bad = 0
+    if not c.has_ta:
+        return unknown, bad
+    ver = _names_version(c)
+    what = "an SFTConfig" if c.b.fmt == "trl" else "a TrainingArguments"
+    src = c.src("training_args")
+    for key in c.ta:
+        if key in REMOVED_IN_V5 and (c.fields is None or key not in c.fields):
+            c.add(
+                "names",
+                "argument names",
+                "fail",
+                f"{key} was removed in transformers 5 (TypeError)",
+                REMOVED_IN_V5[key],
+                src,
+            )
+            bad += 1
+        elif key in DEPRECATED_IN_V5 and (c.fields is None or DEPRECATED_IN_V5[key] in c.fields):
+            c.add(
+                "names",
+                "argument names",
+                "warn",
+                f"{key} is a deprecated alias in transformers 5",
+                f"rename to {DEPRECATED_IN_V5[key]}",
+                src,
+            )
+            bad += 1
+        elif c.fields is not None and key not in c.fields and key != "output_dir" and missing:
+            unknown.append(key)
+        elif c.fields is not None and key not in c.fields and key != "output_dir":
+            c.add(
+                "names",
+                "argument names",
+                "fail",
+                f"{key} is not {what} field in {ver}",
+                "remove or rename it",
+                src,
+            )
+            bad += 1
+    return unknown, bad
+
+
+def _names_verdict(c: _Ctx, missing: tuple[str, str] | None, unknown: list[str], bad: int) -> None:
+    """The closing line on the names: an INFO on what the missing package would judge, or a PASS."""
     if c.has_ta and missing and (unknown or not bad):
         pkg, cls = missing
         if c.fields is None:
@@ -851,7 +869,7 @@ def _rule_names(c: _Ctx) -> None:
             "names",
             "argument names",
             "pass",
-            f"{len(c.ta)} arguments, known to {ver}",
+            f"{len(c.ta)} arguments, known to {_names_version(c)}",
             source=c.src("training_args"),
         )
 

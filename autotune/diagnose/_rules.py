@@ -368,6 +368,270 @@ def _crash_fix(result: ProbeResult) -> str:
     return "rerun with --debug to see the traceback"
 
 
+def _status_finding(result: ProbeResult) -> Finding:
+    """The one finding of a probe that did not run to the end for a reason other than memory."""
+    return Finding(
+        key=result.status,
+        bottleneck={"unsupported": "not possible here", "timeout": "probe timed out",
+                    "crash": "probe crashed"}.get(result.status, result.status),
+        evidence=" ".join((result.reason or "no reason recorded").split())[:200],
+        fix={"unsupported": "drop this choice on this machine (the reason says what it needs)",
+             "timeout": "raise --probe-timeout, or a smaller configuration",
+             "crash": _crash_fix(result)}.get(result.status, ""),
+        severity="info",
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Probe:
+    """What one probe that ran measured, as the per-probe rules read it, and the context they need."""
+
+    result: ProbeResult
+    req: ProbeRequest | None
+    gpu: GPU | None
+    config: Mapping[str, Any] | None
+    single_gpu_tokens_per_s: float | None
+    measured_no_offload_peak: float | None
+    cpu: bool
+    usable: float | None
+    util_mean: float | None  # in percent of the device (GPU: NVML; CPU: share of the cores, x100)
+    stats: dict[str, float]  # of the GPU utilisation samples (empty on a CPU)
+    unit: str
+
+    @property
+    def c(self) -> Candidate | None:
+        return self.req.candidate if self.req else None
+
+    @property
+    def tps(self) -> float | None:
+        return self.result.tokens_per_s
+
+    @property
+    def wait(self) -> float | None:
+        return _num(self.result.metrics, "data_wait_fraction")
+
+    @property
+    def peak(self) -> float | None:
+        return _num(self.result.metrics, "peak_mem_bytes")
+
+    @property
+    def mem_share(self) -> float | None:
+        peak, usable = self.peak, self.usable
+        return (peak / usable) if peak and usable else None
+
+    @property
+    def swinging(self) -> bool:
+        """Utilisation swinging 0 <-> 100 %: enough samples, many near 0, a maximum near 100."""
+        stats = self.stats
+        return bool(
+            stats
+            and stats["n"] >= 5
+            and stats["idle_share"] >= SWING_IDLE_SHARE
+            and stats["max"] >= SWING_BUSY_PERCENT
+        )
+
+
+def _utilisation(m: Mapping[str, Any], cpu: bool) -> tuple[float | None, dict[str, float], str]:
+    """(mean utilisation in percent of the device, GPU sample statistics, the unit's name)."""
+    util_mean: float | None
+    stats: dict[str, float] = {}
+    if cpu:
+        cu = _num(m, "cpu_util_mean")
+        util_mean = 100 * cu if cu is not None else None
+        unit = "CPU utilisation"
+    else:
+        samples = m.get("gpu_util_samples") or []
+        stats = _util_stats(samples) if isinstance(samples, list) else {}
+        gm = _num(m, "gpu_util_mean")
+        util_mean = gm if gm is not None else stats.get("mean")
+        unit = "GPU utilisation"
+    return util_mean, stats, unit
+
+
+def _measured(
+    result: ProbeResult,
+    req: ProbeRequest | None,
+    *,
+    gpu: GPU | None,
+    config: Mapping[str, Any] | None,
+    single_gpu_tokens_per_s: float | None,
+    measured_no_offload_peak: float | None,
+) -> _Probe:
+    """The figures the per-probe rules judge, read once from ``result``'s metrics."""
+    cpu = _on_cpu(result, req)
+    util_mean, stats, unit = _utilisation(result.metrics, cpu)
+    return _Probe(
+        result=result, req=req, gpu=gpu, config=config, single_gpu_tokens_per_s=single_gpu_tokens_per_s,
+        measured_no_offload_peak=measured_no_offload_peak, cpu=cpu, usable=_usable(result, req),
+        util_mean=util_mean, stats=stats, unit=unit,
+    )  # fmt: skip
+
+
+def _rule_capacity(p: _Probe, found: Sequence[Finding]) -> list[Finding]:
+    """Capacity limit first: with offload the PCIe traffic dominates whatever else is seen."""
+    c = p.c
+    if c is None or c.offload == "none":
+        return []
+    need = capacity_need(
+        p.result, config=p.config, measured_no_offload_peak=p.measured_no_offload_peak, gpu=p.gpu
+    )
+    return [_capacity_finding(need, c, p.req.workload.mode if p.req else "full", p.tps)]
+
+
+def _rule_data_loading(p: _Probe, found: Sequence[Finding]) -> list[Finding]:
+    """Data loading: a large measured data wait, or utilisation swinging 0 <-> 100 %."""
+    wait, stats, unit = p.wait, p.stats, p.unit
+    if not ((wait is not None and wait >= DATA_WAIT_THRESHOLD) or p.swinging):
+        return []
+    bits: list[str] = []
+    numbers: dict[str, float] = {}
+    if wait is not None:
+        bits.append(f"{_pct(wait)} of step time waiting for batches")
+        numbers["data_wait_fraction"] = wait
+    if p.swinging:
+        bits.append(
+            f"{unit} swings 0↔{stats['max']:.0f}% ({_pct(stats['idle_share'])} of samples ≤ "
+            f"{IDLE_UTIL_PERCENT:.0f}%, mean {stats['mean']:.0f}%)"
+        )
+        numbers.update({"util_idle_share": stats["idle_share"], "util_max": stats["max"]})
+    elif p.util_mean is not None:
+        bits.append(f"{unit} mean {p.util_mean:.0f}%")
+    evidence = "; ".join(bits)
+    if p.swinging and (wait is None or wait < DATA_WAIT_THRESHOLD):
+        evidence += (
+            " — the measured data wait is small, so host-side work between steps (logging, "
+            "synchronisation, CPU preprocessing inside the step) is the other suspect"
+        )
+    return [
+        Finding("data_loading", "data loading / CPU preprocessing", evidence, _data_fix(p.c), "high", numbers)
+    ]
+
+
+def _rule_batch_larger(p: _Probe, found: Sequence[Finding]) -> list[Finding]:
+    """Batch could be larger: busy device, memory mostly unused."""
+    c, util_mean, mem_share = p.c, p.util_mean, p.mem_share
+    busy = util_mean is not None and util_mean >= HIGH_UTIL_PERCENT
+    if not (busy and mem_share is not None and mem_share < LOW_MEMORY_SHARE and c is not None):
+        return []
+    evidence = (
+        f"{p.unit} mean {util_mean:.0f}%, peak memory {format_bytes(int(p.peak or 0))} = "
+        f"{_pct(mem_share)} of the usable budget {format_bytes(int(p.usable or 0))}"
+    )
+    if c.grad_ckpt:
+        fix = "turn activation checkpointing off (saves its ~20–30% recompute); then a larger micro-batch"
+    elif c.grad_accum > 1:
+        fix = (
+            f"raise the micro-batch above {c.micro_batch} and lower gradient accumulation "
+            f"({c.grad_accum}) to keep the effective batch"
+        )
+    else:
+        fix = (
+            "the micro-batch is already the whole effective batch; the free memory allows a "
+            "larger effective batch or longer sequences"
+        )
+    return [
+        Finding("batch_larger", "batch could be larger", evidence, fix, "medium",
+                {"util_mean": float(util_mean or 0), "memory_share": mem_share})
+    ]  # fmt: skip
+
+
+def _rule_small_batch(p: _Probe, found: Sequence[Finding]) -> list[Finding]:
+    """Device underused, and not because of data: small per-step work / launch overhead."""
+    c, cpu, util_mean = p.c, p.cpu, p.util_mean
+    data_found = any(f.key == "data_loading" for f in found)
+    offloading = c is not None and c.offload != "none"
+    if not (util_mean is not None and util_mean < LOW_UTIL_PERCENT and not data_found and not offloading):
+        return []
+    parts: list[str] = []
+    if cpu:
+        parts.append("check that nothing else competes for the cores (such measurements are noisy)")
+    if c is None or c.grad_accum > 1:
+        parts.append(
+            "raise the micro-batch and lower accumulation (more work per step, same effective batch)"
+        )
+    if not cpu:
+        parts.append("torch.compile / fused kernels (Liger) cut per-kernel launch overhead")
+    elif c is not None and c.grad_accum == 1:
+        parts.append(
+            "the micro-batch is already the whole effective batch: a small model leaves threads idle"
+        )
+    fix = "; ".join(parts)
+    return [
+        Finding("small_batch", "CPU underused (small per-step work or contention)"
+                if cpu else "GPU underused (small per-step work)",
+                f"{p.unit} mean {util_mean:.0f}% with little data wait"
+                + (f" ({_pct(p.wait)})" if p.wait is not None else ""),
+                fix, "medium", {"util_mean": float(util_mean)})
+    ]  # fmt: skip
+
+
+def _rule_scaling(p: _Probe, found: Sequence[Finding]) -> list[Finding]:
+    """Multi-GPU scaling: tokens/s per GPU against the same configuration on one GPU."""
+    c, tps, single = p.c, p.tps, p.single_gpu_tokens_per_s
+    if not (c is not None and c.world_size > 1 and tps and single):
+        return []
+    per_gpu = tps / c.world_size
+    eff = per_gpu / single
+    if eff < SCALING_OK:
+        return [
+            Finding(
+                "communication",
+                "poor multi-GPU scaling (communication)",
+                f"{per_gpu:,.0f} tok/s per GPU on {c.world_size} GPUs vs {single:,.0f} "
+                f"on 1: {_pct(eff)} scaling efficiency",
+                "larger per-GPU micro-batches (fewer all-reduces per token), overlap_comm, a lower "
+                "ZeRO stage; check the interconnect (NVLink/P2P) is used",
+                "high",
+                {"scaling_efficiency": eff},
+            )
+        ]
+    return []
+
+
+def _rule_padding(p: _Probe, found: Sequence[Finding]) -> list[Finding]:
+    """Padding: a large share of padded token slots without packing."""
+    pad = _num(p.result.metrics, "padding_fraction")
+    if not (pad is not None and pad >= PADDING_THRESHOLD and p.c is not None and not p.c.packing):
+        return []
+    return [
+        Finding("padding", "padding", f"{_pct(pad)} of token slots are padding",
+                "enable packing (padding-free, with per-sequence attention masks)", "medium",
+                {"padding_fraction": pad})
+    ]  # fmt: skip
+
+
+def _rule_kernels(p: _Probe, found: Sequence[Finding]) -> list[Finding]:
+    """GPU kernels the card could run faster: fp32 on a bf16 card, eager attention."""
+    c, gpu = p.c, p.gpu
+    if p.cpu or c is None or gpu is None:
+        return []
+    out: list[Finding] = []
+    if c.precision == "fp32" and gpu.bf16:
+        out.append(
+            Finding("precision", "fp32 on a bf16-capable GPU", f"{gpu.name} has bf16 tensor cores; fp32 leaves them idle",
+                    "bf16=True (changes numerics slightly); or at least tf32", "info")
+        )  # fmt: skip
+    if c.attn == "eager":
+        out.append(
+            Finding("attention", "unfused (eager) attention", "eager attention materialises the s×s scores",
+                    "attn_implementation='sdpa' or 'flash_attention_2'", "info")
+        )  # fmt: skip
+    return out
+
+
+# the per-probe rules, in the order their findings are listed before sorting by severity; each sees the
+# findings of the rules before it
+_PROBE_RULES = (
+    _rule_capacity,
+    _rule_data_loading,
+    _rule_batch_larger,
+    _rule_small_batch,
+    _rule_scaling,
+    _rule_padding,
+    _rule_kernels,
+)
+
+
 def diagnose(
     result: ProbeResult,
     *,
@@ -387,180 +651,18 @@ def diagnose(
     """
     req = _request(result)
     c = req.candidate if req else None
-    m = result.metrics
-    findings: list[Finding] = []
     label = candidate_label(c) if c is not None else "?"
-
     if result.status in ("oom", "over_budget"):
-        findings.append(_memory_finding(result, req, _usable(result, req)))
-        return Diagnosis(result.status, label, tuple(findings), mfu)
+        return Diagnosis(result.status, label, (_memory_finding(result, req, _usable(result, req)),), mfu)
     if result.status != "ok":
-        findings.append(
-            Finding(
-                key=result.status,
-                bottleneck={"unsupported": "not possible here", "timeout": "probe timed out",
-                            "crash": "probe crashed"}.get(result.status, result.status),
-                evidence=" ".join((result.reason or "no reason recorded").split())[:200],
-                fix={"unsupported": "drop this choice on this machine (the reason says what it needs)",
-                     "timeout": "raise --probe-timeout, or a smaller configuration",
-                     "crash": _crash_fix(result)}.get(result.status, ""),
-                severity="info",
-            )
-        )  # fmt: skip
-        return Diagnosis(result.status, label, tuple(findings), mfu)
-
-    tps = result.tokens_per_s
-    cpu = _on_cpu(result, req)
-    wait = _num(m, "data_wait_fraction")
-    peak = _num(m, "peak_mem_bytes")
-    usable = _usable(result, req)
-    mem_share = (peak / usable) if peak and usable else None
-
-    # utilisation, in percent of the device (GPU: NVML; CPU: share of the cores, x100)
-    util_mean: float | None
-    stats: dict[str, float] = {}
-    if cpu:
-        cu = _num(m, "cpu_util_mean")
-        util_mean = 100 * cu if cu is not None else None
-        unit = "CPU utilisation"
-    else:
-        samples = m.get("gpu_util_samples") or []
-        stats = _util_stats(samples) if isinstance(samples, list) else {}
-        gm = _num(m, "gpu_util_mean")
-        util_mean = gm if gm is not None else stats.get("mean")
-        unit = "GPU utilisation"
-
-    swinging = bool(
-        stats
-        and stats["n"] >= 5
-        and stats["idle_share"] >= SWING_IDLE_SHARE
-        and stats["max"] >= SWING_BUSY_PERCENT
+        return Diagnosis(result.status, label, (_status_finding(result),), mfu)
+    p = _measured(
+        result, req, gpu=gpu, config=config, single_gpu_tokens_per_s=single_gpu_tokens_per_s,
+        measured_no_offload_peak=measured_no_offload_peak,
     )
-
-    # capacity limit first: with offload the PCIe traffic dominates whatever else is seen
-    if c is not None and c.offload != "none":
-        need = capacity_need(
-            result, config=config, measured_no_offload_peak=measured_no_offload_peak, gpu=gpu
-        )
-        findings.append(_capacity_finding(need, c, req.workload.mode if req else "full", tps))
-
-    # data loading
-    if (wait is not None and wait >= DATA_WAIT_THRESHOLD) or swinging:
-        bits: list[str] = []
-        numbers: dict[str, float] = {}
-        if wait is not None:
-            bits.append(f"{_pct(wait)} of step time waiting for batches")
-            numbers["data_wait_fraction"] = wait
-        if swinging:
-            bits.append(
-                f"{unit} swings 0↔{stats['max']:.0f}% ({_pct(stats['idle_share'])} of samples ≤ "
-                f"{IDLE_UTIL_PERCENT:.0f}%, mean {stats['mean']:.0f}%)"
-            )
-            numbers.update({"util_idle_share": stats["idle_share"], "util_max": stats["max"]})
-        elif util_mean is not None:
-            bits.append(f"{unit} mean {util_mean:.0f}%")
-        evidence = "; ".join(bits)
-        if swinging and (wait is None or wait < DATA_WAIT_THRESHOLD):
-            evidence += (
-                " — the measured data wait is small, so host-side work between steps (logging, "
-                "synchronisation, CPU preprocessing inside the step) is the other suspect"
-            )
-        findings.append(
-            Finding(
-                "data_loading", "data loading / CPU preprocessing", evidence, _data_fix(c), "high", numbers
-            )
-        )
-
-    # batch could be larger: busy device, memory mostly unused
-    busy = util_mean is not None and util_mean >= HIGH_UTIL_PERCENT
-    if busy and mem_share is not None and mem_share < LOW_MEMORY_SHARE and c is not None:
-        evidence = (
-            f"{unit} mean {util_mean:.0f}%, peak memory {format_bytes(int(peak or 0))} = "
-            f"{_pct(mem_share)} of the usable budget {format_bytes(int(usable or 0))}"
-        )
-        if c.grad_ckpt:
-            fix = "turn activation checkpointing off (saves its ~20–30% recompute); then a larger micro-batch"
-        elif c.grad_accum > 1:
-            fix = (
-                f"raise the micro-batch above {c.micro_batch} and lower gradient accumulation "
-                f"({c.grad_accum}) to keep the effective batch"
-            )
-        else:
-            fix = (
-                "the micro-batch is already the whole effective batch; the free memory allows a "
-                "larger effective batch or longer sequences"
-            )
-        findings.append(
-            Finding("batch_larger", "batch could be larger", evidence, fix, "medium",
-                    {"util_mean": float(util_mean or 0), "memory_share": mem_share})
-        )  # fmt: skip
-
-    # device underused, and not because of data: small per-step work / launch overhead
-    data_found = any(f.key == "data_loading" for f in findings)
-    offloading = c is not None and c.offload != "none"
-    if util_mean is not None and util_mean < LOW_UTIL_PERCENT and not data_found and not offloading:
-        parts: list[str] = []
-        if cpu:
-            parts.append("check that nothing else competes for the cores (such measurements are noisy)")
-        if c is None or c.grad_accum > 1:
-            parts.append(
-                "raise the micro-batch and lower accumulation (more work per step, same effective batch)"
-            )
-        if not cpu:
-            parts.append("torch.compile / fused kernels (Liger) cut per-kernel launch overhead")
-        elif c is not None and c.grad_accum == 1:
-            parts.append(
-                "the micro-batch is already the whole effective batch: a small model leaves threads idle"
-            )
-        fix = "; ".join(parts)
-        findings.append(
-            Finding("small_batch", "CPU underused (small per-step work or contention)"
-                    if cpu else "GPU underused (small per-step work)",
-                    f"{unit} mean {util_mean:.0f}% with little data wait"
-                    + (f" ({_pct(wait)})" if wait is not None else ""),
-                    fix, "medium", {"util_mean": float(util_mean)})
-        )  # fmt: skip
-
-    # multi-GPU scaling
-    if c is not None and c.world_size > 1 and tps and single_gpu_tokens_per_s:
-        per_gpu = tps / c.world_size
-        eff = per_gpu / single_gpu_tokens_per_s
-        if eff < SCALING_OK:
-            findings.append(
-                Finding(
-                    "communication",
-                    "poor multi-GPU scaling (communication)",
-                    f"{per_gpu:,.0f} tok/s per GPU on {c.world_size} GPUs vs {single_gpu_tokens_per_s:,.0f} "
-                    f"on 1: {_pct(eff)} scaling efficiency",
-                    "larger per-GPU micro-batches (fewer all-reduces per token), overlap_comm, a lower "
-                    "ZeRO stage; check the interconnect (NVLink/P2P) is used",
-                    "high",
-                    {"scaling_efficiency": eff},
-                )
-            )
-
-    # padding
-    pad = _num(m, "padding_fraction")
-    if pad is not None and pad >= PADDING_THRESHOLD and c is not None and not c.packing:
-        findings.append(
-            Finding("padding", "padding", f"{_pct(pad)} of token slots are padding",
-                    "enable packing (padding-free, with per-sequence attention masks)", "medium",
-                    {"padding_fraction": pad})
-        )  # fmt: skip
-
-    # GPU kernels the card could run faster
-    if not cpu and c is not None and gpu is not None:
-        if c.precision == "fp32" and gpu.bf16:
-            findings.append(
-                Finding("precision", "fp32 on a bf16-capable GPU", f"{gpu.name} has bf16 tensor cores; fp32 leaves them idle",
-                        "bf16=True (changes numerics slightly); or at least tf32", "info")
-            )  # fmt: skip
-        if c.attn == "eager":
-            findings.append(
-                Finding("attention", "unfused (eager) attention", "eager attention materialises the s×s scores",
-                        "attn_implementation='sdpa' or 'flash_attention_2'", "info")
-            )  # fmt: skip
-
+    findings: list[Finding] = []
+    for rule in _PROBE_RULES:
+        findings.extend(rule(p, findings))
     order = {s: i for i, s in enumerate(SEVERITIES)}
     findings.sort(key=lambda f: order.get(f.severity, len(order)))
     return Diagnosis(result.status, label, tuple(findings), mfu)
@@ -589,17 +691,22 @@ def _single_gpu_reference(c: Candidate, ok: list[tuple[ProbeResult, Candidate]])
     return best
 
 
-def diagnose_run(
-    results: Iterable[ProbeResult],
-    *,
-    best: ProbeResult | None = None,
-    gpu: GPU | None = None,
-    config: Mapping[str, Any] | None = None,
-    mfus: Sequence[float | None] | None = None,
-) -> RunDiagnosis:
-    """Diagnose every probe, the chosen configuration (``best``, else the fastest that fits), and
-    the run as a whole (e.g. "only offload configurations fit", "nothing fits")."""
-    results = list(results)
+@dataclass(frozen=True)
+class _Run:
+    """A run's probes with their candidates (None for a malformed request), and what every probe's
+    diagnosis shares: the fitting, measured ones, the capacity fallback, the card and the model config."""
+
+    results: list[ProbeResult]
+    cands: list[Candidate | None]
+    ok: list[tuple[ProbeResult, Candidate]]
+    measured_need: float | None  # smallest peak of a non-offload configuration that went over budget
+    gpu: GPU | None
+    config: Mapping[str, Any] | None
+
+
+def _run_of(
+    results: list[ProbeResult], gpu: GPU | None, config: Mapping[str, Any] | None
+) -> _Run:
     cands: list[Candidate | None] = []
     for r in results:
         req = _request(r)
@@ -611,106 +718,146 @@ def diagnose_run(
         for r, c in zip(results, cands, strict=True)
         if r.status == "over_budget" and r.peak_mem_bytes and c is not None and c.offload == "none"
     ]
-    measured_need = min(no_off) if no_off else None
+    return _Run(results, cands, ok, min(no_off) if no_off else None, gpu, config)
 
-    def one_plain(r: ProbeResult, c: Candidate | None, m: float | None) -> Diagnosis:
-        ref = _single_gpu_reference(c, ok) if c is not None and c.world_size > 1 else None
-        return diagnose(r, gpu=gpu, config=config, single_gpu_tokens_per_s=ref,
-                        measured_no_offload_peak=measured_need, mfu=m)  # fmt: skip
 
-    def larger_failed(c: Candidate) -> tuple[int, str] | None:
-        """The smallest larger micro-batch of the same configuration that did not fit, if measured."""
-        fam = _family(c)
-        worse = [
-            (oc.micro_batch, r.status)
-            for r, oc in zip(results, cands, strict=True)
-            if oc is not None
-            and r.status in ("oom", "over_budget")
-            and oc.micro_batch > c.micro_batch
-            and _family(oc) == fam
-        ]
-        return min(worse) if worse else None
+def _larger_failed(run: _Run, c: Candidate) -> tuple[int, str] | None:
+    """The smallest larger micro-batch of the same configuration that did not fit, if measured."""
+    fam = _family(c)
+    worse = [
+        (oc.micro_batch, r.status)
+        for r, oc in zip(run.results, run.cands, strict=True)
+        if oc is not None
+        and r.status in ("oom", "over_budget")
+        and oc.micro_batch > c.micro_batch
+        and _family(oc) == fam
+    ]
+    return min(worse) if worse else None
 
-    def one(r: ProbeResult, c: Candidate | None, m: float | None) -> Diagnosis:
-        d = one_plain(r, c, m)
-        if c is None or "batch_larger" not in d.keys():
-            return d
-        failed = larger_failed(c)
-        if failed is None:
-            return d
-        mb, status = failed
-        amended = tuple(
-            dataclasses.replace(
-                f,
-                severity="info",
-                bottleneck="memory looks low, but the next batch did not fit",
-                fix=f"micro-batch {mb} of this configuration was measured: {status}; {c.micro_batch} is the "
-                "largest that fits (activations grow with the batch), so the headroom is not usable this way",
-            )
-            if f.key == "batch_larger"
-            else f
-            for f in d.findings
+
+def _diagnose_in_run(run: _Run, r: ProbeResult, c: Candidate | None, m: float | None) -> Diagnosis:
+    """One probe's diagnosis in its run: the scaling reference and capacity fallback from the other
+    probes, and "batch could be larger" demoted when the next larger micro-batch was measured not to fit."""
+    ref = _single_gpu_reference(c, run.ok) if c is not None and c.world_size > 1 else None
+    d = diagnose(r, gpu=run.gpu, config=run.config, single_gpu_tokens_per_s=ref,
+                 measured_no_offload_peak=run.measured_need, mfu=m)  # fmt: skip
+    if c is None or "batch_larger" not in d.keys():
+        return d
+    failed = _larger_failed(run, c)
+    if failed is None:
+        return d
+    mb, status = failed
+    amended = tuple(
+        dataclasses.replace(
+            f,
+            severity="info",
+            bottleneck="memory looks low, but the next batch did not fit",
+            fix=f"micro-batch {mb} of this configuration was measured: {status}; {c.micro_batch} is the "
+            "largest that fits (activations grow with the batch), so the headroom is not usable this way",
         )
-        order = {s: i for i, s in enumerate(SEVERITIES)}
-        return dataclasses.replace(d, findings=tuple(sorted(amended, key=lambda f: order.get(f.severity, 9))))
+        if f.key == "batch_larger"
+        else f
+        for f in d.findings
+    )
+    order = {s: i for i, s in enumerate(SEVERITIES)}
+    return dataclasses.replace(d, findings=tuple(sorted(amended, key=lambda f: order.get(f.severity, 9))))
 
+
+def _chosen_diagnosis(
+    run: _Run, best: ProbeResult | None, probes: tuple[tuple[ProbeResult, Diagnosis], ...]
+) -> Diagnosis | None:
+    """The diagnosis of ``best``, else of the fastest probe that fits; None when there is neither."""
+    chosen_result = best
+    if chosen_result is None and run.ok:
+        chosen_result = max(run.ok, key=lambda rc: rc[0].tokens_per_s or 0)[0]
+    if chosen_result is None:
+        return None
+    idx = next((i for i, r in enumerate(run.results) if r is chosen_result), None)
+    if idx is not None:
+        return probes[idx][1]
+    req = _request(chosen_result)
+    return _diagnose_in_run(run, chosen_result, req.candidate if req else None, None)
+
+
+def _nothing_fits_finding(run: _Run) -> Finding:
+    mem_fail = [r for r in run.results if r.status in ("oom", "over_budget")]
+    peaks = [float(r.peak_mem_bytes) for r in mem_fail if r.peak_mem_bytes]
+    evidence = f"{len(mem_fail)} of {len(run.results)} probes ran out of memory or over budget"
+    if peaks:
+        evidence += f"; smallest measured peak {format_bytes(int(min(peaks)))}"
+    return Finding("nothing_fits", "no configuration fits", evidence,
+                   "bf16, checkpointing, micro-batch 1, a shorter sequence, LoRA/QLoRA, sharding over more "
+                   "GPUs, or a larger card", "high")  # fmt: skip
+
+
+def _offload_only_finding(run: _Run) -> Finding:
+    ok = run.ok
+    fastest = max(ok, key=lambda rc: rc[0].tokens_per_s or 0)
+    req = _request(fastest[0])
+    need = capacity_need(
+        fastest[0], config=run.config, measured_no_offload_peak=run.measured_need, gpu=run.gpu
+    )
+    f = _capacity_finding(need, fastest[1], req.workload.mode if req else "full", fastest[0].tokens_per_s)
+    return dataclasses.replace(
+        f,
+        key="offload_only",
+        bottleneck="only configurations with CPU offload fit: a capacity limit (PCIe-bound)",
+        evidence=(
+            f"all {len(ok)} configurations that fit offload to CPU memory; "
+            if len(ok) > 1
+            else "the one configuration that fits offloads to CPU memory; "
+        )
+        + f.evidence,
+    )
+
+
+def _run_data_loading_finding(
+    run: _Run, probes: tuple[tuple[ProbeResult, Diagnosis], ...]
+) -> Finding | None:
+    """Data loading as a run-level finding, when any fitting probe waits for data."""
+    counts: dict[str, int] = {}
+    for r, d in probes:
+        if r.fits:
+            for k in set(d.keys()):
+                counts[k] = counts.get(k, 0) + 1
+    if not counts.get("data_loading"):
+        return None
+    return Finding("data_loading", "data loading limits throughput",
+                   f"{counts['data_loading']} of {len(run.ok)} fitting probes wait for data",
+                   _data_fix(None), "medium")  # fmt: skip
+
+
+def _run_findings(run: _Run, probes: tuple[tuple[ProbeResult, Diagnosis], ...]) -> list[Finding]:
+    """The run as a whole: nothing fits, only offload fits, data loading across the fitting probes."""
+    out: list[Finding] = []
+    if not run.ok:
+        out.append(_nothing_fits_finding(run))
+    elif all(c.offload != "none" for _, c in run.ok):
+        out.append(_offload_only_finding(run))
+    if run.ok:
+        data = _run_data_loading_finding(run, probes)
+        if data is not None:
+            out.append(data)
+    return out
+
+
+def diagnose_run(
+    results: Iterable[ProbeResult],
+    *,
+    best: ProbeResult | None = None,
+    gpu: GPU | None = None,
+    config: Mapping[str, Any] | None = None,
+    mfus: Sequence[float | None] | None = None,
+) -> RunDiagnosis:
+    """Diagnose every probe, the chosen configuration (``best``, else the fastest that fits), and
+    the run as a whole (e.g. "only offload configurations fit", "nothing fits")."""
+    results = list(results)
+    run = _run_of(results, gpu, config)
     mfu_list = list(mfus) if mfus is not None else [None] * len(results)
     if len(mfu_list) != len(results):
         raise ValueError(f"mfus must have one entry per result: {len(mfu_list)} for {len(results)}")
-    probes = tuple((r, one(r, c, m)) for r, c, m in zip(results, cands, mfu_list, strict=True))
-
-    chosen_result = best
-    if chosen_result is None and ok:
-        chosen_result = max(ok, key=lambda rc: rc[0].tokens_per_s or 0)[0]
-    chosen: Diagnosis | None = None
-    if chosen_result is not None:
-        idx = next((i for i, r in enumerate(results) if r is chosen_result), None)
-        if idx is not None:
-            chosen = probes[idx][1]
-        else:
-            req = _request(chosen_result)
-            chosen = one(chosen_result, req.candidate if req else None, None)
-
-    run: list[Finding] = []
-    if not ok:
-        mem_fail = [r for r in results if r.status in ("oom", "over_budget")]
-        peaks = [float(r.peak_mem_bytes) for r in mem_fail if r.peak_mem_bytes]
-        evidence = f"{len(mem_fail)} of {len(results)} probes ran out of memory or over budget"
-        if peaks:
-            evidence += f"; smallest measured peak {format_bytes(int(min(peaks)))}"
-        run.append(
-            Finding("nothing_fits", "no configuration fits", evidence,
-                    "bf16, checkpointing, micro-batch 1, a shorter sequence, LoRA/QLoRA, sharding over more "
-                    "GPUs, or a larger card", "high")
-        )  # fmt: skip
-    elif all(c.offload != "none" for _, c in ok):
-        fastest = max(ok, key=lambda rc: rc[0].tokens_per_s or 0)
-        req = _request(fastest[0])
-        need = capacity_need(fastest[0], config=config, measured_no_offload_peak=measured_need, gpu=gpu)
-        f = _capacity_finding(need, fastest[1], req.workload.mode if req else "full", fastest[0].tokens_per_s)
-        run.append(
-            dataclasses.replace(
-                f,
-                key="offload_only",
-                bottleneck="only configurations with CPU offload fit: a capacity limit (PCIe-bound)",
-                evidence=(
-                    f"all {len(ok)} configurations that fit offload to CPU memory; "
-                    if len(ok) > 1
-                    else "the one configuration that fits offloads to CPU memory; "
-                )
-                + f.evidence,
-            )
-        )
-    if ok:
-        counts: dict[str, int] = {}
-        for r, d in probes:
-            if r.fits:
-                for k in set(d.keys()):
-                    counts[k] = counts.get(k, 0) + 1
-        if counts.get("data_loading"):
-            run.append(
-                Finding("data_loading", "data loading limits throughput",
-                        f"{counts['data_loading']} of {len(ok)} fitting probes wait for data",
-                        _data_fix(None), "medium")
-            )  # fmt: skip
-    return RunDiagnosis(tuple(run), chosen, probes)
+    probes = tuple(
+        (r, _diagnose_in_run(run, r, c, m)) for r, c, m in zip(results, run.cands, mfu_list, strict=True)
+    )
+    chosen = _chosen_diagnosis(run, best, probes)
+    return RunDiagnosis(tuple(_run_findings(run, probes)), chosen, probes)

@@ -41,6 +41,7 @@ from autotune.formats.llamafactory import llamafactory_config
 from autotune.formats.model import emitted_model_kwargs, lora_config
 from autotune.formats.training_args import emitted_training_args
 from autotune.formats.trl import sft_config
+from autotune.spec.probe_request import ProbeRequest
 from autotune.spec.result import ProbeResult
 from autotune.store.atomic import write_text_atomic
 
@@ -105,12 +106,26 @@ def build_files(
             f"can only emit a configuration that fits; this probe's status is {best.status!r}"
         )
     req = best.probe_request()
-    cand, wl = req.candidate, req.workload
     dev = device or target_device(best)
     try:
         targs = emitted_training_args(req, fields=fields, device=dev, report_to=report_to)
     except ValueError as exc:
         raise AutotuneError(str(exc)) from exc
+    local = paths or {}
+    files, ds_path = _transformers_files(best, req, targs, device=dev, location=location)
+    files["train.py"] = _train_script(req, local)
+    # the trainers people use: TRL, Axolotl, LLaMA-Factory
+    files.update(_trl_files(best, req, fields=fields, device=dev, report_to=report_to, local=local))
+    files.update(_trainer_cli_files(best, req, fields=fields, device=dev, ds_path=ds_path, local=local))
+    return files
+
+
+def _transformers_files(
+    best: ProbeResult, req: ProbeRequest, targs: dict[str, Any], *, device: str, location: str | None
+) -> tuple[dict[str, str], str | None]:
+    """The Trainer's files (arguments, model kwargs, LoRA, DeepSpeed, accelerate) and the path the others
+    give the DeepSpeed file by (None without one)."""
+    cand, wl = req.candidate, req.workload
     files: dict[str, str] = {
         "training_args.json": _json(targs),
         "model_kwargs.json": _json(emitted_model_kwargs(cand, wl)),
@@ -127,10 +142,15 @@ def build_files(
     if ds is not None:
         files["deepspeed.json"] = _json(ds)
     ds_path = _located(location, "deepspeed.json") if ds is not None else None
-    acc = accelerate_config(cand, device=dev, deepspeed_file=ds_path or "deepspeed.json")
+    acc = accelerate_config(cand, device=device, deepspeed_file=ds_path or "deepspeed.json")
     files["accelerate_config.yaml"] = (_ACCELERATE_HEADER + ("" if location else _ACCELERATE_RELATIVE)
                                        + yaml.safe_dump(acc, sort_keys=True))
-    local = paths or {}
+    return files, ds_path
+
+
+def _train_script(req: ProbeRequest, local: dict[str, str]) -> str:
+    """``train.py``, fed the batches the probe measured."""
+    cand, wl = req.candidate, req.workload
     measured = {
         "seed": wl.seed,
         "lengths": wl.lengths,
@@ -140,36 +160,63 @@ def build_files(
         "worst_case_first": req.settings.usable_bytes() is not None,  # as the probe (worker.py)
         "precision": cand.precision,
     }
-    files["train.py"] = render_train_script(seq_len=wl.seq_len, packing=cand.packing, measured=measured)
+    return render_train_script(seq_len=wl.seq_len, packing=cand.packing, measured=measured)
 
-    # the trainers people use: TRL, Axolotl, LLaMA-Factory
+
+def _trl_files(
+    best: ProbeResult,
+    req: ProbeRequest,
+    *,
+    fields: set[str],
+    device: str,
+    report_to: str | list[str],
+    local: dict[str, str],
+) -> dict[str, str]:
+    """TRL's ``sft_config.json`` and the ``train_sft.py`` that runs SFTTrainer on it."""
+    wl = req.workload
     mean_len = best.metrics.get("mean_seq_len")
-    files["sft_config.json"] = _json(
-        sft_config(req, fields=fields, device=dev, report_to=report_to, mean_seq_len=mean_len)
-    )
-    files["train_sft.py"] = render_train_sft_script(
-        measured={
-            "model": local.get("model", wl.model_path or wl.model),
-            "dataset": local.get("dataset", wl.dataset),
-            "split": wl.split,
-            "tokenizer": local.get("tokenizer", wl.tokenizer),
-        }
-    )
+    return {
+        "sft_config.json": _json(
+            sft_config(req, fields=fields, device=device, report_to=report_to, mean_seq_len=mean_len)
+        ),
+        "train_sft.py": render_train_sft_script(
+            measured={
+                "model": local.get("model", wl.model_path or wl.model),
+                "dataset": local.get("dataset", wl.dataset),
+                "split": wl.split,
+                "tokenizer": local.get("tokenizer", wl.tokenizer),
+            }
+        ),
+    }
+
+
+def _trainer_cli_files(
+    best: ProbeResult,
+    req: ProbeRequest,
+    *,
+    fields: set[str],
+    device: str,
+    ds_path: str | None,
+    local: dict[str, str],
+) -> dict[str, str]:
+    """Axolotl's and LLaMA-Factory's YAML files."""
+    mean_len = best.metrics.get("mean_seq_len")
     column = best.metrics.get("dataset_column")
+    wl = req.workload
     # Axolotl and LLaMA-Factory open the model and the data from the working directory: absolute paths
     wl = dataclasses.replace(wl, model=local.get("model", wl.model), dataset=local.get("dataset", wl.dataset))
     req = dataclasses.replace(req, workload=wl)
     ax, ax_notes = axolotl_config(
-        cand,
+        req.candidate,
         wl,
         mean_seq_len=mean_len,
         deepspeed_path=ds_path,
-        device=dev,
+        device=device,
         dataset_type=_AXOLOTL_DATASET_TYPES.get(str(column)),
     )
-    files["axolotl.yaml"] = _yaml_with_notes("Train with: axolotl train axolotl.yaml", ax_notes, ax)
+    files = {"axolotl.yaml": _yaml_with_notes("Train with: axolotl train axolotl.yaml", ax_notes, ax)}
     lf, lf_notes = llamafactory_config(
-        req, fields=fields, device=dev, mean_seq_len=mean_len, deepspeed_path=ds_path,
+        req, fields=fields, device=device, mean_seq_len=mean_len, deepspeed_path=ds_path,
         dataset_column=None if column is None else str(column),
     )
     files["llamafactory.yaml"] = _yaml_with_notes(

@@ -192,6 +192,19 @@ def render_report_md(
     single measurement among ``results``. The best-vs-default comparison uses the confirmed medians
     of ``summary["best"]``/``summary["baseline"]`` when the run recorded them.
     """
+    out = _header_section(summary)
+    ranked = ranked_by_figure(results, summary)
+    if best is None or not best.fits:
+        best = ranked[0][0] if ranked else None
+    out += _top_section(summary, ranked, top)
+    out += _versus_default_section(summary, best, baseline)
+    out += _confirmation_section(summary)
+    out += _status_section(summary, results)
+    return "\n".join(out) + "\n"
+
+
+def _header_section(summary: dict[str, Any]) -> list[str]:
+    """The title, the run's facts in one sentence, and its quality notes."""
     out: list[str] = []
     title = summary.get("run_id") or summary.get("model") or "run"
     out.append(f"# autotune report: {_esc(title)}")
@@ -213,40 +226,47 @@ def render_report_md(
         out.append(", ".join(facts) + ".")
     for note in summary.get("quality_notes") or []:  # e.g. TRL's packing (--trainer trl)
         out += ["", f"**Quality note:** {_esc(note)}"]
+    return out
 
-    ranked = ranked_by_figure(results, summary)
-    ok = [r for r, _, _ in ranked]
-    if best is None or not best.fits:
-        best = ok[0] if ok else None
 
-    out += ["", "## Top configurations", ""]
-    if not ok:
+def _top_section(
+    summary: dict[str, Any], ranked: list[tuple[ProbeResult, float, str]], top: int
+) -> list[str]:
+    """The ``top`` configurations that fit, by their one figure."""
+    out = ["", "## Top configurations", ""]
+    if not ranked:
         out.append("No configuration fits the budget.")
-    else:
-        out.append("tok/s counts real tokens only: the median of the confirmation's re-measurements where the "
-                   "run has them, else the single search probe's figure (± is half the p10–p90 spread of its "
-                   "step time); the re-measured configurations come first.")
-        out.append("")
+        return out
+    out.append("tok/s counts real tokens only: the median of the confirmation's re-measurements where the "
+               "run has them, else the single search probe's figure (± is half the p10–p90 spread of its "
+               "step time); the re-measured configurations come first.")
+    out.append("")
+    out.append(
+        _row(["#", "tok/s", "figure", "peak memory / budget", "effective batch (mb × accum × world)", "levers"])
+    )
+    out.append(_row(["---"] * 6))
+    for i, (r, tps, source) in enumerate(ranked[:top], 1):
+        c = candidate_of(r)
         out.append(
-            _row(["#", "tok/s", "figure", "peak memory / budget", "effective batch (mb × accum × world)", "levers"])
-        )
-        out.append(_row(["---"] * 6))
-        for i, (r, tps, source) in enumerate(ranked[:top], 1):
-            c = candidate_of(r)
-            out.append(
-                _row(
-                    [
-                        str(i),
-                        _tok_s(r) if source == SEARCH_PROBE else f"{tps:,.0f}",
-                        _esc(source),
-                        _mem(r, summary),
-                        effective_batch_text(c) if c else "n/a",
-                        levers(c) if c else "n/a",
-                    ]
-                )
+            _row(
+                [
+                    str(i),
+                    _tok_s(r) if source == SEARCH_PROBE else f"{tps:,.0f}",
+                    _esc(source),
+                    _mem(r, summary),
+                    effective_batch_text(c) if c else "n/a",
+                    levers(c) if c else "n/a",
+                ]
             )
+        )
+    return out
 
-    out += ["", "## Best vs the HF default", "", f"HF default: {HF_DEFAULT_DESCRIPTION}.", ""]
+
+def _versus_default_section(
+    summary: dict[str, Any], best: ProbeResult | None, baseline: ProbeResult | None
+) -> list[str]:
+    """The best configuration next to the HF default, and the speedup between them."""
+    out = ["", "## Best vs the HF default", "", f"HF default: {HF_DEFAULT_DESCRIPTION}.", ""]
     if baseline is None:
         out.append("The HF default was not measured in this run.")
     elif best is None:
@@ -255,51 +275,67 @@ def render_report_md(
             f"({_esc(baseline.reason or _STATUS_MEANING.get(baseline.status, ''))})."
         )
     else:
-        bc, hc = candidate_of(best), candidate_of(baseline)
-        out.append(_row(["", "best", "HF default"]))
-        out.append(_row(["---"] * 3))
-        base_tok = (
-            _tok_s(baseline)
-            if baseline.fits
-            else f"{baseline.status}: {baseline.reason or _STATUS_MEANING.get(baseline.status, '')}"
-        )
-        best_tps = confirmed_figure(summary, "best") or best.tokens_per_s
-        base_tps = confirmed_figure(summary, "baseline") or baseline.tokens_per_s
-        if baseline.fits and confirmed_figure(summary, "baseline"):
-            base_tok = f"{base_tps:,.0f} (confirmed median)"
-        best_tok = f"{best_tps:,.0f} (confirmed median)" if confirmed_figure(summary, "best") else _tok_s(best)
-        out.append(_row(["tok/s", best_tok, base_tok]))
-        out.append(_row(["peak memory / budget", _mem(best, summary), _mem(baseline, summary)]))
-        out.append(
-            _row(
-                [
-                    "effective batch",
-                    effective_batch_text(bc) if bc else "n/a",
-                    effective_batch_text(hc) if hc else "n/a",
-                ]
-            )
-        )
-        out.append(_row(["per optimizer step (measured)", step_counts_text(best), step_counts_text(baseline)]))
-        out.append(_row(["levers", levers(bc) if bc else "n/a", levers(hc) if hc else "n/a"]))
-        out.append("")
-        ratio = summary.get("speedup_vs_baseline")
-        if baseline.fits and isinstance(ratio, (int, float)):
-            lo, hi = summary.get("speedup_range") or (None, None)
-            rng = f" (measured range {lo:.2f}–{hi:.2f}×)" if lo is not None else ""
-            out.append(f"**{ratio:.2f}×** the HF default's throughput{rng}, from medians re-measured side by side."
-                       + ("" if summary.get("speedup_distinguishable", True)
-                          else " The ranges overlap: not distinguishable within the measured noise."))
-        elif baseline.fits and base_tps and best_tps:
-            out.append(f"{best_tps / base_tps:.2f}× the HF default's throughput (single measurements, not "
-                       "re-measured side by side: treat as indicative).")
-        elif not baseline.fits:
-            out.append(_esc(baseline_not_run(baseline)))
+        out += _versus_default_table(summary, best, baseline)
+    return out
 
-    out += _confirmation_section(summary)
 
+def _versus_default_table(summary: dict[str, Any], best: ProbeResult, baseline: ProbeResult) -> list[str]:
+    bc, hc = candidate_of(best), candidate_of(baseline)
+    out = [_row(["", "best", "HF default"]), _row(["---"] * 3)]
+    base_tok = (
+        _tok_s(baseline)
+        if baseline.fits
+        else f"{baseline.status}: {baseline.reason or _STATUS_MEANING.get(baseline.status, '')}"
+    )
+    best_tps = confirmed_figure(summary, "best") or best.tokens_per_s
+    base_tps = confirmed_figure(summary, "baseline") or baseline.tokens_per_s
+    if baseline.fits and confirmed_figure(summary, "baseline"):
+        base_tok = f"{base_tps:,.0f} (confirmed median)"
+    best_tok = f"{best_tps:,.0f} (confirmed median)" if confirmed_figure(summary, "best") else _tok_s(best)
+    out.append(_row(["tok/s", best_tok, base_tok]))
+    out.append(_row(["peak memory / budget", _mem(best, summary), _mem(baseline, summary)]))
+    out.append(
+        _row(
+            [
+                "effective batch",
+                effective_batch_text(bc) if bc else "n/a",
+                effective_batch_text(hc) if hc else "n/a",
+            ]
+        )
+    )
+    out.append(_row(["per optimizer step (measured)", step_counts_text(best), step_counts_text(baseline)]))
+    out.append(_row(["levers", levers(bc) if bc else "n/a", levers(hc) if hc else "n/a"]))
+    out.append("")
+    speedup = _speedup_line(summary, baseline, best_tps, base_tps)
+    if speedup is not None:
+        out.append(speedup)
+    return out
+
+
+def _speedup_line(
+    summary: dict[str, Any], baseline: ProbeResult, best_tps: float | None, base_tps: float | None
+) -> str | None:
+    """The best's throughput as a multiple of the HF default's, or why there is none."""
+    ratio = summary.get("speedup_vs_baseline")
+    if baseline.fits and isinstance(ratio, (int, float)):
+        lo, hi = summary.get("speedup_range") or (None, None)
+        rng = f" (measured range {lo:.2f}–{hi:.2f}×)" if lo is not None else ""
+        return (f"**{ratio:.2f}×** the HF default's throughput{rng}, from medians re-measured side by side."
+                + ("" if summary.get("speedup_distinguishable", True)
+                   else " The ranges overlap: not distinguishable within the measured noise."))
+    if baseline.fits and base_tps and best_tps:
+        return (f"{best_tps / base_tps:.2f}× the HF default's throughput (single measurements, not "
+                "re-measured side by side: treat as indicative).")
+    if not baseline.fits:
+        return _esc(baseline_not_run(baseline))
+    return None
+
+
+def _status_section(summary: dict[str, Any], results: list[ProbeResult]) -> list[str]:
+    """How many probes ended in each status, and which proposer the probes (and the answer) came from."""
     counts = Counter(r.status for r in results)
     inferred = sum(1 for r in results if r.metrics.get("inferred"))
-    out += ["", "## Probes by status", "", _row(["status", "count", "meaning"]), _row(["---"] * 3)]
+    out = ["", "## Probes by status", "", _row(["status", "count", "meaning"]), _row(["---"] * 3)]
     for s in STATUSES:
         if counts.get(s):
             out.append(_row([s, str(counts[s]), _STATUS_MEANING[s]]))
@@ -311,7 +347,7 @@ def render_report_md(
         parts = ", ".join(f"{_esc(n)} {_esc(o)}" for o, n in sorted(origins.items(), key=lambda kv: -kv[1]))
         out += ["", f"Proposed by: {parts} (seed: expert defaults; boundary/neighbour/combination: the "
                     f"neighbourhood walk; tpe: Optuna's sampler)" + (f"; the answer came from: {found}." if found else ".")]
-    return "\n".join(out) + "\n"
+    return out
 
 
 def _confirmation_section(summary: dict[str, Any]) -> list[str]:

@@ -30,7 +30,7 @@ from autotune.estimate import (  # noqa: E402
     predict_probe_time,
 )
 from autotune.models import resolve_model  # noqa: E402
-from autotune.run import forecast, parse_probe_timeout, tune  # noqa: E402
+from autotune.run import ProbeCount, forecast, parse_probe_timeout, tune  # noqa: E402
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload  # noqa: E402
 from autotune.spec.result import ProbeResult  # noqa: E402
 from autotune.spec.space import load_space  # noqa: E402
@@ -150,9 +150,10 @@ def test_the_cpu_prediction_grows_with_the_window_and_the_micro_batch() -> None:
 
 def test_the_forecast_counts_search_and_confirmation_probes_over_the_slots() -> None:
     space = load_space("cpu")
+    count = ProbeCount(max_trials=6, top_k=3, confirm_min_rounds=2, confirm_steps=10,
+                       baseline=Candidate(micro_batch=8), slots=2)
     fc = forecast(lambda c, s: 10.0 * s.steps, space=space, settings=ProbeSettings(device="cpu", steps=5),
-                  effective_batch=8, max_world=1, max_trials=6, top_k=3, confirm_min_rounds=2, confirm_steps=10,
-                  baseline=Candidate(micro_batch=8), slots=2)
+                  effective_batch=8, max_world=1, count=count)
     assert fc["search_probes"] == 6 and fc["confirm_probes"] == (3 + 1) * 2
     assert fc["probe_s"] == 50.0 and fc["confirm_probe_s"] == 100.0
     assert fc["time_to_answer_s"] == (6 * 50 + 8 * 100) / 2

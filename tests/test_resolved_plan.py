@@ -147,9 +147,9 @@ def test_on_a_cluster_the_searcher_gets_the_preflights_world_bound(
               max_trials=2, top_k=0, seq_len=64, effective_batch=8)
     plan = plan_search(read_request(a))
     assert plan.max_world is None
-    tune(**{f.name: getattr(a, f.name) for f in dataclasses.fields(a)})
+    tune(a)
     assert "max_world" in seen and seen["max_world"] is None
-    assert seen["confirm_steps"] == plan.confirm_steps
+    assert seen["policy"].confirm_steps == plan.confirm_steps
 
 
 def test_an_executor_that_reports_its_gpus_narrows_the_plans_bound() -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from autotune.run._forecast import (
     MAX_UNBUDGETED_S,
     PREDICTED,
+    ProbeCount,
     check_time_budget,
     forecast,
     forecast_line,
@@ -85,6 +86,7 @@ __all__ = [
     "PREDICTED",
     "RAY_CONNECT_TIMEOUT_S",
     "EstimatePruner",
+    "ProbeCount",
     "Request",
     "RunRequest",
     "RunResult",

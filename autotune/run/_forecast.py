@@ -27,7 +27,7 @@ from autotune.spec.probe_request import Candidate, ProbeSettings
 from autotune.spec.shell import command_line
 from autotune.spec.space import SearchSpace
 
-__all__ = ["MAX_UNBUDGETED_S", "PREDICTED", "parse_probe_timeout", "forecast", "forecast_line", "check_time_budget"]
+__all__ = ["MAX_UNBUDGETED_S", "PREDICTED", "ProbeCount", "parse_probe_timeout", "forecast", "forecast_line", "check_time_budget"]
 
 PREDICTED = "predicted"
 # the longest predicted time to answer a run starts without --time-budget (a longer one is refused)
@@ -83,10 +83,24 @@ def _candidates(space: SearchSpace, effective_batch: int, max_world: int | None,
     return list(seen.values())
 
 
+@dataclasses.dataclass(frozen=True)
+class ProbeCount:
+    """How many probes a run makes and how many run at once: the search's (``max_trials``, fewer when the
+    space has only ``distinct`` configurations), then the confirmation's (the top-k and the baseline,
+    ``confirm_min_rounds`` rounds of ``confirm_steps`` timed steps)."""
+
+    max_trials: int
+    top_k: int
+    confirm_min_rounds: int
+    confirm_steps: int
+    baseline: Candidate | None
+    slots: int
+    distinct: int | None = None
+
+
 def forecast(
     predictor: Any, *, space: SearchSpace, settings: ProbeSettings, effective_batch: int, max_world: int | None,
-    max_trials: int, top_k: int, confirm_min_rounds: int, confirm_steps: int, baseline: Candidate | None,
-    slots: int, distinct: int | None = None, fits: Any = None,
+    count: ProbeCount, fits: Any = None,
 ) -> dict[str, Any]:
     """The predicted time to answer (seconds; None where nothing can be predicted) and how it was counted.
 
@@ -99,11 +113,12 @@ def forecast(
     if fits is not None:
         fitting = [c for c in cands if fits(c)]
         cands = fitting or cands
-    confirm_settings = dataclasses.replace(settings, steps=confirm_steps)
+    confirm_settings = dataclasses.replace(settings, steps=count.confirm_steps)
+    max_trials, distinct, top_k, baseline, slots = count.max_trials, count.distinct, count.top_k, count.baseline, count.slots
     preds = [p for p in (predictor(c, settings) for c in cands) if p] if predictor else []
     confirm_preds = [p for p in (predictor(c, confirm_settings) for c in cands) if p] if predictor else []
     search_probes = min(max_trials, distinct) if distinct else max_trials
-    confirm_probes = (top_k + (1 if baseline is not None else 0)) * confirm_min_rounds if top_k else 0
+    confirm_probes = (top_k + (1 if baseline is not None else 0)) * count.confirm_min_rounds if top_k else 0
     out: dict[str, Any] = {"search_probes": search_probes, "confirm_probes": confirm_probes, "slots": slots,
                            "probe_s": None, "min_probe_s": None, "confirm_probe_s": None, "baseline_probe_s": None,
                            "time_to_answer_s": None, "sampled": len(cands),

@@ -181,7 +181,7 @@ def _slots(r: Request, plan: SearchPlan) -> int:
 def _predict(r: Request, plan: SearchPlan) -> tuple[Any, dict]:
     """(the run's Deadlines, the forecast of its time to answer)."""
     from autotune.estimate import Deadlines, make_predictor
-    from autotune.run._forecast import forecast
+    from autotune.run._forecast import ProbeCount, forecast
     from autotune.run._preflight import mean_sequence_tokens
     from autotune.search import distinct_candidates, usable_micro_batches, usable_worlds
 
@@ -201,10 +201,11 @@ def _predict(r: Request, plan: SearchPlan) -> tuple[Any, dict]:
     mbs, _ = usable_micro_batches(space, a.effective_batch, worlds)
     distinct = distinct_candidates(space, effective_batch=a.effective_batch, micro_batches=mbs, worlds=worlds) \
         if worlds and mbs else None
+    count = ProbeCount(max_trials=a.max_trials, top_k=a.top_k, confirm_min_rounds=plan.confirm_policy.min_rounds,
+                       confirm_steps=plan.confirm_steps, baseline=plan.baseline, slots=_slots(r, plan),
+                       distinct=distinct)
     fc = forecast(predictor, space=space, settings=settings, effective_batch=a.effective_batch,
-                  max_world=plan.max_world, max_trials=a.max_trials, top_k=a.top_k,
-                  confirm_min_rounds=plan.confirm_policy.min_rounds, confirm_steps=plan.confirm_steps,
-                  baseline=plan.baseline, slots=_slots(r, plan), distinct=distinct, fits=fits)  # fmt: skip
+                  max_world=plan.max_world, count=count, fits=fits)
     fc["deadline_text"] = rule.text() if fc.get("time_to_answer_s") is not None or rule.fixed_s is not None \
         else f"{rule.unpredicted_s:g} s"
     return Deadlines(rule=rule, predictor=predictor), fc
@@ -237,6 +238,7 @@ def _cache_key(r: Request, plan: SearchPlan) -> tuple[dict, dict, str]:
     """(hardware, software, key) of ``plan``: everything that changes the answer
     (autotune/store/cache_key.py lists it)."""
     from autotune.store import (
+        KeyedRequest,
         cache_key,
         dataset_identity,
         hardware_fingerprint,
@@ -258,11 +260,12 @@ def _cache_key(r: Request, plan: SearchPlan) -> tuple[dict, dict, str]:
         from autotune.env import versions_of
 
         software.update(versions_of("trl", "datasets"))
-    key = cache_key(model_config=r.resolved.config, space=plan.space.to_dict(), budget_bytes=plan.budget_bytes,
-                    seq_len=a.seq_len, effective_batch=a.effective_batch, mode=a.mode, hardware=hardware,
-                    software=software, dataset=dataset_identity(a.dataset, a.split) if a.hub is not None else
-                    dataset_identity(a.dataset), search=_search_settings(r, plan), model_revision=r.resolved.revision,
-                    workload=workload_fields(plan.workload), probe=probe, capabilities=plan.capabilities)  # fmt: skip
+    key = cache_key(KeyedRequest(
+        model_config=r.resolved.config, space=plan.space.to_dict(), budget_bytes=plan.budget_bytes, seq_len=a.seq_len,
+        effective_batch=a.effective_batch, mode=a.mode, hardware=hardware, software=software,
+        dataset=dataset_identity(a.dataset, a.split) if a.hub is not None else dataset_identity(a.dataset),
+        search=_search_settings(r, plan), model_revision=r.resolved.revision,
+        workload=workload_fields(plan.workload), probe=probe, capabilities=plan.capabilities))  # fmt: skip
     return hardware, software, key
 
 

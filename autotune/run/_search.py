@@ -193,7 +193,7 @@ def run_search(r: Request, plan: SearchPlan, run_dir: Any, started: RunStart) ->
 def _searcher(r: Request, plan: SearchPlan, run_dir: Any, started: RunStart, executor: Executor,
               monitor: Any) -> tuple[Any, Pruner | None]:
     """The Searcher for this run (and the pruner it was given): world size, pruning, the study storage."""
-    from autotune.search import Searcher
+    from autotune.search import Searcher, SearchHooks, SearchPolicy, SearchRecords
     from autotune.store.storage import open_run_storage, open_storage
 
     a, dev, progress = r.args, plan.device, r.args.progress
@@ -208,14 +208,15 @@ def _searcher(r: Request, plan: SearchPlan, run_dir: Any, started: RunStart, exe
         study_storage = open_storage(started.storage_url)
     searcher = Searcher(
         space=plan.space, workload=plan.workload, settings=plan.settings, effective_batch=a.effective_batch,
-        executor=executor, max_trials=a.max_trials, time_budget_s=r.time_budget_s, seed=a.seed,
-        storage=study_storage, study_name=run_dir.run_id, top_k=a.top_k, device=dev,
-        max_world=_run_max_world(plan, executor, cluster=a.ray_address is not None),
-        confirm_steps=plan.confirm_steps,
-        history=started.history, sink=run_dir.journal, pruner=pruner, progress=progress, baseline=plan.baseline,
-        confirm=plan.confirm_policy, load_check=monitor.check if monitor is not None else None,
-        strategy=a.strategy, deadlines=plan.deadlines,
-    )
+        executor=executor, device=dev, max_world=_run_max_world(plan, executor, cluster=a.ray_address is not None),
+        baseline=plan.baseline,
+        policy=SearchPolicy(max_trials=a.max_trials, time_budget_s=r.time_budget_s, seed=a.seed, top_k=a.top_k,
+                            confirm_steps=plan.confirm_steps, confirm=plan.confirm_policy, strategy=a.strategy),
+        records=SearchRecords(storage=study_storage, study_name=run_dir.run_id, history=started.history,
+                              sink=run_dir.journal),
+        hooks=SearchHooks(progress=progress, pruner=pruner, deadlines=plan.deadlines,
+                          load_check=monitor.check if monitor is not None else None),
+    )  # fmt: skip
     return searcher, pruner
 
 

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from autotune.search._sampler import AutotuneSampler, Observation
     from autotune.search._searcher import LoadCheck, ProgressFn, Pruner, Searcher, SearchOutcome
 
-_LAZY = ("LoadCheck", "ProgressFn", "Pruner", "Searcher", "SearchOutcome")
+_LAZY = ("LoadCheck", "ProgressFn", "Pruner", "Searcher", "SearchOutcome", "SearchPolicy", "SearchRecords", "SearchHooks")
 _LAZY_SAMPLER = ("AutotuneSampler", "Observation")
 
 
@@ -58,7 +58,10 @@ __all__ = [
     "ProgressFn",
     "Pruner",
     "STRATEGIES",
+    "SearchHooks",
     "SearchOutcome",
+    "SearchPolicy",
+    "SearchRecords",
     "Searcher",
     "Skip",
     "TrialRecord",

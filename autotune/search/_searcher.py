@@ -62,7 +62,8 @@ from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, 
 from autotune.spec.result import ProbeResult
 from autotune.spec.space import SearchSpace
 
-__all__ = ["Searcher", "SearchOutcome", "Pruner", "ProgressFn", "LoadCheck"]
+__all__ = ["Searcher", "SearchPolicy", "SearchRecords", "SearchHooks", "SearchOutcome", "Pruner", "ProgressFn",
+           "LoadCheck"]
 
 # pruner(candidate) -> reason it is predicted not to fit (recorded as inferred), or None to probe it
 Pruner = Callable[[Candidate], "str | None"]
@@ -125,8 +126,77 @@ class _Loop:
     seed_keys: set[str] = field(default_factory=set)
 
 
+@dataclass(frozen=True)
+class SearchPolicy:
+    """How the search spends its probes: how many and for how long, the proposal strategy and its
+    switches, the confirmation of the top few."""
+
+    max_trials: int = 40
+    time_budget_s: float | None = None
+    seed: int = 42
+    top_k: int = 3
+    confirm_steps: int | None = None  # None: spec.run_defaults.confirm_steps(settings.steps)
+    confirm: ConfirmPolicy | None = None  # None: ConfirmPolicy.for_device(device)
+    strategy: str = "walk"
+    seeds: int = 3
+    ordinal: bool = False
+    multivariate: bool = True
+    follow_ups: bool = True
+    neighbours: bool = True
+    recheck: bool = True
+    defaults: Candidate | None = None
+    poll_interval_s: float = 2.0
+
+
+@dataclass(frozen=True)
+class SearchRecords:
+    """Where the search is kept: the Optuna study, the records a resumed run restores, and the sink each
+    new record goes to (the run's journal)."""
+
+    storage: str | optuna.storages.BaseStorage | None = None
+    study_name: str = "autotune"
+    history: list[TrialRecord] | None = None
+    sink: Callable[[TrialRecord], None] | None = None
+
+
+@dataclass(frozen=True)
+class SearchHooks:
+    """What the search calls out to: the progress events, the pruner, the load check, each probe's
+    deadline (``Deadlines``; None: ``settings.timeout_s`` as given) and the clock."""
+
+    progress: ProgressFn | None = None
+    pruner: Pruner | None = None
+    load_check: LoadCheck | None = None
+    deadlines: Deadlines | None = None
+    clock: Callable[[], float] = time.monotonic
+
+
+_GROUPS = (SearchPolicy, SearchRecords, SearchHooks)
+
+
+def _grouped(policy: SearchPolicy | None, records: SearchRecords | None, hooks: SearchHooks | None,
+             keywords: dict[str, Any]) -> tuple[SearchPolicy, SearchRecords, SearchHooks]:
+    """The three groups, each from its object or from the flat keywords of one release ago
+    (``Searcher(max_trials=6, sink=...)``); a keyword in no group is a TypeError."""
+    given = [policy, records, hooks]
+    for i, group in enumerate(_GROUPS):
+        names = {f.name for f in dataclasses.fields(group)}
+        mine = {k: keywords.pop(k) for k in list(keywords) if k in names}
+        if mine and given[i] is not None:
+            raise TypeError(f"Searcher: give {group.__name__} or its keywords ({', '.join(sorted(mine))}), not both")
+        given[i] = given[i] if given[i] is not None else group(**mine)
+    if keywords:
+        raise TypeError(f"Searcher() got an unexpected keyword argument {sorted(keywords)[0]!r}")
+    return given[0], given[1], given[2]  # type: ignore[return-value]
+
+
 class Searcher:
-    """Search a space for the fastest configuration that fits, over an Executor."""
+    """Search a space for the fastest configuration that fits, over an Executor.
+
+    What is searched (``space``, ``workload``, ``settings``, ``effective_batch``), where (``executor``,
+    ``device``, ``max_world``), the HF default measured beside it (``baseline``), and three groups:
+    :class:`SearchPolicy`, :class:`SearchRecords`, :class:`SearchHooks` (their fields are also accepted as
+    keywords, as before)."""
 
     def __init__(
         self,
@@ -136,72 +206,25 @@ class Searcher:
         settings: ProbeSettings,
         effective_batch: int,
         executor: Executor,
-        max_trials: int = 40,
-        time_budget_s: float | None = None,
-        seed: int = 42,
-        storage: str | optuna.storages.BaseStorage | None = None,
-        study_name: str = "autotune",
-        top_k: int = 3,
-        confirm_steps: int | None = None,
-        confirm: ConfirmPolicy | None = None,
         device: str = "cuda",
         max_world: int | None = None,
-        history: list[TrialRecord] | None = None,
-        sink: Callable[[TrialRecord], None] | None = None,
-        pruner: Pruner | None = None,
-        progress: ProgressFn | None = None,
-        seeds: int = 3,
-        clock: Callable[[], float] = time.monotonic,
-        poll_interval_s: float = 2.0,
-        ordinal: bool = False,
-        multivariate: bool = True,
         baseline: Candidate | None = None,
-        follow_ups: bool = True,
-        neighbours: bool = True,
-        load_check: LoadCheck | None = None,
-        strategy: str = "walk",
-        recheck: bool = True,
-        defaults: Candidate | None = None,
-        deadlines: Deadlines | None = None,
+        policy: SearchPolicy | None = None,
+        records: SearchRecords | None = None,
+        hooks: SearchHooks | None = None,
+        **keywords: Any,
     ) -> None:
-        # Over 80 lines only by its keyword list (one per line) and the attributes it sets from them; the
-        # checks and the usable shapes are _check_arguments and _usable_shapes, the sampler owns the space.
-        _check_arguments(effective_batch, max_trials, time_budget_s, top_k)
-        from autotune.spec.run_defaults import confirm_steps as default_confirm_steps
-
-        self.space = space
-        self.workload = workload
-        self.settings = settings
-        self.effective_batch = effective_batch
-        self.executor = executor
-        self.max_trials = max_trials
-        self.time_budget_s = time_budget_s
-        self.seed = seed
-        self.top_k = top_k
-        self.confirm_steps = confirm_steps or default_confirm_steps(settings.steps)  # tune passes its plan's
-        self.confirm = confirm if confirm is not None else ConfirmPolicy.for_device(device)
-        self.load_check = load_check
-        # each probe's deadline (settings.timeout_s) from its prediction; None: settings.timeout_s as given
-        self.deadlines = deadlines
-        if deadlines is not None and history:  # a resumed run keeps what its probes taught the correction
-            deadlines.restore([r.result for r in history if r.probed and r.result])
-        self.warnings: list[dict[str, Any]] = []
-        self._tie: list[str] = []
-        # confirmation values of one process only: a resumed run re-measures its rounds as a block
-        self.session = uuid.uuid4().hex[:12]
-        self.device = device
-        self.sink = sink
-        self.pruner = pruner
-        self.progress = progress
-        self.clock = clock
-        self.poll_interval_s = poll_interval_s
-        self.baseline = baseline
-        self.follow_ups = follow_ups
-        self.records: list[TrialRecord] = []
-        self._durations: list[float] = []
-        self._submitted_wall: dict[str, float] = {}
-        self._retried: set[tuple[str, str]] = set()  # (phase, key) probed again after its process died
-        self._history = list(history or [])
+        policy, records, hooks = _grouped(policy, records, hooks, keywords)
+        _check_arguments(effective_batch, policy.max_trials, policy.time_budget_s, policy.top_k)
+        self.space, self.workload, self.settings = space, workload, settings
+        self.effective_batch, self.executor, self.device, self.baseline = effective_batch, executor, device, baseline
+        self._take(policy, records, hooks)
+        history = records.history
+        max_trials, seed, strategy, seeds = policy.max_trials, policy.seed, policy.strategy, policy.seeds
+        multivariate, ordinal, defaults, recheck = policy.multivariate, policy.ordinal, policy.defaults, policy.recheck
+        follow_ups, neighbours = policy.follow_ups, policy.neighbours
+        if self.deadlines is not None and history:  # a resumed run keeps what its probes taught the correction
+            self.deadlines.restore([r.result for r in history if r.probed and r.result])
 
         worlds, mbs, self.skipped_choices = _usable_shapes(space, effective_batch, max_world)
         self.worlds = worlds
@@ -226,12 +249,35 @@ class Searcher:
         self.fixed: dict[str, Any] = self.sampler.fixed
         self.seed_choices = self.sampler.seed_choices
         self.study = optuna.create_study(
-            storage=storage,
+            storage=records.storage,
             sampler=self.sampler,
-            study_name=study_name,
+            study_name=records.study_name,
             direction="maximize",
             load_if_exists=True,
         )
+
+    def _take(self, policy: SearchPolicy, records: SearchRecords, hooks: SearchHooks) -> None:
+        """The groups' values as the loop reads them, and the loop's own state."""
+        from autotune.spec.run_defaults import confirm_steps as default_confirm_steps
+
+        self.policy = policy
+        self.max_trials, self.time_budget_s, self.seed, self.top_k = (
+            policy.max_trials, policy.time_budget_s, policy.seed, policy.top_k)
+        self.confirm_steps = policy.confirm_steps or default_confirm_steps(self.settings.steps)  # tune: its plan's
+        self.confirm = policy.confirm if policy.confirm is not None else ConfirmPolicy.for_device(self.device)
+        self.follow_ups, self.poll_interval_s = policy.follow_ups, policy.poll_interval_s
+        self.sink = records.sink
+        self.progress, self.pruner, self.load_check, self.clock = hooks.progress, hooks.pruner, hooks.load_check, hooks.clock
+        self.deadlines = hooks.deadlines
+        self.warnings: list[dict[str, Any]] = []
+        self._tie: list[str] = []
+        # confirmation values of one process only: a resumed run re-measures its rounds as a block
+        self.session = uuid.uuid4().hex[:12]
+        self.records: list[TrialRecord] = []
+        self._durations: list[float] = []
+        self._submitted_wall: dict[str, float] = {}
+        self._retried: set[tuple[str, str]] = set()  # (phase, key) probed again after its process died
+        self._history = list(records.history or [])
 
     # ---------------------------------------------------------------- helpers
 

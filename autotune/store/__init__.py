@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from autotune.store.atomic import new_file_mode, write_json_atomic, write_text_atomic
 from autotune.store.cache_key import (
+    KeyedRequest,
     cache_key,
     dataset_identity,
     hardware_fingerprint,
@@ -27,6 +28,7 @@ __all__ = [
     "TRIALS_CSV_COLUMNS",
     "Journal",
     "RunDir",
+    "KeyedRequest",
     "cache_key",
     "dataset_identity",
     "find_cached",

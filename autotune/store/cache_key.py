@@ -34,6 +34,7 @@ import hashlib
 import json
 import os
 import platform
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,7 @@ from autotune.spec.dataset_ref import (
 from autotune.spec.probe_request import ProbeSettings, Workload
 
 __all__ = [
+    "KeyedRequest",
     "cache_key",
     "hardware_fingerprint",
     "software_versions",
@@ -123,41 +125,45 @@ def probe_fields(settings: ProbeSettings) -> dict[str, Any]:
     return {k: v for k, v in dataclasses.asdict(settings).items() if k not in _SETTINGS_KEYED_ELSEWHERE}
 
 
-def cache_key(
-    *,
-    model_config: dict[str, Any],
-    space: dict[str, Any],
-    budget_bytes: int,
-    seq_len: int,
-    effective_batch: int,
-    mode: str,
-    hardware: dict[str, Any],
-    software: dict[str, Any],
-    dataset: dict[str, Any] | None = None,
-    search: dict[str, Any] | None = None,
-    workload: dict[str, Any] | None = None,
-    probe: dict[str, Any] | None = None,
-    capabilities: dict[str, Any] | None = None,
-    model_revision: str | None = None,
-) -> str:
-    """sha256 hex of the canonical JSON of everything above (``model_revision``, the HF cache snapshot's
-    commit of a Hub model, only when there is one: presets and local folders key as before)."""
+@dataclass(frozen=True)
+class KeyedRequest:
+    """Everything that changes a run's answer, as the cache key holds it (the module docstring lists why)."""
+
+    model_config: dict[str, Any]
+    space: dict[str, Any]
+    budget_bytes: int
+    seq_len: int
+    effective_batch: int
+    mode: str
+    hardware: dict[str, Any]
+    software: dict[str, Any]
+    dataset: dict[str, Any] | None = None
+    search: dict[str, Any] | None = None
+    workload: dict[str, Any] | None = None
+    probe: dict[str, Any] | None = None
+    capabilities: dict[str, Any] | None = None
+    model_revision: str | None = None  # the HF cache snapshot's commit of a Hub model
+
+
+def cache_key(keyed: KeyedRequest) -> str:
+    """sha256 hex of the canonical JSON of ``keyed`` (``model_revision`` only when there is one: presets
+    and local folders key as before)."""
     payload = {
-        "model_config": model_config,
-        "space": space,
-        "budget_bytes": int(budget_bytes),
-        "seq_len": int(seq_len),
-        "effective_batch": int(effective_batch),
-        "mode": mode,
-        "hardware": hardware,
-        "software": software,
-        "dataset": dataset,
-        "search": search or {},
-        "workload": workload or {},
-        "probe": probe or {},
-        "capabilities": capabilities or {},
+        "model_config": keyed.model_config,
+        "space": keyed.space,
+        "budget_bytes": int(keyed.budget_bytes),
+        "seq_len": int(keyed.seq_len),
+        "effective_batch": int(keyed.effective_batch),
+        "mode": keyed.mode,
+        "hardware": keyed.hardware,
+        "software": keyed.software,
+        "dataset": keyed.dataset,
+        "search": keyed.search or {},
+        "workload": keyed.workload or {},
+        "probe": keyed.probe or {},
+        "capabilities": keyed.capabilities or {},
     }
-    if model_revision is not None:
-        payload["model_revision"] = model_revision
+    if keyed.model_revision is not None:
+        payload["model_revision"] = keyed.model_revision
     text = json.dumps(payload, sort_keys=True, default=str, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()

@@ -29,11 +29,11 @@ from autotune.search._strategies import STRATEGIES
 from autotune.spec.trial import TrialRecord, candidate_id, candidate_label
 
 if TYPE_CHECKING:
-    from autotune.search._sampler import AutotuneSampler, Observation
+    from autotune.search._sampler import AutotuneSampler, Observation, SamplerSettings
     from autotune.search._searcher import LoadCheck, ProgressFn, Pruner, Searcher, SearchOutcome
 
 _LAZY = ("LoadCheck", "ProgressFn", "Pruner", "Searcher", "SearchOutcome")
-_LAZY_SAMPLER = ("AutotuneSampler", "Observation")
+_LAZY_SAMPLER = ("AutotuneSampler", "Observation", "SamplerSettings")
 
 
 def __getattr__(name: str) -> Any:
@@ -58,6 +58,7 @@ __all__ = [
     "ProgressFn",
     "Pruner",
     "STRATEGIES",
+    "SamplerSettings",
     "SearchOutcome",
     "Searcher",
     "Skip",

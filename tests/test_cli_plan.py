@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune.cli.app import app
-from autotune.cli.plan import gather, render
+from autotune.cli.plan import PlanQuery, PlanSources, gather, render
 
 runner = CliRunner()
 
@@ -79,7 +79,8 @@ def test_bad_tokens_gpu_mode_model_exit_2_with_one_line() -> None:
 
 
 def test_gather_then_render() -> None:
-    res = gather(model="gpt2", gpu="T4", gpus_per_node=1, seq_len=512, tokens="1e8", environ={})
+    query = PlanQuery(model="gpt2", gpu="T4", gpus_per_node=1, seq_len=512, tokens="1e8")
+    res = gather(query, PlanSources(environ={}))
     text = render(res)
     assert "T4" in text and "fp16, sdpa" in text
     assert res.rows[0].fits and res.tokens == 100_000_000
@@ -171,7 +172,7 @@ def test_text_shows_breakdown_dominant_term_and_zero_wording() -> None:
     assert "ZeRO-3, 1 GPU" in out and "over 1 GPUs" not in out
     assert "dominant:" in out and "memory at the" in out and "optimizer adamw_torch_fused" in out
     assert "host RAM per node" in out
-    default = gather(model="gpt2", gpu="L4", environ={})
+    default = gather(PlanQuery(model="gpt2", gpu="L4"), PlanSources(environ={}))
     assert default.seq_len == 1024 and any("learned positions" in n for n in default.notes)
 
 

@@ -12,6 +12,7 @@ from _fakes import FakeExecutor
 
 from autotune.errors import SpecError
 from autotune.spec.budget import PERCENT_RULE, budget_reference_bytes, parse_budget, resolve_budget
+from autotune.spec.probe_request import Candidate, ProbeSettings, Workload
 
 GiB = 2**30
 # a mixed machine: a large GPU 0 and a small GPU 1
@@ -53,7 +54,8 @@ def test_probe_and_run_resolve_a_percentage_to_the_same_bytes_on_a_mixed_machine
     from autotune.run import plan_search, read_request
 
     mixed_machine(monkeypatch)
-    req = build_probe_request(model="tiny-llama", seq_len=64, micro_batch=2, gpu_budget="50%", device="auto")
+    req = build_probe_request(Workload(model="tiny-llama", seq_len=64), Candidate(micro_batch=2),
+                              ProbeSettings(budget_text="50%", device="auto"))
     assert req.settings.budget_bytes == 12 * GiB  # the small GPU's half, not GPU 0's (40 GiB)
     plan = plan_search(read_request(_args(tmp_path, gpu_budget="50%", device="auto", space=None)))
     assert plan.device == "cuda" and plan.settings.budget_bytes == req.settings.budget_bytes

@@ -10,7 +10,7 @@ import optuna
 import pytest
 
 from autotune.executors.replay import ReplayExecutor, load_landscape
-from autotune.search import STRATEGIES, AutotuneSampler, Searcher, candidate_id
+from autotune.search import STRATEGIES, AutotuneSampler, SamplerSettings, Searcher, candidate_id
 from autotune.spec.probe_request import Candidate, ProbeSettings, Workload
 from autotune.spec.space import SearchSpace
 
@@ -134,7 +134,8 @@ def test_a_would_be_centre_within_the_noise_is_re_measured_before_the_walk_moves
     # again (origin recheck, remeasure) before moving the centre. (fp32 only: from a full-precision
     # centre, half precision would be asked first)
     space = dataclasses.replace(SPACE, precision=("fp32",))
-    sampler = AutotuneSampler(space, effective_batch=EB, seed=0, device="cpu", seeds=1, recheck_tolerance=0.25)
+    sampler = AutotuneSampler(space, SamplerSettings(seed=0, device="cpu", seeds=1, recheck_tolerance=0.25),
+                              effective_batch=EB)
     study = optuna.create_study(direction="maximize", sampler=sampler)
     seen: list[tuple[str, str]] = []
 
@@ -152,7 +153,7 @@ def test_a_would_be_centre_within_the_noise_is_re_measured_before_the_walk_moves
     assert seen[2] == (seen[1][0], "recheck")
     assert study.trials[2].user_attrs["remeasure"] is True
     # with rechecks off, the walk moves to B at once (no repeat)
-    plain = AutotuneSampler(space, effective_batch=EB, seed=0, device="cpu", seeds=1, recheck_tolerance=None)
+    plain = AutotuneSampler(space, sampler.settings, effective_batch=EB, recheck_tolerance=None)
     study2 = optuna.create_study(direction="maximize", sampler=plain)
     seen.clear()
     study2.optimize(objective, n_trials=3)
@@ -163,7 +164,7 @@ def test_an_over_budget_seed_steps_down_first_and_half_precision_is_tried_early(
     # seed A (mb8, no checkpointing, fp32) over budget -> its step-down B (mb4, same levers) next;
     # B fits -> from a full-precision centre, half precision first (B in bf16); it beats B while B's
     # larger micro-batch was over budget -> B in bf16 at that micro-batch (the lighter precision may fit it)
-    sampler = AutotuneSampler(SPACE, effective_batch=EB, seed=0, device="cpu", seeds=2, recheck_tolerance=None)
+    sampler = AutotuneSampler(SPACE, SamplerSettings(seed=0, device="cpu", seeds=2), effective_batch=EB)
     study = optuna.create_study(direction="maximize", sampler=sampler)
     seen: list[tuple[Candidate, str]] = []
 
@@ -194,6 +195,16 @@ def test_the_docs_sampler_example_runs_as_written() -> None:
     study = scope["study"]
     assert len(study.trials) == scope["N_TRIALS"] and all(t.user_attrs.get("origin") for t in study.trials)
     assert study.best_value > 0
+
+
+def test_the_settings_may_be_given_as_keywords() -> None:
+    # the earlier form (the docs' example): SamplerSettings' fields as keywords, each overriding `settings`
+    kw = AutotuneSampler(SPACE, effective_batch=EB, seed=0, device="cpu", seeds=2)
+    given = AutotuneSampler(SPACE, SamplerSettings(seed=0, device="cpu", seeds=2), effective_batch=EB)
+    assert kw.settings == given.settings and kw.seed_choices == given.seed_choices
+    assert AutotuneSampler(SPACE, given.settings, effective_batch=EB, seed=1).settings.seed == 1
+    with pytest.raises(TypeError, match="no_such_setting"):
+        AutotuneSampler(SPACE, effective_batch=EB, no_such_setting=1)
 
 
 def test_strategy_on_the_command_line(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """``autotune plan``: which GPU, which levers, how fast, how long, what cost — without a GPU.
 
-``gather(...) -> PlanResult`` resolves the model (offline: presets, local dirs, HF cache) and runs
-the estimator; ``render(result) -> str`` draws the table; ``--json`` prints ``result.to_dict()``.
+``gather(PlanQuery(...), PlanSources(...)) -> PlanResult`` resolves the model (offline: presets, local
+dirs, HF cache) and runs the estimator; ``render(result) -> str`` draws the table; ``--json`` prints
+``result.to_dict()``.
 Imports neither torch nor transformers.
 """
 
@@ -10,88 +11,76 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import typer
 
 from autotune.cli.render import dumps_json
 from autotune.errors import SpecError
-from autotune.estimate.catalog import catalog_paths_from_env, find_gpus, load_catalog
+from autotune.estimate.catalog import GPU, catalog_paths_from_env, find_gpus, load_catalog
 from autotune.estimate.plan import PlanResult, breakdown, parse_tokens, plan
 from autotune.spec.budget import format_bytes
 from autotune.spec.levers import choices_help
 from autotune.spec.probe_request import MODE_CHOICES, parse_lora_targets
 
-__all__ = ["command", "gather", "parse_lora_targets", "render", "DEFAULT_GPUS"]
+__all__ = ["command", "gather", "PlanQuery", "PlanSources", "parse_lora_targets", "render", "DEFAULT_GPUS"]
 
 DEFAULT_GPUS = "A10G,L4,A100-80GB,H100-SXM"
 DEFAULT_SEQ_LEN = 2048
 
 
-def gather(
-    *,
-    model: str,
-    gpu: str = DEFAULT_GPUS,
-    gpus_per_node: int = 8,
-    seq_len: int | None = None,
-    effective_batch: int = 64,
-    mode: str = "full",
-    tokens: str | int | None = None,
-    lora_r: int = 16,
-    lora_targets: str = "attn",
-    catalog: list[str] | None = None,
-    environ: Mapping[str, str] | None = None,
-    pin: Mapping[str, Any] | None = None,
-    calibrate_from: str | None = None,
-    hub: Any = None,
-) -> PlanResult:
-    """Validate the flags, resolve the model and plan. Raises SpecError with one line.
+@dataclass(frozen=True)
+class PlanQuery:
+    """What ``autotune plan`` is asked, as given on the command line (``gather`` checks it).
 
-    ``pin``: Candidate fields fixed from the command line (``PIN_FIELDS``; None values are ignored).
-    ``calibrate_from``: a run folder whose probes calibrate the speed model (:func:`calibration_from_run`).
-    ``hub``: an ``autotune.models.HubAccess`` (None: offline): a model id missing from the HF cache has its
-    config.json fetched from the Hub (nothing else).
-    """
+    ``seq_len`` None: ``DEFAULT_SEQ_LEN``, or a learned-position model's limit if shorter. ``tokens``: a
+    count (``1B``, ``500M``, ``2e9``) for time and cost. ``pin``: Candidate fields fixed from the command
+    line (``PIN_FIELDS``; None values are ignored)."""
+
+    model: str
+    gpu: str = DEFAULT_GPUS
+    gpus_per_node: int = 8
+    seq_len: int | None = None
+    effective_batch: int = 64
+    mode: str = "full"
+    tokens: str | int | None = None
+    lora_r: int = 16
+    lora_targets: str = "attn"
+    pin: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class PlanSources:
+    """Where ``gather`` reads from besides the model: GPU catalogs, a run's probes, the Hub.
+
+    ``catalog``: extra catalog YAML files, before those of ``$AUTOTUNE_GPU_CATALOG`` in ``environ``
+    (None: ``os.environ``). ``calibrate_from``: a run folder whose probes calibrate the speed model
+    (:func:`calibration_from_run`). ``hub``: an ``autotune.models.HubAccess`` (None: offline): a model
+    id missing from the HF cache has its config.json fetched from the Hub (nothing else)."""
+
+    catalog: Sequence[str] | None = None
+    environ: Mapping[str, str] | None = None
+    calibrate_from: str | None = None
+    hub: Any = None
+
+
+def gather(query: PlanQuery, sources: PlanSources | None = None) -> PlanResult:
+    """Validate the flags, resolve the model and plan. Raises SpecError with one line."""
+    from autotune.estimate import arch_from_config
     from autotune.models import resolve_model
 
-    problems: list[str] = []
-    pinned = {k: v for k, v in (pin or {}).items() if v is not None}
-    targets = parse_lora_targets(lora_targets)
-    if not targets:
-        problems.append(
-            f"--lora-targets must be attn, all-linear or a comma-separated module list; got {lora_targets!r}"
-        )
-    if mode not in MODE_CHOICES:
-        problems.append(f"--mode must be one of {', '.join(MODE_CHOICES)}; got {mode!r}")
-    for flag, v in (("--gpus-per-node", gpus_per_node), ("--seq-len", 1 if seq_len is None else seq_len), ("--effective-batch", effective_batch),
-                    ("--lora-r", lora_r)):  # fmt: skip
-        if v < 1:
-            problems.append(f"{flag} must be a positive integer; got {v}")
-    n_tokens: int | None = None
-    if tokens is not None:
-        try:
-            n_tokens = parse_tokens(tokens)
-        except SpecError as exc:
-            problems.append(f"--tokens: {exc}")
-    paths = list(catalog or []) + catalog_paths_from_env(environ if environ is not None else os.environ)
-    gpus = None
-    try:
-        gpus = find_gpus(gpu, load_catalog(paths or None))
-    except SpecError as exc:
-        problems.append(str(exc))
-    if problems:
-        raise SpecError(problems)
+    sources = sources if sources is not None else PlanSources()
+    targets, n_tokens, gpus, paths = _checked(query, sources)
     efficiency: dict[str, float] | None = None
     calibration_notes: list[str] = []
-    if calibrate_from is not None:
-        efficiency, calibration_notes = calibration_from_run(calibrate_from, load_catalog(paths or None))
-    resolved = resolve_model(model, hub=hub)
-    assert gpus is not None
-    from autotune.estimate import arch_from_config
-
+    if sources.calibrate_from is not None:
+        catalog = load_catalog(paths or None)
+        efficiency, calibration_notes = calibration_from_run(sources.calibrate_from, catalog)
+    resolved = resolve_model(query.model, hub=sources.hub)
     arch = arch_from_config(resolved.config)
-    default_note = ""
+    seq_len, default_note = query.seq_len, ""
     if seq_len is None:
         seq_len = DEFAULT_SEQ_LEN
         if arch.learned_positions and arch.max_positions and arch.max_positions < seq_len:
@@ -99,19 +88,55 @@ def gather(
             default_note = (
                 f"--seq-len not given: {seq_len}, the model's learned positions (default {DEFAULT_SEQ_LEN})"
             )
+    pinned = {k: v for k, v in (query.pin or {}).items() if v is not None}
     result = plan(
-        arch, gpus=gpus, gpus_per_node=gpus_per_node, seq_len=seq_len,
-        effective_batch=effective_batch, mode=mode, tokens=n_tokens, model_name=resolved.name, lora_r=lora_r,
-        lora_targets=targets, pin=pinned, efficiency=efficiency,
+        arch, gpus=gpus, gpus_per_node=query.gpus_per_node, seq_len=seq_len,
+        effective_batch=query.effective_batch, mode=query.mode, tokens=n_tokens, model_name=resolved.name,
+        lora_r=query.lora_r, lora_targets=targets, pin=pinned, efficiency=efficiency,
     )  # fmt: skip
     extra = [default_note] if default_note else []
     extra += list(resolved.notes)
     extra += calibration_notes
-    extra += [f"--calibrate: no probe of {calibrate_from} ran on {g.name}; its speed uses the default efficiency"
-              for g in gpus if efficiency is not None and g.name not in efficiency]
+    extra += [f"--calibrate: no probe of {sources.calibrate_from} ran on {g.name}; its speed uses the "
+              "default efficiency" for g in gpus if efficiency is not None and g.name not in efficiency]
     if extra:
         result = dataclasses.replace(result, notes=(*result.notes, *extra))
     return result
+
+
+def _checked(
+    query: PlanQuery, sources: PlanSources
+) -> tuple[tuple[str, ...], int | None, list[GPU], list[str]]:
+    """The query's flags checked, every problem in one SpecError: (LoRA target modules, training tokens,
+    the catalog's GPUs, the catalog files)."""
+    problems: list[str] = []
+    targets = parse_lora_targets(query.lora_targets)
+    if not targets:
+        problems.append("--lora-targets must be attn, all-linear or a comma-separated module list; "
+                        f"got {query.lora_targets!r}")
+    if query.mode not in MODE_CHOICES:
+        problems.append(f"--mode must be one of {', '.join(MODE_CHOICES)}; got {query.mode!r}")
+    seq_len = 1 if query.seq_len is None else query.seq_len
+    for flag, v in (("--gpus-per-node", query.gpus_per_node), ("--seq-len", seq_len),
+                    ("--effective-batch", query.effective_batch), ("--lora-r", query.lora_r)):  # fmt: skip
+        if v < 1:
+            problems.append(f"{flag} must be a positive integer; got {v}")
+    n_tokens: int | None = None
+    if query.tokens is not None:
+        try:
+            n_tokens = parse_tokens(query.tokens)
+        except SpecError as exc:
+            problems.append(f"--tokens: {exc}")
+    environ = sources.environ if sources.environ is not None else os.environ
+    paths = list(sources.catalog or []) + catalog_paths_from_env(environ)
+    gpus: list[GPU] = []
+    try:
+        gpus = find_gpus(query.gpu, load_catalog(paths or None))
+    except SpecError as exc:
+        problems.append(str(exc))
+    if problems:
+        raise SpecError(problems)
+    return targets, n_tokens, gpus, paths
 
 
 def calibration_from_run(run_dir: str, catalog: Any = None) -> tuple[dict[str, float], list[str]]:
@@ -314,11 +339,11 @@ def command(
         "micro_batch": micro_batch, "grad_ckpt": grad_ckpt, "zero_stage": zero_stage, "world_size": world_size,
         "offload": offload, "optim": optim, "precision": precision, "attn": attn, "liger": liger,
     }  # fmt: skip
-    result = gather(
+    query = PlanQuery(
         model=model, gpu=gpu, gpus_per_node=gpus_per_node, seq_len=seq_len, effective_batch=effective_batch,
-        mode=mode, tokens=tokens, lora_r=lora_r, lora_targets=lora_targets, catalog=catalog, pin=pin,
-        calibrate_from=calibrate, hub=_hub_access(offline),
+        mode=mode, tokens=tokens, lora_r=lora_r, lora_targets=lora_targets, pin=pin,
     )  # fmt: skip
+    result = gather(query, PlanSources(catalog=catalog, calibrate_from=calibrate, hub=_hub_access(offline)))
     if as_json:
         typer.echo(dumps_json(result.to_dict(), indent=2))
     else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Any
 
@@ -21,41 +22,10 @@ PROBE_EXIT_CODES = {"ok": 0, "oom": 3, "over_budget": 3, "unsupported": 1, "time
 
 
 def build_probe_request(
+    workload: Workload,
+    candidate: Candidate | None = None,
+    settings: ProbeSettings | None = None,
     *,
-    model: str,
-    seq_len: int = 512,
-    micro_batch: int = 4,
-    grad_accum: int = 1,
-    grad_ckpt: bool = False,
-    attn: str = "sdpa",
-    workers: int = 0,
-    pin_memory: bool = True,
-    precision: str = "auto",
-    mode: str = "full",
-    packing: bool = False,
-    optim: str = "adamw_torch",
-    torch_compile: bool = False,
-    liger: bool = False,
-    lengths: str = "fixed",
-    dataset: str | None = None,
-    tokenizer: str | None = None,
-    split: str | None = None,
-    lora_r: int = 16,
-    gpu_budget: str | None = None,
-    headroom: float = 0.05,
-    device: str = "auto",
-    warmup_steps: int = 2,
-    steps: int = 5,
-    timeout: float = 300.0,
-    seed: int = 42,
-    trust_remote_code: bool = False,
-    cpu_threads: int | None = None,
-    world_size: int = 1,
-    zero_stage: int = 0,
-    offload: str = "none",
-    sharding: str = "deepspeed",
-    trainer: str = "hf",
-    window: str = "adaptive",
     hub: Any = None,
     config_name: str | None = None,
     sample_rows: int | None = None,
@@ -63,72 +33,33 @@ def build_probe_request(
 ) -> ProbeRequest:
     """Resolve the model and validate everything; raise SpecError on bad input.
 
-    ``hub`` (an ``autotune.models.HubAccess``; None: offline) lets a model or dataset missing from the
-    local caches come from the Hub (config.json and tokenizer files; a streamed sample of the data);
-    what the user should know about it is appended to ``notes``."""
-    # (long for its signature, one keyword per `probe` option; the body is one step per concern)
+    The parts as ``autotune probe`` is given them: ``workload.model`` is the model as typed (resolved here
+    into its name and ``model_path``), ``candidate.precision`` may be ``auto`` (fp32 on cpu, else bf16;
+    no ``candidate``: the levers' defaults) and ``settings.budget_text`` is the ``--gpu-budget`` text
+    (resolved here into ``budget_bytes``). ``hub`` (an ``autotune.models.HubAccess``; None: offline) lets
+    a model or dataset missing from the local caches come from the Hub (config.json and tokenizer files;
+    a streamed sample of the data: ``config_name``, ``sample_rows``); what the user should know about it
+    is appended to ``notes``."""
     from autotune.models import check_seq_len, resolve_model
-    from autotune.run import check_dataset, check_model_config
+    from autotune.run import check_model_config
     from autotune.spec.lengths import parse_lengths
 
-    resolved = resolve_model(model, trust_remote_code=trust_remote_code, hub=hub,
-                             tokenizer=dataset is not None and tokenizer is None)
+    candidate = candidate if candidate is not None else Candidate()
+    settings = settings if settings is not None else ProbeSettings()
+    resolved = resolve_model(workload.model, trust_remote_code=workload.trust_remote_code, hub=hub,
+                             tokenizer=workload.dataset is not None and workload.tokenizer is None)
     if notes is not None:
         notes.extend(resolved.notes)
     check_model_config(resolved.config, resolved.config_path)  # as `run` does: exit 2, not a crashed probe
-    if precision == "auto":
-        precision = "fp32" if _probe_device(device) == "cpu" else "bf16"
-    check_seq_len(resolved, seq_len)
-    parse_lengths(lengths)  # validated here, sampled in the worker
-    budget = parse_budget(gpu_budget) if gpu_budget is not None else None
-    budget_bytes = None
-    if budget is not None:  # the device's memory is read only for a percentage
-        where = _budget_device(device) if budget.fraction is not None else {"device": device}
-        budget_bytes = resolve_budget(budget, **where)
+    if candidate.precision == "auto":
+        precision = "fp32" if _probe_device(settings.device) == "cpu" else "bf16"
+        candidate = dataclasses.replace(candidate, precision=precision)
+    check_seq_len(resolved, workload.seq_len)
+    parse_lengths(workload.lengths)  # validated here, sampled in the worker
     req = ProbeRequest(
-        workload=Workload(
-            model=resolved.name,
-            model_path=resolved.path,
-            seq_len=seq_len,
-            mode=mode,
-            lengths=lengths,
-            dataset=dataset,
-            tokenizer=tokenizer,
-            split=split,
-            lora_r=lora_r,
-            lora_alpha=2 * lora_r,
-            trust_remote_code=trust_remote_code,
-            seed=seed,
-            trainer=trainer,
-        ),
-        candidate=Candidate(
-            micro_batch=micro_batch,
-            grad_accum=grad_accum,
-            grad_ckpt=grad_ckpt,
-            attn=attn,
-            workers=workers,
-            pin_memory=pin_memory,
-            precision=precision,
-            packing=packing,
-            optim=optim,
-            torch_compile=torch_compile,
-            liger=liger,
-            world_size=world_size,
-            zero_stage=zero_stage,
-            offload=offload,
-            sharding=sharding,
-        ),
-        settings=ProbeSettings(
-            device=device,
-            budget_bytes=budget_bytes,
-            budget_text=str(budget) if budget is not None else None,
-            headroom=headroom,
-            warmup_steps=warmup_steps,
-            steps=steps,
-            timeout_s=timeout,
-            cpu_threads=cpu_threads,
-            window=window,
-        ),
+        workload=dataclasses.replace(workload, model=resolved.name, model_path=resolved.path),
+        candidate=candidate,
+        settings=_with_budget_bytes(settings),
     )
     req.validate()
     from autotune.probe.trl_probe import trainer_problems
@@ -136,17 +67,38 @@ def build_probe_request(
     problems = trainer_problems(req.workload, req.candidate)
     if problems:
         raise SpecError(problems)
-    if dataset is not None:
-        from autotune.probe.hub_sample import prepare_hub_dataset
-
-        note = prepare_hub_dataset(dataset, split=split, config_name=config_name, rows=sample_rows, hub=hub,
-                                   seq_len=req.workload.seq_len)
-        if note and notes is not None:
-            notes.append(note)
-        # tokenized once here (bad files and token ids outside the vocabulary fail now, with exit 2);
-        # every probe then hits the cache
-        check_dataset(dataset, req.workload, resolved.config)
+    if req.workload.dataset is not None:
+        _prepare_dataset(req.workload, resolved.config, hub=hub, config_name=config_name,
+                         sample_rows=sample_rows, notes=notes)
     return req
+
+
+def _with_budget_bytes(settings: ProbeSettings) -> ProbeSettings:
+    """``settings`` with its budget text parsed and resolved to bytes (unchanged without one)."""
+    if settings.budget_text is None:
+        return settings
+    budget = parse_budget(settings.budget_text)
+    # the device's memory is read only for a percentage
+    where = _budget_device(settings.device) if budget.fraction is not None else {"device": settings.device}
+    budget_bytes = resolve_budget(budget, **where)
+    return dataclasses.replace(settings, budget_bytes=budget_bytes, budget_text=str(budget))
+
+
+def _prepare_dataset(
+    workload: Workload, config: Any, *, hub: Any, config_name: str | None, sample_rows: int | None,
+    notes: list[str] | None,
+) -> None:
+    """Make ``workload.dataset`` local (a Hub dataset's streamed sample) and tokenize it once here: bad files
+    and token ids outside the vocabulary fail now, with exit 2; every probe then hits the cache."""
+    from autotune.probe.hub_sample import prepare_hub_dataset
+    from autotune.run import check_dataset
+
+    assert workload.dataset is not None
+    note = prepare_hub_dataset(workload.dataset, split=workload.split, config_name=config_name,
+                               rows=sample_rows, hub=hub, seq_len=workload.seq_len)
+    if note and notes is not None:
+        notes.append(note)
+    check_dataset(workload.dataset, workload, config)
 
 
 def _probe_device(device: str) -> str:
@@ -222,16 +174,20 @@ def command(
     from autotune.models import HubAccess
 
     notes: list[str] = []
-    req = build_probe_request(
-        model=model, seq_len=seq_len, micro_batch=micro_batch, grad_accum=grad_accum, grad_ckpt=grad_ckpt,
-        attn=attn, workers=workers, pin_memory=pin_memory, precision=precision, mode=mode, packing=packing,
-        optim=optim, torch_compile=torch_compile, liger=liger, lengths=lengths, dataset=dataset,
-        tokenizer=tokenizer, split=split, lora_r=lora_r, gpu_budget=gpu_budget, headroom=headroom, device=device,
-        warmup_steps=warmup_steps, steps=steps, timeout=timeout, seed=seed, trust_remote_code=trust_remote_code,
-        world_size=world_size, zero_stage=zero_stage, offload=offload, sharding=sharding, trainer=trainer,
-        window=window,
-        hub=HubAccess.from_env(offline=offline), config_name=config_name, sample_rows=sample_rows, notes=notes,
+    workload = Workload(
+        model=model, seq_len=seq_len, mode=mode, lengths=lengths, dataset=dataset, tokenizer=tokenizer,
+        split=split, lora_r=lora_r, lora_alpha=2 * lora_r, trust_remote_code=trust_remote_code, seed=seed,
+        trainer=trainer,
     )  # fmt: skip
+    candidate = Candidate(
+        micro_batch=micro_batch, grad_accum=grad_accum, grad_ckpt=grad_ckpt, attn=attn, workers=workers,
+        pin_memory=pin_memory, precision=precision, packing=packing, optim=optim, torch_compile=torch_compile,
+        liger=liger, world_size=world_size, zero_stage=zero_stage, offload=offload, sharding=sharding,
+    )  # fmt: skip
+    settings = ProbeSettings(device=device, budget_text=gpu_budget, headroom=headroom,
+                             warmup_steps=warmup_steps, steps=steps, timeout_s=timeout, window=window)
+    req = build_probe_request(workload, candidate, settings, hub=HubAccess.from_env(offline=offline),
+                              config_name=config_name, sample_rows=sample_rows, notes=notes)
     for note in notes:
         console(stderr=True).print(f"[yellow]note:[/yellow] {note}", highlight=False, markup=True)
     if not as_json:

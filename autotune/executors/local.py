@@ -154,19 +154,11 @@ def run_probe_process(
     probe's environment (benchmarks only: e.g. an allocator setting the estimator was fitted under;
     ``autotune probe``/``run`` never set one, so a probe runs as the user's training will).
     """
-    from autotune.probe.lifetime import preexec_fn
-
     request.validate()
     req_dict = request.to_dict()
-    # the probe's folder, and (TMPDIR) every temporary folder its worker makes (the Trainer's output
-    # folder): removed here on every exit path, also when the worker was killed and ran no cleanup. A
-    # pool that may itself be killed names a folder its reaper removes (AUTOTUNE_PROBE_TMPDIR).
-    base = os.environ.get("AUTOTUNE_PROBE_TMPDIR") or None
-    if base is not None:
-        os.makedirs(base, exist_ok=True)
-    workdir = Path(tempfile.mkdtemp(prefix="autotune-probe-", dir=base))
+    workdir = _probe_workdir()
     req_path, res_path = workdir / "request.json", workdir / "result.json"
-    out_path, err_path = workdir / "stdout.log", workdir / "stderr.log"
+    err_path = workdir / "stderr.log"
     req_path.write_text(json.dumps(req_dict), encoding="utf-8")
     launch = time.time()
     timeout = float(request.settings.timeout_s)
@@ -174,33 +166,11 @@ def run_probe_process(
 
     module = "autotune.probe.launch" if is_distributed(request.candidate) else "autotune.probe.worker"
     try:
-        with open(out_path, "wb") as out, open(err_path, "wb") as err:
-            proc = subprocess.Popen(
-                [python or sys.executable, "-m", module, str(req_path), str(res_path)]
-                # the launcher starts its ranks with the same interpreter
-                + (["--python", python] if python and module.endswith("launch") else []),
-                stdout=out,
-                stderr=err,
-                stdin=subprocess.DEVNULL,
-                env={**worker_env(request, launch), **(extra_env or {}), **_temp_env(workdir)},
-                start_new_session=True,  # its own process group: a timeout kills data-loader workers too
-                preexec_fn=preexec_fn(),  # and the kernel kills it if this process dies
-            )
-            if live is not None:
-                live.add(proc)
-            try:
-                code = proc.wait(timeout=timeout)
-                timed_out = False
-            except subprocess.TimeoutExpired:
-                _kill_group(proc)
-                code = proc.returncode
-                timed_out = True
-            except BaseException:  # interrupted while waiting: the probe must not outlive the wait
-                _kill_group(proc)
-                raise
-            finally:
-                if live is not None:
-                    live.discard(proc)
+        argv = [python or sys.executable, "-m", module, str(req_path), str(res_path)]
+        # the launcher starts its ranks with the same interpreter
+        argv += ["--python", python] if python and module.endswith("launch") else []
+        env = {**worker_env(request, launch), **(extra_env or {}), **_temp_env(workdir)}
+        code, timed_out = _run_and_wait(argv, env, workdir, timeout, live)
         wall = time.time() - launch
         if timed_out:
             return ProbeResult(
@@ -212,39 +182,92 @@ def run_probe_process(
                 env={"stderr_tail": _stderr_tail(err_path, res_path)},
             )
         if res_path.exists():
-            try:
-                result = ProbeResult.from_dict(json.loads(res_path.read_text(encoding="utf-8")))
-            except (ValueError, KeyError) as exc:
-                return ProbeResult(
-                    status="crash",
-                    request=req_dict,
-                    reason=f"unreadable probe result ({exc})",
-                    metrics={"wall_s": wall},
-                    env={"stderr_tail": _tail(err_path)},
-                )
-            result.metrics.setdefault("wall_s", wall)
-            result.metrics["process_wall_s"] = wall
-            if result.status == "crash":
-                # a distributed probe's launcher has put the failing rank's own stderr there already
-                result.env.setdefault("stderr_tail", _tail(err_path))
-            return result
-        how = f"killed by {_signal_name(code)}" if code is not None and code < 0 else f"exit code {code}"
-        tail = _tail(err_path)
-        status = "crash"
-        reason = f"probe process {how} without a result"
-        if code == -signal.SIGKILL and ("Killed" in tail or not tail):
-            reason += " (SIGKILL: possibly the kernel's out-of-memory killer)"
-        if tail:
-            reason += f"; last stderr: {tail.splitlines()[-1][:300]}"
-        return ProbeResult(
-            status=status,
-            request=req_dict,
-            reason=reason,
-            metrics={"wall_s": wall, "exit_code": code},
-            env={"stderr_tail": tail},
-        )
+            return _read_result(req_dict, res_path, err_path, wall)
+        return _no_result(req_dict, code, err_path, wall)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _probe_workdir() -> Path:
+    """The probe's folder, and (TMPDIR) every temporary folder its worker makes (the Trainer's output
+    folder): the caller removes it on every exit path, also when the worker was killed and ran no
+    cleanup. A pool that may itself be killed names a folder its reaper removes (AUTOTUNE_PROBE_TMPDIR)."""
+    base = os.environ.get("AUTOTUNE_PROBE_TMPDIR") or None
+    if base is not None:
+        os.makedirs(base, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="autotune-probe-", dir=base))
+
+
+def _run_and_wait(
+    argv: list[str], env: dict[str, str], workdir: Path, timeout: float,
+    live: set[subprocess.Popen[bytes]] | None,
+) -> tuple[int | None, bool]:
+    """Start the probe (output to ``workdir``'s stdout.log and stderr.log) and wait for it: (exit code,
+    timed out). On a timeout, or an interrupted wait, its whole process group is killed (the interruption
+    re-raised)."""
+    from autotune.probe.lifetime import preexec_fn
+
+    with open(workdir / "stdout.log", "wb") as out, open(workdir / "stderr.log", "wb") as err:
+        proc = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,  # its own process group: a timeout kills data-loader workers too
+            preexec_fn=preexec_fn(),  # and the kernel kills it if this process dies
+        )
+        if live is not None:
+            live.add(proc)
+        try:
+            return proc.wait(timeout=timeout), False
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            return proc.returncode, True
+        except BaseException:  # interrupted while waiting: the probe must not outlive the wait
+            _kill_group(proc)
+            raise
+        finally:
+            if live is not None:
+                live.discard(proc)
+
+
+def _read_result(req_dict: dict[str, Any], res_path: Path, err_path: Path, wall: float) -> ProbeResult:
+    """The result the probe wrote, with its process's wall time; a crash if it cannot be read."""
+    try:
+        result = ProbeResult.from_dict(json.loads(res_path.read_text(encoding="utf-8")))
+    except (ValueError, KeyError) as exc:
+        return ProbeResult(
+            status="crash",
+            request=req_dict,
+            reason=f"unreadable probe result ({exc})",
+            metrics={"wall_s": wall},
+            env={"stderr_tail": _tail(err_path)},
+        )
+    result.metrics.setdefault("wall_s", wall)
+    result.metrics["process_wall_s"] = wall
+    if result.status == "crash":
+        # a distributed probe's launcher has put the failing rank's own stderr there already
+        result.env.setdefault("stderr_tail", _tail(err_path))
+    return result
+
+
+def _no_result(req_dict: dict[str, Any], code: int | None, err_path: Path, wall: float) -> ProbeResult:
+    """A crash: the probe process ended (exit code or signal ``code``) without writing a result."""
+    how = f"killed by {_signal_name(code)}" if code is not None and code < 0 else f"exit code {code}"
+    tail = _tail(err_path)
+    reason = f"probe process {how} without a result"
+    if code == -signal.SIGKILL and ("Killed" in tail or not tail):
+        reason += " (SIGKILL: possibly the kernel's out-of-memory killer)"
+    if tail:
+        reason += f"; last stderr: {tail.splitlines()[-1][:300]}"
+    return ProbeResult(
+        status="crash",
+        request=req_dict,
+        reason=reason,
+        metrics={"wall_s": wall, "exit_code": code},
+        env={"stderr_tail": tail},
+    )
 
 
 class LocalExecutor:

@@ -29,11 +29,20 @@ from autotune.search._strategies import STRATEGIES
 from autotune.spec.trial import TrialRecord, candidate_id, candidate_label
 
 if TYPE_CHECKING:
-    from autotune.search._sampler import AutotuneSampler, Observation
-    from autotune.search._searcher import LoadCheck, ProgressFn, Pruner, Searcher, SearchOutcome
+    from autotune.search._sampler import AutotuneSampler, Observation, SamplerSettings
+    from autotune.search._searcher import (
+        LoadCheck,
+        ProgressFn,
+        Pruner,
+        Searcher,
+        SearchHooks,
+        SearchOutcome,
+        SearchPolicy,
+        SearchRecords,
+    )
 
 _LAZY = ("LoadCheck", "ProgressFn", "Pruner", "Searcher", "SearchOutcome", "SearchPolicy", "SearchRecords", "SearchHooks")
-_LAZY_SAMPLER = ("AutotuneSampler", "Observation")
+_LAZY_SAMPLER = ("AutotuneSampler", "Observation", "SamplerSettings")
 
 
 def __getattr__(name: str) -> Any:
@@ -58,6 +67,7 @@ __all__ = [
     "ProgressFn",
     "Pruner",
     "STRATEGIES",
+    "SamplerSettings",
     "SearchHooks",
     "SearchOutcome",
     "SearchPolicy",

@@ -74,7 +74,7 @@ from autotune.spec.levers import inactive
 from autotune.spec.probe_request import Candidate
 from autotune.spec.space import DIMENSIONS, SearchSpace
 
-__all__ = ["AutotuneSampler", "STRATEGIES", "Observation"]
+__all__ = ["AutotuneSampler", "SamplerSettings", "STRATEGIES", "Observation"]
 
 NUDGE_EVERY = 8  # the base sampler repeated seen configurations this many times in a row: coverage
 _NOT_PROPOSED = ("baseline", "enqueued")  # origins the policy did not choose (the scripts skip them)
@@ -114,9 +114,35 @@ def tpe_factory(*, n_startup_trials: int = 10, multivariate: bool = True) -> Bas
     return make
 
 
+@dataclass(frozen=True)
+class SamplerSettings:
+    """How an ``AutotuneSampler`` proposes (its docstring says what each setting does).
+
+    ``max_world``: the GPUs available (None: no limit on ``gpus_per_trial``); ``seeds``: the most expert
+    seeds; ``variable_lengths``: a length distribution or a real dataset (the seeds pack sequences);
+    ``follow_ups`` / ``neighbours``: the walk's step-downs / its neighbourhood moves; ``ordinal``: ordered
+    knobs suggested as an index into their sorted choices instead of as categories."""
+
+    strategy: str = "walk"
+    seed: int = 42
+    base: BaseFactory | None = None
+    device: str = "cuda"
+    max_world: int | None = None
+    seeds: int = 3
+    variable_lengths: bool = True
+    baseline: Candidate | None = None
+    defaults: Candidate | None = None
+    recheck_tolerance: float | None = None
+    follow_ups: bool = True
+    neighbours: bool = True
+    ordinal: bool = False
+
+
 class AutotuneSampler(BaseSampler):
     """The proposal policy over an autotune search space (see the module docstring).
 
+    ``settings`` (a ``SamplerSettings``; or its fields as keywords, the earlier form:
+    ``AutotuneSampler(space, effective_batch=16, seed=0)``, each overriding ``settings``).
     ``base`` makes the fallback sampler from a seed; each fallback proposal gets a fresh one seeded
     by (seed, trial number), so it is a function of the trials too. ``baseline`` is the
     configuration a user would type: never a walk centre, and the defaults of ``largest-fits`` and
@@ -127,25 +153,18 @@ class AutotuneSampler(BaseSampler):
     def __init__(
         self,
         space: SearchSpace,
+        settings: SamplerSettings | None = None,
         *,
         effective_batch: int,
-        strategy: str = "walk",
-        seed: int = 42,
-        base: BaseFactory | None = None,
-        device: str = "cuda",
-        max_world: int | None = None,
-        seeds: int = 3,
-        variable_lengths: bool = True,
-        baseline: Candidate | None = None,
-        defaults: Candidate | None = None,
-        recheck_tolerance: float | None = None,
-        follow_ups: bool = True,
-        neighbours: bool = True,
-        ordinal: bool = False,
+        **options: Any,
     ) -> None:
+        settings = dataclasses.replace(settings or SamplerSettings(), **options)
+        self.settings = settings
+        strategy, seed, device = settings.strategy, settings.seed, settings.device
+        baseline = settings.baseline
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
-        worlds, _ = usable_worlds(space, max_world)
+        worlds, _ = usable_worlds(space, settings.max_world)
         mbs, _ = usable_micro_batches(space, effective_batch, worlds)
         if not worlds or not mbs:
             raise ValueError(f"no micro_batch x gpus_per_trial of the space divides the effective batch {effective_batch}")
@@ -153,23 +172,23 @@ class AutotuneSampler(BaseSampler):
         self.effective_batch = effective_batch
         self.strategy = strategy
         self.seed = seed
-        self.base = base or tpe_factory()
+        self.base = settings.base or tpe_factory()
         self.device = device
         self.worlds = worlds
         self.micro_batches = mbs
         self.baseline = baseline
         self.baseline_key = candidate_id(baseline) if baseline is not None else None
-        self.default_knobs = defaults if defaults is not None else baseline
-        self.recheck_tolerance = recheck_tolerance
-        self.follow_ups = follow_ups
-        self.neighbours = neighbours
+        self.default_knobs = settings.defaults if settings.defaults is not None else baseline
+        self.recheck_tolerance = settings.recheck_tolerance
+        self.follow_ups = settings.follow_ups
+        self.neighbours = settings.neighbours
         self.choices: dict[str, list[Any]] = {}
         self.distributions: dict[str, BaseDistribution] = {}
         self.fixed: dict[str, Any] = {}
         for d in DIMENSIONS:
             choices = mbs if d == "micro_batch" else worlds if d == "gpus_per_trial" else list(space.choices(d))
             if len(choices) > 1:
-                if d in ORDERED_KNOBS and ordinal:
+                if d in ORDERED_KNOBS and settings.ordinal:
                     choices = sorted(choices)
                     self.distributions[d] = IntDistribution(0, len(choices) - 1)
                 else:
@@ -178,7 +197,8 @@ class AutotuneSampler(BaseSampler):
             else:
                 self.fixed[d] = choices[0]
         self.seed_choices = expert_seeds(space, effective_batch=effective_batch, micro_batches=mbs, worlds=worlds,
-                                         device=device, limit=seeds, variable_lengths=variable_lengths) \
+                                         device=device, limit=settings.seeds,
+                                         variable_lengths=settings.variable_lengths) \
             if strategy == "walk" else []
         self._all: list[tuple[dict[str, Any], Candidate]] | None = None
         self._bases: dict[int, BaseSampler] = {}

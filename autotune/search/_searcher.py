@@ -57,7 +57,7 @@ from autotune.search._logic import (
     usable_micro_batches,
     usable_worlds,
 )
-from autotune.search._sampler import AutotuneSampler, tpe_factory
+from autotune.search._sampler import AutotuneSampler, SamplerSettings, tpe_factory
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
 from autotune.spec.result import ProbeResult
 from autotune.spec.space import SearchSpace
@@ -234,14 +234,14 @@ class Searcher:
             space, effective_batch=effective_batch, micro_batches=mbs, worlds=worlds
         )
         try:
-            self.sampler = AutotuneSampler(
-                space, effective_batch=effective_batch, strategy=strategy, seed=seed,
+            self.sampler = AutotuneSampler(space, SamplerSettings(
+                strategy=strategy, seed=seed,
                 base=tpe_factory(n_startup_trials=min(10, max(3, max_trials // 4)), multivariate=multivariate),
                 device=device, max_world=max_world, seeds=min(seeds, max(1, max_trials // 3)),
                 variable_lengths=workload.lengths != "fixed" or workload.dataset is not None,
                 baseline=baseline, defaults=defaults, recheck_tolerance=self.confirm.tolerance if recheck else None,
                 follow_ups=follow_ups, neighbours=neighbours, ordinal=ordinal,
-            )
+            ), effective_batch=effective_batch)
         except ValueError as exc:
             raise SpecError(str(exc)) from exc
         self.choices: dict[str, list[Any]] = self.sampler.choices

@@ -138,91 +138,99 @@ def parse_catalog(data: Any, *, source: str = "<catalog>") -> list[GPU]:
         entry = {**defaults, **raw}
         if isinstance(entry.get("name"), str):
             where = f"{source}: {entry['name']}"
-        unknown = sorted(set(entry) - _KNOWN)
-        if unknown:
-            problems.append(
-                f"{where}: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(_KNOWN))}"
-            )
-        missing = [k for k in _REQUIRED if k not in entry]
-        if missing:
-            problems.append(f"{where}: missing field(s) {', '.join(missing)}")
-            continue
-        n_before = len(problems)
-        name = entry["name"]
-        if not isinstance(name, str) or not name.strip():
-            problems.append(f"{where}: name must be a non-empty string, got {name!r}")
-            name = "?"
-        mem_raw = entry["memory"]
-        memory = 0
-        try:
-            memory = (
-                int(mem_raw)
-                if isinstance(mem_raw, int) and not isinstance(mem_raw, bool)
-                else parse_size(str(mem_raw), what=f"{where}: memory")
-            )
-        except SpecError as exc:
-            problems.append(str(exc))
-        host_raw = entry.get("host_memory_per_gpu")
-        host: int | None = None
-        if host_raw is not None:
-            try:
-                host = (
-                    int(host_raw)
-                    if isinstance(host_raw, int) and not isinstance(host_raw, bool)
-                    else parse_size(str(host_raw), what=f"{where}: host_memory_per_gpu")
-                )
-            except SpecError as exc:
-                problems.append(str(exc))
-        fp16 = _num(problems, where, "fp16_tflops", entry["fp16_tflops"])
-        fp32 = _num(problems, where, "fp32_tflops", entry["fp32_tflops"])
-        bf16_t = _num(problems, where, "bf16_tflops", entry.get("bf16_tflops"), optional=True)
-        tf32_t = _num(problems, where, "tf32_tflops", entry.get("tf32_tflops"), optional=True)
-        for flag in ("bf16", "flash_attention_2"):
-            if not isinstance(entry[flag], bool):
-                problems.append(f"{where}: {flag} must be true or false, got {entry[flag]!r}")
-        if entry["bf16"] is True and bf16_t is None:
-            problems.append(f"{where}: bf16 is true but bf16_tflops is not given")
-        price = entry["price_per_hour_usd"]
-        if price is not None and (
-            isinstance(price, bool) or not isinstance(price, (int, float)) or not math.isfinite(price) or price < 0
-        ):
-            problems.append(f"{where}: price_per_hour_usd must be a finite number >= 0 or null, got {price!r}")
-        eff = entry.get("efficiency")
-        if eff is not None and (
-            isinstance(eff, bool) or not isinstance(eff, (int, float)) or not 0 < eff <= 1  # (NaN fails this too)
-        ):
-            problems.append(f"{where}: efficiency must be in (0, 1], got {eff!r}")
-        aliases = entry.get("aliases") or []
-        if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
-            problems.append(f"{where}: aliases must be a list of strings, got {aliases!r}")
-            aliases = []
-        cc = entry.get("compute_capability")
-        date = entry.get("price_date")
-        if isinstance(date, (_dt.date, _dt.datetime)):
-            date = date.isoformat()[:10]
-        for key in (name, *aliases):
-            k = _norm(key)
-            if k in seen and seen[k] != name:
-                problems.append(f"{where}: name or alias {key!r} is already used by {seen[k]}")
-            seen[k] = name
-        if len(problems) > n_before:
-            continue
-        assert fp16 is not None and fp32 is not None  # checked above
-        gpus.append(
-            GPU(
-                name=name, memory_bytes=memory, fp16_tflops=fp16, fp32_tflops=fp32, bf16=entry["bf16"],
-                flash_attention_2=entry["flash_attention_2"],
-                price_per_hour_usd=float(price) if price is not None else None, bf16_tflops=bf16_t,
-                tf32_tflops=tf32_t, compute_capability=None if cc is None else str(cc),
-                vendor=str(entry.get("vendor", "nvidia")), efficiency=None if eff is None else float(eff),
-                price_date=None if date is None else str(date), price_source=entry.get("price_source"),
-                aliases=tuple(aliases), host_memory_bytes_per_gpu=host,
-                host_memory_source=entry.get("host_memory_source"),
-            )
-        )  # fmt: skip
+        gpu = _parse_gpu(entry, where, seen, problems)
+        if gpu is not None:
+            gpus.append(gpu)
     if problems:
         raise SpecError(problems)
     return gpus
+
+
+def _parse_gpu(entry: Mapping[str, Any], where: str, seen: dict[str, str], problems: list[str]) -> GPU | None:
+    """One entry (defaults applied; ``where`` names it in problems) as a GPU, or None with its problems
+    appended to ``problems``.
+
+    ``seen`` maps the normalised names and aliases read so far to their GPU's name (updated here).
+    """
+    unknown = sorted(set(entry) - _KNOWN)
+    if unknown:
+        problems.append(f"{where}: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(_KNOWN))}")
+    missing = [k for k in _REQUIRED if k not in entry]
+    if missing:
+        problems.append(f"{where}: missing field(s) {', '.join(missing)}")
+        return None
+    n_before = len(problems)
+    name = entry["name"]
+    if not isinstance(name, str) or not name.strip():
+        problems.append(f"{where}: name must be a non-empty string, got {name!r}")
+        name = "?"
+    memory = _size(problems, where, "memory", entry["memory"]) or 0
+    host_raw = entry.get("host_memory_per_gpu")
+    host = None if host_raw is None else _size(problems, where, "host_memory_per_gpu", host_raw)
+    fp16 = _num(problems, where, "fp16_tflops", entry["fp16_tflops"])
+    fp32 = _num(problems, where, "fp32_tflops", entry["fp32_tflops"])
+    bf16_t = _num(problems, where, "bf16_tflops", entry.get("bf16_tflops"), optional=True)
+    tf32_t = _num(problems, where, "tf32_tflops", entry.get("tf32_tflops"), optional=True)
+    for flag in ("bf16", "flash_attention_2"):
+        if not isinstance(entry[flag], bool):
+            problems.append(f"{where}: {flag} must be true or false, got {entry[flag]!r}")
+    if entry["bf16"] is True and bf16_t is None:
+        problems.append(f"{where}: bf16 is true but bf16_tflops is not given")
+    price, eff = _check_price_efficiency(problems, where, entry)
+    aliases = entry.get("aliases") or []
+    if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
+        problems.append(f"{where}: aliases must be a list of strings, got {aliases!r}")
+        aliases = []
+    cc = entry.get("compute_capability")
+    date = entry.get("price_date")
+    if isinstance(date, (_dt.date, _dt.datetime)):
+        date = date.isoformat()[:10]
+    for key in (name, *aliases):
+        k = _norm(key)
+        if k in seen and seen[k] != name:
+            problems.append(f"{where}: name or alias {key!r} is already used by {seen[k]}")
+        seen[k] = name
+    if len(problems) > n_before:
+        return None
+    assert fp16 is not None and fp32 is not None  # checked above
+    return GPU(
+        name=name, memory_bytes=memory, fp16_tflops=fp16, fp32_tflops=fp32, bf16=entry["bf16"],
+        flash_attention_2=entry["flash_attention_2"],
+        price_per_hour_usd=float(price) if price is not None else None, bf16_tflops=bf16_t,
+        tf32_tflops=tf32_t, compute_capability=None if cc is None else str(cc),
+        vendor=str(entry.get("vendor", "nvidia")), efficiency=None if eff is None else float(eff),
+        price_date=None if date is None else str(date), price_source=entry.get("price_source"),
+        aliases=tuple(aliases), host_memory_bytes_per_gpu=host,
+        host_memory_source=entry.get("host_memory_source"),
+    )  # fmt: skip
+
+
+def _size(problems: list[str], where: str, key: str, value: Any) -> int | None:
+    """A byte count: an int as is, anything else read by ``parse_size`` (``80GB``); None on a problem."""
+    try:
+        return (
+            int(value)
+            if isinstance(value, int) and not isinstance(value, bool)
+            else parse_size(str(value), what=f"{where}: {key}")
+        )
+    except SpecError as exc:
+        problems.append(str(exc))
+        return None
+
+
+def _check_price_efficiency(problems: list[str], where: str, entry: Mapping[str, Any]) -> tuple[Any, Any]:
+    """The entry's price per hour and efficiency as given, after appending their problems to ``problems``."""
+    price = entry["price_per_hour_usd"]
+    if price is not None and (
+        isinstance(price, bool) or not isinstance(price, (int, float)) or not math.isfinite(price) or price < 0
+    ):
+        problems.append(f"{where}: price_per_hour_usd must be a finite number >= 0 or null, got {price!r}")
+    eff = entry.get("efficiency")
+    if eff is not None and (
+        isinstance(eff, bool) or not isinstance(eff, (int, float)) or not 0 < eff <= 1  # (NaN fails this too)
+    ):
+        problems.append(f"{where}: efficiency must be in (0, 1], got {eff!r}")
+    return price, eff
 
 
 def _read_yaml(path: Path | str) -> Any:

@@ -52,7 +52,7 @@ Conventions (autotune's, see ``autotune/formats/model.py::model_dtype``):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autotune.errors import SpecError
@@ -270,13 +270,36 @@ def layer_activation_bytes_per_token(
     tensor and saves that). ``masked``: attention gets an explicit mask (packing
     without a flattening kernel), so transformers' sdpa path repeats k/v to every head (no GQA).
     """
-    h, f, a, s = arch.hidden, arch.intermediate, arch.heads, seq_len
-    qw, kvw = arch.q_width, arch.kv_width
-    autocast = cb < wb or bool(adapted) and cb < 4
+    h, f = arch.hidden, arch.intermediate
     total = 0.0
     # norms: fp32 input (or its fp32 upcast) saved; a trainable weight also saves the normalized x
     per_norm = 4 * h + (wb * h if trainable_base and arch.model_type != "gpt2" else 0)
     total += arch.norms_per_layer * per_norm
+    total += _linear_inputs_bytes(arch, trainable_base, adapted, wb, cb, device, lora_dropout)
+    total += _attention_saved_bytes(arch, seq_len, cb, attn, device, masked)
+    # MLP
+    k = arch.experts_per_token
+    if arch.gated_mlp:
+        total += (arch.act_saved + 2) * cb * f * k  # act input, up, act output
+    else:
+        total += arch.act_saved * cb * f
+    if arch.resid_dropout > 0:
+        total += 2 * h  # two bool masks
+    return total
+
+
+def _linear_inputs_bytes(
+    arch: Arch,
+    trainable_base: bool,
+    adapted: frozenset[str],
+    wb: int,
+    cb: int,
+    device: str,
+    lora_dropout: float,
+) -> float:
+    """Per token: the inputs the block's linears save for their weight gradients (and LoRA's dropout)."""
+    autocast = cb < wb or bool(adapted) and cb < 4
+    total = 0.0
     # linear inputs: each consuming linear that needs its input for a weight gradient saves it
     for site, width, consumers in _sites(arch):
         saving_base = len(consumers) if trainable_base else 0
@@ -305,31 +328,27 @@ def layer_activation_bytes_per_token(
             total += cb * width * (1 if in_dtype_is_compute else saving_base)
         if saving_lora:
             total += cb * width * (saving_lora if autocast else (0 if saving_base else 1))
-    # attention core
+    return total
+
+
+def _attention_saved_bytes(arch: Arch, s: int, cb: int, attn: str, device: str, masked: bool) -> float:
+    """Per token: what the attention core saves (fused kernel, or eager's s² scores)."""
+    qw, kvw, a = arch.q_width, arch.kv_width, arch.heads
     fused = attn in ("sdpa", "flash_attention_2", "flex_attention")
     if fused and not (device == "cpu" and arch.attn_dropout > 0):
         kv_saved = qw if masked else kvw  # repeat_kv: transformers uses sdpa's GQA only without a mask
-        total += cb * (qw + 2 * kv_saved) + cb * qw + 4 * a
+        return cb * (qw + 2 * kv_saved) + cb * qw + 4 * a
+    # eager (or the math fallback): repeat_kv copies, s² scores, fp32 softmax and its cast
+    total = cb * 3 * qw + cb * qw
+    if arch.attn_dropout > 0:
+        # softmax saves its fp32 output; dropout saves its mask and the matmul with v the dropped
+        # probabilities (16-bit under autocast: the cast feeds dropout and is not saved itself).
+        # CUDA's fused dropout keeps a bool mask; CPU multiplies by a noise tensor of the input's
+        # dtype. Measured by benchmarks/eager_dropout_saved.py (CPU fp32: 12 B per score element)
+        mask = 1 if device == "cuda" else 4
+        total += a * s * (4 + mask + cb)
     else:
-        # eager (or the math fallback): repeat_kv copies, s² scores, fp32 softmax and its cast
-        total += cb * 3 * qw + cb * qw
-        if arch.attn_dropout > 0:
-            # softmax saves its fp32 output; dropout saves its mask and the matmul with v the dropped
-            # probabilities (16-bit under autocast: the cast feeds dropout and is not saved itself).
-            # CUDA's fused dropout keeps a bool mask; CPU multiplies by a noise tensor of the input's
-            # dtype. Measured by benchmarks/eager_dropout_saved.py (CPU fp32: 12 B per score element)
-            mask = 1 if device == "cuda" else 4
-            total += a * s * (4 + mask + cb)
-        else:
-            total += a * s * (4 + (cb if cb < 4 else 0))
-    # MLP
-    k = arch.experts_per_token
-    if arch.gated_mlp:
-        total += (arch.act_saved + 2) * cb * f * k  # act input, up, act output
-    else:
-        total += arch.act_saved * cb * f
-    if arch.resid_dropout > 0:
-        total += 2 * h  # two bool masks
+        total += a * s * (4 + (cb if cb < 4 else 0))
     return total
 
 
@@ -340,6 +359,348 @@ def _logits_bytes(arch: Arch, tokens: int, liger: bool, cb: int = 4, loss_dtype:
         return int((LOGITS_MODEL_DTYPE_BYTES + (8 if arch.logit_softcap else 0)) * tokens * arch.vocab)
     per = LOGITS_BYTES_PER_ELEMENT + (8 if arch.logit_softcap else 0) + (LOGITS_16BIT_BYTES if cb < 4 else 0)
     return int(per * tokens * arch.vocab)
+
+
+@dataclass(frozen=True)
+class _Setup:
+    """What a candidate's levers mean for the memory model, derived once."""
+
+    n: int  # ranks ZeRO partitions over (1 without ZeRO)
+    psi: int  # all parameters
+    full: bool  # full fine-tuning (else LoRA/QLoRA)
+    half: bool  # 16-bit compute (bf16/fp16)
+    cb: int  # bytes per element of the compute dtype
+    opt_bpp: float  # optimizer state bytes per trainable parameter
+    ds: bool  # DeepSpeed ZeRO
+    fsdp: bool  # FSDP
+    off_opt: bool  # optimizer states offloaded (offload optimizer or params)
+    off_par: bool  # parameters offloaded
+    grads_off: bool  # gradient partitions offloaded
+
+
+@dataclass(frozen=True)
+class _ModelStates:
+    """One device's model states (weights, gradients, optimizer states, adapters, buffers) and what
+    they imply for the rest of the model."""
+
+    terms: dict[str, float]
+    trainable: int
+    wb: int  # bytes of the weights' dtype (= the residual stream's)
+    offloaded: float  # bytes ZeRO-Offload keeps on the host
+    persistent_grads: bool  # gradients live at the start of backward
+    adapted: frozenset[str] = frozenset()  # LoRA-adapted linears
+    notes: tuple[str, ...] = ()
+
+
+def _checked_options(
+    w: Workload, c: Candidate, device: str, gpu: GPU | None, quant: str | None, loss_dtype: str | None
+) -> tuple[str, str]:
+    """QLoRA's backend and the loss dtype, defaults applied; SpecError for anything that cannot be estimated."""
+    if device not in ("cuda", "cpu"):
+        raise SpecError(f"device must be 'cuda' or 'cpu', got {device!r}")
+    problems = c.problems() + w.problems()
+    if problems:
+        raise SpecError(problems)
+    if gpu is not None and c.precision == "bf16" and not gpu.bf16:
+        raise SpecError(f"{gpu.name} has no bf16; use precision fp16")
+    if w.mode == "qlora" and device == "cpu":
+        raise SpecError("QLoRA (bitsandbytes 4-bit) needs a GPU; the CPU has no 4-bit kernels")
+    backend = quant or "nf4"
+    if backend not in QUANT_BACKENDS:
+        raise SpecError(f"quant must be one of {', '.join(QUANT_BACKENDS)}; got {quant!r}")
+    loss = loss_dtype or "fp32"
+    if loss not in ("fp32", "model"):
+        raise SpecError(f"loss_dtype must be fp32 or model; got {loss_dtype!r}")
+    return backend, loss
+
+
+def _setup(arch: Arch, w: Workload, c: Candidate) -> _Setup:
+    """The flags and sizes every term below reads, from the workload and candidate."""
+    half = c.precision in ("bf16", "fp16")
+    off_opt = c.offload in ("optimizer", "params")
+    return _Setup(
+        n=c.world_size if c.zero_stage > 0 else 1,
+        psi=arch.params_total,
+        full=w.mode == "full",
+        half=half,
+        cb=2 if half else 4,
+        opt_bpp=optimizer_state_bytes_per_param(c.optim),
+        ds=c.zero_stage > 0 and c.sharding == "deepspeed",
+        fsdp=c.zero_stage > 0 and c.sharding == "fsdp",
+        off_opt=off_opt,
+        off_par=c.offload == "params",
+        # ZeRO-Offload of stage 2/3 also moves the gradient partitions to the host: the 16-bit gradients
+        # are reduced bucket by bucket and copied out (DeepSpeed's own estimators count 2Ψ on the GPU
+        # for ZeRO-2 and 2Ψ/N for ZeRO-3 with the optimizer offloaded). ZeRO-1 keeps whole gradients.
+        grads_off=off_opt and c.zero_stage >= 2,
+    )
+
+
+def _full_states(arch: Arch, c: Candidate, k: _Setup) -> _ModelStates:
+    """Full fine-tuning's model states: AMP fp32, DeepSpeed's 16-bit module, or ZeRO/FSDP's fp32 shards."""
+    psi, n = k.psi, k.n
+    states = _adafactor_bytes(arch) if c.optim == "adafactor" else k.opt_bpp * psi
+    t: dict[str, float] = {}
+    offloaded = 0.0
+    persistent_grads = True
+    if k.ds and k.half:
+        wb = 2  # DeepSpeed casts the module to 16-bit; fp32 master weights live in the optimizer
+        t["weights"] = 2 * psi / (n if c.zero_stage == 3 else 1)
+        t["gradients"] = 2 * psi / (n if c.zero_stage >= 2 else 1)
+        master, st = 4 * psi / n, states / n
+        if k.off_opt:
+            # fp32 master weights, optimizer states and the fp32 gradient partition on the host
+            offloaded += master + st + 4 * psi / n
+            master = st = 0
+        if k.grads_off:
+            t["gradients"] = 0
+        t["master_weights"], t["optimizer_states"] = master, st
+    elif k.ds or k.fsdp:
+        wb = 4
+        t["weights"] = 4 * psi / (n if c.zero_stage == 3 else 1)
+        t["gradients"] = 4 * psi / (n if c.zero_stage >= 2 else 1)
+        st = states / n
+        if k.off_opt:
+            offloaded += st
+            st = 0
+        if k.grads_off or k.fsdp and k.off_par:
+            offloaded += t["gradients"]
+            t["gradients"] = 0
+        t["optimizer_states"] = st
+        if k.fsdp and k.half:
+            t["weight_copies"] = 2 * 2 * arch.params_per_layer  # bf16 gathered units in flight
+    else:
+        wb = 4
+        t["weights"] = 4 * psi
+        t["gradients"] = 4 * psi
+        t["optimizer_states"] = states
+        if k.half:
+            # autocast's 16-bit weight copies, saved for backward (recomputed with checkpointing)
+            head = arch.vocab * arch.hidden
+            t["weight_copies"] = 2 * (head if c.grad_ckpt else arch.params_matmul)
+        if c.world_size > 1:
+            t["ddp_buckets"] = 4 * psi
+        persistent_grads = c.grad_accum > 1
+    return _ModelStates(t, psi, wb, offloaded, persistent_grads)
+
+
+def _qlora_base(arch: Arch, k: _Setup, backend: str, base_div: int) -> tuple[dict[str, float], int]:
+    """QLoRA's frozen base: its terms and the bytes of the parameters it leaves unquantized."""
+    # peft's prepare_model_for_kbit_training (the probe and the HF recipe call it) casts every
+    # parameter bitsandbytes did not quantize (embeddings, lm_head, norms) to fp32, so the
+    # residual stream is fp32 too, and autocast keeps a 16-bit copy of the fp32 lm_head. Two
+    # setups keep them 16-bit: a GPTQ model (peft skips the cast) and DeepSpeed with 16-bit
+    # precision (its engine casts the whole module to fp16/bf16 after peft's preparation).
+    t: dict[str, float] = {}
+    linear = arch.params_linear_total
+    rest = 2 if k.half and (backend == "gptq" or k.ds) else 4
+    bpp = GPTQ_BYTES_PER_PARAM if backend == "gptq" else QLORA_BYTES_PER_PARAM
+    t["weights"] = (bpp * linear + rest * (k.psi - linear)) / base_div
+    largest_linear = max((i * o for _, i, o in arch.linears), default=0)
+    t["qlora_dequant"] = 2 * 2 * largest_linear
+    if k.half and rest == 4:
+        t["weight_copies"] = 2 * arch.vocab * arch.hidden
+    return t, rest
+
+
+def _lora_states(arch: Arch, w: Workload, c: Candidate, k: _Setup, backend: str) -> _ModelStates:
+    """LoRA/QLoRA's model states: the frozen base, fp32 adapters with their gradients and optimizer states."""
+    n = k.n
+    # what the probe's peft config adapts (GPT-2's Llama-style default falls back to all-linear)
+    trainable = peft_lora_param_count(arch, w.lora_r, w.lora_targets)
+    adapted = peft_lora_modules(arch, w.lora_targets)
+    notes: tuple[str, ...] = ()
+    if trainable == 0:
+        notes = (f"lora_targets {', '.join(w.lora_targets)} match no linear of {arch.model_type}",)
+    base_div = n if c.zero_stage == 3 else 1
+    if w.mode == "qlora":
+        t, wb = _qlora_base(arch, k, backend, base_div)
+    else:
+        wb = 2 if k.half else 4
+        t = {"weights": wb * k.psi / base_div}
+    offloaded = 0.0
+    t["lora_adapters"] = 4 * trainable
+    t["gradients"] = 4 * trainable / (n if c.zero_stage >= 2 else 1)
+    st = (k.opt_bpp if c.optim != "adafactor" else 1.0) * trainable / n
+    if k.off_opt:
+        offloaded += st
+        st = 0
+    if k.grads_off:
+        offloaded += t["gradients"]
+        t["gradients"] = 0
+    t["optimizer_states"] = st
+    if c.world_size > 1 and c.zero_stage == 0:
+        t["ddp_buckets"] = 4 * trainable
+    persistent_grads = c.grad_accum > 1 or c.zero_stage > 0 or c.world_size > 1
+    return _ModelStates(t, trainable, wb, offloaded, persistent_grads, adapted, notes)
+
+
+def _with_zero_buffers(
+    arch: Arch, c: Candidate, k: _Setup, ms: _ModelStates, bucket_elements: int | None
+) -> _ModelStates:
+    """Adds DeepSpeed ZeRO's communication buffers, and ZeRO-3's gathered parameters (and parameter offload)."""
+    t = dict(ms.terms)
+    offloaded = ms.offloaded
+    gb = 2 if k.half else 4  # bytes per element of a gathered (ZeRO-3) or autocast copy of a weight
+    ov = OVERLAP_COMM_FACTOR
+    if c.zero_stage in (1, 2):
+        bucket = min(bucket_elements or DEEPSPEED_BUCKET_ELEMENTS, ms.trainable)
+        t["zero_buffers"] = 2 * 2 * bucket * ov
+    else:
+        h2 = arch.hidden**2
+        t["zero_buffers"] = 2 * h2 * ov + 2 * 0.9 * h2
+        # the module being computed and the one prefetched, gathered in 16-bit: DeepSpeed's
+        # estimator counts 4 B x the largest module's parameters (the embedding, for LLMs)
+        t["gathered_params"] = 2 * gb * arch.largest_param
+        if k.off_par:
+            offloaded += t["weights"]
+            t["weights"] = 0
+    return replace(ms, terms=t, offloaded=offloaded)
+
+
+def _optimizer_step_terms(
+    arch: Arch, w: Workload, c: Candidate, k: _Setup, device: str, trainable: int
+) -> dict[str, float]:
+    """Terms live at the optimizer step only: the optimizer's temporaries, DeepSpeed's fp32 gradients."""
+    step: dict[str, float] = {}
+    tr_shard = trainable / k.n
+    largest = (
+        arch.largest_param if k.full else w.lora_r * max((max(i, o) for _, i, o in arch.linears), default=0)
+    )
+    kind = OPTIMIZERS[c.optim][1]
+    if k.off_opt:
+        temp = 0.0
+    elif kind == "foreach":
+        # foreach (CUDA; DeepSpeed's flat partition): one fp32 copy; single-tensor (CPU): per tensor
+        temp = 4 * tr_shard if device == "cuda" or k.ds else 2 * 4 * largest
+    elif kind == "per_tensor":
+        temp = 2 * 4 * largest
+    else:
+        temp = 0.0
+    step["optimizer_temp"] = temp
+    if k.ds and k.half and not k.off_opt:
+        # the fp32 gradient partition built for the step; ZeRO-3 builds it one optimizer sub-group
+        # at a time (DeepSpeed's estimator leaves it out for ZeRO-3: a stated difference)
+        sub = tr_shard if c.zero_stage < 3 else min(tr_shard, DEEPSPEED_SUB_GROUP_ELEMENTS)
+        step["gradients_fp32"] = 4 * sub
+    return step
+
+
+def _host_bytes(c: Candidate, k: _Setup, ms: _ModelStates) -> float:
+    """Host RAM one node needs for what ZeRO-Offload moves there (0 when nothing is offloaded)."""
+    if not ms.offloaded:
+        return 0.0
+    # host RAM per node (all ranks of one node), as DeepSpeed's estimators count it: the offloaded
+    # partitions of every rank, or (ZeRO-1/2) each rank's fp32 copy while it builds the model,
+    # whichever is larger, x HOST_BUFFER_FACTOR for pinned buffers
+    ranks = c.world_size
+    load = 0.0 if c.zero_stage == 3 else (4 if k.full else ms.wb) * k.psi * ranks
+    return HOST_BUFFER_FACTOR * max(ms.offloaded * ranks, load)
+
+
+def _backward_transients(
+    arch: Arch, attn: str, device: str, cb: int, s: int, tokens: int
+) -> tuple[float, float]:
+    """The working set of backward through one layer: saved (no checkpointing) and recomputed."""
+    f_k = arch.intermediate * arch.experts_per_token
+    transient = (3 * cb * f_k + 8 * arch.hidden) * tokens
+    # backward through a recomputed layer frees its saved tensors as their gradients are made: one
+    # f-sized gradient (CPU probes: 0.6-0.7x the 3-gradient figure was live, tiny-llama/qwen2/gpt2)
+    recompute_transient = (cb * f_k + 8 * arch.hidden) * tokens
+    if device == "cuda" and attn in ("sdpa", "flash_attention_2", "flex_attention"):
+        # backward through a fused attention kernel: the output gradient, dq/dk/dv, FlashAttention's
+        # fp32 dq accumulator and softmax statistics, and (GQA) dk/dv expanded to every head
+        qw, kvw = arch.q_width, arch.kv_width
+        expanded = 2 * cb * qw if kvw < qw else 0
+        attn_ws = (cb * qw + cb * (qw + 2 * kvw) + 4 * qw + 4 * arch.heads + expanded) * tokens
+        transient = max(transient, attn_ws)
+        recompute_transient = max(recompute_transient, attn_ws)
+    if attn == "eager" or device == "cpu" and arch.attn_dropout > 0:
+        # backward through an eager softmax: the fp32 gradient of the s² probabilities
+        s2_grad = 4 * arch.heads * s * tokens
+        transient = max(transient, s2_grad)
+        recompute_transient = max(recompute_transient, s2_grad)
+    return transient, recompute_transient
+
+
+def _activation_terms(
+    arch: Arch, w: Workload, c: Candidate, k: _Setup, ms: _ModelStates, device: str, loss: str
+) -> dict[str, float]:
+    """The attention mask, the activations saved for backward and the logits/loss (or recompute) working set."""
+    s, b = w.seq_len, c.micro_batch
+    tokens = s * b
+    wb, cb, full = ms.wb, k.cb, k.full
+    t: dict[str, float] = {}
+    # packing without a flattening kernel: the collator's 4D block-causal mask (rows, 1, W, W) in the
+    # hidden states' dtype, live for the whole step. micro_batch counts sequences, packed or not, and
+    # the probe's first micro-batch holds the longest ones (autotune.probe.collate): at worst b
+    # sequences of s tokens, one per row, so b x s tokens and a (b, 1, s, s) mask, as for padding.
+    # Shorter sequences pack into fewer, narrower rows: the same terms bound them.
+    masked = c.packing and c.attn not in FLATTEN_ATTN
+    layer = layer_activation_bytes_per_token(
+        arch, s, trainable_base=full, adapted=ms.adapted, wb=wb, cb=cb, attn=c.attn, device=device,
+        lora_dropout=LORA_DROPOUT if not full else 0.0, masked=masked,
+    )  # fmt: skip
+    final = 4 * arch.hidden + (wb * arch.hidden if full else 0) + (cb * arch.hidden if full else 0)
+    transient, recompute_transient = _backward_transients(arch, c.attn, device, cb, s, tokens)
+    if masked:
+        t["attention_mask"] = wb * b * s * s
+    elif c.attn == "eager" and c.grad_ckpt:
+        # transformers materialises the causal mask for eager attention; checkpointed layers keep it
+        t["attention_mask"] = wb * b * s * s
+    logits = _logits_bytes(arch, tokens, c.liger, cb, loss)
+    saved: float
+    working: float
+    if c.grad_ckpt:
+        saved = (arch.layers * wb * arch.hidden + final) * tokens
+        working = max(logits, layer * tokens + recompute_transient)
+    else:
+        saved = (arch.layers * layer + final) * tokens
+        working = max(logits, transient)
+    t["activations"] = saved
+    if logits >= (layer * tokens + recompute_transient if c.grad_ckpt else transient):
+        t["logits_loss"] = working
+    else:
+        t["logits_loss"] = logits
+        t["recompute_working_set"] = working - logits
+    return t
+
+
+def _overhead(ts: dict[str, float], device: str) -> dict[str, float]:
+    """The allocator's reserve on the part allocated and freed within a step, and the context."""
+    if device != "cuda":
+        return {}
+    dynamic = sum(v for k, v in ts.items() if k not in STATIC_TERMS)
+    return {"allocator_reserve": dynamic * ALLOCATOR_RESERVE, "cuda_context": CUDA_CONTEXT_BYTES}
+
+
+def _breakdown(
+    arch: Arch, t: dict[str, float], step: dict[str, float], ms: _ModelStates, device: str, host: float
+) -> MemoryBreakdown:
+    """The two phases' terms, the peak phase and its terms, rounded to bytes."""
+    act_keys = ("activations", "logits_loss", "recompute_working_set", "weight_copies", "qlora_dequant",
+                "attention_mask")  # fmt: skip
+    static = {k: v for k, v in t.items() if k not in act_keys}
+    bwd = dict(t)
+    if not ms.persistent_grads:
+        bwd.pop("gradients", None)
+    opt = {**static, **step}
+    phases = {"backward_start": bwd, "optimizer_step": opt}
+    totals = {k: sum(v.values()) + sum(_overhead(v, device).values()) for k, v in phases.items()}
+    phase = max(totals, key=lambda k: totals[k])
+    terms = {k: int(round(v)) for k, v in {**phases[phase], **_overhead(phases[phase], device)}.items() if v}
+    return MemoryBreakdown(
+        total=sum(terms.values()),
+        terms=terms,
+        phase=phase,
+        phases={k: int(round(v)) for k, v in totals.items()},
+        device=device,
+        trainable_params=int(ms.trainable),
+        offloaded_bytes=int(ms.offloaded),
+        notes=tuple(list(ms.notes) + list(arch.notes)),
+        phase_terms={p: {k: int(round(v)) for k, v in ts.items() if v} for p, ts in phases.items()},
+        host_bytes=int(host),
+    )
 
 
 def estimate_memory(
@@ -363,260 +724,20 @@ def estimate_memory(
     ``bucket_elements``: DeepSpeed ZeRO-1/2's reduce/allgather bucket size when the config sets one
     (default ``DEEPSPEED_BUCKET_ELEMENTS``, DeepSpeed's own default).
     """
-    if device not in ("cuda", "cpu"):
-        raise SpecError(f"device must be 'cuda' or 'cpu', got {device!r}")
     c, w = candidate, workload
-    problems = c.problems() + w.problems()
-    if problems:
-        raise SpecError(problems)
-    if gpu is not None and c.precision == "bf16" and not gpu.bf16:
-        raise SpecError(f"{gpu.name} has no bf16; use precision fp16")
-    if w.mode == "qlora" and device == "cpu":
-        raise SpecError("QLoRA (bitsandbytes 4-bit) needs a GPU; the CPU has no 4-bit kernels")
-    backend = quant or "nf4"
-    if backend not in QUANT_BACKENDS:
-        raise SpecError(f"quant must be one of {', '.join(QUANT_BACKENDS)}; got {quant!r}")
-    loss = loss_dtype or "fp32"
-    if loss not in ("fp32", "model"):
-        raise SpecError(f"loss_dtype must be fp32 or model; got {loss_dtype!r}")
-    notes: list[str] = []
-    s, b = w.seq_len, c.micro_batch
-    tokens = s * b
-    n = c.world_size if c.zero_stage > 0 else 1
-    psi = arch.params_total
-    half = c.precision in ("bf16", "fp16")
-    cb = 2 if half else 4
-    opt_bpp = optimizer_state_bytes_per_param(c.optim)
-    ds = c.zero_stage > 0 and c.sharding == "deepspeed"
-    fsdp = c.zero_stage > 0 and c.sharding == "fsdp"
-    off_opt = c.offload in ("optimizer", "params")
-    off_par = c.offload == "params"
-
-    t: dict[str, float] = {}
-    persistent_grads = c.grad_accum > 1
-    step: dict[str, float] = {}
-    offloaded = 0.0
-    full = w.mode == "full"
-    adapted: frozenset[str] = frozenset()
-    gb = 2 if half else 4  # bytes per element of a gathered (ZeRO-3) or autocast copy of a weight
-    # ZeRO-Offload of stage 2/3 also moves the gradient partitions to the host: the 16-bit gradients
-    # are reduced bucket by bucket and copied out (DeepSpeed's own estimators count 2Ψ on the GPU
-    # for ZeRO-2 and 2Ψ/N for ZeRO-3 with the optimizer offloaded). ZeRO-1 keeps whole gradients.
-    grads_off = off_opt and c.zero_stage >= 2
-
-    if full:
-        trainable = psi
-        states = _adafactor_bytes(arch) if c.optim == "adafactor" else opt_bpp * psi
-        if ds and half:
-            wb = 2  # DeepSpeed casts the module to 16-bit; fp32 master weights live in the optimizer
-            t["weights"] = 2 * psi / (n if c.zero_stage == 3 else 1)
-            t["gradients"] = 2 * psi / (n if c.zero_stage >= 2 else 1)
-            master, st = 4 * psi / n, states / n
-            if off_opt:
-                # fp32 master weights, optimizer states and the fp32 gradient partition on the host
-                offloaded += master + st + 4 * psi / n
-                master = st = 0
-            if grads_off:
-                t["gradients"] = 0
-            t["master_weights"], t["optimizer_states"] = master, st
-            persistent_grads = True
-        elif ds or fsdp:
-            wb = 4
-            t["weights"] = 4 * psi / (n if c.zero_stage == 3 else 1)
-            t["gradients"] = 4 * psi / (n if c.zero_stage >= 2 else 1)
-            st = states / n
-            if off_opt:
-                offloaded += st
-                st = 0
-            if grads_off or fsdp and off_par:
-                offloaded += t["gradients"]
-                t["gradients"] = 0
-            t["optimizer_states"] = st
-            persistent_grads = True
-            if fsdp and half:
-                t["weight_copies"] = 2 * 2 * arch.params_per_layer  # bf16 gathered units in flight
-        else:
-            wb = 4
-            t["weights"] = 4 * psi
-            t["gradients"] = 4 * psi
-            t["optimizer_states"] = states
-            if half:
-                # autocast's 16-bit weight copies, saved for backward (recomputed with checkpointing)
-                head = arch.vocab * arch.hidden
-                t["weight_copies"] = 2 * (head if c.grad_ckpt else arch.params_matmul)
-            if c.world_size > 1:
-                t["ddp_buckets"] = 4 * psi
-    else:
-        # what the probe's peft config adapts (GPT-2's Llama-style default falls back to all-linear)
-        trainable = peft_lora_param_count(arch, w.lora_r, w.lora_targets)
-        adapted = peft_lora_modules(arch, w.lora_targets)
-        if trainable == 0:
-            notes.append(f"lora_targets {', '.join(w.lora_targets)} match no linear of {arch.model_type}")
-        wb = 2 if half else 4
-        base_div = n if c.zero_stage == 3 else 1
-        if w.mode == "qlora":
-            # peft's prepare_model_for_kbit_training (the probe and the HF recipe call it) casts every
-            # parameter bitsandbytes did not quantize (embeddings, lm_head, norms) to fp32, so the
-            # residual stream is fp32 too, and autocast keeps a 16-bit copy of the fp32 lm_head. Two
-            # setups keep them 16-bit: a GPTQ model (peft skips the cast) and DeepSpeed with 16-bit
-            # precision (its engine casts the whole module to fp16/bf16 after peft's preparation).
-            linear = arch.params_linear_total
-            rest = 2 if half and (backend == "gptq" or ds) else 4
-            bpp = GPTQ_BYTES_PER_PARAM if backend == "gptq" else QLORA_BYTES_PER_PARAM
-            t["weights"] = (bpp * linear + rest * (psi - linear)) / base_div
-            largest_linear = max((i * o for _, i, o in arch.linears), default=0)
-            t["qlora_dequant"] = 2 * 2 * largest_linear
-            wb = rest
-            if half and rest == 4:
-                t["weight_copies"] = 2 * arch.vocab * arch.hidden
-        else:
-            t["weights"] = wb * psi / base_div
-        t["lora_adapters"] = 4 * trainable
-        t["gradients"] = 4 * trainable / (n if c.zero_stage >= 2 else 1)
-        st = (opt_bpp if c.optim != "adafactor" else 1.0) * trainable / n
-        if off_opt:
-            offloaded += st
-            st = 0
-        if grads_off:
-            offloaded += t["gradients"]
-            t["gradients"] = 0
-        t["optimizer_states"] = st
-        if c.zero_stage > 0 or c.world_size > 1:
-            persistent_grads = True
-        if c.world_size > 1 and c.zero_stage == 0:
-            t["ddp_buckets"] = 4 * trainable
-
-    # communication buffers of DeepSpeed ZeRO, and ZeRO-3's gathered parameters
-    if ds:
-        ov = OVERLAP_COMM_FACTOR
-        if c.zero_stage in (1, 2):
-            bucket = min(bucket_elements or DEEPSPEED_BUCKET_ELEMENTS, trainable)
-            t["zero_buffers"] = 2 * 2 * bucket * ov
-        else:
-            h2 = arch.hidden**2
-            t["zero_buffers"] = 2 * h2 * ov + 2 * 0.9 * h2
-            # the module being computed and the one prefetched, gathered in 16-bit: DeepSpeed's
-            # estimator counts 4 B x the largest module's parameters (the embedding, for LLMs)
-            t["gathered_params"] = 2 * gb * arch.largest_param
-            if off_par:
-                offloaded += t["weights"]
-                t["weights"] = 0
-
-    # optimizer temporaries
-    tr_shard = trainable / n
-    largest = (
-        arch.largest_param if full else w.lora_r * max((max(i, o) for _, i, o in arch.linears), default=0)
-    )
-    kind = OPTIMIZERS[c.optim][1]
-    if off_opt:
-        temp = 0.0
-    elif kind == "foreach":
-        # foreach (CUDA; DeepSpeed's flat partition): one fp32 copy; single-tensor (CPU): per tensor
-        temp = 4 * tr_shard if device == "cuda" or ds else 2 * 4 * largest
-    elif kind == "per_tensor":
-        temp = 2 * 4 * largest
-    else:
-        temp = 0.0
-    step["optimizer_temp"] = temp
-    if ds and half and not off_opt:
-        # the fp32 gradient partition built for the step; ZeRO-3 builds it one optimizer sub-group
-        # at a time (DeepSpeed's estimator leaves it out for ZeRO-3: a stated difference)
-        sub = tr_shard if c.zero_stage < 3 else min(tr_shard, DEEPSPEED_SUB_GROUP_ELEMENTS)
-        step["gradients_fp32"] = 4 * sub
+    backend, loss = _checked_options(w, c, device, gpu, quant, loss_dtype)
+    k = _setup(arch, w, c)
+    ms = _full_states(arch, c, k) if k.full else _lora_states(arch, w, c, k, backend)
+    if k.ds:
+        # communication buffers of DeepSpeed ZeRO, and ZeRO-3's gathered parameters
+        ms = _with_zero_buffers(arch, c, k, ms, bucket_elements)
+    t = dict(ms.terms)
+    step = _optimizer_step_terms(arch, w, c, k, device, ms.trainable)
     if OPTIMIZERS[c.optim][2] and "optimizer_states" in t:
         # paged: evicted to host RAM under pressure during forward/backward, paged in for the step
         step["optimizer_states"] = t.pop("optimizer_states")
-    host = 0.0
-    if offloaded:
-        # host RAM per node (all ranks of one node), as DeepSpeed's estimators count it: the offloaded
-        # partitions of every rank, or (ZeRO-1/2) each rank's fp32 copy while it builds the model,
-        # whichever is larger, x HOST_BUFFER_FACTOR for pinned buffers
-        ranks = c.world_size
-        load = 0.0 if c.zero_stage == 3 else (4 if full else wb) * psi * ranks
-        host = HOST_BUFFER_FACTOR * max(offloaded * ranks, load)
-
-    # activations
-    # packing without a flattening kernel: the collator's 4D block-causal mask (rows, 1, W, W) in the
-    # hidden states' dtype, live for the whole step. micro_batch counts sequences, packed or not, and
-    # the probe's first micro-batch holds the longest ones (autotune.probe.collate): at worst b
-    # sequences of s tokens, one per row, so b x s tokens and a (b, 1, s, s) mask, as for padding.
-    # Shorter sequences pack into fewer, narrower rows: the same terms bound them.
-    masked = c.packing and c.attn not in FLATTEN_ATTN
-    layer = layer_activation_bytes_per_token(
-        arch, s, trainable_base=full, adapted=adapted, wb=wb, cb=cb, attn=c.attn, device=device,
-        lora_dropout=LORA_DROPOUT if not full else 0.0, masked=masked,
-    )  # fmt: skip
-    final = 4 * arch.hidden + (wb * arch.hidden if full else 0) + (cb * arch.hidden if full else 0)
-    f_k = arch.intermediate * arch.experts_per_token
-    transient = (3 * cb * f_k + 8 * arch.hidden) * tokens
-    # backward through a recomputed layer frees its saved tensors as their gradients are made: one
-    # f-sized gradient (CPU probes: 0.6-0.7x the 3-gradient figure was live, tiny-llama/qwen2/gpt2)
-    recompute_transient = (cb * f_k + 8 * arch.hidden) * tokens
-    if device == "cuda" and c.attn in ("sdpa", "flash_attention_2", "flex_attention"):
-        # backward through a fused attention kernel: the output gradient, dq/dk/dv, FlashAttention's
-        # fp32 dq accumulator and softmax statistics, and (GQA) dk/dv expanded to every head
-        qw, kvw = arch.q_width, arch.kv_width
-        expanded = 2 * cb * qw if kvw < qw else 0
-        attn_ws = (cb * qw + cb * (qw + 2 * kvw) + 4 * qw + 4 * arch.heads + expanded) * tokens
-        transient = max(transient, attn_ws)
-        recompute_transient = max(recompute_transient, attn_ws)
-    if c.attn == "eager" or device == "cpu" and arch.attn_dropout > 0:
-        # backward through an eager softmax: the fp32 gradient of the s² probabilities
-        s2_grad = 4 * arch.heads * s * tokens
-        transient = max(transient, s2_grad)
-        recompute_transient = max(recompute_transient, s2_grad)
-    if masked:
-        t["attention_mask"] = wb * b * s * s
-    elif c.attn == "eager" and c.grad_ckpt:
-        # transformers materialises the causal mask for eager attention; checkpointed layers keep it
-        t["attention_mask"] = wb * b * s * s
-    logits = _logits_bytes(arch, tokens, c.liger, cb, loss)
-    saved: float
-    working: float
-    if c.grad_ckpt:
-        saved = (arch.layers * wb * arch.hidden + final) * tokens
-        working = max(logits, layer * tokens + recompute_transient)
-    else:
-        saved = (arch.layers * layer + final) * tokens
-        working = max(logits, transient)
-    t["activations"] = saved
-    if logits >= (layer * tokens + recompute_transient if c.grad_ckpt else transient):
-        t["logits_loss"] = working
-    else:
-        t["logits_loss"] = logits
-        t["recompute_working_set"] = working - logits
+    host = _host_bytes(c, k, ms)
+    t.update(_activation_terms(arch, w, c, k, ms, device, loss))
     if device == "cpu" and CPU_RUNTIME_OVERHEAD_BYTES:
         t["runtime_overhead"] = CPU_RUNTIME_OVERHEAD_BYTES
-
-    # phases
-    act_keys = ("activations", "logits_loss", "recompute_working_set", "weight_copies", "qlora_dequant",
-                "attention_mask")  # fmt: skip
-    static = {k: v for k, v in t.items() if k not in act_keys}
-    bwd = dict(t)
-    if not persistent_grads:
-        bwd.pop("gradients", None)
-    opt = {**static, **step}
-    phases = {"backward_start": bwd, "optimizer_step": opt}
-
-    def _overhead(ts: dict[str, float]) -> dict[str, float]:
-        """The allocator's reserve on the part allocated and freed within a step, and the context."""
-        if device != "cuda":
-            return {}
-        dynamic = sum(v for k, v in ts.items() if k not in STATIC_TERMS)
-        return {"allocator_reserve": dynamic * ALLOCATOR_RESERVE, "cuda_context": CUDA_CONTEXT_BYTES}
-
-    totals = {k: sum(v.values()) + sum(_overhead(v).values()) for k, v in phases.items()}
-    phase = max(totals, key=lambda k: totals[k])
-    terms = {k: int(round(v)) for k, v in {**phases[phase], **_overhead(phases[phase])}.items() if v}
-    return MemoryBreakdown(
-        total=sum(terms.values()),
-        terms=terms,
-        phase=phase,
-        phases={k: int(round(v)) for k, v in totals.items()},
-        device=device,
-        trainable_params=int(trainable),
-        offloaded_bytes=int(offloaded),
-        notes=tuple(notes + list(arch.notes)),
-        phase_terms={p: {k: int(round(v)) for k, v in ts.items() if v} for p, ts in phases.items()},
-        host_bytes=int(host),
-    )
+    return _breakdown(arch, t, step, ms, device, host)

@@ -420,6 +420,35 @@ def plan(
     model's ``max_position_embeddings`` (GPT-2) is refused; RoPE models get a note.
     """
     pin = dict(pin or {})
+    problems = _plan_problems(mode, gpus, gpus_per_node, seq_len, effective_batch, lora_r, tokens, pin)
+    if problems:
+        raise SpecError(problems)
+    arch = _arch(arch_or_config)
+    model = model_name or arch.model_type
+    notes = _position_notes(arch, seq_len, model)
+    req = _Request(
+        mode=mode, model=model, seq_len=seq_len, effective_batch=effective_batch, gpus_per_node=gpus_per_node,
+        lora_r=lora_r, lora_targets=tuple(lora_targets), tokens=tokens, efficiency=efficiency, pin=pin,
+    )  # fmt: skip
+    rows = [_plan_gpu(arch, gpu, req) for gpu in gpus]
+    return PlanResult(
+        model=model, arch=arch, mode=mode, seq_len=seq_len,
+        effective_batch=effective_batch, gpus_per_node=gpus_per_node, tokens=tokens, rows=tuple(rows),
+        notes=tuple(notes), pinned=pin,
+    )  # fmt: skip
+
+
+def _plan_problems(
+    mode: str,
+    gpus: Sequence[GPU],
+    gpus_per_node: int,
+    seq_len: int,
+    effective_batch: int,
+    lora_r: int,
+    tokens: int | None,
+    pin: Mapping[str, Any],
+) -> list[str]:
+    """What is wrong with :func:`plan`'s arguments (the pins are checked only when the rest is right)."""
     problems: list[str] = []
     if mode not in MODE_CHOICES:
         problems.append(f"mode must be one of {', '.join(MODE_CHOICES)}; got {mode!r}")
@@ -437,85 +466,136 @@ def plan(
         problems.append("at least one GPU is needed")
     if not problems:
         problems += _check_pins(pin, gpus_per_node, effective_batch)
-    if problems:
-        raise SpecError(problems)
-    arch = _arch(arch_or_config)
+    return problems
+
+
+def _position_notes(arch: Arch, seq_len: int, model: str) -> list[str]:
+    """The model's notes, and one when ``seq_len`` passes RoPE's trained length; SpecError when it passes
+    learned positions."""
     notes: list[str] = list(arch.notes)
     if arch.max_positions and seq_len > arch.max_positions:
         if arch.learned_positions:
             raise SpecError(
-                f"seq_len {seq_len} exceeds {model_name or arch.model_type}'s learned positions "
+                f"seq_len {seq_len} exceeds {model}'s learned positions "
                 f"(max_position_embeddings {arch.max_positions}); use --seq-len {arch.max_positions} or less"
             )
         notes.append(
             f"seq_len {seq_len} exceeds the model's max_position_embeddings {arch.max_positions}: RoPE extends, "
             "but quality past the trained length needs rope_scaling and long-context data"
         )
-    rows: list[GPUPlan] = []
-    for gpu in gpus:
-        usable = int(gpu.memory_bytes * (1 - HEADROOM))
-        eff = (efficiency or {}).get(gpu.name)
-        option: PlanOption | None = None
-        min_gpus: int | None = None
-        note = ""
-        host_notes: list[str] = []
-        smallest: PlanOption | None = None
-        unsupported = _unsupported(gpu, pin)
-        n_text = pin.get("world_size", gpus_per_node)
-        modes = (mode, *_FALLBACK[mode]) if not unsupported else ()
-        for m in modes:
-            wl = Workload(model=model_name or arch.model_type, seq_len=seq_len, mode=m, lora_r=lora_r,
-                          lora_targets=tuple(lora_targets))  # fmt: skip
-            option, min_gpus, host_note, least = _search(
-                arch, wl, gpu, usable=usable, gpus_per_node=gpus_per_node, effective_batch=effective_batch,
-                efficiency=eff, pin=pin,
-            )  # fmt: skip
-            if host_note:
-                host_notes.append(f"{m}: {host_note}")
-            if least is not None and (smallest is None or least.memory.total < smallest.memory.total):
-                smallest = least
-            if option is not None:
-                if m != mode:
-                    note = f"{mode} does not fit on {n_text}x {gpu.name}; {m} does"
-                break
-        if unsupported:
-            note = unsupported
-        elif option is None:
-            note = f"nothing fits on {n_text}x {gpu.name} (tried {', '.join((mode, *_FALLBACK[mode]))})"
-            if smallest is not None:
-                c = smallest.candidate
-                note += (f": the smallest footprint is {smallest.memory.total / 2**30:.2f} GiB of {usable / 2**30:.2f} GiB "
-                         f"usable ({smallest.mode}, {', '.join(smallest.levers) or 'no levers'}, micro-batch "
-                         f"{c.micro_batch} x {c.world_size} GPU(s))")
-        if host_notes and (option is None or option.mode != mode):
-            note += " (" + "; ".join(host_notes) + ")"
-        assumptions: list[str] = []
-        if option is not None and option.candidate.liger and "liger" not in pin:
-            # ``wl``: the workload of the mode the loop above stopped at, option's
-            plain, _, _, _ = _search(arch, wl, gpu, usable=usable, gpus_per_node=gpus_per_node,
-                                     effective_batch=effective_batch, efficiency=eff, pin={**pin, "liger": False})
-            without = (f"{option.mode} does not fit" if plain is None else
-                       f"micro-batch {plain.candidate.micro_batch}, {plain.speed.tokens_per_s:,.0f} tok/s")
-            assumptions.append(f"assumes Liger's fused linear+cross-entropy (pip install 'autotune[gpu]'); without "
-                               f"it (--no-liger): {without}")
-        hours = cost = None
-        if option is not None and tokens:
-            hours = tokens / option.speed.tokens_per_s / 3600.0
-            if gpu.price_per_hour_usd is not None:
-                cost = hours * option.candidate.world_size * gpu.price_per_hour_usd
-        rows.append(
-            GPUPlan(
-                gpu=gpu, capacity_bytes=gpu.memory_bytes, usable_bytes=usable,
-                fits=option is not None and option.mode == mode, option=option, min_gpus=min_gpus,
-                hours=hours, cost_usd=cost, note=note, smallest=smallest if option is None else None,
-                assumptions=tuple(assumptions),
-            )
-        )  # fmt: skip
-    return PlanResult(
-        model=model_name or arch.model_type, arch=arch, mode=mode, seq_len=seq_len,
-        effective_batch=effective_batch, gpus_per_node=gpus_per_node, tokens=tokens, rows=tuple(rows),
-        notes=tuple(notes), pinned=pin,
+    return notes
+
+
+@dataclass(frozen=True)
+class _Request:
+    """What :func:`plan` was asked (validated), as each GPU's row reads it."""
+
+    mode: str
+    model: str  # the workload's model name
+    seq_len: int
+    effective_batch: int
+    gpus_per_node: int
+    lora_r: int
+    lora_targets: tuple[str, ...]
+    tokens: int | None
+    efficiency: Mapping[str, float] | None
+    pin: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _Fit:
+    """One GPU's search over the requested mode, then its fallbacks, up to the first that fits."""
+
+    option: PlanOption | None  # the fastest option of the mode that fits (None: none does)
+    min_gpus: int | None  # fewest GPUs with which the last mode tried fits at all
+    workload: Workload | None  # the workload of the last mode tried
+    smallest: PlanOption | None  # the smallest footprint over the modes tried
+    host_notes: tuple[str, ...]  # why the host's RAM ruled offload out, per mode
+
+
+def _plan_gpu(arch: Arch, gpu: GPU, req: _Request) -> GPUPlan:
+    """The answer for one GPU: the fastest fitting option (or a fallback mode), hours, cost and notes."""
+    usable = int(gpu.memory_bytes * (1 - HEADROOM))
+    eff = (req.efficiency or {}).get(gpu.name)
+    unsupported = _unsupported(gpu, req.pin)
+    modes = (req.mode, *_FALLBACK[req.mode]) if not unsupported else ()
+    fit = _first_fit(arch, gpu, req, modes, usable, eff)
+    option = fit.option
+    note = _gpu_note(gpu, req, fit, usable, unsupported)
+    assumptions = _liger_assumptions(arch, gpu, req, fit, usable, eff)
+    hours = cost = None
+    if option is not None and req.tokens:
+        hours = req.tokens / option.speed.tokens_per_s / 3600.0
+        if gpu.price_per_hour_usd is not None:
+            cost = hours * option.candidate.world_size * gpu.price_per_hour_usd
+    return GPUPlan(
+        gpu=gpu, capacity_bytes=gpu.memory_bytes, usable_bytes=usable,
+        fits=option is not None and option.mode == req.mode, option=option, min_gpus=fit.min_gpus,
+        hours=hours, cost_usd=cost, note=note, smallest=fit.smallest if option is None else None,
+        assumptions=assumptions,
     )  # fmt: skip
+
+
+def _first_fit(
+    arch: Arch, gpu: GPU, req: _Request, modes: tuple[str, ...], usable: int, eff: float | None
+) -> _Fit:
+    """Search ``modes`` in turn on one GPU, stopping at the first that fits."""
+    option: PlanOption | None = None
+    min_gpus: int | None = None
+    wl: Workload | None = None
+    smallest: PlanOption | None = None
+    host_notes: list[str] = []
+    for m in modes:
+        wl = Workload(model=req.model, seq_len=req.seq_len, mode=m, lora_r=req.lora_r,
+                      lora_targets=req.lora_targets)  # fmt: skip
+        option, min_gpus, host_note, least = _search(
+            arch, wl, gpu, usable=usable, gpus_per_node=req.gpus_per_node, effective_batch=req.effective_batch,
+            efficiency=eff, pin=req.pin,
+        )  # fmt: skip
+        if host_note:
+            host_notes.append(f"{m}: {host_note}")
+        if least is not None and (smallest is None or least.memory.total < smallest.memory.total):
+            smallest = least
+        if option is not None:
+            break
+    return _Fit(option, min_gpus, wl, smallest, tuple(host_notes))
+
+
+def _gpu_note(gpu: GPU, req: _Request, fit: _Fit, usable: int, unsupported: str) -> str:
+    """Why the requested mode does not fit (or cannot run) on this GPU; "" when it fits."""
+    mode, option, smallest = req.mode, fit.option, fit.smallest
+    n_text = req.pin.get("world_size", req.gpus_per_node)
+    note = ""
+    if unsupported:
+        note = unsupported
+    elif option is None:
+        note = f"nothing fits on {n_text}x {gpu.name} (tried {', '.join((mode, *_FALLBACK[mode]))})"
+        if smallest is not None:
+            c = smallest.candidate
+            note += (f": the smallest footprint is {smallest.memory.total / 2**30:.2f} GiB of {usable / 2**30:.2f} GiB "
+                     f"usable ({smallest.mode}, {', '.join(smallest.levers) or 'no levers'}, micro-batch "
+                     f"{c.micro_batch} x {c.world_size} GPU(s))")  # fmt: skip
+    elif option.mode != mode:
+        note = f"{mode} does not fit on {n_text}x {gpu.name}; {option.mode} does"
+    if fit.host_notes and (option is None or option.mode != mode):
+        note += " (" + "; ".join(fit.host_notes) + ")"
+    return note
+
+
+def _liger_assumptions(
+    arch: Arch, gpu: GPU, req: _Request, fit: _Fit, usable: int, eff: float | None
+) -> tuple[str, ...]:
+    """When the option relies on Liger's fused loss the user did not pin: what it gives without it."""
+    option = fit.option
+    if option is None or not option.candidate.liger or "liger" in req.pin:
+        return ()
+    assert fit.workload is not None  # the workload of the mode the search stopped at, option's
+    plain, _, _, _ = _search(arch, fit.workload, gpu, usable=usable, gpus_per_node=req.gpus_per_node,
+                             effective_batch=req.effective_batch, efficiency=eff, pin={**req.pin, "liger": False})
+    without = (f"{option.mode} does not fit" if plain is None else
+               f"micro-batch {plain.candidate.micro_batch}, {plain.speed.tokens_per_s:,.0f} tok/s")
+    return (f"assumes Liger's fused linear+cross-entropy (pip install 'autotune[gpu]'); without "
+            f"it (--no-liger): {without}",)  # fmt: skip
 
 
 def _unsupported(gpu: GPU, pin: Mapping[str, Any]) -> str:

@@ -119,3 +119,48 @@ def test_the_layout_map_names_every_package_and_top_level_module() -> None:
     units = {f"{p.name}/" for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     units |= {p.name for p in ROOT.glob("*.py") if p.name != "__init__.py"}
     assert units - named == set(), f"docs/layout.md's map misses {sorted(units - named)}"
+
+
+# ------------------------------------------------------------------------------ function size
+
+MAX_LINES, MAX_PARAMS = 80, 12
+
+
+def _is_cli_command(path: Path, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """A typer command: its options are its parameters, so only its body is held to the length."""
+    return path.parent.name == "cli" and fn.name == "command"
+
+
+def _oversized(path: Path, root: Path = ROOT.parent) -> list[str]:
+    out = []
+    for fn in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        a = fn.args
+        params = [*a.posonlyargs, *a.args, *a.kwonlyargs, *([a.vararg] if a.vararg else []),
+                  *([a.kwarg] if a.kwarg else [])]
+        params = [p for p in params if p.arg not in ("self", "cls")]
+        command = _is_cli_command(path, fn)
+        start = fn.body[0].lineno if command else fn.lineno
+        lines = (fn.end_lineno or fn.lineno) - start + 1
+        where = f"{path.relative_to(root)}:{fn.lineno} {fn.name}"
+        if lines > MAX_LINES:
+            out.append(f"{where}: {lines} lines{' (body)' if command else ''}")
+        if len(params) > MAX_PARAMS and not command:
+            out.append(f"{where}: {len(params)} parameters (group them into a typed object)")
+    return out
+
+
+def test_no_function_is_over_80_lines_or_takes_over_12_parameters() -> None:
+    """A function a reader takes in at once; a typer command's options are its parameters (exempt)."""
+    found = [m for path in sorted(ROOT.rglob("*.py")) for m in _oversized(path)]
+    assert found == [], "\n".join(found)
+
+
+def test_the_size_rule_sees_a_long_function_and_a_long_signature(tmp_path: Path) -> None:
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_LINES))
+    wide = "def g(" + ", ".join(f"a{i}" for i in range(MAX_PARAMS + 1)) + "):\n    pass\n"
+    (tmp_path / "m.py").write_text(f"def f():\n{body}\n\n\n{wide}")
+    found = _oversized(tmp_path / "m.py", root=tmp_path)
+    assert found == [f"m.py:1 f: {MAX_LINES + 1} lines",
+                     f"m.py:{MAX_LINES + 4} g: {MAX_PARAMS + 1} parameters (group them into a typed object)"]

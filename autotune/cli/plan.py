@@ -316,6 +316,7 @@ def command(
     grad_ckpt: bool | None = typer.Option(
         None, "--grad-ckpt/--no-grad-ckpt", help="Pin gradient checkpointing on or off."
     ),
+    ckpt_every: int | None = typer.Option(None, "--ckpt-every", help=choices_help("ckpt_every", pin=True)),
     zero_stage: int | None = typer.Option(None, "--zero-stage", help="Pin the ZeRO stage 0-3."),
     world_size: int | None = typer.Option(None, "--world-size", help="Pin the number of GPUs."),
     offload: str | None = typer.Option(None, "--offload", help=choices_help("offload", pin=True)),
@@ -336,8 +337,8 @@ def command(
 ) -> None:
     """Plan capacity without a GPU: does it fit, with which levers, how fast, how long, what cost."""
     pin = {
-        "micro_batch": micro_batch, "grad_ckpt": grad_ckpt, "zero_stage": zero_stage, "world_size": world_size,
-        "offload": offload, "optim": optim, "precision": precision, "attn": attn, "liger": liger,
+        "micro_batch": micro_batch, "grad_ckpt": grad_ckpt, "ckpt_every": ckpt_every, "zero_stage": zero_stage,
+        "world_size": world_size, "offload": offload, "optim": optim, "precision": precision, "attn": attn, "liger": liger,
     }  # fmt: skip
     query = PlanQuery(
         model=model, gpu=gpu, gpus_per_node=gpus_per_node, seq_len=seq_len, effective_batch=effective_batch,

@@ -136,6 +136,7 @@ def command(
     micro_batch: int = typer.Option(4, "--micro-batch", help="per_device_train_batch_size."),
     grad_accum: int = typer.Option(1, "--grad-accum", help="gradient_accumulation_steps."),
     grad_ckpt: bool = typer.Option(False, "--grad-ckpt/--no-grad-ckpt", help="Gradient (activation) checkpointing."),
+    ckpt_every: int = typer.Option(1, "--ckpt-every", help=choices_help("ckpt_every")),
     attn: str = typer.Option("sdpa", "--attn", help=choices_help("attn")),
     workers: int = typer.Option(0, "--workers", help="dataloader_num_workers."),
     pin_memory: bool = typer.Option(True, "--pin-memory/--no-pin-memory", help="dataloader_pin_memory."),
@@ -180,7 +181,8 @@ def command(
         trainer=trainer,
     )  # fmt: skip
     candidate = Candidate(
-        micro_batch=micro_batch, grad_accum=grad_accum, grad_ckpt=grad_ckpt, attn=attn, workers=workers,
+        micro_batch=micro_batch, grad_accum=grad_accum, grad_ckpt=grad_ckpt, ckpt_every=ckpt_every, attn=attn,
+        workers=workers,
         pin_memory=pin_memory, precision=precision, packing=packing, optim=optim, torch_compile=torch_compile,
         liger=liger, world_size=world_size, zero_stage=zero_stage, offload=offload, sharding=sharding,
     )  # fmt: skip

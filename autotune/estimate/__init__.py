@@ -48,6 +48,7 @@ from autotune.estimate.speed import (
     model_flops_per_token,
     predict_speed,
     predict_step_time,
+    recomputed,
 )
 
 __all__ = [
@@ -81,6 +82,7 @@ __all__ = [
     "find_gpus",
     "fits",
     "hardware_flops_per_token",
+    "recomputed",
     "load_catalog",
     "lora_param_count",
     "mfu",

@@ -652,7 +652,10 @@ def _activation_terms(
     saved: float
     working: float
     if c.grad_ckpt:
-        saved = (arch.layers * wb * arch.hidden + final) * tokens
+        # transformers checkpoints the layers whose index is a multiple of ckpt_every (every one at 1): those
+        # keep their input only, the others everything their backward reads
+        checkpointed = -(-arch.layers // c.ckpt_every)
+        saved = (checkpointed * wb * arch.hidden + (arch.layers - checkpointed) * layer + final) * tokens
         working = max(logits, layer * tokens + recompute_transient)
     else:
         saved = (arch.layers * layer + final) * tokens

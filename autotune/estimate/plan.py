@@ -68,6 +68,7 @@ OPTIM_SWITCH_MARGIN = 1.05
 PIN_FIELDS = (
     "micro_batch",
     "grad_ckpt",
+    "ckpt_every",
     "zero_stage",
     "world_size",
     "offload",
@@ -255,6 +256,16 @@ def _gpus_text(n: int) -> str:
     return f"{n} GPU" if n == 1 else f"{n} GPUs"
 
 
+def _checkpointing(pin: dict[str, Any]) -> list[tuple[bool, int]]:
+    """The (grad_ckpt, ckpt_every) pairs a plan tries: off, then one layer in k for each k the lever offers
+    (``autotune.spec.levers``), every layer last; what is pinned, as pinned."""
+    from autotune.spec.levers import LEVERS
+
+    ckpts = (pin["grad_ckpt"],) if "grad_ckpt" in pin else (False, True)
+    everies = (pin["ckpt_every"],) if "ckpt_every" in pin else tuple(sorted(LEVERS["ckpt_every"].values, reverse=True))
+    return [(ckpt, every) for ckpt in ckpts for every in (everies if ckpt else (1,))]
+
+
 def _levers(c: Candidate, mode: str, workload: Workload) -> tuple[str, ...]:
     out: list[str] = []
     if mode == "lora":
@@ -262,7 +273,7 @@ def _levers(c: Candidate, mode: str, workload: Workload) -> tuple[str, ...]:
     elif mode == "qlora":
         out.append(f"QLoRA r={workload.lora_r}")
     if c.grad_ckpt:
-        out.append("checkpointing")
+        out.append("checkpointing" + (f" (1 layer in {c.ckpt_every})" if c.ckpt_every > 1 else ""))
     if c.liger:
         out.append("Liger fused loss")
     if c.zero_stage:
@@ -334,14 +345,14 @@ def _search(
     for world in worlds:
         for zero, offload in _sharding(workload.mode, world, pin):
             for optim in _optims(workload.mode, offload, pin):
-                for ckpt in (pin["grad_ckpt"],) if "grad_ckpt" in pin else (False, True):
+                for ckpt, every in _checkpointing(pin):
                     for liger in (pin["liger"],) if "liger" in pin else (False, True):
                         for mb in (pin["micro_batch"],) if "micro_batch" in pin else MICRO_BATCHES:
                             if effective_batch % (mb * world):
                                 continue
                             cand = Candidate(
                                 micro_batch=mb, grad_accum=effective_batch // (mb * world), grad_ckpt=ckpt,
-                                attn=attn, precision=precision, liger=liger, world_size=world, zero_stage=zero,
+                                ckpt_every=every, attn=attn, precision=precision, liger=liger, world_size=world, zero_stage=zero,
                                 offload=offload, optim=optim,
                             )  # fmt: skip
                             mem = estimate_memory(arch, workload, cand, device="cuda", gpu=gpu)

@@ -55,6 +55,7 @@ __all__ = [
     "calibration_pairs",
     "compute_only_tokens_per_s",
     "hardware_flops_per_token",
+    "recomputed",
     "ideal_tokens_per_s",
     "mfu",
     "model_flops_per_token",
@@ -126,12 +127,17 @@ def model_flops_per_token(arch: Arch, seq_len: int, mode: str = "full") -> float
     return factor * arch.params_matmul + attention_flops_per_token(arch, seq_len)
 
 
-def hardware_flops_per_token(arch: Arch, seq_len: int, mode: str = "full", grad_ckpt: bool = False) -> float:
-    """Model FLOPs plus the recomputed forward under checkpointing (``2N`` + a third of attention)."""
-    f = model_flops_per_token(arch, seq_len, mode)
-    if grad_ckpt:
-        f += 2.0 * arch.params_matmul + attention_flops_per_token(arch, seq_len) / 3.0
-    return f
+def hardware_flops_per_token(arch: Arch, seq_len: int, mode: str = "full", grad_ckpt: bool | float = False) -> float:
+    """Model FLOPs plus the recomputed forward under checkpointing (``2N`` + a third of attention), for the
+    share of layers recomputed (``grad_ckpt``: True or 1.0 every layer, 0.5 one in two: :func:`recomputed`)."""
+    return model_flops_per_token(arch, seq_len, mode) + float(grad_ckpt) * (
+        2.0 * arch.params_matmul + attention_flops_per_token(arch, seq_len) / 3.0)
+
+
+def recomputed(c: Candidate) -> float:
+    """The share of decoder layers whose forward the backward pass runs again: 0 without checkpointing,
+    1 with every layer checkpointed, 1/k with one layer in k (``ckpt_every``)."""
+    return 1.0 / c.ckpt_every if c.grad_ckpt else 0.0
 
 
 def _resolve_gpu(gpu: GPU | str | None) -> GPU | None:
@@ -149,7 +155,7 @@ def mfu(
     seq_len: int,
     gpu: GPU | str | None,
     mode: str = "full",
-    grad_ckpt: bool = False,
+    grad_ckpt: bool | float = False,
     *,
     precision: str | None = None,
     hardware: bool = False,
@@ -211,9 +217,10 @@ def _lever_factor(workload: Workload, candidate: Candidate) -> float:
     return f
 
 
-def _compute_flops_per_token(arch: Arch, seq_len: int, mode: str, grad_ckpt: bool, attn: str) -> float:
-    """Hardware FLOPs per token with the attention term at the share a causal kernel computes."""
-    attn_full = attention_flops_per_token(arch, seq_len) * (4.0 / 3.0 if grad_ckpt else 1.0)
+def _compute_flops_per_token(arch: Arch, seq_len: int, mode: str, grad_ckpt: float, attn: str) -> float:
+    """Hardware FLOPs per token with the attention term at the share a causal kernel computes
+    (``grad_ckpt``: the share of layers recomputed)."""
+    attn_full = attention_flops_per_token(arch, seq_len) * (1.0 + grad_ckpt / 3.0)
     matmul = hardware_flops_per_token(arch, seq_len, mode, grad_ckpt) - attn_full
     return matmul + attn_full * ATTN_CAUSAL_SHARE.get(attn, 0.5)
 
@@ -248,11 +255,12 @@ def predict_speed(
     prec = c.precision if c.precision in ("bf16", "fp16", "tf32", "fp32") else gpu.half_precision
     peak = gpu.peak_flops(prec)
     eff = base * _lever_factor(w, c)
-    hw = hardware_flops_per_token(arch, w.seq_len, w.mode, c.grad_ckpt)
+    share = recomputed(c)
+    hw = hardware_flops_per_token(arch, w.seq_len, w.mode, share)
     tokens_mb = c.micro_batch * w.seq_len
     tokens_step = c.micro_batch * c.grad_accum * c.world_size * w.seq_len
-    compute_mb = tokens_mb * _compute_flops_per_token(arch, w.seq_len, w.mode, c.grad_ckpt, c.attn) / (peak * eff)
-    passes = 3 if c.grad_ckpt else 2
+    compute_mb = tokens_mb * _compute_flops_per_token(arch, w.seq_len, w.mode, share, c.attn) / (peak * eff)
+    passes = 2 + share  # forward, backward, and the recomputed share of the forward
     fixed_mb = passes * (arch.layers * LAYER_OVERHEAD_S + _adapted_linears(arch, w) * LORA_MODULE_OVERHEAD_S)
     dequant_mb = 0.0
     if w.mode == "qlora":
@@ -283,7 +291,7 @@ def predict_speed(
         tokens_per_s_per_gpu=per,
         efficiency=eff * compute_s / step_s,
         base_efficiency=base,
-        mfu=mfu(per, arch, w.seq_len, gpu, w.mode, c.grad_ckpt, precision=prec),
+        mfu=mfu(per, arch, w.seq_len, gpu, w.mode, share, precision=prec),
         hardware_flops_per_token=hw,
         step_time_s=step_s,
         offload_time_s=offload_s,

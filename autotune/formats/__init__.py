@@ -53,6 +53,7 @@ __all__ = [
     "tuned_file",
     "type_problems",
     "uneditable",
+    "unexpressed_levers",
     "unified_diff",
     "writable_keys",
     "value_problems",
@@ -298,6 +299,20 @@ def packs_into_rows(cfg: ReadConfig) -> str | None:
     """The key (``sample_packing``, ``packing``, ``neat_packing``) with which ``cfg`` packs sequences into
     rows, so that its batch keys count rows rather than sequences; None when they count sequences."""
     return next((k for k in _ROW_PACKING_KEYS.get(cfg.format, ()) if cfg.data.get(k) is True), None)
+
+
+def unexpressed_levers(cfg: ReadConfig) -> dict[str, str]:
+    """Levers a tuned copy of ``cfg`` cannot carry as measured -> why: the format has no key for them
+    (its module's ``UNEXPRESSED``), or the file states the checkpointing kwargs as a mapping, which a
+    write-back keeps as it is (``every_n_layers`` would be lost). A write-back's search holds them at their
+    default."""
+    out = {lever: f"{cfg.module.LABEL} has no key for it (the file {instead})"
+           for lever, instead in getattr(cfg.module, "UNEXPRESSED", {}).items()}
+    if cfg.format in ("training_args", "trl") and any(
+            isinstance(cfg.data.get(k), dict) for k in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs")):
+        out["ckpt_every"] = ("the file states its checkpointing kwargs, which a write-back keeps as they are "
+                             "(every_n_layers would be lost)")
+    return out
 
 
 def writable_keys(cfg: ReadConfig, *, fields: set[str] | None = None) -> set[str]:

@@ -22,12 +22,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["REQUEST_FIELDS", "Measured", "changed", "local_dataset", "packed_rows"]
+__all__ = ["REQUEST_FIELDS", "Measured", "changed", "local_dataset", "packed_rows", "unexpressed_notes"]
 
 # model / mode / seq_len / effective_batch are held from the file; the rest describe its current levers.
 REQUEST_FIELDS = (
     "model", "mode", "seq_len", "effective_batch", "micro_batch", "grad_accum", "dataset", "lora_r",
-    "lora_alpha", "lora_targets", "precision", "attn", "workers", "packing", "grad_ckpt", "zero_stage", "offload",
+    "lora_alpha", "lora_targets", "precision", "attn", "workers", "packing", "grad_ckpt", "ckpt_every", "zero_stage",
+    "offload",
 )  # fmt: skip
 
 
@@ -78,3 +79,18 @@ def packed_rows(micro_batch: int, at: Measured) -> int:
     if not mean or mean <= 0 or not seq_len:
         return micro_batch
     return max(1, min(micro_batch, round(micro_batch * mean / seq_len)))
+
+
+def unexpressed_notes(candidate: Any, unexpressed: Mapping[str, str], label: str) -> list[str]:
+    """A note for each lever the candidate sets away from its default that ``label`` (a framework) has no
+    key for (its module's ``UNEXPRESSED``: lever -> what the file does instead): the file then trains
+    that lever as the note says, and ``train.py`` trains as measured."""
+    from autotune.spec.levers import LEVERS
+
+    out = []
+    for lever, instead in unexpressed.items():
+        value = getattr(candidate, lever)
+        if value != LEVERS[lever].default:
+            out.append(f"{lever}: measured at {value} ({LEVERS[lever].help}); {label} has no key for it, so this "
+                       f"file {instead}; best/train.py trains as measured")
+    return out

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from autotune.formats._common import Measured, changed, local_dataset, packed_rows
+from autotune.formats._common import Measured, changed, local_dataset, packed_rows, unexpressed_notes
 from autotune.formats.model import LORA_DROPOUT
 from autotune.formats.training_args import (
     LEARNING_RATES,
@@ -37,7 +37,7 @@ from autotune.formats.training_args import (
 )
 from autotune.spec.probe_request import Candidate, Workload
 
-__all__ = ["NAME", "LABEL", "VOCAB", "MARKERS", "AXOLOTL_LOADER_DEFAULTS", "ATTN_VALUES", "HELD_LEVERS", "LEVER_KEYS",
+__all__ = ["NAME", "LABEL", "VOCAB", "MARKERS", "AXOLOTL_LOADER_DEFAULTS", "ATTN_VALUES", "HELD_LEVERS", "UNEXPRESSED", "LEVER_KEYS",
            "LIGER_PLUGIN", "LORA_KERNEL_KEYS", "axolotl_config", "deprecations", "detect", "lever_values", "to_request",
            "to_checklist", "tuned_keys"]
 
@@ -91,6 +91,10 @@ LEVER_KEYS: dict[str, tuple[str, ...]] = {
     "seq_len": ("sequence_len",),
     "mode": ("adapter", "load_in_4bit", "lora_r", "lora_alpha", "lora_target_modules", *LORA_KERNEL_KEYS),
 }
+# levers this format has no key for -> what a file of it does instead (a note in the emitted file; a write-back
+# holds them at their default before the search). Partial checkpointing: Axolotl enables checkpointing
+# itself or through a transformers that may predate every_n_layers.
+UNEXPRESSED: dict[str, str] = {"ckpt_every": "checkpoints every decoder layer"}
 # levers a write-back leaves as the file has them: the distributed set-up and the fine-tuning mode (the run's
 # mode is the file's; of the "mode" keys only the LoRA kernels, which autotune did not measure, are written off)
 HELD_LEVERS = ("zero_stage", "offload", "mode")
@@ -285,6 +289,7 @@ def axolotl_config(
         "seed": wl.seed,
         "output_dir": "./outputs/autotune",
     }
+    notes += unexpressed_notes(c, UNEXPRESSED, LABEL)
     if c.packing:
         notes.append(
             f"packing: autotune measured micro-batches of {c.micro_batch} sequences packed into rows; "

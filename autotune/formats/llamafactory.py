@@ -36,12 +36,12 @@ from importlib import resources
 from typing import Any
 
 from autotune.formats import training_args as _ta
-from autotune.formats._common import Measured, changed, packed_rows
+from autotune.formats._common import Measured, changed, packed_rows, unexpressed_notes
 from autotune.formats.model import LORA_DROPOUT
 from autotune.spec.probe_request import Candidate, ProbeRequest
 from autotune.spec.shell import py_str, python_c
 
-__all__ = ["NAME", "LABEL", "VOCAB", "MARKERS", "DEFAULTS", "FLASH_ATTN_VALUES", "HELD_LEVERS", "LEVER_KEYS", "OWN_KEYS",
+__all__ = ["NAME", "LABEL", "VOCAB", "MARKERS", "DEFAULTS", "FLASH_ATTN_VALUES", "HELD_LEVERS", "UNEXPRESSED", "LEVER_KEYS", "OWN_KEYS",
            "accepted_fields", "checkpointing_on", "dataset_note", "detect", "lever_values", "llamafactory_config",
            "to_request", "to_checklist", "tuned_keys"]
 
@@ -64,6 +64,10 @@ LEVER_KEYS: dict[str, tuple[str, ...]] = {
     "seq_len": ("cutoff_len",),
     "mode": ("finetuning_type", "lora_rank", "lora_alpha", "lora_target", "quantization_bit"),
 }
+# levers this format has no key for -> what a file of it does instead (a note in the emitted file; a write-back
+# holds them at their default before the search). Partial checkpointing: LLaMA-Factory enables checkpointing
+# itself or through a transformers that may predate every_n_layers.
+UNEXPRESSED: dict[str, str] = {"ckpt_every": "checkpoints every decoder layer"}
 # levers a write-back leaves as the file has them: the distributed set-up and the fine-tuning mode
 HELD_LEVERS = ("zero_stage", "offload", "mode")
 
@@ -171,6 +175,7 @@ def llamafactory_config(
         targs.pop(key)
     if unknown:
         notes.append(f"left out (not arguments of LLaMA-Factory's transformers): {', '.join(unknown)}")
+    notes += unexpressed_notes(c, UNEXPRESSED, LABEL)
     own = _own_values(c, at)
     cfg: dict[str, Any] = {
         "model_name_or_path": wl.model,

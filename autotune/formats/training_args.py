@@ -49,6 +49,7 @@ LEVER_KEYS: dict[str, tuple[str, ...]] = {
     "grad_accum": ("gradient_accumulation_steps",),
     "grad_ckpt": ("activation_checkpointing", "gradient_checkpointing", "activation_checkpointing_kwargs",
                   "gradient_checkpointing_kwargs"),
+    "ckpt_every": ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"),  # every_n_layers
     "precision": ("bf16", "fp16", "tf32"),
     "workers": ("dataloader_num_workers", "dataloader_persistent_workers"),
     "pin_memory": ("dataloader_pin_memory",),
@@ -111,8 +112,9 @@ def lever_values(candidate: Candidate, at: Measured, *, ckpt_key: str | None = N
     if c.workers > 0:
         kw["dataloader_persistent_workers"] = True
     if c.grad_ckpt:
-        # non-reentrant checkpointing works with frozen bases (LoRA) and is torch's recommendation
-        kw[f"{ckpt}_kwargs"] = dict(_NON_REENTRANT)
+        # non-reentrant checkpointing works with frozen bases (LoRA) and is torch's recommendation;
+        # every_n_layers (transformers >= 5.24) checkpoints one decoder layer in k
+        kw[f"{ckpt}_kwargs"] = {**_NON_REENTRANT, **({"every_n_layers": c.ckpt_every} if c.ckpt_every > 1 else {})}
     if at.device == "cuda":
         # bf16 and TF32 both imply an Ampere-or-newer GPU, where tf32=True is valid. TrainingArguments
         # raises on tf32=True elsewhere (T4, V100), so fp16/fp32 say False (always accepted; and
@@ -247,6 +249,15 @@ def _ckpt_key(cfg: Mapping[str, Any], fields: set[str] | frozenset[str] | None) 
     return "gradient_checkpointing"
 
 
+def checkpointed_every(cfg: Mapping[str, Any]) -> int | None:
+    """The file's ``every_n_layers`` (one checkpointed decoder layer in k), None when it states none."""
+    for key in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"):
+        kwargs = cfg.get(key)
+        if isinstance(kwargs, Mapping) and isinstance(kwargs.get("every_n_layers"), int):
+            return int(kwargs["every_n_layers"])
+    return None
+
+
 def to_request(cfg: Mapping[str, Any]) -> dict[str, Any]:
     mb = cfg.get("per_device_train_batch_size", 8)
     acc = cfg.get("gradient_accumulation_steps", 1)
@@ -256,6 +267,9 @@ def to_request(cfg: Mapping[str, Any]) -> dict[str, Any]:
         "workers": cfg.get("dataloader_num_workers", 0),
         "grad_ckpt": bool(cfg.get("activation_checkpointing", cfg.get("gradient_checkpointing", False))),
     }  # fmt: skip
+    every = checkpointed_every(cfg)
+    if every is not None:
+        req["ckpt_every"] = every
     if isinstance(mb, int) and isinstance(acc, int):
         req["effective_batch"] = mb * acc
     ds = cfg.get("deepspeed")

@@ -64,7 +64,8 @@ def plan_search(r: Request) -> SearchPlan:
 
     a = r.args
     dev, gpu_infos = _detect_device(a.device, r.gpu_list, a.ray_address)
-    space_obj, dropped, caps, notes = _space_for_device(r.space, dev, gpu_infos, a.device, a.ray_address, a.mode)
+    space_obj, dropped, caps, notes = _space_for_device(r.space, dev, gpu_infos, a.device, a.ray_address, a.mode,
+                                                        a.source)
     if a.gpus_per_trial is not None:
         space_obj = dataclasses.replace(space_obj, gpus_per_trial=(a.gpus_per_trial,))
     settings, rule = _probe_settings(r, dev, gpu_infos)
@@ -289,12 +290,13 @@ def _search_settings(r: Request, plan: SearchPlan) -> dict[str, Any]:
 
 def _space_for_device(
     space: SearchSpace | None, dev: str, gpu_infos: list[dict[str, Any]], requested: str, ray_address: str | None,
-    mode: str,
+    mode: str, source: Any = None,
 ) -> tuple[SearchSpace, list[Any], dict[str, Any], list[str]]:
     """(the space to search, the dropped choices, the capabilities, progress notes for the run).
 
     No space given: the device's own (``cpu`` or ``default``). Then the choices this device or
-    installation cannot run are dropped (SpecError when a knob is left with none).
+    installation cannot run are dropped (SpecError when a knob is left with none), and those a ``--from``
+    file's tuned copy could not carry (held at their default).
     """
     from autotune.run._preflight import default_space_for, detect_capabilities
     from autotune.spec.capabilities import dropped_line, filter_space
@@ -307,9 +309,29 @@ def _space_for_device(
                          "(--space names another, --device cuda insists on a GPU)")
     caps = detect_capabilities(dev, gpu_infos, ray_address)
     space, dropped = filter_space(space, caps, mode=mode)
+    if source is not None:
+        space, held = _hold_unexpressed(space, source)
+        dropped += held
     if dropped:
         notes.append(dropped_line(dropped, dev))
     return space, dropped, caps, notes
+
+
+def _hold_unexpressed(space: SearchSpace, source: Any) -> tuple[SearchSpace, list[Any]]:
+    """The space with the levers the ``--from`` file's tuned copy could not carry held at their default
+    (``formats.unexpressed_levers``), and those choices as dropped."""
+    from autotune.formats import unexpressed_levers
+    from autotune.spec.capabilities import DroppedChoice
+    from autotune.spec.levers import LEVERS
+
+    held: dict[str, tuple[Any, ...]] = {}
+    dropped = []
+    for lever, why in unexpressed_levers(source).items():
+        default = LEVERS[lever].default
+        for value in [v for v in space.choices(lever) if v != default]:
+            dropped.append(DroppedChoice(lever, value, f"the tuned {source.name} could not carry it: {why}"))
+            held[lever] = (default,)
+    return (dataclasses.replace(space, **held) if held else space), dropped
 
 
 def baseline_candidate(space: SearchSpace, effective_batch: int, device: str = "cpu") -> Candidate | None:

@@ -30,6 +30,7 @@ import importlib.util
 import itertools
 import os
 import shutil
+from pathlib import Path
 from typing import Any
 
 from autotune.errors import SpecError
@@ -221,6 +222,22 @@ def _has_module(name: str) -> bool:
         return False
 
 
+def trainer_reads_every_n_layers() -> bool | None:
+    """Whether the installed transformers' Trainer checkpoints one decoder layer in k
+    (``activation_checkpointing_kwargs={"every_n_layers": k}``, transformers >= 5.24); None when unknown.
+    Read from the Trainer's source, so nothing is imported (torch would come with it)."""
+    try:
+        spec = importlib.util.find_spec("transformers")
+    except (ImportError, ValueError):
+        return None
+    roots = list(spec.submodule_search_locations or []) if spec is not None else []
+    for root in roots:
+        trainer = Path(root) / "trainer.py"
+        if trainer.is_file():
+            return "every_n_layers" in trainer.read_text(encoding="utf-8", errors="replace")
+    return None
+
+
 def detect_capabilities(device: str, gpu_infos: list[dict[str, Any]], ray_address: str | None) -> dict[str, Any]:
     """What :func:`autotune.spec.capabilities.filter_space` needs to know about this machine.
 
@@ -233,6 +250,7 @@ def detect_capabilities(device: str, gpu_infos: list[dict[str, Any]], ray_addres
         return caps
     caps["packages"] = {name: _has_module(name) for name in
                         ("flash_attn", "bitsandbytes", "liger_kernel", "deepspeed", "triton")}
+    caps["partial_ckpt"] = trainer_reads_every_n_layers()
     if device == "cpu":
         caps["cxx_compiler"] = any(shutil.which(c) for c in (os.environ.get("CXX") or "c++", "g++", "clang++"))
     else:

@@ -111,6 +111,14 @@ def _nearest_effective(effective_batch: int, mb: int, worlds: list[int]) -> str:
     return f"{mb} x {accum} x {w} = {mb * accum * w}"
 
 
+def settled(c: Candidate) -> Candidate:
+    """``c`` with every lever that does nothing in it held at its default (offload without ZeRO, the
+    checkpointed share without checkpointing): one candidate, one id, for one measurement."""
+    values = dataclasses.asdict(c)
+    held = {d: LEVERS[d].default for d in CONDITIONAL_KNOBS if inactive(d, values) and values[d] != LEVERS[d].default}
+    return dataclasses.replace(c, **held) if held else c
+
+
 def candidate_from_choice(choice: dict[str, Any], *, effective_batch: int) -> Candidate | Skip:
     """Build the candidate for one choice of knobs (all DIMENSIONS present, or defaulted).
 

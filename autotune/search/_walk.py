@@ -51,7 +51,9 @@ from autotune.search._logic import (
     candidate_id,
     derive_grad_accum,
     infer_infeasible,
+    settled,
 )
+from autotune.spec.levers import inactive
 from autotune.spec.probe_request import Candidate
 from autotune.spec.space import DIMENSIONS
 
@@ -138,7 +140,7 @@ class FollowUps:
         if higher:
             out.append(dataclasses.replace(cand, micro_batch=higher[0]))
         if cand.grad_ckpt and False in self.grad_ckpt_choices:
-            out.append(dataclasses.replace(cand, grad_ckpt=False))
+            out.append(settled(dataclasses.replace(cand, grad_ckpt=False)))
         return out
 
     def half_precision(self, cand: Candidate) -> list[Candidate]:
@@ -154,7 +156,7 @@ class FollowUps:
                 # checkpointing off is a boundary move; on, at the same micro-batch, it only adds the
                 # recomputed forward (it pays through the larger micro-batch it lets fit: step-downs)
                 continue
-            if d in ("offload", "sharding") and cand.zero_stage == 0:
+            if inactive(DIMENSIONS[d], dataclasses.asdict(cand)):  # offload without ZeRO, ...
                 continue
             current = getattr(cand, d)
             if current not in choices:
@@ -166,10 +168,7 @@ class FollowUps:
             else:
                 others = [v for v in choices if v != current]
             for v in others:
-                changed = dataclasses.replace(cand, **{d: v})
-                if d == "zero_stage" and v == 0:
-                    changed = dataclasses.replace(changed, offload="none")
-                out.append(changed)
+                out.append(settled(dataclasses.replace(cand, **{d: v})))
         return out
 
     # ------------------------------------------------------------------ the queue

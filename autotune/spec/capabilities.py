@@ -14,7 +14,11 @@ and an absent or None entry means "unknown": no choice is dropped for it)::
      "compute_capability": [8, 0] | None,      # the lowest of the GPUs in use
      "packages": {"flash_attn": bool, "bitsandbytes": bool, "liger_kernel": bool,
                   "deepspeed": bool, "triton": bool} | None,   # None: not known (a remote cluster)
-     "cxx_compiler": bool | None}              # torch.compile's CPU backend builds C++
+     "cxx_compiler": bool | None,              # torch.compile's CPU backend builds C++
+     "partial_ckpt": bool | None}              # the Trainer reads every_n_layers (transformers >= 5.24)
+
+Dependent choices go with what they act under or need (``autotune.spec.levers``: offload without a ZeRO
+stage left, the checkpointed share without checkpointing).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import Any
 from autotune.errors import SpecError
 from autotune.spec.space import DIMENSIONS, SearchSpace
 
-__all__ = ["DroppedChoice", "choice_problem", "mode_problem", "filter_space", "dropped_line"]
+__all__ = ["DroppedChoice", "choice_problem", "mode_problem", "filter_space", "drop_dependants", "dropped_line"]
 
 _INSTALL = {
     "flash_attn": "pip install flash-attn",
@@ -101,6 +105,9 @@ def choice_problem(knob: str, value: Any, caps: Mapping[str, Any]) -> str | None
         if cpu:
             return "Liger kernels are Triton GPU kernels; this run is on cpu"
         return _missing(caps, "liger_kernel", "liger")
+    if knob == "ckpt_every" and value != 1 and caps.get("partial_ckpt") is False:
+        return (f"ckpt_every {value} (one checkpointed layer in {value}) needs a transformers whose Trainer reads "
+                "activation_checkpointing_kwargs' every_n_layers (5.24 does): pip install -U transformers")
     if knob == "torch_compile" and value is True:
         if cpu and caps.get("cxx_compiler") is False:
             return "torch.compile on cpu builds C++ kernels and no C++ compiler (c++/g++/clang++) was found"
@@ -158,14 +165,7 @@ def filter_space(
             else:
                 values.append(v)
         kept[knob] = tuple(values)
-    zero = kept["zero_stage"]
-    if space.zero_stage != zero:  # dependants of a dropped ZeRO stage
-        for knob, value, needs in (("offload", "optimizer", any(z > 0 for z in zero)),
-                                   ("offload", "params", 3 in zero),
-                                   ("sharding", "fsdp", any(z > 0 for z in zero))):
-            if value in kept[knob] and not needs:
-                kept[knob] = tuple(v for v in kept[knob] if v != value)
-                dropped.append(DroppedChoice(knob, value, f"{knob} {value} needs a ZeRO stage that was dropped"))
+    dropped += drop_dependants(kept)
     empty = [k for k in DIMENSIONS if not kept[k]]
     if empty:
         reasons = "; ".join(f"{d.knob} {d.value}: {d.reason}" for d in dropped if d.knob in empty)
@@ -174,6 +174,29 @@ def filter_space(
                         f"(e.g. --space cpu on a CPU machine)")
     filtered = dataclasses.replace(space, **kept) if dropped else space
     return filtered, dropped
+
+
+def drop_dependants(kept: dict[str, Any]) -> list[DroppedChoice]:
+    """Drop from ``kept`` (dimension -> its choices left) every choice that what it acts under or needs no
+    longer allows (``autotune.spec.levers``: offload params without ZeRO-3 left, a checkpointed share
+    without checkpointing); returns what was dropped."""
+    from autotune.spec.levers import LEVERS, RULES, or_list
+
+    out: list[DroppedChoice] = []
+    for knob, lever in DIMENSIONS.items():
+        under = LEVERS[lever].acts_under
+        if under is not None and not any(v in under[1] for v in kept.get(under[0], ())):
+            for value in [v for v in kept[knob] if v != LEVERS[lever].default]:
+                out.append(DroppedChoice(knob, value, f"{knob} {value} acts only with {under[0]} "
+                                                      f"{or_list(under[1])}, which was dropped"))
+            kept[knob] = (LEVERS[lever].default,)
+    for rule in RULES:
+        if rule.invalid and rule.value in kept.get(rule.lever, ()) and not any(
+                v in rule.allowed for v in kept.get(rule.other, ())):
+            kept[rule.lever] = tuple(v for v in kept[rule.lever] if v != rule.value)
+            out.append(DroppedChoice(rule.lever, rule.value, f"{rule.lever} {rule.value} needs {rule.other} "
+                                                             f"{or_list(rule.allowed)}, which was dropped"))
+    return out
 
 
 def dropped_line(dropped: list[DroppedChoice], device: str) -> str:

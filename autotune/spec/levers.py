@@ -39,6 +39,9 @@ class Lever:
     ordered: bool = False  # values lie in an order: the search steps to the next one
     acts_under: tuple[str, tuple[Any, ...]] | None = None  # (lever, values): it does anything only then
     help: str = ""
+    # a lever added after candidates' ids were first stored: at its default it is left out of the id, so a
+    # stored run, journal or recorded landscape keeps the ids it has (``spec.trial.candidate_id``)
+    id_omits_default: bool = False
 
     def allowed_text(self) -> str:
         if self.kind == "bool":
@@ -62,6 +65,11 @@ LEVERS: dict[str, Lever] = {lv.name: lv for lv in (
     Lever("grad_accum", "int", 1, 1, minimum=1, help="micro-batches per optimizer step (derived from the "
           "effective batch, never searched)"),
     Lever("grad_ckpt", "bool", False, False, help="recompute activations in the backward pass"),
+    # transformers >= 5.24 (activation_checkpointing_kwargs' every_n_layers): 1 checkpoints every decoder
+    # layer; k checkpoints one layer in k, the others keep their activations: a dial between checkpointing
+    # on and off that gives back speed for memory the full recompute leaves unused
+    Lever("ckpt_every", "int", 1, 1, values=(1, 2, 4), ordered=True, acts_under=("grad_ckpt", (True,)),
+          id_omits_default=True, help="under checkpointing, recompute one decoder layer in every k"),
     Lever("attn", "str", "sdpa", "sdpa", values=("eager", "sdpa", "flash_attention_2", "flex_attention"),
           help="attention kernel"),
     Lever("workers", "int", 0, 0, minimum=0, ordered=True, help="data-loader worker processes"),

@@ -77,6 +77,7 @@ class Candidate:
     micro_batch: int = _default("micro_batch")
     grad_accum: int = _default("grad_accum")
     grad_ckpt: bool = _default("grad_ckpt")
+    ckpt_every: int = _default("ckpt_every")
     attn: str = _default("attn")
     workers: int = _default("workers")
     pin_memory: bool = _default("pin_memory")

@@ -59,6 +59,7 @@ class SearchSpace:
 
     micro_batch: tuple[int, ...] = _default("micro_batch")
     grad_ckpt: tuple[bool, ...] = _default("grad_ckpt")
+    ckpt_every: tuple[int, ...] = _default("ckpt_every")
     attn: tuple[str, ...] = _default("attn")
     workers: tuple[int, ...] = _default("workers")
     pin_memory: tuple[bool, ...] = _default("pin_memory")

@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from autotune.spec.levers import LEVERS
 from autotune.spec.probe_request import Candidate
 
 __all__ = ["TrialRecord", "candidate_id", "candidate_label"]
@@ -72,14 +73,16 @@ class TrialRecord:
 
 def candidate_id(candidate: Candidate) -> str:
     """Stable short identity of a candidate (hash of its fields): the dedupe key."""
-    text = json.dumps(dataclasses.asdict(candidate), sort_keys=True)
+    fields = {k: v for k, v in dataclasses.asdict(candidate).items()
+              if not (LEVERS[k].id_omits_default and v == LEVERS[k].default)}
+    text = json.dumps(fields, sort_keys=True)
     return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
 def candidate_label(c: Candidate) -> str:
     """Short human label: ``mb4x8 ckpt sdpa bf16 pack w2-pin`` (every knob that tells candidates apart)."""
     parts = [f"mb{c.micro_batch}x{c.grad_accum}" + (f"x{c.world_size}" if c.world_size > 1 else "")]
-    parts.append("ckpt" if c.grad_ckpt else "no-ckpt")
+    parts.append(("ckpt" + (f"/{c.ckpt_every}" if c.ckpt_every > 1 else "")) if c.grad_ckpt else "no-ckpt")
     parts += [c.attn, c.precision]
     if c.packing:
         parts.append("pack")

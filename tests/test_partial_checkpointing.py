@@ -195,3 +195,17 @@ def test_the_walk_steps_the_checkpointed_share_and_settles_it_when_checkpointing
     assert walk.one_knob_changes(dataclasses.replace(on, grad_ckpt=False)) == []  # it does nothing then
     off = [c for c in walk.boundary_moves(dataclasses.replace(on, ckpt_every=2)) if not c.grad_ckpt]
     assert [c.ckpt_every for c in off] == [1]  # one candidate, one id, for one measurement
+
+
+def test_check_reads_it_back_from_an_emitted_file(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from autotune.cli.app import app
+
+    fields = training_fields()[0]
+    assert fields is not None
+    targs = emitted_training_args(_request(dataclasses.replace(CKPT, ckpt_every=2)), fields=fields, device="cpu")
+    (tmp_path / "training_args.json").write_text(json.dumps(targs))
+    res = CliRunner().invoke(app, ["check", str(tmp_path / "training_args.json"), "--json"])
+    items = {i["id"]: i for i in json.loads(res.stdout)["items"]}
+    assert "one layer in 2" in items["memory_levers"]["message"], items["memory_levers"]

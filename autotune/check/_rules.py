@@ -12,7 +12,7 @@ from typing import Any
 
 from autotune.check._report import CheckItem, CheckReport
 from autotune.errors import SpecError
-from autotune.formats import FORMATS, translate
+from autotune.formats import FORMATS, checkpointed_every, translate
 
 __all__ = [
     "CONFIG_FILE_KINDS",
@@ -453,7 +453,9 @@ def _rule_memory_levers(c: _Ctx) -> None:
     ckpt = False
     if c.has_ta:
         ckpt = bool(c.ta.get("activation_checkpointing", c.ta.get("gradient_checkpointing")))
-        parts.append(f"activation checkpointing {'on' if ckpt else 'off'}")
+        every = checkpointed_every(c.ta) if ckpt else None
+        parts.append(f"activation checkpointing {'on' if ckpt else 'off'}"
+                     + (f" (one layer in {every}, every_n_layers)" if every and every > 1 else ""))
     lora = c.b.get("lora")
     if lora:
         parts.append(f"LoRA r={lora.get('r')}")

@@ -31,6 +31,7 @@ from autotune.formats._common import REQUEST_FIELDS, Measured
 from autotune.formats._inputs import value_problems
 from autotune.formats._types import type_problems
 from autotune.formats._writeback import is_yaml_name, uneditable, write_back_text
+from autotune.formats.training_args import checkpointed_every
 from autotune.spec.result import ProbeResult
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "Measured",
     "REQUEST_FIELDS",
     "ReadConfig",
+    "checkpointed_every",
     "detect_format",
     "file_references",
     "format_module",

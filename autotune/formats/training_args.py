@@ -19,7 +19,7 @@ from autotune.spec.probe_request import Candidate, ProbeRequest, Workload
 
 __all__ = [
     "NAME", "LABEL", "VOCAB", "MARKERS", "DEFAULTS", "LEVER_KEYS", "LEARNING_RATES", "RUN_DEFAULTS", "RUN_ONLY_KEYS",
-    "WARMUP_RATIO", "checkpointing_field", "detect", "emitted_training_args", "lever_values", "performance_kwargs",
+    "WARMUP_RATIO", "checkpointed_every", "checkpointing_field", "detect", "emitted_training_args", "lever_values", "performance_kwargs",
     "HELD_LEVERS", "candidate_of", "precision_of", "probe_kwargs", "to_checklist", "to_request", "tuned_keys",
     "written_back",
 ]  # fmt: skip

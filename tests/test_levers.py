@@ -96,3 +96,19 @@ def test_no_lever_value_list_or_rule_is_written_twice_in_the_package() -> None:
     found = [f"{p.relative_to(AUTOTUNE.parent)}: {s}" for p in AUTOTUNE.rglob("*.py") if p != home
              for s in spellings if s in p.read_text(encoding="utf-8")]
     assert not found, found
+
+
+@pytest.mark.parametrize("fmt", ["training_args", "trl", "axolotl", "llamafactory"])
+def test_every_lever_has_a_spelling_in_each_framework_or_says_where_it_goes(fmt: str) -> None:
+    """Adding a lever means deciding, per framework, its keys (LEVER_KEYS), or what a file of that framework
+    does instead (UNEXPRESSED: noted in the emitted file, held at its default before a write-back), or that
+    the launch carries it (CARRIED_ELSEWHERE)."""
+    from autotune.formats import FORMATS
+    from autotune.formats._common import CARRIED_ELSEWHERE
+
+    module = FORMATS[fmt]
+    unexpressed = getattr(module, "UNEXPRESSED", None)
+    assert isinstance(unexpressed, dict), f"{fmt} declares no UNEXPRESSED"
+    missing = set(LEVERS) - set(module.LEVER_KEYS) - set(unexpressed) - set(CARRIED_ELSEWHERE)
+    assert not missing, f"{fmt}: no spelling for {sorted(missing)}"
+    assert not set(module.LEVER_KEYS) & set(unexpressed), f"{fmt}: a lever both spelled and unexpressed"

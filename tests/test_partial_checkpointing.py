@@ -112,7 +112,7 @@ LF = "model_name_or_path: tiny-llama\nstage: sft\nfinetuning_type: lora\ncutoff_
 def test_what_a_file_cannot_carry_is_named() -> None:
     assert "LLaMA-Factory has no key" in unexpressed_levers(read_config("lf.yaml", LF))["ckpt_every"]
     assert "kwargs" in unexpressed_levers(read_config("ta.json", TA_MAPPING))["ckpt_every"]
-    assert unexpressed_levers(read_config("ta.json", TA_PLAIN)) == {}
+    assert "ckpt_every" not in unexpressed_levers(read_config("ta.json", TA_PLAIN))
     text, _ = tuned_file(read_config("ta.json", TA_PLAIN), dataclasses.asdict(dataclasses.replace(CKPT, ckpt_every=2)),
                          fields=training_fields()[0])
     assert '"every_n_layers": 2' in text
@@ -209,3 +209,11 @@ def test_check_reads_it_back_from_an_emitted_file(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["check", str(tmp_path / "training_args.json"), "--json"])
     items = {i["id"]: i for i in json.loads(res.stdout)["items"]}
     assert "one layer in 2" in items["memory_levers"]["message"], items["memory_levers"]
+
+
+def test_a_trainingarguments_write_back_holds_packing_it_cannot_carry() -> None:
+    """The same rule for an older lever: a TrainingArguments file has no packing key, so a packed winner
+    written back would train padded in the user's own script; the search holds packing off instead."""
+    assert "pads each micro-batch" in unexpressed_levers(read_config("ta.json", TA_PLAIN))["packing"]
+    trl = '{"per_device_train_batch_size": 2, "packing": false, "output_dir": "o", "max_length": 64}\n'
+    assert "packing" not in unexpressed_levers(read_config("sft.json", trl))

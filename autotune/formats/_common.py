@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["REQUEST_FIELDS", "Measured", "changed", "local_dataset", "packed_rows", "unexpressed_notes"]
+__all__ = ["REQUEST_FIELDS", "CARRIED_ELSEWHERE", "Measured", "changed", "local_dataset", "packed_rows", "unexpressed_notes"]
 
 # model / mode / seq_len / effective_batch are held from the file; the rest describe its current levers.
 REQUEST_FIELDS = (
@@ -30,6 +30,12 @@ REQUEST_FIELDS = (
     "lora_alpha", "lora_targets", "precision", "attn", "workers", "packing", "grad_ckpt", "ckpt_every", "zero_stage",
     "offload",
 )  # fmt: skip
+
+
+# levers no training file carries: the launch does (accelerate_config.yaml's processes, deepspeed.json's or
+# the FSDP settings' sharding), emitted beside every framework's file
+CARRIED_ELSEWHERE = {"world_size": "accelerate_config.yaml (the processes it launches)",
+                     "sharding": "accelerate_config.yaml and deepspeed.json (DeepSpeed ZeRO or FSDP)"}
 
 
 def changed(cfg: Mapping[str, Any], wanted: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:

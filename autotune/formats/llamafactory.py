@@ -56,7 +56,7 @@ VOCAB: dict[str, str] = {
     "use_liger_kernel": "enable_liger_kernel",
 }
 LEVER_KEYS: dict[str, tuple[str, ...]] = {
-    **{k: v for k, v in _ta.LEVER_KEYS.items() if k not in ("grad_ckpt", "liger")},
+    **{k: v for k, v in _ta.LEVER_KEYS.items() if k not in ("grad_ckpt", "ckpt_every", "liger")},
     "grad_ckpt": ("disable_gradient_checkpointing", "use_reentrant_gc"),
     "attn": ("flash_attn",),
     "packing": ("packing", "neat_packing", "per_device_train_batch_size"),

@@ -20,7 +20,7 @@ from autotune.spec.probe_request import Candidate, ProbeRequest, Workload
 __all__ = [
     "NAME", "LABEL", "VOCAB", "MARKERS", "DEFAULTS", "LEVER_KEYS", "LEARNING_RATES", "RUN_DEFAULTS", "RUN_ONLY_KEYS",
     "WARMUP_RATIO", "checkpointed_every", "checkpointing_field", "detect", "emitted_training_args", "lever_values", "performance_kwargs",
-    "HELD_LEVERS", "candidate_of", "precision_of", "probe_kwargs", "to_checklist", "to_request", "tuned_keys",
+    "HELD_LEVERS", "UNEXPRESSED", "candidate_of", "precision_of", "probe_kwargs", "to_checklist", "to_request", "tuned_keys",
     "written_back",
 ]  # fmt: skip
 
@@ -63,6 +63,9 @@ LEVER_KEYS: dict[str, tuple[str, ...]] = {
 }
 # levers a write-back leaves as the file has them: the distributed set-up (a DeepSpeed/FSDP config the user owns)
 HELD_LEVERS = ("zero_stage", "offload")
+# levers a TrainingArguments file has no key for -> what training from it does instead (formats._common):
+# packing is the data collator's (best/train.py packs as measured; a Trainer script of yours does not)
+UNEXPRESSED: dict[str, str] = {"packing": "pads each micro-batch unless your own script packs"}
 # levers off by default, written into an emitted file only when on (an older transformers may lack the key)
 _ONLY_WHEN_ON = ("torch_compile", "use_liger_kernel")
 

@@ -28,7 +28,7 @@ from autotune.formats import training_args as _ta
 from autotune.formats._common import Measured, changed, local_dataset, packed_rows
 from autotune.spec.probe_request import Candidate, ProbeRequest
 
-__all__ = ["NAME", "LABEL", "VOCAB", "MARKERS", "DEFAULTS", "LEVER_KEYS", "HELD_LEVERS", "SFT_KEYS", "PACKING_NOTE",
+__all__ = ["NAME", "LABEL", "VOCAB", "MARKERS", "DEFAULTS", "LEVER_KEYS", "HELD_LEVERS", "UNEXPRESSED", "SFT_KEYS", "PACKING_NOTE",
            "TRL_PACKING_QUALITY_NOTE", "detect", "lever_values", "sft_config", "sft_probe_overrides", "to_request",
            "to_checklist", "tuned_keys"]
 
@@ -55,6 +55,7 @@ LEVER_KEYS: dict[str, tuple[str, ...]] = {
     "attn": (),  # a model argument: model_kwargs.json / SFTConfig.model_init_kwargs
 }
 HELD_LEVERS = _ta.HELD_LEVERS
+UNEXPRESSED: dict[str, str] = {}  # SFTConfig carries packing (packing, padding_free) and every_n_layers
 
 
 def _own_values(c: Candidate, at: Measured) -> dict[str, Any]:

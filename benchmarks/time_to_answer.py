@@ -61,15 +61,15 @@ def paper() -> list[dict[str, Any]]:
     from autotune.estimate import arch_from_config, find_gpu, plan, predict_speed
     from autotune.estimate.probe_time import predict_probe_time
     from autotune.models import resolve_model
-    from autotune.run import baseline_candidate
+    from autotune.run import baseline_candidate, default_space_for
     from autotune.search import distinct_candidates, usable_micro_batches, usable_worlds
     from autotune.spec.probe_request import ProbeSettings, Workload
     from autotune.spec.probe_window import MIN_TIMED_STEPS
     from autotune.spec.space import load_space
 
     rows = []
-    space = load_space("default")
     for label, model, gpu_name, mode, seq, eb, goal in WORKLOADS:
+        space = load_space(default_space_for("cuda", mode, 1))  # what a default run on one GPU searches
         resolved = resolve_model(model)
         arch = arch_from_config(resolved.config)
         gpu = find_gpu(gpu_name)

@@ -216,3 +216,40 @@ def _args(tmp_path: Path, **kw: Any) -> Any:
     return RunRequest(**{**base, **kw})
 
 
+
+
+# ------------------------------------------------------------------------------ the situation's space
+
+
+def test_the_default_space_is_the_requests_situation() -> None:
+    from autotune.run import default_space_for
+
+    assert default_space_for("cpu", "lora", 0) == "cpu"
+    assert [default_space_for("cuda", m, 1) for m in ("full", "lora", "qlora")] == ["default", "lora", "lora"]
+    assert default_space_for("cuda", "lora", 4) == "multi-gpu"
+
+
+def test_a_situations_space_leaves_torch_compile_out_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from autotune.run import plan_search, read_request
+
+    monkeypatch.setattr("autotune.env.nvml_device_info", lambda: [dict(MIXED[1])])  # one A10G
+    monkeypatch.setattr("autotune.run._preflight._has_module", lambda name: True)
+    lora = plan_search(read_request(_args(tmp_path, device="cuda", space=None, mode="lora", seq_len=256)))
+    assert lora.space.name == "lora" and lora.space.torch_compile == (False,)
+    (dear,) = [d for d in lora.dropped if d.knob == "torch_compile"]
+    assert dear.value is True and "repay" in dear.reason
+    assert any("searching the `lora` space" in n for n in lora.notes)
+    named = plan_search(read_request(_args(tmp_path, device="cuda", space="lora", mode="lora", seq_len=256)))
+    assert named.space.torch_compile == (False, True) and not [d for d in named.dropped if d.knob == "torch_compile"]
+
+
+def test_torch_compile_is_left_out_only_while_the_cost_model_predicts_it_no_gain() -> None:
+    """The reason given says the model predicts no speed-up: when the speed model gains a torch.compile term,
+    this rule must weigh it (its probe's cost against the training it speeds up) instead."""
+    from autotune.estimate.speed import COMPILE_FACTOR
+    from autotune.run._preflight import DEAR_LEVERS
+
+    assert "predicts no speed-up" in DEAR_LEVERS["torch_compile"][1]
+    assert COMPILE_FACTOR == 1.0

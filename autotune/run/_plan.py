@@ -302,19 +302,42 @@ def _space_for_device(
     from autotune.spec.capabilities import dropped_line, filter_space
 
     notes: list[str] = []
+    situation = space is None
     if space is None:
-        space = load_space(default_space_for(dev))
+        space = load_space(default_space_for(dev, mode, len(gpu_infos)))
         if requested == "auto" and dev == "cpu":
             notes.append("--device auto found no GPU: searching on cpu with the `cpu` search space "
                          "(--space names another, --device cuda insists on a GPU)")
+        elif dev != "cpu":
+            notes.append(f"searching the `{space.name}` space, this request's situation ({mode}, "
+                         f"{max(1, len(gpu_infos))} GPU(s)); --space names another")
     caps = detect_capabilities(dev, gpu_infos, ray_address)
     space, dropped = filter_space(space, caps, mode=mode)
+    if situation:
+        space, dear = _leave_out_dear_levers(space)
+        dropped += dear
     if source is not None:
         space, held = _hold_unexpressed(space, source)
         dropped += held
     if dropped:
         notes.append(dropped_line(dropped, dev))
     return space, dropped, caps, notes
+
+
+def _leave_out_dear_levers(space: SearchSpace) -> tuple[SearchSpace, list[Any]]:
+    """A situation's default space without the choices whose probe costs far more than it can be predicted
+    to repay (``_preflight.DEAR_LEVERS``: torch.compile), each listed with why."""
+    from autotune.run._preflight import DEAR_LEVERS
+    from autotune.spec.capabilities import DroppedChoice
+
+    kept: dict[str, tuple[Any, ...]] = {}
+    dropped = []
+    for knob, (value, why) in DEAR_LEVERS.items():
+        choices = space.choices(knob)
+        if value in choices and len(choices) > 1:
+            kept[knob] = tuple(v for v in choices if v != value)
+            dropped.append(DroppedChoice(knob, value, why))
+    return (dataclasses.replace(space, **kept) if kept else space), dropped
 
 
 def _hold_unexpressed(space: SearchSpace, source: Any) -> tuple[SearchSpace, list[Any]]:

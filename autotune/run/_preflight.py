@@ -262,9 +262,23 @@ def detect_capabilities(device: str, gpu_infos: list[dict[str, Any]], ray_addres
     return caps
 
 
-def default_space_for(device: str) -> str:
-    """The search space used when none is named: ``cpu`` on a CPU, ``default`` on a GPU."""
-    return "cpu" if device == "cpu" else "default"
+def default_space_for(device: str, mode: str = "full", gpus: int = 1) -> str:
+    """The search space of the request's situation when none is named: ``cpu`` on a CPU; on GPUs,
+    ``multi-gpu`` with several in use, ``lora`` for LoRA and QLoRA on one (the frozen base makes the
+    optimizer and ZeRO choices moot), ``default`` for full fine-tuning on one."""
+    if device == "cpu":
+        return "cpu"
+    if gpus > 1:
+        return "multi-gpu"
+    return "lora" if mode in ("lora", "qlora") else "default"
+
+
+# levers left out of a situation's default space unless a named space lists them: (value, why)
+DEAR_LEVERS: dict[str, tuple[Any, str]] = {
+    "torch_compile": (True, "a torch.compile probe times whole optimizer steps and pays the compilation, many "
+                            "times a composed probe's time, and the cost model predicts no speed-up to repay it; "
+                            "name a space that lists it (--space) to measure it"),
+}
 
 
 def mean_sequence_tokens(workload: Workload) -> float:

@@ -203,4 +203,4 @@ def dropped_line(dropped: list[DroppedChoice], device: str) -> str:
     """One progress line listing every dropped choice with its reason."""
     parts = [f"{d.knob}={str(d.value).lower() if isinstance(d.value, bool) else d.value} ({d.reason})"
              for d in dropped]
-    return f"not searched, cannot run on {device} here: " + "; ".join(parts)
+    return f"not searched on {device} here: " + "; ".join(parts)

@@ -383,8 +383,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                     help="autotune without the one-knob changes of a new best (for an A/B of that rule)")
     ap.add_argument("--no-recheck", action="store_true",
                     help="autotune without re-measuring a would-be walk centre within the noise (A/B of that rule)")
+    ap.add_argument("--stop-when-converged", action="store_true",
+                    help="autotune stops once its walk has settled instead of spending the rest of its budget (A/B)")
     a = ap.parse_args(argv)
     SEARCHER_OPTIONS.clear()
+    if a.stop_when_converged:
+        SEARCHER_OPTIONS["stop_when_converged"] = True
     if a.no_follow_ups:
         SEARCHER_OPTIONS["follow_ups"] = False
     if a.no_neighbours:

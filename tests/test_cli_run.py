@@ -195,7 +195,7 @@ def test_documented_flags_reach_tune(tmp_path: Path, monkeypatch: pytest.MonkeyP
                "--time-budget", "20m", "--gpus", "0,1", "--ray-address", "ray://h:10001", "--device", "cuda",
                "--storage", "sqlite:///x.db", "--out", "o", "--seed", "3", "--resume", "--gpus-per-trial", "2",
                "--top-k", "2", "--steps", "4", "--probe-timeout", "60", "--confirm-rounds", "3:5",
-               "--confirm-tolerance", "0.2", "--strategy", "tpe", "--trainer", "trl", "--config-name", "cfg",
+               "--confirm-tolerance", "0.2", "--strategy", "tpe", "--stop-when-converged", "--trainer", "trl", "--config-name", "cfg",
                "--sample-rows", "9", "--offline",
                "--lora-r", "32", "--lora-alpha", "16", "--lora-targets", "all-linear"])
     assert res.exit_code == 2
@@ -206,7 +206,7 @@ def test_documented_flags_reach_tune(tmp_path: Path, monkeypatch: pytest.MonkeyP
         "progress": seen["progress"], "gpus_per_trial": 2, "top_k": 2, "steps": 4, "probe_timeout_s": 60.0,
         "trust_remote_code": False, "verify_loss": 0, "confirm_rounds": (3, 5), "confirm_tolerance": 0.2,
         "trainer": "trl",
-        "strategy": "tpe",
+        "strategy": "tpe", "stop_when_converged": True,
         "hub": None, "config_name": "cfg", "sample_rows": 9,  # --offline: no HubAccess
         "lora_r": 32, "lora_alpha": 16, "lora_targets": "all-linear", "source": None, "write_back": None,
     }

@@ -134,3 +134,30 @@ def test_the_new_landscapes_budget_rule_puts_the_usable_memory_at_the_median_pea
     land["entries"][0]["peak_mem_bytes"] = None
     with pytest.raises(SystemExit, match="finish the recording"):
         record_landscape.median_budget_text(land)
+
+
+def test_stop_when_converged_ends_the_search_once_the_walk_settles_with_the_baseline_measured() -> None:
+    """On a recorded 80-configuration landscape (C), with a 40-probe budget: the converged search stops well
+    short of it, says why, has measured the HF default, and picks as well as the full search here."""
+    import optuna
+
+    from autotune.executors.replay import ReplayExecutor
+    from autotune.search import Searcher, candidate_id
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    p = sq.problem(REPO / "benchmarks" / "landscapes" / "cpu-tiny-llama-landscape-cpu-c.json")
+    base = sq._baseline(p)
+    assert base is not None
+    outs = {}
+    for stop in (False, True):
+        ex = ReplayExecutor(p.landscape, seed=0, noise=True)
+        outs[stop] = Searcher(space=p.space, workload=p.workload, settings=p.settings, effective_batch=p.effective_batch,
+                              executor=ex, max_trials=34, seed=0, top_k=2, device="cpu", baseline=base,
+                              poll_interval_s=0.0, stop_when_converged=stop).run()
+    full, settled = outs[False], outs[True]
+    assert full.stop_reason.startswith("max trials") and settled.stop_reason.startswith("converged")
+    probed = lambda o: sum(1 for r in o.records if r.phase == "search" and r.probed)  # noqa: E731
+    assert probed(settled) < probed(full) / 2
+    assert any(r.key == candidate_id(base) and r.probed for r in settled.records)
+    assert settled.best_record is not None and full.best_record is not None
+    assert (p.truth.true_tokens_per_s(settled.best_record.candidate_obj()) or 0) >= 0.97 * p.optimum

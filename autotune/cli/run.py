@@ -228,6 +228,7 @@ def command(
     confirm_rounds: str | None = typer.Option(None, "--confirm-rounds", help="Confirmation rounds MIN:MAX (default 2:4): more rounds run while the repeats disagree."),
     confirm_tolerance: float | None = typer.Option(None, "--confirm-tolerance", help="Relative spread at which repeats agree (default 0.25 on CPU, 0.10 on a GPU)."),
     strategy: str = typer.Option("walk", "--strategy", help="What proposes the probes: walk (expert seeds, memory-boundary step-downs, a neighbourhood walk, then TPE) | tpe | random | grid | largest-fits | deepspeed."),
+    stop_when_converged: bool = typer.Option(False, "--stop-when-converged", help="End the search once the walk has settled (its best beat by none of its one-lever neighbours) instead of spending the rest of --max-trials: fewer probes, at a small risk of a local optimum (docs/search.md)."),
     strict: bool = typer.Option(False, "--strict", help="Exit 5 when the answer is doubtful: the winner's repeats are noisy, or other load was seen."),
     trainer: str = typer.Option("hf", "--trainer", help="hf | trl: measure through transformers.Trainer (train.py) or TRL's SFTTrainer (train_sft.py, sft_config.json)."),
     as_json: bool = typer.Option(False, "--json", help="Print only summary.json to stdout."),
@@ -244,7 +245,8 @@ def command(
         seed=seed, resume=resume, fresh=fresh, progress=printer, gpus_per_trial=gpus_per_trial, top_k=top_k,
         steps=steps, probe_timeout_s=_probe_timeout(probe_timeout), trust_remote_code=trust_remote_code,
         verify_loss=verify_loss_steps if verify_loss else 0, confirm_rounds=_rounds(confirm_rounds),
-        confirm_tolerance=confirm_tolerance, strategy=strategy, trainer=trainer, hub=_hub_access(offline),
+        confirm_tolerance=confirm_tolerance, strategy=strategy, stop_when_converged=stop_when_converged,
+        trainer=trainer, hub=_hub_access(offline),
         config_name=config_name, sample_rows=sample_rows, lora_r=lora_r, lora_alpha=lora_alpha,
         lora_targets=lora_targets, write_back=write_back,
     )  # fmt: skip

@@ -285,6 +285,7 @@ def _search_settings(r: Request, plan: SearchPlan) -> dict[str, Any]:
             "verify_loss": a.verify_loss, "verify_loss_tolerance": a.verify_loss_tolerance,
             "confirm": plan.confirm_policy.to_dict(),
             **({"strategy": a.strategy} if a.strategy != "walk" else {}),  # (walk: keys as before)
+            **({"stop_when_converged": True} if a.stop_when_converged else {}),
             "load_monitor": plan.load_monitor}  # fmt: skip
 
 

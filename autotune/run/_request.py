@@ -90,6 +90,7 @@ class RunRequest:
     lora_alpha: int | None = None  # None: 2 x lora_r
     lora_targets: str | tuple[str, ...] = "attn"  # attn, all-linear, a comma-separated list, or the names
     strategy: str = "walk"
+    stop_when_converged: bool = False  # the walk's settled best ends the search (else max_trials / time)
     hub: Any = None  # autotune.models.HubAccess: online; None: offline
     config_name: str | None = None
     sample_rows: int | None = None

@@ -146,6 +146,9 @@ class SearchPolicy:
     recheck: bool = True
     defaults: Candidate | None = None
     poll_interval_s: float = 2.0
+    # stop the search once the walk has settled (its best is a local optimum under one-lever moves) rather
+    # than handing the rest of max_trials to TPE
+    stop_when_converged: bool = False
 
 
 @dataclass(frozen=True)
@@ -546,6 +549,9 @@ class Searcher:
             return f"space exhausted (all {self.distinct} distinct configurations seen)"
         if loop.idle_asks >= _MAX_IDLE_ASKS:
             return f"space exhausted (the sampler proposed only seen configurations {loop.idle_asks} times)"
+        if self.policy.stop_when_converged and self._converged(loop):
+            return ("converged: the best configuration's one-lever neighbours, their combination and its "
+                    "boundary moves were measured and none beat it")
         left = self._time_left(loop)
         if left is not None:
             # measured walls; before any probe has landed, the predicted probe time
@@ -556,6 +562,15 @@ class Searcher:
             if left <= per_probe + reserve:
                 return "time budget reached"
         return ""
+
+    def _converged(self, loop: _Loop) -> bool:
+        """The walk has settled, the HF-default baseline is measured (the answer's "x over default"), and
+        nothing is in flight."""
+        if loop.in_flight or loop.enqueue_baseline is not None or loop.extra:
+            return False
+        if self.baseline is not None and candidate_id(self.baseline) not in loop.cache:
+            return False
+        return self.sampler.converged(self.study)
 
     def _fill(self, loop: _Loop) -> None:
         """Start probes until the slots are full, a stop applies, or the strategy waits for a landing."""

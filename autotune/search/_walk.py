@@ -326,6 +326,13 @@ class FollowUps:
         else:
             self.centre, self._nbrs, self._boundary = None, set(), set()
 
+    def converged(self) -> bool:
+        """The walk has settled: the best configuration is a closed centre (each of its one-lever neighbours,
+        their combination and the boundary moves were measured and none beat it) and nothing is queued."""
+        best = self._best()
+        return (self.neighbours and best is not None and best.key in self._closed and self.centre is None
+                and not self.queue and not self.step_downs and self.recheck is None)
+
     def _climb_lighter(self, cache: Mapping[str, TrialRecord]) -> None:
         """The centre's next larger micro-batch was over budget and its half-precision neighbour beat it:
         that neighbour at the larger micro-batch next (a boundary move: the lighter precision may fit it)."""

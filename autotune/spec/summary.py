@@ -162,6 +162,7 @@ class SearchInfo(BaseModel):
     prune: bool | str | None = Field(None, description="the memory model's pruner ran (\"custom:NAME\": a pruner of yours)")
     load_monitor: bool | None = Field(None, description="other load on the machine was watched")
     max_world: int | None = Field(None, description="most GPUs one probe could use, as planned (null: bounded only by what the executor reports)")
+    stop_when_converged: bool | None = Field(None, description="the search ended once the walk had settled (--stop-when-converged)")
 
 
 class Environment(_Closed):

@@ -391,3 +391,15 @@ def test_a_probe_whose_process_died_is_probed_once_more_before_the_crash_counts(
         assert ex.deaths == 1 and len(retried) == 1 and "out-of-memory killer" in retried[0]
         assert base["status"] == "ok" and result.summary["speedup_vs_baseline"] is not None
         assert base["confirmed"] is True
+
+
+def test_each_landed_probe_says_probe_k_of_n_and_an_eta_from_the_probes_measured(tmp_path: Path) -> None:
+    from _cli import cli
+
+    proc = cli(tmp_path, "run", "--device", "cpu", "--model", "tiny-llama", "--gpu-budget", "64GB", "--space", "cpu",
+               "--seq-len", "128", "--max-trials", "3", "--steps", "2", "--top-k", "1", "--confirm-rounds", "1",
+               "--out", str(tmp_path / "res"), fake=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    counted = re.findall(r" probe (\d+)/(\d+) · ETA (\S+)", proc.stderr)
+    assert [int(k) for k, _, _ in counted] == sorted(int(k) for k, _, _ in counted) and counted, proc.stderr
+    assert {int(n) for _, n, _ in counted} == {3} and counted[-1][0] == "3"

@@ -44,12 +44,22 @@ class ProgressPrinter:
         self.best_line = "none yet"
         self.time_left: float | None = None
         self.in_flight = 0
+        self.eta_s: float | None = None  # to the answer: search probes left and the confirmation
         self.run_dir: str | None = None  # the run folder, once the run has claimed one
 
     def _refresh(self) -> None:
         if self.status is not None:
             left = f" · time left {_fmt_s(self.time_left)}" if self.time_left is not None else ""
-            self.status.update(f"{self.in_flight} probe(s) running · best so far: {self.best_line}{left}")
+            eta = f" · ~{_fmt_s(self.eta_s)} to the answer" if self.eta_s is not None else ""
+            self.status.update(f"{self.in_flight} probe(s) running · best so far: {self.best_line}{eta}{left}")
+
+    def _count(self, data: dict[str, Any]) -> str:
+        """`` probe 7/40 · ETA 12m05s`` from a record event (the ETA from the probes measured so far)."""
+        if data.get("probes") is None or not data.get("probe_budget"):
+            return ""
+        self.eta_s = data.get("eta_s")
+        eta = f" · ETA {_fmt_s(self.eta_s)}" if self.eta_s is not None else ""
+        return f" probe {data['probes']}/{data['probe_budget']}{eta}"
 
     def __call__(self, event: str, data: dict[str, Any]) -> None:
         con = self.con
@@ -103,7 +113,8 @@ class ProgressPrinter:
                 reason = " · " + " ".join(str(rec.reason).split())[:140]
             elapsed = _fmt_s(time.monotonic() - self.t0)
             label = rec.label or rec.key
-            con.print(f"[dim]{elapsed:>6}[/dim] {phase}[{style}]{tag:<12}[/{style}] {label}{tps}{mem}{reason}",
+            count = self._count(data)
+            con.print(f"[dim]{elapsed:>6}{count}[/dim] {phase}[{style}]{tag:<12}[/{style}] {label}{tps}{mem}{reason}",
                       markup=True, highlight=False)
             best = data.get("best")
             if best is not None:

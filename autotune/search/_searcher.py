@@ -708,7 +708,20 @@ class Searcher:
 
     def _emit_record(self, loop: _Loop, rec: TrialRecord) -> None:
         self._emit("record", record=rec, best=self._best_so_far(), counts=self._counts(),
-                   time_left=self._time_left(loop))
+                   time_left=self._time_left(loop), **self._progress_counts(loop))
+
+    def _probe_budget(self) -> int:
+        """The search probes this run may make: --max-trials, or fewer when the space has fewer configurations."""
+        return min(self.max_trials, self.distinct) if self.distinct else self.max_trials
+
+    def _progress_counts(self, loop: _Loop) -> dict[str, Any]:
+        """``probes`` landed of ``probe_budget``, and ``eta_s``: the search probes left and the confirmation's,
+        at the median wall of the probes measured so far, over the slots (None before any has landed)."""
+        per = self._median_probe_wall() if self._durations else None
+        left = max(0, self._probe_budget() - loop.probes)
+        confirm = (self.top_k + (1 if self.baseline is not None else 0)) * self.confirm.min_rounds if self.top_k else 0
+        eta = None if per is None else per * (left + confirm) / max(1, self.executor.slots)
+        return {"probes": loop.probes, "probe_budget": self._probe_budget(), "eta_s": eta}
 
     # ---------------------------------------------------------------- confirmation
 

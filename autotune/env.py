@@ -58,14 +58,16 @@ def training_fields() -> tuple[set[str] | None, str | None]:
 
 
 def sft_fields() -> set[str] | None:
-    """The installed TRL ``SFTConfig``'s field names (None if trl is not installed)."""
+    """The names a ``trl sft`` config may hold (None if trl is not installed): the installed TRL's
+    ``SFTConfig`` fields, and its ``ModelConfig`` and ``ScriptArguments`` fields, which ``trl sft --config``
+    reads from the same file."""
     try:
         import dataclasses
 
-        from trl import SFTConfig
+        from trl import ModelConfig, ScriptArguments, SFTConfig
     except Exception:
         return None
-    return {f.name for f in dataclasses.fields(SFTConfig)}
+    return {f.name for cls in (SFTConfig, ModelConfig, ScriptArguments) for f in dataclasses.fields(cls)}
 
 
 def cpu_model() -> str:

@@ -323,3 +323,27 @@ def test_a_local_dataset_that_is_missing_fails_naming_the_key(app, tmp_path, mon
         (tmp_path / name).write_text((FORMATS_DATA / "axolotl_lora.yaml").read_text())
         res = CliRunner().invoke(app, ["check", str(tmp_path / name), "--json"])
         assert _items(res, "files") == []
+
+
+def test_a_trl_sft_cli_config_is_read_as_trl_reads_it(tmp_path: Path) -> None:
+    """`trl sft --config` reads SFTConfig, ModelConfig and ScriptArguments from one file: the model's and the
+    dataset's keys are valid there, PEFT is seen, and a key TRL renamed is named with its new name."""
+    pytest.importorskip("trl")
+    from autotune.cli.app import app
+    from autotune.formats import read_config
+
+    text = ("model_name_or_path: Qwen/Qwen2.5-0.5B\ndataset_name: trl-lib/Capybara\nuse_peft: true\nlora_r: 32\n"
+            "lora_alpha: 64\nlora_target_modules: [q_proj, v_proj]\nmax_seq_length: 1024\noutput_dir: out\n"
+            "per_device_train_batch_size: 2\nbf16: true\npacking: false\n")
+    path = tmp_path / "sft.yaml"
+    path.write_text(text)
+    res = CliRunner().invoke(app, ["check", str(path), "--format", "trl", "--json"])
+    items = json.loads(res.stdout)["items"]
+    fails = [i for i in items if i["status"] == "fail"]
+    assert [i["message"] for i in fails] == ["max_seq_length was renamed to max_length in TRL"], fails
+    assert fails[0]["fix"] == "rename to max_length"
+    levers = next(i for i in items if i["id"] == "memory_levers")
+    assert "LoRA r=32" in levers["message"]
+    req = read_config("sft.yaml", text, fmt="trl").request
+    assert (req["model"], req["mode"], req["lora_r"], req["lora_alpha"], req["lora_targets"]) == (
+        "Qwen/Qwen2.5-0.5B", "lora", 32, 64, "q_proj,v_proj")

@@ -813,11 +813,17 @@ def _training_args_names(c: _Ctx, missing: tuple[str, str] | None) -> tuple[list
     bad = 0
     if not c.has_ta:
         return unknown, bad
-    ver = _names_version(c)
-    what = "an SFTConfig" if c.b.fmt == "trl" else "a TrainingArguments"
+    trl = c.b.fmt == "trl"
+    where = ("an SFTConfig, ModelConfig or ScriptArguments field of the installed trl (what trl sft reads)"
+             if trl else f"a TrainingArguments field in {_names_version(c)}")
+    renamed = FORMATS["trl"].RENAMED if trl else {}
     src = c.src("training_args")
     for key in c.ta:
-        if key in REMOVED_IN_V5 and (c.fields is None or key not in c.fields):
+        if key in renamed and (c.fields is None or key not in c.fields):
+            c.add("names", "argument names", "fail", f"{key} was renamed to {renamed[key]} in TRL",
+                  f"rename to {renamed[key]}", src)
+            bad += 1
+        elif key in REMOVED_IN_V5 and (c.fields is None or key not in c.fields):
             c.add(
                 "names",
                 "argument names",
@@ -844,7 +850,7 @@ def _training_args_names(c: _Ctx, missing: tuple[str, str] | None) -> tuple[list
                 "names",
                 "argument names",
                 "fail",
-                f"{key} is not {what} field in {ver}",
+                f"{key} is not {where}",
                 "remove or rename it",
                 src,
             )

@@ -112,7 +112,8 @@ def bundle_from_file(path: Path, fmt: str | None = None) -> ConfigBundle:
 
 def command(
     config: Path = typer.Argument(
-        ..., help="training_args.json, accelerate_config.yaml, deepspeed.json, or a run's best/ directory"
+        ..., help="A training config (TrainingArguments or TRL SFTConfig / trl sft --config JSON or YAML, Axolotl or "
+                  "LLaMA-Factory YAML), an accelerate or DeepSpeed config, or a run's best/ directory"
     ),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     gpu: str = typer.Option(

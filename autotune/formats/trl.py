@@ -17,6 +17,11 @@ stay apart with flash_attention_2/3 (varlen) and, because ``SFTTrainer`` calls t
 from the restarting positions; with ``use_cache=True`` it would not: measured logit difference 4e-8 vs
 0.17 on a tiny Llama). A user's file that packs with ``padding_free: true`` alone (no bins) keeps it:
 there the batch counts sequences, as autotune's does.
+
+``trl sft --config FILE`` reads one file into three dataclasses: ``SFTConfig``, ``ModelConfig`` (the model,
+PEFT/LoRA, quantization) and ``ScriptArguments`` (the dataset). The model's and the adapters' keys are read
+here too (:func:`to_request`, :func:`to_checklist`); which names are valid is the installed trl's
+(``autotune.env.sft_fields``), and TRL's renamed keys are :data:`RENAMED`.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from autotune.formats import training_args as _ta
 from autotune.formats._common import Measured, changed, local_dataset, packed_rows
 from autotune.spec.probe_request import Candidate, ProbeRequest
 
-__all__ = ["NAME", "LABEL", "VOCAB", "MARKERS", "DEFAULTS", "LEVER_KEYS", "HELD_LEVERS", "UNEXPRESSED", "SFT_KEYS", "PACKING_NOTE",
+__all__ = ["NAME", "LABEL", "VOCAB", "MARKERS", "DEFAULTS", "LEVER_KEYS", "HELD_LEVERS", "UNEXPRESSED", "RENAMED", "SFT_KEYS", "PACKING_NOTE",
            "TRL_PACKING_QUALITY_NOTE", "detect", "lever_values", "sft_config", "sft_probe_overrides", "to_request",
            "to_checklist", "tuned_keys"]
 
@@ -55,6 +60,8 @@ LEVER_KEYS: dict[str, tuple[str, ...]] = {
     "attn": (),  # a model argument: model_kwargs.json / SFTConfig.model_init_kwargs
 }
 HELD_LEVERS = _ta.HELD_LEVERS
+# keys TRL renamed -> the new name (the old one is refused by the current SFTConfig)
+RENAMED: dict[str, str] = {"max_seq_length": "max_length"}
 UNEXPRESSED: dict[str, str] = {}  # SFTConfig carries packing (packing, padding_free) and every_n_layers
 
 
@@ -139,7 +146,29 @@ def to_request(cfg: Mapping[str, Any]) -> dict[str, Any]:
     ds = local_dataset(cfg.get("dataset_name"))
     if ds:
         req["dataset"] = ds
+    req.update(_model_request(cfg))
     return req
+
+
+def _model_request(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """What a ``trl sft`` config's ModelConfig keys ask: the model, and LoRA/QLoRA with its adapters."""
+    out: dict[str, Any] = {}
+    if isinstance(cfg.get("model_name_or_path"), str):
+        out["model"] = cfg["model_name_or_path"]
+    if cfg.get("use_peft") is True:
+        out["mode"] = "qlora" if cfg.get("load_in_4bit") is True else "lora"
+        if isinstance(cfg.get("lora_r"), int):
+            out["lora_r"] = cfg["lora_r"]
+        if isinstance(cfg.get("lora_alpha"), int):
+            out["lora_alpha"] = cfg["lora_alpha"]
+        targets = cfg.get("lora_target_modules")
+        if isinstance(targets, list) and targets and all(isinstance(t, str) for t in targets):
+            out["lora_targets"] = ",".join(targets)
+        elif targets == "all-linear":
+            out["lora_targets"] = "all-linear"
+    elif "use_peft" in cfg:
+        out["mode"] = "full"
+    return out
 
 
 def to_checklist(cfg: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -147,6 +176,11 @@ def to_checklist(cfg: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     mik = cfg.get("model_init_kwargs")
     if isinstance(mik, Mapping):
         out["model_kwargs"] = dict(mik)
+    if cfg.get("use_peft") is True:  # a trl sft config's adapters (ModelConfig)
+        out["lora"] = {"r": cfg.get("lora_r", 16), "lora_alpha": cfg.get("lora_alpha"),
+                       "target_modules": cfg.get("lora_target_modules")}
+        if cfg.get("load_in_4bit") is True:
+            out.setdefault("model_kwargs", {})["quantization_config"] = {"load_in_4bit": True}
     return out
 
 

@@ -25,12 +25,15 @@ from autotune.models import (
 # Published parameter counts (model cards / hub), independent of the table in _registry.py.
 PUBLISHED_PARAMS: dict[str, float] = {
     "llama-3.1-8b": 8_030_261_248,
+    "llama-3.1-70b": 70.6e9,  # the model card's 70.6B
     "llama-3.2-1b": 1.236e9,
     "llama-3.2-3b": 3.213e9,
     "mistral-7b": 7.25e9,
+    "mistral-7b-v0.1": 7.24e9,
     "qwen2.5-0.5b": 494e6,
     "qwen2.5-1.5b": 1.544e9,
     "qwen2.5-7b": 7.616e9,
+    "qwen2.5-72b": 72.7e9,
     "gemma-2-2b": 2.61e9,
     "phi-3-mini": 3.82e9,
     "gpt2": 124_439_808,

@@ -55,6 +55,12 @@ PRESETS: tuple[PresetInfo, ...] = (
         "Llama 3.1 8B: 8.03B params, 32 layers, GQA 32/8 heads, 128k vocab, 128k context",
     ),
     PresetInfo(
+        "llama-3.1-70b",
+        ("meta-llama/Llama-3.1-70B", "meta-llama/Meta-Llama-3.1-70B"),
+        70_553_706_496,
+        "Llama 3.1 70B: 70.6B params, 80 layers, GQA 64/8 heads, 128k vocab, 128k context",
+    ),
+    PresetInfo(
         "llama-3.2-1b",
         ("meta-llama/Llama-3.2-1B",),
         1_235_814_400,
@@ -73,6 +79,12 @@ PRESETS: tuple[PresetInfo, ...] = (
         "Mistral 7B v0.3: 7.25B params, 32 layers, GQA 32/8 heads, 32k vocab, 32k context",
     ),
     PresetInfo(
+        "mistral-7b-v0.1",
+        ("mistralai/Mistral-7B-v0.1",),
+        7_241_732_096,
+        "Mistral 7B v0.1: 7.24B params, 32 layers, GQA 32/8 heads, 32,000 vocab, 4k sliding window",
+    ),
+    PresetInfo(
         "qwen2.5-0.5b",
         ("Qwen/Qwen2.5-0.5B",),
         494_032_768,
@@ -89,6 +101,12 @@ PRESETS: tuple[PresetInfo, ...] = (
         ("Qwen/Qwen2.5-7B",),
         7_615_616_512,
         "Qwen2.5 7B: 7.62B params, 28 layers, GQA 28/4 heads, 152k vocab",
+    ),
+    PresetInfo(
+        "qwen2.5-72b",
+        ("Qwen/Qwen2.5-72B",),
+        72_706_203_648,
+        "Qwen2.5 72B: 72.7B params, 80 layers, GQA 64/8 heads, 152k vocab",
     ),
     PresetInfo(
         "gemma-2-2b",

@@ -403,3 +403,15 @@ def test_each_landed_probe_says_probe_k_of_n_and_an_eta_from_the_probes_measured
     counted = re.findall(r" probe (\d+)/(\d+) · ETA (\S+)", proc.stderr)
     assert [int(k) for k, _, _ in counted] == sorted(int(k) for k, _, _ in counted) and counted, proc.stderr
     assert {int(n) for _, n, _ in counted} == {3} and counted[-1][0] == "3"
+
+
+def test_run_help_groups_every_option_in_a_named_panel() -> None:
+    import typer.main
+
+    from autotune.cli.app import app
+
+    click_cmd = typer.main.get_command(app).commands["run"]  # type: ignore[attr-defined]
+    panels = {p.name: getattr(p, "rich_help_panel", None) for p in click_cmd.params if p.name != "help"}
+    assert all(panels.values()), [n for n, v in panels.items() if not v]
+    assert {"What to tune", "Your training config", "Data", "The search", "Where it runs", "Runs and output"} == set(
+        panels.values())

@@ -157,7 +157,7 @@ def test_bad_pins_exit_2_with_one_line() -> None:
         run("--model", "gpt2", "--seq-len", "512", "--optim", "lion")
     )
     assert "world_size 16 exceeds gpus_per_node 8" in _one_line_error(
-        run("--model", "gpt2", "--world-size", "16")
+        run("--model", "gpt2", "--world-size", "16", "--gpus-per-node", "8")
     )
     assert "--lora-targets" in _one_line_error(run("--model", "gpt2", "--lora-targets", " , "))
     line = _one_line_error(run("--model", "gpt2", "--seq-len", "4096"))
@@ -269,3 +269,17 @@ def test_an_answer_that_needs_liger_says_so_and_what_it_is_without() -> None:
     assert len(g["assumptions"]) == 1 and "autotune[gpu]" in g["assumptions"][0] and without in g["assumptions"][0]
     assert plain["assumptions"] == []  # pinned off: nothing assumed
     assert "A10G: assumes Liger's fused linear+cross-entropy (pip install 'autotune[gpu]')" in run(*args).output
+
+
+def test_a_one_gpu_question_gets_a_one_gpu_answer_unless_told_otherwise() -> None:
+    """The default plans one card (a node of eight answered a one-card question before); a pinned world size
+    or --gpus-per-node widens it."""
+    one = json.loads(run("--model", "llama-3.1-8b", "--gpu", "A10G", "--mode", "lora", "--seq-len", "4096",
+                         "--effective-batch", "32", "--json").stdout)
+    assert one["gpus_per_node"] == 1 and one["gpus"][0]["option"]["candidate"]["world_size"] == 1
+    four = json.loads(run("--model", "llama-3.1-8b", "--gpu", "A10G", "--mode", "lora", "--world-size", "4",
+                          "--json").stdout)
+    assert four["gpus_per_node"] == 4 and four["gpus"][0]["option"]["candidate"]["world_size"] == 4
+    node = json.loads(run("--model", "llama-3.1-8b", "--gpu", "A10G", "--mode", "lora", "--gpus-per-node", "8",
+                          "--json").stdout)
+    assert node["gpus_per_node"] == 8

@@ -415,3 +415,27 @@ def test_run_help_groups_every_option_in_a_named_panel() -> None:
     assert all(panels.values()), [n for n, v in panels.items() if not v]
     assert {"What to tune", "Your training config", "Data", "The search", "Where it runs", "Runs and output"} == set(
         panels.values())
+
+
+def test_the_same_command_again_continues_an_interrupted_run_and_fresh_starts_over(tmp_path: Path) -> None:
+    """An interrupted run (no summary.json yet: Ctrl-C, a crash) is continued by the same command, without
+    --resume: its finished probes are restored from the journal, not run again; --fresh starts a new run."""
+    from _cli import cli
+
+    args = ["run", "--device", "cpu", "--model", "tiny-llama", "--gpu-budget", "64GB", "--space", "cpu",
+            "--seq-len", "128", "--max-trials", "3", "--steps", "2", "--top-k", "1", "--confirm-rounds", "1",
+            "--out", str(tmp_path / "res"), "--json"]
+    first = cli(tmp_path, *args, fake=True)
+    assert first.returncode == 0, first.stderr[-2000:]
+    run_dir = Path(json.loads(first.stdout)["run_dir"])
+    (run_dir / "summary.json").unlink()  # as if interrupted before the answer was written
+    log = tmp_path / "probes.log"
+    again = cli(tmp_path, *args, fake=True, env={"FAKE_PROBE_LOG": str(log)})
+    assert again.returncode == 0, again.stderr[-2000:]
+    summary = json.loads(again.stdout)
+    assert summary["run_dir"] == str(run_dir) and summary["resumed"] is True
+    assert "continuing the interrupted run" in again.stderr
+    started = [line.split() for line in log.read_text().splitlines()] if log.exists() else []
+    assert started and all(int(steps) > 2 for _, steps, _ in started)  # confirmation only: no search probe again
+    fresh = cli(tmp_path, *args, "--fresh", fake=True)
+    assert json.loads(fresh.stdout)["run_dir"] != str(run_dir)

@@ -77,7 +77,7 @@ def ask(stored: dict[str, Any], monkeypatch: pytest.MonkeyPatch, model: Path | N
     """(answered from the cache?, the request's key), without running a search."""
     seen: dict[str, str] = {}
 
-    def claim(out: Path, key: str, name: str, resume: bool) -> Any:
+    def claim(out: Path, key: str, name: str, resume: bool, *rest: Any) -> Any:
         seen["key"] = key
         raise Miss(key)
 

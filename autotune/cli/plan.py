@@ -297,7 +297,7 @@ def command(
         help="Preset name, directory, or hub id ORG/NAME[@REVISION] (the HF cache, else config.json from the Hub when online).",
     ),
     gpu: str = typer.Option(DEFAULT_GPUS, "--gpu", help="Comma-separated GPU names from the catalog."),
-    gpus_per_node: int = typer.Option(8, "--gpus-per-node", help="Most GPUs the plan may use (one node)."),
+    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", help="Most GPUs the plan may use, on one node. Default: --world-size when pinned, else 1 (one card's question; 8 for a node of eight)."),
     seq_len: int | None = typer.Option(
         None,
         "--seq-len",
@@ -341,7 +341,8 @@ def command(
         "world_size": world_size, "offload": offload, "optim": optim, "precision": precision, "attn": attn, "liger": liger,
     }  # fmt: skip
     query = PlanQuery(
-        model=model, gpu=gpu, gpus_per_node=gpus_per_node, seq_len=seq_len, effective_batch=effective_batch,
+        model=model, gpu=gpu, gpus_per_node=gpus_per_node if gpus_per_node is not None else (world_size or 1),
+        seq_len=seq_len, effective_batch=effective_batch,
         mode=mode, tokens=tokens, lora_r=lora_r, lora_targets=lora_targets, pin=pin,
     )  # fmt: skip
     result = gather(query, PlanSources(catalog=catalog, calibrate_from=calibrate, hub=_hub_access(offline)))

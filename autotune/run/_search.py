@@ -95,11 +95,15 @@ def start_run(r: Request, plan: SearchPlan, run_dir: Any, resumed: bool) -> RunS
     return RunStart(history=history, base_summary=base_summary, storage_url=storage_url, resumed=resumed)
 
 
-def claim_run_dir(out: Path, key: str, model_name: str, resume: bool) -> tuple[Any, Any, bool]:
+def claim_run_dir(out: Path, key: str, model_name: str, resume: bool, fresh: bool = False,
+                  progress: ProgressFn | None = None) -> tuple[Any, Any, bool]:
     """The run folder this process works in, locked: (run_dir, lock, resumed).
 
     With ``resume`` the newest unfinished run of the same request is taken over, unless a live
-    process still holds it: then ``RunInProgressError`` (exit 4), and nothing is written.
+    process still holds it: then ``RunInProgressError`` (exit 4), and nothing is written. Without
+    ``resume`` or ``fresh``, an interrupted run of the same request that no live process holds is
+    continued too (a repeated command picks up where Ctrl-C left it, with a note); one still running
+    elsewhere is left alone and a new run starts.
     """
     from autotune.errors import RunInProgressError
     from autotune.store import RunDir, find_resumable, make_run_id
@@ -116,6 +120,13 @@ def claim_run_dir(out: Path, key: str, model_name: str, resume: bool) -> tuple[A
                 f"run {found.path} is still running in another process (pid {RunLock.holder(found.path)}): "
                 "wait for it (the same request is then answered from its result), or drop --resume to "
                 "start a separate search")
+        return found, lock, True
+    found = None if fresh else find_resumable(out, key)
+    lock = found.try_lock() if found is not None else None
+    if found is not None and lock is not None:
+        if progress is not None:
+            progress("note", {"text": f"continuing the interrupted run {found.path} of this request (its finished "
+                                      "probes are kept; --fresh starts over)"})
         return found, lock, True
     run_dir = RunDir.create(out, make_run_id(model_name, key))
     lock = run_dir.try_lock()  # a new folder: nobody else can hold it

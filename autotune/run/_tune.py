@@ -67,7 +67,8 @@ def tune(request: RunRequest | str | None = None, /, **kwargs: Any) -> RunResult
     if cached is not None:
         return cached
     plan = predict_run(r, plan)
-    run_dir, lock, resumed = claim_run_dir(Path(request.out), plan.key, r.resolved.name, request.resume)
+    run_dir, lock, resumed = claim_run_dir(Path(request.out), plan.key, r.resolved.name, request.resume,
+                                           request.fresh, request.progress)
     with lock:  # held until the run ends; the kernel drops it if this process is killed
         started = start_run(r, plan, run_dir, resumed)
         searched = run_search(r, plan, run_dir, started)

@@ -565,3 +565,21 @@ def test_parse_tokens(text: str, n: int) -> None:
 def test_parse_tokens_rejects(text: str) -> None:
     with pytest.raises(SpecError, match="tokens"):
         parse_tokens(text)
+
+
+def test_the_catalog_holds_the_gpus_users_rent_each_with_its_data_sheet() -> None:
+    from pathlib import Path as _Path
+
+    import autotune.estimate as est
+
+    names = {g.name for g in est.load_catalog()}
+    assert {"L4", "L40S", "A10G", "RTX-3090", "RTX-4090", "RTX-A6000", "A40", "A100-80GB", "H100-SXM", "H200",
+            "B200", "MI300X"} <= names
+    for alias, name in (("A6000", "RTX-A6000"), ("3090", "RTX-3090"), ("l40s", "L40S")):
+        assert est.find_gpu(alias).name == name
+    l40s, a40 = est.find_gpu("L40S"), est.find_gpu("A40")
+    assert l40s.peak_flops("bf16") == pytest.approx(362.05e12) and a40.peak_flops("bf16") == pytest.approx(149.7e12)
+    text = (_Path(est.__file__).parent / "gpus.yaml").read_text(encoding="utf-8").splitlines()
+    for i, line in enumerate(text):
+        if line.startswith("  - name:"):
+            assert text[i - 1].lstrip().startswith("#"), f"{line.strip()}: no source comment above the entry"

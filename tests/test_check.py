@@ -51,7 +51,7 @@ def test_bad_training_args_fail_with_the_right_items():
     assert "eval_strategy" in names[0].fix and "use_cpu" in names[1].fix
     assert status(r, "precision") == ["fail"]
     assert "bf16" in r.by_id("precision")[0].fix
-    assert status(r, "batch") == ["warn"] and "too small" in r.by_id("batch")[0].message
+    assert status(r, "batch") == ["info"] and "unless the sequences are long" in r.by_id("batch")[0].message
     assert status(r, "dataloader_workers") == ["warn"]
     assert status(r, "checkpoints") == ["warn"] and "save_total_limit" in r.by_id("checkpoints")[0].fix
     assert status(r, "seed") == ["warn"]
@@ -347,3 +347,26 @@ def test_a_trl_sft_cli_config_is_read_as_trl_reads_it(tmp_path: Path) -> None:
     req = read_config("sft.yaml", text, fmt="trl").request
     assert (req["model"], req["mode"], req["lora_r"], req["lora_alpha"], req["lora_targets"]) == (
         "Qwen/Qwen2.5-0.5B", "lora", 32, 64, "q_proj,v_proj")
+
+
+@pytest.mark.parametrize("seq,status,needle", [
+    (4096, "info", "long sequences keep a GPU's matmuls large"),
+    (512, "warn", "too few tokens per micro-batch"),
+    (None, "info", "unless the sequences are long"),
+])
+def test_micro_batch_1_is_judged_by_its_tokens_where_the_file_states_its_length(
+    tmp_path: Path, seq: int | None, status: str, needle: str,
+) -> None:
+    """An 8B model at 4k tokens trains at micro-batch 1 for good reasons: that is not 'too small'."""
+    from autotune.cli.app import app
+
+    cfg = {"output_dir": "o", "per_device_train_batch_size": 1, "gradient_accumulation_steps": 8, "bf16": True}
+    name = "sft.json" if seq is not None else "training_args.json"
+    if seq is not None:
+        cfg.update(max_length=seq, packing=False)
+    path = tmp_path / name
+    path.write_text(json.dumps(cfg))
+    extra = ["--format", "trl"] if seq is not None else []
+    res = CliRunner().invoke(app, ["check", str(path), *extra, "--json"])
+    item = next(i for i in json.loads(res.stdout)["items"] if i["id"] == "batch")
+    assert item["status"] == status and needle in item["message"], item

@@ -283,3 +283,17 @@ def test_a_one_gpu_question_gets_a_one_gpu_answer_unless_told_otherwise() -> Non
     node = json.loads(run("--model", "llama-3.1-8b", "--gpu", "A10G", "--mode", "lora", "--gpus-per-node", "8",
                           "--json").stdout)
     assert node["gpus_per_node"] == 8
+
+
+def test_the_gpus_one_run_uses_have_one_name_in_plan_and_run() -> None:
+    """plan's --world-size is run's --gpus-per-trial: each command takes both."""
+    a = json.loads(run("--model", "gpt2", "--gpu", "A10G", "--world-size", "2", "--json").stdout)
+    b = json.loads(run("--model", "gpt2", "--gpu", "A10G", "--gpus-per-trial", "2", "--json").stdout)
+    assert a == b and a["gpus"][0]["option"]["candidate"]["world_size"] == 2
+    import typer.main
+
+    from autotune.cli.app import app
+
+    run_cmd = typer.main.get_command(app).commands["run"]  # type: ignore[attr-defined]
+    (opt,) = [p for p in run_cmd.params if p.name == "gpus_per_trial"]
+    assert set(opt.opts) == {"--gpus-per-trial", "--world-size"}

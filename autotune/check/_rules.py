@@ -380,17 +380,43 @@ def _rule_batch(c: _Ctx) -> None:
             src,
         )
     if mb == 1 and (acc or 1) >= 4:
-        c.add(
-            "batch",
-            title,
-            "warn",
-            f"micro-batch 1 with accumulation {acc}: batch too small to keep the GPU busy",
-            "raise per_device_train_batch_size as far as memory allows and lower gradient_accumulation_steps to "
-            "keep the effective batch",
-            src,
-        )
+        _rule_small_micro_batch(c, acc, src)
     else:
         c.add("batch", title, "pass", f"micro-batch {mb} x accumulation {acc}", source=src)
+
+
+# tokens in one micro-batch from which a larger micro-batch gains little: every layer's matmuls already have
+# that many rows (a 4,096-row GEMM against a 4,096-wide weight runs near a GPU's peak; fewer rows waste it)
+LONG_MICRO_BATCH_TOKENS = 4096
+_FIX_SMALL = ("raise per_device_train_batch_size as far as memory allows and lower gradient_accumulation_steps "
+              "to keep the effective batch (autotune run measures what fits)")
+
+
+def _seq_len(c: _Ctx) -> int | None:
+    """The sequence length the file states (TRL max_length, Axolotl sequence_len, LLaMA-Factory cutoff_len)."""
+    native = c.b.native if c.b.native is not None else c.ta
+    if not native or c.b.fmt not in FORMATS:
+        return None
+    try:
+        seq = FORMATS[c.b.fmt].to_request(native).get("seq_len")
+    except (TypeError, AttributeError, ValueError, KeyError):
+        return None
+    return seq if isinstance(seq, int) and not isinstance(seq, bool) and seq > 0 else None
+
+
+def _rule_small_micro_batch(c: _Ctx, acc: Any, src: str) -> None:
+    """Micro-batch 1 under accumulation: small for short sequences, enough for long ones; judged by the tokens
+    per micro-batch where the file states its sequence length."""
+    title, seq = "micro-batch / accumulation", _seq_len(c)
+    if seq is not None and seq >= LONG_MICRO_BATCH_TOKENS:
+        c.add("batch", title, "info", f"micro-batch 1 of {seq} tokens x accumulation {acc}: long sequences keep a "
+              "GPU's matmuls large; a larger micro-batch gains little unless memory is spare", source=src)
+    elif seq is not None:
+        c.add("batch", title, "warn", f"micro-batch 1 of {seq} tokens with accumulation {acc}: too few tokens per "
+              "micro-batch to keep the GPU busy", _FIX_SMALL, src)
+    else:
+        c.add("batch", title, "info", f"micro-batch 1 with accumulation {acc}: few tokens per micro-batch unless "
+              f"the sequences are long ({LONG_MICRO_BATCH_TOKENS:,}+ tokens)", _FIX_SMALL, src)
 
 
 def _rule_effective_batch(c: _Ctx) -> None:

@@ -318,7 +318,7 @@ def command(
     ),
     ckpt_every: int | None = typer.Option(None, "--ckpt-every", help=choices_help("ckpt_every", pin=True)),
     zero_stage: int | None = typer.Option(None, "--zero-stage", help="Pin the ZeRO stage 0-3."),
-    world_size: int | None = typer.Option(None, "--world-size", help="Pin the number of GPUs."),
+    world_size: int | None = typer.Option(None, "--world-size", "--gpus-per-trial", help="Pin the GPUs one training run uses (run calls it --gpus-per-trial; --gpus-per-node is how many the node has)."),
     offload: str | None = typer.Option(None, "--offload", help=choices_help("offload", pin=True)),
     optim: str | None = typer.Option(None, "--optim", help=choices_help("optim", pin=True)),
     precision: str | None = typer.Option(None, "--precision", help=choices_help("precision", pin=True)),

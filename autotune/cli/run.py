@@ -222,7 +222,7 @@ def command(
     max_trials: int = typer.Option(40, "--max-trials", help="Most probes the search runs (inferred and skipped ones are free).", rich_help_panel="The search"),
     time_budget: str | None = typer.Option(None, "--time-budget", help="Wall-clock budget of the search: 20m, 1h30m, 90s.", rich_help_panel="The search"),
     gpus: str | None = typer.Option(None, "--gpus", help="GPU indices to use, e.g. 0,1,2,3 (default: all visible).", rich_help_panel="Where it runs"),
-    gpus_per_trial: int | None = typer.Option(None, "--gpus-per-trial", help="GPUs per probe (overrides the space's gpus_per_trial).", rich_help_panel="Where it runs"),
+    gpus_per_trial: int | None = typer.Option(None, "--gpus-per-trial", "--world-size", help="GPUs one training run (and so each probe) uses, plan's --world-size (overrides the space's gpus_per_trial).", rich_help_panel="Where it runs"),
     ray_address: str | None = typer.Option(None, "--ray-address", help="Ray cluster (ray://head:10001); default: embedded Ray.", rich_help_panel="Where it runs"),
     device: str = typer.Option("auto", "--device", help="auto | cuda | cpu. auto: a GPU if NVML sees one, else cpu (with the cpu space, and refused if one probe is predicted past 300 s).", rich_help_panel="Where it runs"),
     storage: str | None = typer.Option(None, "--storage", help="Optuna storage URL (default: sqlite in the run directory).", rich_help_panel="Runs and output"),

@@ -112,3 +112,19 @@ def test_every_lever_has_a_spelling_in_each_framework_or_says_where_it_goes(fmt:
     missing = set(LEVERS) - set(module.LEVER_KEYS) - set(unexpressed) - set(CARRIED_ELSEWHERE)
     assert not missing, f"{fmt}: no spelling for {sorted(missing)}"
     assert not set(module.LEVER_KEYS) & set(unexpressed), f"{fmt}: a lever both spelled and unexpressed"
+
+
+def test_a_levers_advice_is_worded_once_and_check_and_diagnose_both_give_it() -> None:
+    from autotune.check import bundle_from_texts, gather
+    from autotune.diagnose import diagnose  # noqa: F401  (the advice is its too: _data_fix, the attention rule)
+    from autotune.spec.levers import ADVICE
+
+    package = Path(__file__).resolve().parents[1] / "autotune"
+    for lever, text in ADVICE.items():
+        holders = [p.name for p in package.rglob("*.py") if text in p.read_text(encoding="utf-8")]
+        assert holders == ["levers.py"], f"{lever}'s advice is written in {holders}"
+    texts = {"training_args.json": '{"output_dir": "o", "dataloader_num_workers": 0}'}
+    report = gather(bundle_from_texts("t", texts, directory=False))
+    assert ADVICE["workers"] in report.by_id("dataloader_workers")[0].fix
+    diag = (package / "diagnose" / "_rules.py").read_text(encoding="utf-8")
+    assert 'ADVICE["workers"]' in diag and 'ADVICE["attn"]' in diag

@@ -13,6 +13,7 @@ from typing import Any
 from autotune.check._report import CheckItem, CheckReport
 from autotune.errors import SpecError
 from autotune.formats import FORMATS, checkpointed_every, translate
+from autotune.spec.levers import ADVICE
 
 __all__ = [
     "CONFIG_FILE_KINDS",
@@ -549,7 +550,7 @@ def _rule_loader(c: _Ctx) -> None:
             "data-loader workers",
             "warn",
             "0 workers: the main process prepares every batch while the GPU waits",
-            "dataloader_num_workers: 4-8 (up to the CPU cores per GPU), dataloader_persistent_workers: true",
+            f"{ADVICE['workers']}, dataloader_persistent_workers: true",
             src,
         )
     else:
@@ -563,7 +564,7 @@ def _rule_loader(c: _Ctx) -> None:
             "pinned memory",
             "warn",
             "dataloader_pin_memory: false slows host-to-GPU copies",
-            "dataloader_pin_memory: true",
+            ADVICE["pin_memory"],
             src,
         )
     else:
@@ -751,7 +752,7 @@ def _rule_attention(c: _Ctx) -> None:
             title,
             "fail",
             "eager attention: unfused kernels, the full attention matrix in memory",
-            "attn_implementation: sdpa (or flash_attention_2 where installed and supported)",
+            ADVICE["attn"],
             src,
         )
     elif attn == "flash_attention_2" and c.gpu is not None and not c.gpu.flash_attention_2:

@@ -31,6 +31,7 @@ from autotune.errors import SpecError
 from autotune.estimate import GPU, predict_peak_bytes
 from autotune.estimate.catalog import builtin_catalog
 from autotune.spec.budget import format_bytes
+from autotune.spec.levers import ADVICE
 from autotune.spec.probe_request import Candidate, ProbeRequest
 from autotune.spec.result import ProbeResult
 from autotune.spec.trial import candidate_label
@@ -350,11 +351,11 @@ def _memory_finding(result: ProbeResult, req: ProbeRequest | None, usable: float
 def _data_fix(c: Candidate | None) -> str:
     steps: list[str] = []
     if c is None or c.workers == 0:
-        steps.append("dataloader_num_workers 4–8 (start near the core count)")
+        steps.append(ADVICE["workers"])
     else:
         steps.append(f"more dataloader workers than {c.workers}")
     if c is None or not c.pin_memory:
-        steps.append("dataloader_pin_memory=True")
+        steps.append(ADVICE["pin_memory"])
     steps.append("pre-tokenize the dataset once and cache it (Arrow/Parquet)")
     return ", ".join(steps)
 
@@ -614,7 +615,7 @@ def _rule_kernels(p: _Probe, found: Sequence[Finding]) -> list[Finding]:
     if c.attn == "eager":
         out.append(
             Finding("attention", "unfused (eager) attention", "eager attention materialises the s×s scores",
-                    "attn_implementation='sdpa' or 'flash_attention_2'", "info")
+                    ADVICE["attn"], "info")
         )  # fmt: skip
     return out
 

@@ -38,6 +38,7 @@ from typing import Any
 from autotune.formats import training_args as _ta
 from autotune.formats._common import Measured, changed, packed_rows, unexpressed_notes
 from autotune.formats.model import LORA_DROPOUT
+from autotune.spec.levers import ADVICE
 from autotune.spec.probe_request import Candidate, ProbeRequest
 from autotune.spec.shell import py_str, python_c
 
@@ -50,7 +51,7 @@ LABEL = "LLaMA-Factory"
 MARKERS = frozenset({"model_name_or_path", "stage", "finetuning_type", "cutoff_len", "template", "lora_target",
                      "lora_rank", "neat_packing", "flash_attn", "quantization_bit", "plot_loss"})
 VOCAB: dict[str, str] = {
-    "attn_implementation: sdpa (or flash_attention_2 where installed and supported)": "flash_attn: sdpa (or fa2)",
+    ADVICE["attn"]: "flash_attn: sdpa (or fa2)",
     "attn_implementation: sdpa": "flash_attn: sdpa",
     "attn_implementation": "flash_attn",
     "use_liger_kernel": "enable_liger_kernel",

@@ -23,7 +23,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Lever", "Rule", "LEVERS", "RULES", "ZERO_STAGES", "lever", "value_problem", "rule_problems", "space_problems",
+__all__ = ["Lever", "Rule", "LEVERS", "RULES", "ADVICE", "ZERO_STAGES", "lever", "value_problem", "rule_problems",
+           "space_problems",
            "inactive", "or_list",
            "choices_help"]
 
@@ -88,6 +89,15 @@ LEVERS: dict[str, Lever] = {lv.name: lv for lv in (
     Lever("sharding", "str", "deepspeed", None, values=("deepspeed", "fsdp"), acts_under=_SHARDED,
           help="sharding backend (DeepSpeed ZeRO or FSDP)"),
 )}
+
+
+# What to set a lever to when it holds training back, in TrainingArguments' keys: the one wording `check`
+# (before a run, in the file's own keys via formats.translate) and `diagnose` (after a probe) both give.
+ADVICE: dict[str, str] = {
+    "workers": "dataloader_num_workers: 4-8 (up to the CPU cores per GPU)",
+    "pin_memory": "dataloader_pin_memory: true",
+    "attn": "attn_implementation: sdpa (or flash_attention_2 where installed and supported)",
+}
 
 
 @dataclass(frozen=True)

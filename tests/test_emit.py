@@ -313,3 +313,18 @@ def test_train_py_runs_two_steps(tmp_path, fields, mode, packing):
         else None
     )
     assert (tmp_path / "out" / "adapter_config.json").exists() or state is not None
+
+
+def test_axolotl_and_llamafactory_files_of_a_built_in_test_model_say_it_has_no_weights(fields):
+    import dataclasses as dc
+
+    base = result_for(Candidate(micro_batch=2, grad_accum=2))
+    req = base.probe_request()
+    for model, noted in (("tiny-llama", True), ("meta-llama/Llama-3.1-8B", False)):
+        best = dc.replace(base, request=dc.replace(req, workload=dc.replace(req.workload, model=model)).to_dict())
+        files = build_files(best, fields=fields)
+        for name, key in (("axolotl.yaml", "base_model"), ("llamafactory.yaml", "model_name_or_path")):
+            note = f"# NOTE model: {model} is autotune's built-in test model"
+            assert (note in files[name]) is noted, name
+            if noted:
+                assert f"set {key} to your model's folder or Hub id" in files[name]

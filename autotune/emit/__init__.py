@@ -214,15 +214,27 @@ def _trainer_cli_files(
         device=device,
         dataset_type=_AXOLOTL_DATASET_TYPES.get(str(column)),
     )
+    ax_notes += _test_model_note(wl.model, "base_model")
     files = {"axolotl.yaml": _yaml_with_notes("Train with: axolotl train axolotl.yaml", ax_notes, ax)}
     lf, lf_notes = llamafactory_config(
         req, fields=fields, device=device, mean_seq_len=mean_len, deepspeed_path=ds_path,
         dataset_column=None if column is None else str(column),
     )
+    lf_notes += _test_model_note(wl.model, "model_name_or_path")
     files["llamafactory.yaml"] = _yaml_with_notes(
         "Train with: llamafactory-cli train llamafactory.yaml", lf_notes, lf
     )
     return files
+
+
+def _test_model_note(model: str, key: str) -> list[str]:
+    """A built-in test model (tiny-llama, ...) is a config.json without weights: no client can load it."""
+    from autotune.models import TINY
+
+    if model not in {t.name for t in TINY}:
+        return []
+    return [f"model: {model} is autotune's built-in test model (a config.json, no weights to load): set {key} "
+            "to your model's folder or Hub id"]
 
 
 def _absolute_paths(best: ProbeResult) -> dict[str, str]:

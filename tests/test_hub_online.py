@@ -175,6 +175,7 @@ def test_revisions_and_a_network_failure_fall_back_to_the_cache(hub, tmp_path: P
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"  # bound, never listening: connections are refused
         gone = one_line(cli("plan", "--model", "standin/never-cached", "--gpu", "L4", env_extra={"HF_ENDPOINT": dead}))
         assert "cannot be reached" in gone and "not in the local Hugging Face cache" in gone
+        assert "a preset (llama-3.1-8b, llama-3.1-70b," in gone  # the presets are named online too
         # only the pinned commit is cached, not what main points to: one line
         main = one_line(cli("plan", "--model", f"{MODEL}@main", "--gpu", "L4", env_extra={"HF_ENDPOINT": dead}))
         assert "cannot be reached" in main

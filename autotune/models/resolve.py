@@ -363,7 +363,7 @@ def _fetch(ref: str, repo: str, revision: str | None, cache_dir: Path, hub: HubA
         raise HubUnreachable(
             f"model {repo}{at} is not in the local Hugging Face cache ({cache_dir}) and {exc}; connect and retry, "
             f"put its config in the cache (`{command_line('hf', 'download', repo, CONFIG_NAME)}`), or pass a local "
-            "directory or a preset"
+            f"directory or a preset ({_preset_names()})"
         ) from None
     snapshot = fetched.snapshot
     _build(ref, repo, str(snapshot), "hub", trust_remote_code)  # refuses remote code before anything else

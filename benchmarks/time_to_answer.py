@@ -62,7 +62,7 @@ def paper() -> list[dict[str, Any]]:
     from autotune.estimate.probe_time import predict_probe_time
     from autotune.models import resolve_model
     from autotune.run import baseline_candidate, default_space_for
-    from autotune.search import distinct_candidates, usable_micro_batches, usable_worlds
+    from autotune.search import confirmation_probes, distinct_candidates, usable_micro_batches, usable_worlds
     from autotune.spec.probe_request import ProbeSettings, Workload
     from autotune.spec.probe_window import MIN_TIMED_STEPS
     from autotune.spec.space import load_space
@@ -85,7 +85,7 @@ def paper() -> list[dict[str, Any]]:
         mbs, _ = usable_micro_batches(space, eb, worlds)
         distinct = distinct_candidates(space, effective_batch=eb, micro_batches=mbs, worlds=worlds)
         search = min(MAX_TRIALS, distinct) if distinct else MAX_TRIALS
-        confirm = (TOP_K + (1 if baseline_candidate(space, eb, "cuda") else 0)) * CONFIRM_ROUNDS
+        confirm = confirmation_probes(TOP_K, baseline_candidate(space, eb, "cuda") is not None, CONFIRM_ROUNDS)
         s_search = ProbeSettings(device="cuda", warmup_steps=WARMUP, steps=STEPS)
         s_confirm = dataclasses.replace(s_search, steps=2 * STEPS)
         s_adaptive = dataclasses.replace(s_search, steps=MIN_TIMED_STEPS)

@@ -217,3 +217,16 @@ def test_a_trainingarguments_write_back_holds_packing_it_cannot_carry() -> None:
     assert "pads each micro-batch" in unexpressed_levers(read_config("ta.json", TA_PLAIN))["packing"]
     trl = '{"per_device_train_batch_size": 2, "packing": false, "output_dir": "o", "max_length": 64}\n'
     assert "packing" not in unexpressed_levers(read_config("sft.json", trl))
+
+
+def test_memory_and_speed_count_the_same_checkpointed_layers() -> None:
+    """transformers checkpoints the layers whose index is a multiple of k: ceil(layers / k) of them, which
+    the memory model keeps as inputs and the speed model recomputes (26 layers, one in 4: 7, not 6.5)."""
+    from autotune.estimate import checkpointed_layers, recomputed
+
+    arch = arch_from_config(resolve_model("gemma-2-2b").config)
+    c = Candidate(grad_ckpt=True, ckpt_every=4)
+    assert arch.layers == 26 and checkpointed_layers(arch, c) == 7
+    assert recomputed(arch, c) == pytest.approx(7 / 26)
+    assert recomputed(arch, dataclasses.replace(c, grad_ckpt=False)) == 0.0
+    assert recomputed(arch, dataclasses.replace(c, ckpt_every=1)) == 1.0

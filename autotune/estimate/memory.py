@@ -58,6 +58,7 @@ from typing import Any
 from autotune.errors import SpecError
 from autotune.estimate.arch import Arch, peft_lora_modules, peft_lora_param_count
 from autotune.estimate.catalog import GPU
+from autotune.estimate.speed import checkpointed_layers
 from autotune.formats.model import LORA_DROPOUT
 from autotune.spec.probe_request import FLATTEN_ATTN, Candidate, Workload
 
@@ -652,9 +653,8 @@ def _activation_terms(
     saved: float
     working: float
     if c.grad_ckpt:
-        # transformers checkpoints the layers whose index is a multiple of ckpt_every (every one at 1): those
-        # keep their input only, the others everything their backward reads
-        checkpointed = -(-arch.layers // c.ckpt_every)
+        # the checkpointed layers keep their input only, the others everything their backward reads
+        checkpointed = checkpointed_layers(arch, c)
         saved = (checkpointed * wb * arch.hidden + (arch.layers - checkpointed) * layer + final) * tokens
         working = max(logits, layer * tokens + recompute_transient)
     else:

@@ -55,6 +55,7 @@ __all__ = [
     "calibration_pairs",
     "compute_only_tokens_per_s",
     "hardware_flops_per_token",
+    "checkpointed_layers",
     "recomputed",
     "ideal_tokens_per_s",
     "mfu",
@@ -134,10 +135,17 @@ def hardware_flops_per_token(arch: Arch, seq_len: int, mode: str = "full", grad_
         2.0 * arch.params_matmul + attention_flops_per_token(arch, seq_len) / 3.0)
 
 
-def recomputed(c: Candidate) -> float:
+def checkpointed_layers(arch: Arch, c: Candidate) -> int:
+    """Decoder layers checkpointed: transformers checkpoints those whose index is a multiple of ``ckpt_every``
+    (every one at 1), so ceil(layers / k); none without checkpointing. The memory model keeps only their
+    input; the speed model runs their forward again."""
+    return -(-arch.layers // c.ckpt_every) if c.grad_ckpt else 0
+
+
+def recomputed(arch: Arch, c: Candidate) -> float:
     """The share of decoder layers whose forward the backward pass runs again: 0 without checkpointing,
-    1 with every layer checkpointed, 1/k with one layer in k (``ckpt_every``)."""
-    return 1.0 / c.ckpt_every if c.grad_ckpt else 0.0
+    1 with every layer checkpointed, about 1/k with one layer in k (``ckpt_every``)."""
+    return checkpointed_layers(arch, c) / arch.layers if arch.layers else 0.0
 
 
 def _resolve_gpu(gpu: GPU | str | None) -> GPU | None:
@@ -255,7 +263,7 @@ def predict_speed(
     prec = c.precision if c.precision in ("bf16", "fp16", "tf32", "fp32") else gpu.half_precision
     peak = gpu.peak_flops(prec)
     eff = base * _lever_factor(w, c)
-    share = recomputed(c)
+    share = recomputed(arch, c)
     hw = hardware_flops_per_token(arch, w.seq_len, w.mode, share)
     tokens_mb = c.micro_batch * w.seq_len
     tokens_step = c.micro_batch * c.grad_accum * c.world_size * w.seq_len

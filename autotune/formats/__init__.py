@@ -31,7 +31,7 @@ from autotune.formats._common import REQUEST_FIELDS, Measured
 from autotune.formats._inputs import value_problems
 from autotune.formats._types import type_problems
 from autotune.formats._writeback import is_yaml_name, uneditable, write_back_text
-from autotune.formats.training_args import checkpointed_every
+from autotune.formats.training_args import checkpointed_every, stated_checkpointing_kwargs
 from autotune.spec.result import ProbeResult
 
 __all__ = [
@@ -310,8 +310,7 @@ def unexpressed_levers(cfg: ReadConfig) -> dict[str, str]:
     default."""
     out = {lever: f"{cfg.module.LABEL} has no key for it (the file {instead})"
            for lever, instead in getattr(cfg.module, "UNEXPRESSED", {}).items()}
-    if cfg.format in ("training_args", "trl") and any(
-            isinstance(cfg.data.get(k), dict) for k in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs")):
+    if cfg.format in ("training_args", "trl") and stated_checkpointing_kwargs(cfg.data):
         out["ckpt_every"] = ("the file states its checkpointing kwargs, which a write-back keeps as they are "
                              "(every_n_layers would be lost)")
     return out

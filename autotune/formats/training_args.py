@@ -19,7 +19,7 @@ from autotune.spec.probe_request import Candidate, ProbeRequest, Workload
 
 __all__ = [
     "NAME", "LABEL", "VOCAB", "MARKERS", "DEFAULTS", "LEVER_KEYS", "LEARNING_RATES", "RUN_DEFAULTS", "RUN_ONLY_KEYS",
-    "WARMUP_RATIO", "checkpointed_every", "checkpointing_field", "detect", "emitted_training_args", "lever_values", "performance_kwargs",
+    "WARMUP_RATIO", "CKPT_KWARGS", "checkpointed_every", "stated_checkpointing_kwargs", "checkpointing_field", "detect", "emitted_training_args", "lever_values", "performance_kwargs",
     "HELD_LEVERS", "UNEXPRESSED", "candidate_of", "precision_of", "probe_kwargs", "to_checklist", "to_request", "tuned_keys",
     "written_back",
 ]  # fmt: skip
@@ -252,12 +252,21 @@ def _ckpt_key(cfg: Mapping[str, Any], fields: set[str] | frozenset[str] | None) 
     return "gradient_checkpointing"
 
 
+# the keys a file states its checkpointing kwargs under (transformers 5's name and the deprecated one)
+CKPT_KWARGS = LEVER_KEYS["ckpt_every"]
+
+
+def stated_checkpointing_kwargs(cfg: Mapping[str, Any]) -> list[str]:
+    """The checkpointing-kwargs keys ``cfg`` states as a mapping: a write-back keeps them as they are (a
+    mapping cannot be edited in place), so what they say is what the tuned file trains with."""
+    return [key for key in CKPT_KWARGS if isinstance(cfg.get(key), Mapping)]
+
+
 def checkpointed_every(cfg: Mapping[str, Any]) -> int | None:
     """The file's ``every_n_layers`` (one checkpointed decoder layer in k), None when it states none."""
-    for key in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"):
-        kwargs = cfg.get(key)
-        if isinstance(kwargs, Mapping) and isinstance(kwargs.get("every_n_layers"), int):
-            return int(kwargs["every_n_layers"])
+    for key in stated_checkpointing_kwargs(cfg):
+        if isinstance(cfg[key].get("every_n_layers"), int):
+            return int(cfg[key]["every_n_layers"])
     return None
 
 
@@ -300,9 +309,8 @@ def written_back(candidate: Candidate, cfg: Mapping[str, Any], at: Measured) -> 
     held = {k for lever in HELD_LEVERS for k in LEVER_KEYS[lever]}
     wanted = {k: v for k, v in lever_values(candidate, at, ckpt_key=_ckpt_key(cfg, at.fields)).items()
               if k not in held}
-    for key in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"):
-        if isinstance(cfg.get(key), Mapping):
-            wanted.pop(key, None)
+    for key in stated_checkpointing_kwargs(cfg):
+        wanted.pop(key, None)
     if candidate.workers == 0 and cfg.get("dataloader_persistent_workers"):
         wanted["dataloader_persistent_workers"] = False  # persistent workers need workers
     if at.device == "cuda" and cfg.get("use_cpu"):

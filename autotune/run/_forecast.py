@@ -22,6 +22,7 @@ import statistics
 from typing import Any
 
 from autotune.errors import SpecError
+from autotune.search import confirmation_probes
 from autotune.spec.parse import duration_text
 from autotune.spec.probe_request import Candidate, ProbeSettings
 from autotune.spec.shell import command_line
@@ -118,7 +119,7 @@ def forecast(
     preds = [p for p in (predictor(c, settings) for c in cands) if p] if predictor else []
     confirm_preds = [p for p in (predictor(c, confirm_settings) for c in cands) if p] if predictor else []
     search_probes = min(max_trials, distinct) if distinct else max_trials
-    confirm_probes = (top_k + (1 if baseline is not None else 0)) * count.confirm_min_rounds if top_k else 0
+    confirm_probes = confirmation_probes(top_k, baseline is not None, count.confirm_min_rounds)
     out: dict[str, Any] = {"search_probes": search_probes, "confirm_probes": confirm_probes, "slots": slots,
                            "probe_s": None, "min_probe_s": None, "confirm_probe_s": None, "baseline_probe_s": None,
                            "time_to_answer_s": None, "sampled": len(cands),

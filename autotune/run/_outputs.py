@@ -243,17 +243,18 @@ def write_answer(r: Request, run_dir: Any, summary: dict[str, Any], searched: Se
                                                                "exceeds", "expected_identical", "verdict")}
     if r.write_back is not None:
         summary["write_back"] = write_back(r.write_back, r.args.source, best, run_dir.path, progress)
-        files += [run_dir.best_dir / (r.args.source.name + ".diff"), Path(summary["write_back"]["path"])]
+        files += [_diff_path(run_dir.path, r.args.source), Path(summary["write_back"]["path"])]
     files += _write_reports(run_dir, summary, progress)
     summary["files"] = sorted({str(p.relative_to(run_dir.path)) for p in files + [
-        run_dir.path / n for n in ("trials.csv", "best_result.json", "summary.json")] if _inside(p, run_dir.path)})
+        run_dir.path / n for n in ("trials.csv", "best_result.json", "summary.json")] if p.is_relative_to(run_dir.path)})
     run_dir.write_json("summary.json", summary)
     _refuse_if_set_aside(summary.get("write_back"))
     return RunResult(best=best, summary=summary, run_dir=run_dir.path, records=outcome.records)
 
 
-def _inside(path: Path, folder: Path) -> bool:
-    return path.is_relative_to(folder)
+def _diff_path(run_path: Path, source: Any) -> Path:
+    """Where the write-back's diff goes: ``best/<the file's name>.diff``."""
+    return run_path / "best" / (source.name + ".diff")
 
 
 def write_back(plan: WriteBackPlan, source: Any, best: ProbeResult, run_path: Path,
@@ -269,7 +270,7 @@ def write_back(plan: WriteBackPlan, source: Any, best: ProbeResult, run_path: Pa
     cand = dataclasses.asdict(best.probe_request().candidate)
     text, updates = tuned_file(source, cand, fields=plan.fields, best=best)
     diff = unified_diff(source.name, source.text, text)
-    write_text_atomic(run_path / "best" / (source.name + ".diff"), diff)
+    write_text_atomic(_diff_path(run_path, source), diff)
     target = plan.target or run_path / "best" / source.name
     entry: dict[str, Any] = {"path": str(target), "format": source.format, "changed": updates, "diff": diff}
     if plan.target is not None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from autotune.search._confirm import ConfirmPolicy, choose_winner, speedup
+from autotune.search._confirm import ConfirmPolicy, choose_winner, confirmation_probes, speedup
 from autotune.search._logic import (
     FAILED,
     MEMORY_INFEASIBLE,
@@ -77,6 +77,7 @@ __all__ = [
     "TrialRecord",
     "candidate_from_choice",
     "choose_winner",
+    "confirmation_probes",
     "candidate_id",
     "candidate_label",
     "constraint_value",

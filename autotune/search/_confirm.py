@@ -37,6 +37,7 @@ from autotune.search._logic import median, relative_spread
 
 __all__ = [
     "ConfirmPolicy",
+    "confirmation_probes",
     "NUMERICS_LEVERS",
     "confirmation_status",
     "interleaved_order",
@@ -82,6 +83,12 @@ class ConfirmPolicy:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def confirmation_probes(top_k: int, baseline: bool, min_rounds: int) -> int:
+    """Probes the confirmation makes at least: the top-k and the HF-default baseline, each once per round for
+    ``min_rounds`` rounds (none without a top-k)."""
+    return (top_k + (1 if baseline else 0)) * min_rounds if top_k else 0
 
 
 def measured_range(values: Sequence[float]) -> tuple[float, float] | None:

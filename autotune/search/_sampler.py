@@ -383,19 +383,12 @@ class AutotuneSampler(BaseSampler):
         return self._scripted(obs, running)
 
     def converged(self, study: Study) -> bool:
-        """The walk strategy has settled (``FollowUps.converged``): every seed measured, nothing in flight,
-        and the best's neighbourhood closed without a better configuration."""
+        """The walk strategy has settled (``FollowUps.converged``): nothing in flight, and the best's
+        neighbourhood closed without a better configuration (the Searcher checks that every seed landed)."""
         if self.strategy != "walk" or not self.follow_ups:
             return False
         obs, running = self.observations(study)
-        if running or not obs:
-            return False
-        seen = {o.key for o in obs}
-        for choice in self.seed_choices:
-            c = candidate_from_choice(choice, effective_batch=self.effective_batch)
-            if isinstance(c, Candidate) and candidate_id(c) not in seen:
-                return False
-        return self.replay_walk(obs).converged()
+        return not running and bool(obs) and self.replay_walk(obs).converged()
 
     def waiting(self, study: Study) -> bool:
         """A scripted strategy has no proposal until a probe in flight lands, or none at all (``finished``)."""

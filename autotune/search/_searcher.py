@@ -36,6 +36,7 @@ from autotune.search import _records
 from autotune.search._confirm import (
     ConfirmPolicy,
     choose_winner,
+    confirmation_probes,
     confirmation_status,
     interleaved_order,
     measured_range,
@@ -564,9 +565,9 @@ class Searcher:
         return ""
 
     def _converged(self, loop: _Loop) -> bool:
-        """The walk has settled, the HF-default baseline is measured (the answer's "x over default"), and
-        nothing is in flight."""
-        if loop.in_flight or loop.enqueue_baseline is not None or loop.extra:
+        """The walk has settled, every seed and the HF-default baseline are measured (the answer's "x over
+        default"), and nothing is in flight."""
+        if loop.in_flight or loop.enqueue_baseline is not None or loop.extra or not loop.seed_keys <= set(loop.cache):
             return False
         if self.baseline is not None and candidate_id(self.baseline) not in loop.cache:
             return False
@@ -719,7 +720,7 @@ class Searcher:
         at the median wall of the probes measured so far, over the slots (None before any has landed)."""
         per = self._median_probe_wall() if self._durations else None
         left = max(0, self._probe_budget() - loop.probes)
-        confirm = (self.top_k + (1 if self.baseline is not None else 0)) * self.confirm.min_rounds if self.top_k else 0
+        confirm = confirmation_probes(self.top_k, self.baseline is not None, self.confirm.min_rounds)
         eta = None if per is None else per * (left + confirm) / max(1, self.executor.slots)
         return {"probes": loop.probes, "probe_budget": self._probe_budget(), "eta_s": eta}
 

@@ -370,3 +370,18 @@ def test_micro_batch_1_is_judged_by_its_tokens_where_the_file_states_its_length(
     res = CliRunner().invoke(app, ["check", str(path), *extra, "--json"])
     item = next(i for i in json.loads(res.stdout)["items"] if i["id"] == "batch")
     assert item["status"] == status and needle in item["message"], item
+
+
+def test_a_trl_sft_configs_model_keys_of_the_wrong_type_are_one_line_each(tmp_path: Path) -> None:
+    """`use_peft`/`lora_r`/... are read into the request: a wrong type is named once, by check and by run."""
+    from autotune.cli.app import app
+
+    path = tmp_path / "sft.yaml"
+    path.write_text("use_peft: true\nlora_r: many\noutput_dir: o\nper_device_train_batch_size: 2\nbf16: true\n")
+    res = CliRunner().invoke(app, ["check", str(path), "--format", "trl", "--json"])
+    fails = [i["message"] for i in json.loads(res.stdout)["items"] if i["status"] == "fail"]
+    assert fails == ["lora_r must be an integer >= 1, got 'many'"], fails
+    run = CliRunner().invoke(app, ["run", "--from", str(path), "--format", "trl", "--gpu-budget", "8GB", "--model",
+                                   "tiny-llama", "--device", "cpu", "--out", str(tmp_path / "out")])
+    assert run.exit_code == 2 and "lora_r must be an integer >= 1" in run.output
+    assert not (tmp_path / "out").exists()

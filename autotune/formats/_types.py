@@ -62,6 +62,11 @@ _TA: dict[str, tuple[Check, str]] = {
     "seed": (_int(0), "an integer >= 0"), "max_steps": (_int(-1), "an integer"),
     "learning_rate": (_num(0), "a number >= 0"),
     "deepspeed": (_is(str, dict), "a file path or a DeepSpeed config mapping"),
+    # a `trl sft --config` file's ModelConfig keys, which the request is read from (formats.trl)
+    "model_name_or_path": (_STR, "a model id or folder (a string)"),
+    "use_peft": (_BOOL, "true or false"), "load_in_4bit": (_BOOL, "true or false"),
+    "lora_r": (_int(1), "an integer >= 1"), "lora_alpha": (_int(1), "an integer >= 1"),
+    "lora_target_modules": (_STR_LIST, "all-linear or a list of module names"),
 }
 _DS: dict[str, tuple[Check, str]] = {
     "zero_optimization": (_is(dict), "a mapping ({stage: 0-3, ...})"),

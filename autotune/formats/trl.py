@@ -176,10 +176,11 @@ def to_checklist(cfg: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     mik = cfg.get("model_init_kwargs")
     if isinstance(mik, Mapping):
         out["model_kwargs"] = dict(mik)
-    if cfg.get("use_peft") is True:  # a trl sft config's adapters (ModelConfig)
-        out["lora"] = {"r": cfg.get("lora_r", 16), "lora_alpha": cfg.get("lora_alpha"),
+    model = _model_request(cfg)  # a trl sft config's adapters (ModelConfig), the valid values only
+    if model.get("mode") in ("lora", "qlora"):
+        out["lora"] = {"r": model.get("lora_r", 16), "lora_alpha": model.get("lora_alpha"),
                        "target_modules": cfg.get("lora_target_modules")}
-        if cfg.get("load_in_4bit") is True:
+        if model["mode"] == "qlora":
             out.setdefault("model_kwargs", {})["quantization_config"] = {"load_in_4bit": True}
     return out
 

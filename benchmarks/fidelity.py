@@ -3,6 +3,7 @@
     python benchmarks/fidelity.py --model tiny-qwen2 --device cpu --seq-len 128 --micro-batch 4 --repeats 3
     python benchmarks/fidelity.py --model tiny-llama --device cpu --seq-len 256 --micro-batch 8 \\
         --packing --lengths lognormal:4.0,1.0 --repeats 3 --json-out fidelity.json
+    python benchmarks/fidelity.py --model tiny-llama --seq-len 1024 --micro-batch 8 --ckpt-every 2 --repeats 3
 
 Interleaved repeats (probe, train.py, probe, train.py, ...) so that drifting load hits both alike:
 
@@ -96,6 +97,7 @@ def probe_cmd(a: argparse.Namespace) -> list[str]:
            "--precision", a.precision, "--attn", a.attn, "--lengths", a.lengths, "--steps", str(a.steps),
            "--warmup-steps", str(a.warmup_steps), "--json"]
     cmd.append("--packing" if a.packing else "--no-packing")
+    cmd += ["--grad-ckpt", "--ckpt-every", str(a.ckpt_every)] if a.ckpt_every else ["--no-grad-ckpt"]
     return cmd
 
 
@@ -242,6 +244,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--lengths", default="fixed")
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--attn", default="sdpa")
+    ap.add_argument("--ckpt-every", type=int, default=0,
+                    help="checkpoint one decoder layer in K (1: every layer; 0, the default: no checkpointing)")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup-steps", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)

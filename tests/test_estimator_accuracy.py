@@ -143,21 +143,18 @@ def test_eager_softmax_gradient_bounds_the_recompute() -> None:
 SUBSET = (
     "llama-s512-b2",
     "llama-s1024-b4-ckpt",
-    "qwen2t-s512-b4",
     "qwen2t-s1024-b2-eager",
-    "gpt2t-s512-b4",
-    "llama-s512-b4-lora",
+    "gpt2t-s512-b4-lora-ckpt",
 )
 
 
 @pytest.mark.slow
 def test_estimator_matches_cpu_probes_on_a_subset() -> None:
-    """Six real CPU probes (3 architectures; full/LoRA, sdpa/eager, checkpointing), two at a time.
+    """Four real CPU probes (3 architectures; full/LoRA, sdpa/eager, checkpointing), two at a time.
 
     Asserts median |error| <= 10% and no under-prediction worse than -15%: looser than the
-    benchmark's goal (median <= 5%, under >= -10% over 26 configurations) because six configurations
-    are a small sample and the machine is shared. The probes need about 60 s of 2 idle cores (115-127 s
-    measured while the load average was 6-10).
+    benchmark's goal (median <= 5%, under >= -10% over 26 configurations) because four configurations
+    are a small sample and the machine is shared (the whole benchmark: benchmarks/estimator_accuracy.py).
     """
     bench = _bench()
     configs = [c for c in bench.CONFIGS if c.name in SUBSET]

@@ -311,7 +311,7 @@ def test_model_references_and_the_offline_switch() -> None:
 def test_a_real_run_with_a_hub_model_and_a_hub_dataset(hub, tmp_path: Path) -> None:
     out = tmp_path / "out"
     res = cli("run", "--model", MODEL, "--dataset", DATA, "--sample-rows", "32", "--device", "cpu", "--seq-len", "64",
-              "--effective-batch", "4", "--gpu-budget", "8GiB", "--max-trials", "2", "--top-k", "1", "--steps", "1",
+              "--effective-batch", "4", "--gpu-budget", "8GiB", "--max-trials", "1", "--top-k", "1", "--steps", "1",
               "--confirm-rounds", "1:1", "--out", str(out), "--json", timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads(res.stdout)
@@ -332,6 +332,6 @@ def test_a_real_run_with_a_hub_model_and_a_hub_dataset(hub, tmp_path: Path) -> N
     ta = TrainingArguments(output_dir=str(tmp_path / "o"), **targs)
     assert ta.per_device_train_batch_size * ta.gradient_accumulation_steps == 4
     again = cli("run", "--model", MODEL, "--dataset", DATA, "--sample-rows", "32", "--device", "cpu", "--seq-len",
-                "64", "--effective-batch", "4", "--gpu-budget", "8GiB", "--max-trials", "2", "--top-k", "1",
+                "64", "--effective-batch", "4", "--gpu-budget", "8GiB", "--max-trials", "1", "--top-k", "1",
                 "--steps", "1", "--confirm-rounds", "1:1", "--out", str(out), "--json")
     assert again.returncode == 0 and json.loads(again.stdout)["from_cache"] is True, again.stderr[-2000:]

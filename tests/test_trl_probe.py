@@ -256,8 +256,8 @@ def test_run_trainer_trl_then_train_sft_py_at_the_reported_speed(tmp_path: Path)
                      "packing: [false, true]\nattn: [sdpa]\nprecision: [fp32]\npin_memory: [false]\nworkers: [0]\n")
     out = tmp_path / "results"
     p = _cli(tmp_path, "run", "--model", "tiny-llama", "--device", "cpu", "--gpu-budget", "4GB", "--seq-len", "64",
-             "--effective-batch", "8", "--space", str(space), "--max-trials", "3", "--top-k", "1", "--steps", "3",
-             "--confirm-rounds", "2:2",
+             "--effective-batch", "8", "--space", str(space), "--max-trials", "2", "--top-k", "1", "--steps", "3",
+             "--confirm-rounds", "1:1",
              "--dataset", str(data), "--tokenizer", str(TINY_CHAT), "--trainer", "trl", "--out", str(out), "--json",
              timeout=900, process=True)
     assert p.returncode == 0, p.stderr[-3000:]

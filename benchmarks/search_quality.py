@@ -24,6 +24,11 @@ autotune (``--strategy walk``)
     a probe budget of ``--share`` x grid size: ``max_trials`` is the budget less the confirmation
     probes (``top_k`` = 2 and the baseline, in at least 2 interleaved rounds, when the budget is 8 or
     more, else no confirmation; rounds beyond the second, run while re-measurements disagree, count too).
+model (``--strategy model``)
+    The model strategy (``autotune/search/_model.py``): a model fitted to the run's own probes ranks every
+    configuration, the optimistic best is probed next, and the search stops when none can beat the best
+    measured by more than the margin; with the HF-default baseline and the same confirmation as autotune.
+    Not capped by ``--share``: its probes are its own stop rule's.
 tpe (``--strategy tpe``)
     Optuna's multivariate TPE alone (no seeds, no walk), with autotune's probe budget, baseline and
     confirmation.
@@ -90,13 +95,15 @@ from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, 
 from autotune.spec.space import DIMENSIONS, SearchSpace  # noqa: E402
 
 LANDSCAPES = Path(__file__).resolve().parent / "landscapes"
-STRATEGIES = ("autotune", "tpe", "seed-only", "random", "largest-micro-batch", "deepspeed")
+STRATEGIES = ("autotune", "model", "tpe", "seed-only", "random", "largest-micro-batch", "deepspeed")
 # the package strategy (autotune run --strategy) behind each row
-PACKAGE_STRATEGY = {"autotune": "walk", "tpe": "tpe", "random": "random", "largest-micro-batch": "largest-fits",
+PACKAGE_STRATEGY = {"autotune": "walk", "model": "model", "tpe": "tpe", "random": "random", "largest-micro-batch": "largest-fits",
                     "deepspeed": "deepspeed"}
 # a reference row, not a competitor: every configuration probed once (noisy), the fastest measured
 # taken. Its median score is the ceiling that measurement noise leaves to any strategy.
 REFERENCE = "grid-once (ceiling)"
+# a paired reference for the model strategy: the walk with as many probes as the model took on the seed
+WALK_AT_MODEL = "walk @ model's probes"
 
 
 @dataclasses.dataclass
@@ -185,11 +192,35 @@ def run_autotune(p: Problem, seed: int, budget: int, *, strategy: str = "walk") 
     # they disagree): keep room for the least of it
     rounds = ConfirmPolicy.for_device(p.settings.device).min_rounds
     max_trials = max(1, budget - ((top_k + 1) * rounds if top_k else 0))
+    extra = SEARCHER_OPTIONS if strategy == "walk" else {"prior": model_prior(p)} if strategy == "model" else {}
     out = Searcher(space=p.space, workload=p.workload, settings=p.settings, effective_batch=p.effective_batch,
                    executor=ex, max_trials=max_trials, seed=seed, top_k=top_k, device=p.settings.device,
-                   baseline=baseline, poll_interval_s=0.0, strategy=strategy,
-                   **(SEARCHER_OPTIONS if strategy == "walk" else {})).run()
+                   baseline=baseline, poll_interval_s=0.0, strategy=strategy, **extra).run()
     return (out.best_record.candidate_obj() if out.best_record else None), ex
+
+
+def model_prior(p: Problem) -> Any:
+    """The estimator's prior for the landscape's model, as ``autotune run --strategy model`` builds it (None
+    with ``--flat-prior``: the model starts from nothing)."""
+    if FLAT_PRIOR:
+        return None
+    from autotune.estimate import CostPrior
+    from autotune.models import resolve_model
+
+    return CostPrior(resolve_model(p.workload.model).config, p.workload, device=p.settings.device,
+                     usable_bytes=p.settings.usable_bytes())
+
+
+FLAT_PRIOR = False
+
+
+def run_model(p: Problem, seed: int, budget: int) -> tuple[Candidate | None, ReplayExecutor]:
+    """The model strategy with the baseline and confirmation autotune run gives it; it stops by itself
+    (its probe cap is the grid, plus the confirmation)."""
+    from autotune.search import ConfirmPolicy
+
+    rounds = ConfirmPolicy.for_device(p.settings.device).min_rounds
+    return run_autotune(p, seed, len(p.grid) + 3 * rounds, strategy="model")
 
 
 def run_tpe(p: Problem, seed: int, budget: int) -> tuple[Candidate | None, ReplayExecutor]:
@@ -303,6 +334,7 @@ def run_grid_once(p: Problem, seed: int, budget: int) -> tuple[Candidate | None,
 RUNNERS: dict[str, Strategy] = {
     REFERENCE: run_grid_once,
     "autotune": run_autotune,
+    "model": run_model,
     "tpe": run_tpe,
     "seed-only": run_seed_only,
     "random": run_random,
@@ -317,15 +349,19 @@ RUNNERS: dict[str, Strategy] = {
 def evaluate(p: Problem, *, seeds: int, share: float) -> dict[str, Any]:
     n = len(p.grid)
     budget = max(1, math.floor(share * n + 1e-9))
-    rows: dict[str, list[tuple[float, float]]] = {s: [] for s in (*STRATEGIES, REFERENCE)}
+    rows: dict[str, list[tuple[float, float]]] = {s: [] for s in (*STRATEGIES, REFERENCE, WALK_AT_MODEL)}
     for seed in range(seeds):
         chosen, ex = run_autotune(p, seed, budget)
         rows["autotune"].append((p.score(chosen), ex.probes / n))
         same = ex.probes
         for name in (*STRATEGIES[1:], REFERENCE):
-            # tpe gets autotune's budget (and confirmation); random as many probes as autotune ran
+            # tpe gets autotune's budget (and confirmation); random as many probes as autotune ran; the
+            # model strategy stops by itself
             chosen, ex = RUNNERS[name](p, seed, budget if name == "tpe" else same)
             rows[name].append((p.score(chosen), ex.probes / n))
+            if name == "model":  # the walk given as many probes as the model strategy took on this seed
+                chosen, ex = run_autotune(p, seed, ex.probes)
+                rows[WALK_AT_MODEL].append((p.score(chosen), ex.probes / n))
     unpacked = max((p.score(c) for c in p.grid if not c.packing), default=0.0)
     out: dict[str, Any] = {"landscape": p.name, "grid": n, "probe_budget": budget,
                            "infeasible_share": 1.0 - sum(p.score(c) > 0 for c in p.grid) / n,
@@ -385,7 +421,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                     help="autotune without re-measuring a would-be walk centre within the noise (A/B of that rule)")
     ap.add_argument("--stop-when-converged", action="store_true",
                     help="autotune stops once its walk has settled instead of spending the rest of its budget (A/B)")
+    ap.add_argument("--flat-prior", action="store_true",
+                    help="the model strategy without the estimator's prior (for an A/B of the prior)")
     a = ap.parse_args(argv)
+    global FLAT_PRIOR
+    FLAT_PRIOR = a.flat_prior
     SEARCHER_OPTIONS.clear()
     if a.stop_when_converged:
         SEARCHER_OPTIONS["stop_when_converged"] = True

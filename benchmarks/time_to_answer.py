@@ -1,6 +1,7 @@
 """How long `autotune run` takes to answer: on paper for the target workloads' GPUs, measured on a tiny model.
 
     python benchmarks/time_to_answer.py paper [--json OUT]
+    python benchmarks/time_to_answer.py simulate [--draws 10] [--json OUT]
     python benchmarks/time_to_answer.py measure [--model tiny-llama] [--batches 8,32,128] [--json OUT]
 
 ``paper``: for each workload, the planner's configuration (``autotune plan``'s choice: micro-batch,
@@ -18,6 +19,18 @@ rounds at twice ``--steps``). Per probe:
 Time to answer = search probes x probe + confirmation probes x confirmation probe, one at a time
 (one GPU). Goals: story 1 (Llama-3.1-8B LoRA, seq 4096, effective batch 32) in at most 15 min on
 an A10G and 5 min on an H100; the script says whether each is met.
+
+``simulate``: counts the probes instead of assuming them. For each story-1 GPU it builds a simulated
+landscape of the space a default run searches there (``search_spaces/lora.yaml``, torch.compile left out as
+the run leaves it out): every configuration's tok/s is the planner's prediction (``predict_speed``) times
+one factor per lever value, drawn uniformly in 0.7-1.3 (each lever's effect perturbed by up to +-30 %),
+its peak the memory model's times one factor per lever value in 0.9-1.1, and its probe time
+``predict_probe_time``'s (adaptive window); repeats spread 3 %. Then the real ``Searcher`` searches it
+through the replay executor, with the ``model`` strategy (``--strategy model``, the estimator's prior), with
+the default walk (``--max-trials`` 40) and with the walk stopped once it has settled
+(``--stop-when-converged``), ``--draws`` landscapes each (the baseline and a top-2 confirmation for all). Printed: probes,
+time to answer (the probes' predicted times, one GPU) and best found / the landscape's optimum, median and
+worst draw.
 
 ``measure``: runs ``autotune run --model tiny-llama --device cpu`` (``--fresh``, its own ``--out``)
 at effective batch 8, 32 and 128 and reports each wall time; goal: the 128 run takes at most
@@ -146,6 +159,99 @@ def print_paper(rows: list[dict[str, Any]]) -> None:
               f"(a probe is ~{r['after_adaptive_probe_s']:.0f} s; {r['search_probes'] + r['confirm_probes']} probes)")
 
 
+def simulated_landscape(model: str, gpu_name: str, mode: str, seq: int, eb: int, draw: int) -> dict[str, Any]:
+    """A story's space on one GPU as the planner predicts it, each lever value's effect perturbed (``simulate``)."""
+    import random
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from record_landscape import grid
+
+    from autotune.estimate import arch_from_config, estimate_memory, find_gpu, predict_speed
+    from autotune.estimate.probe_time import predict_probe_time
+    from autotune.models import resolve_model
+    from autotune.run import default_space_for
+    from autotune.spec.probe_request import ProbeSettings, Workload
+    from autotune.spec.probe_window import MIN_TIMED_STEPS
+    from autotune.spec.space import DIMENSIONS, load_space
+
+    space = dataclasses.replace(load_space(default_space_for("cuda", mode, 1)), torch_compile=(False,))
+    resolved = resolve_model(model)
+    arch, gpu = arch_from_config(resolved.config), find_gpu(gpu_name)
+    wl = Workload(model=resolved.name, seq_len=seq, mode=mode)
+    rng = random.Random(draw)
+    speed_fx = {(d, v): rng.uniform(0.7, 1.3) for d in DIMENSIONS for v in space.choices(d)}
+    mem_fx = {(d, v): rng.uniform(0.9, 1.1) for d in DIMENSIONS for v in space.choices(d)}
+    settings = ProbeSettings(device="cuda", warmup_steps=WARMUP, steps=MIN_TIMED_STEPS)
+    entries = []
+    for c in grid(space, eb):
+        values = [(d, c.world_size if d == "gpus_per_trial" else getattr(c, d)) for d in DIMENSIONS]
+        tps = predict_speed(arch, wl, c, gpu).tokens_per_s
+        peak = estimate_memory(arch, wl, c, gpu=gpu).total
+        for key in values:
+            tps *= speed_fx.get(key, 1.0)
+            peak *= mem_fx.get(key, 1.0)
+        probe_s = predict_probe_time(arch, wl, c, settings, device="cuda", gpu=gpu)
+        entries.append({"candidate": dataclasses.asdict(c), "tokens_per_s_all": [tps * 0.985, tps * 1.015],
+                        "peak_mem_bytes": int(peak), "status": "ok",
+                        "wall_s": probe_s.total_s if probe_s is not None else 60.0})
+    return {"model": model, "device": "cuda", "seq_len": seq, "lengths": "fixed", "mode": mode, "effective_batch": eb,
+            "budget_bytes": int(gpu.memory_bytes), "headroom": 0.05, "steps": MIN_TIMED_STEPS, "warmup_steps": WARMUP,
+            "space": space.to_dict(), "entries": entries, "name": f"{model} {mode} on {gpu_name}, draw {draw}"}
+
+
+def simulate(draws: int) -> list[dict[str, Any]]:
+    import statistics
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import search_quality as sq
+
+    rows = []
+    for label, model, gpu_name, mode, seq, eb, goal in WORKLOADS:
+        if not label.startswith("story 1"):
+            continue
+        runs: dict[str, list[tuple[int, float, float]]] = {"model": [], "walk": [], "walk, converged stop": []}
+        nothing_fits = 0
+        for draw in range(draws):
+            try:
+                p = sq.problem(simulated_landscape(model, gpu_name, mode, seq, eb, draw))
+            except SystemExit:  # the draw's memory factors put every configuration over the budget
+                nothing_fits += 1
+                continue
+            for name in runs:
+                sq.SEARCHER_OPTIONS.clear()
+                if name == "walk, converged stop":
+                    sq.SEARCHER_OPTIONS["stop_when_converged"] = True
+                chosen, ex = (sq.run_model(p, draw, 0) if name == "model"
+                              else sq.run_autotune(p, draw, MAX_TRIALS + (TOP_K + 1) * CONFIRM_ROUNDS))
+                runs[name].append((ex.probes, ex.probe_seconds, p.score(chosen)))
+            sq.SEARCHER_OPTIONS.clear()
+        for name, vals in runs.items():
+            if not vals:
+                continue
+            probes, secs, scores = zip(*vals, strict=True)
+            rows.append({"workload": label, "gpu": gpu_name, "strategy": name, "draws": draws - nothing_fits,
+                         "draws_where_nothing_fits": nothing_fits,
+                         "probes_median": statistics.median(probes), "probes_max": max(probes),
+                         "time_s_median": statistics.median(secs), "time_s_max": max(secs),
+                         "best_over_optimum_median": statistics.median(scores),
+                         "best_over_optimum_min": min(scores), "goal_s": goal,
+                         "goal_met": None if goal is None else statistics.median(secs) <= goal})
+    return rows
+
+
+def print_simulate(rows: list[dict[str, Any]]) -> None:
+    print("| workload | GPU | strategy | draws | probes (median / most) | time to answer (median / worst) | "
+          "best / optimum (median / worst) | goal |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        goal = "" if r["goal_s"] is None else f"<= {_minutes(r['goal_s'])}: " + ("met" if r["goal_met"] else "NOT met")
+        draws = f"{r['draws']}" + (f" (+{r['draws_where_nothing_fits']} where nothing fits)"
+                                   if r["draws_where_nothing_fits"] else "")
+        print(f"| {r['workload']} | {r['gpu']} | {r['strategy']} | {draws} | {r['probes_median']:g} / {r['probes_max']} | "
+              f"{_minutes(r['time_s_median'])} / {_minutes(r['time_s_max'])} | "
+              f"{r['best_over_optimum_median']:.3f} / {r['best_over_optimum_min']:.3f} | {goal} |")
+
+
 def measure(model: str, batches: list[int], max_trials: int | None, steps: int | None, extra: list[str]) \
         -> list[dict[str, Any]]:
     rows = []
@@ -182,6 +288,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="mode", required=True)
     sub.add_parser("paper").add_argument("--json", default=None)
+    sim = sub.add_parser("simulate")
+    sim.add_argument("--draws", type=int, default=10)
+    sim.add_argument("--json", default=None)
     m = sub.add_parser("measure")
     m.add_argument("--model", default="tiny-llama")
     m.add_argument("--batches", default="8,32,128")
@@ -194,6 +303,11 @@ def main() -> int:
         print_paper(rows)
         out: Any = rows
         ok = all(r.get("goal_met") is not False for r in rows)
+    elif a.mode == "simulate":
+        rows = simulate(a.draws)
+        print_simulate(rows)
+        out = rows
+        ok = all(r["goal_met"] is not False for r in rows if r["strategy"] == "model")
     else:
         rows = measure(a.model, [int(b) for b in a.batches.split(",")], a.max_trials, a.steps, extra)
         first, last = rows[0], rows[-1]

@@ -118,7 +118,7 @@ def test_every_strategy_runs_end_to_end_on_a_recorded_landscape(tmp_path: Path, 
     probed = [r for r in out.records if r.probed and r.phase == "search"]
     assert probed and out.best_record is not None and out.best_record.status == "ok"
     origins = {r.origin for r in probed}
-    expected = {"walk": {"seed"}, "tpe": {"tpe"}, "random": {"random"}, "grid": {"grid"},
+    expected = {"walk": {"seed"}, "model": {"seed"}, "tpe": {"tpe"}, "random": {"random"}, "grid": {"grid"},
                 "largest-fits": {"largest-fits"}, "deepspeed": {"deepspeed"}}[strategy]
     assert expected <= origins
     if strategy == "largest-fits":  # defaults fixed, only the micro-batch moves; then it stops
@@ -126,6 +126,8 @@ def test_every_strategy_runs_end_to_end_on_a_recorded_landscape(tmp_path: Path, 
         assert "nothing more to propose" in out.stop_reason
     if strategy == "grid":
         assert len({r.key for r in probed}) == len(probed)
+    if strategy == "model":  # the seeds, then the model's own picks; it never proposes a configuration twice
+        assert origins <= {"seed", "model", "baseline"} and len({r.key for r in probed}) == len(probed)
 
 
 def test_a_would_be_centre_within_the_noise_is_re_measured_before_the_walk_moves() -> None:

@@ -69,7 +69,9 @@ def test_deepspeed_strategy_walks_its_stages_and_stops_when_not_5_percent_better
 def test_evaluate_scores_every_strategy_and_the_last_line_is_autotunes_summary() -> None:
     p = sq.problem(landscape())
     res = sq.evaluate(p, seeds=3, share=0.25)
-    assert set(res["strategies"]) == {*sq.STRATEGIES, sq.REFERENCE} and res["probe_budget"] == 8
+    assert set(res["strategies"]) == {*sq.STRATEGIES, sq.REFERENCE, sq.WALK_AT_MODEL} and res["probe_budget"] == 8
+    paired = res["strategies"][sq.WALK_AT_MODEL]["shares"]
+    assert all(abs(a - b) <= 2 / 32 for a, b in zip(paired, res["strategies"]["model"]["shares"], strict=True))
     auto = res["strategies"]["autotune"]
     assert all(0.0 <= r <= 1.0 for r in auto["ratios"]) and max(auto["shares"]) <= 8 / 32
     assert res["strategies"]["random"]["shares"] == auto["shares"]  # the same probe count

@@ -6,6 +6,7 @@ beyond the package's own gpus.yaml and catalog files passed in explicitly]
     predict_speed(...) / predict_step_time(...) (the one step-time model) / mfu(...) / calibrate(...);  cpu_probe_seconds(...) (a CPU probe's least time)
     find_gpu(name) / load_catalog(extra=...)
     plan(config, gpus=..., ...) -> PlanResult;  predict_peak_bytes / should_prune (PRUNE_FACTOR)
+    CostPrior(config, workload, device=..., usable_bytes=...) (the model strategy's prior: log speed, log peak/usable)
     predict_probe_time(...) / make_predictor(...) (one probe's seconds);  DeadlineRule / Deadlines (its deadline)
 """
 
@@ -26,6 +27,7 @@ from autotune.estimate.plan import (
     predict_peak_bytes,
     should_prune,
 )
+from autotune.estimate.prior import CostPrior
 from autotune.estimate.probe_time import (
     CPU_DEADLINE_FLOOR_S,
     DEADLINE_FLOOR_S,
@@ -53,6 +55,7 @@ from autotune.estimate.speed import (
 )
 
 __all__ = [
+    "CostPrior",
     "CPU_DEADLINE_FLOOR_S",
     "CPU_FLOPS_PER_CORE",
     "DEADLINE_FLOOR_S",

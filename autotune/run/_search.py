@@ -227,9 +227,23 @@ def _searcher(r: Request, plan: SearchPlan, run_dir: Any, started: RunStart, exe
         records=SearchRecords(storage=study_storage, study_name=run_dir.run_id, history=started.history,
                               sink=run_dir.journal),
         hooks=SearchHooks(progress=progress, pruner=pruner, deadlines=plan.deadlines,
-                          load_check=monitor.check if monitor is not None else None),
+                          load_check=monitor.check if monitor is not None else None,
+                          prior=_model_prior(r, plan) if a.strategy == "model" else None),
     )  # fmt: skip
     return searcher, pruner
+
+
+def _model_prior(r: Request, plan: SearchPlan) -> Any:
+    """The estimator's prior for the model strategy (``autotune.estimate.CostPrior``); None when the estimator
+    cannot read the model's architecture (the model then starts flat)."""
+    from autotune.errors import SpecError
+    from autotune.estimate import CostPrior
+
+    try:
+        return CostPrior(r.resolved.config, plan.workload, device=plan.device,
+                         usable_bytes=plan.settings.usable_bytes() or plan.budget_bytes)
+    except SpecError:
+        return None
 
 
 def _run_max_world(plan: SearchPlan, executor: Executor, *, cluster: bool) -> int | None:

@@ -18,6 +18,11 @@ Strategies (``strategy=``):
     the trials; a would-be centre within the noise of the current one is re-measured first:
     ``recheck``), then the base sampler (TPE); when the base keeps proposing configurations the
     study has seen, an unseen one (``coverage``).
+``model``
+    a model fitted to the run's own probes ranks every configuration (``_model.ModelPolicy``): the
+    first expert seed, then the configuration whose optimistic predicted speed is highest, until none
+    can beat the best measured by more than the margin; then nothing more (``finished``, with the
+    model's reason: ``stop_text``).
 ``tpe``
     the base sampler alone (with ``coverage`` when it keeps repeating itself).
 ``random``
@@ -41,11 +46,12 @@ measure it again (user attribute ``remeasure`` is True), not answer from a cache
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 import warnings
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
@@ -68,11 +74,15 @@ from autotune.search._logic import (
     usable_micro_batches,
     usable_worlds,
 )
+from autotune.search._model import CPU_NOISE_SD, NOISE_SD, ModelPolicy, ModelStop, Option, Row
 from autotune.search._strategies import STRATEGIES
 from autotune.search._walk import FollowUps
 from autotune.spec.levers import inactive
 from autotune.spec.probe_request import Candidate
 from autotune.spec.space import DIMENSIONS, SearchSpace
+
+if TYPE_CHECKING:
+    from autotune.estimate import CostPrior
 
 __all__ = ["AutotuneSampler", "SamplerSettings", "STRATEGIES", "Observation"]
 
@@ -96,6 +106,7 @@ class Observation:
     value: float
     measured: bool  # a probe measured it (not answered from a cache, inferred or skipped)
     origin: str
+    memory: float | None = None  # the memory constraint told: (peak - usable) / usable; None: not measured
 
     def record(self) -> TrialRecord:
         return _records.observed(key=self.key, status=self.status, params=self.params, origin=self.origin,
@@ -121,7 +132,8 @@ class SamplerSettings:
     ``max_world``: the GPUs available (None: no limit on ``gpus_per_trial``); ``seeds``: the most expert
     seeds; ``variable_lengths``: a length distribution or a real dataset (the seeds pack sequences);
     ``follow_ups`` / ``neighbours``: the walk's step-downs / its neighbourhood moves; ``ordinal``: ordered
-    knobs suggested as an index into their sorted choices instead of as categories."""
+    knobs suggested as an index into their sorted choices instead of as categories; ``prior``: what the
+    estimator predicts before any probe, for the model strategy."""
 
     strategy: str = "walk"
     seed: int = 42
@@ -136,6 +148,7 @@ class SamplerSettings:
     follow_ups: bool = True
     neighbours: bool = True
     ordinal: bool = False
+    prior: CostPrior | None = None  # the model strategy's prior (``autotune.estimate.CostPrior``); None: flat
 
 
 class AutotuneSampler(BaseSampler):
@@ -202,6 +215,9 @@ class AutotuneSampler(BaseSampler):
             if strategy == "walk" else []
         self._all: list[tuple[dict[str, Any], Candidate]] | None = None
         self._bases: dict[int, BaseSampler] = {}
+        self._policy: ModelPolicy | None = None
+        self._options: dict[str, Option] = {}
+        self._memo: tuple[Any, tuple[str | None, ModelStop | None]] | None = None
 
     # ------------------------------------------------------------------ space <-> params (the one mapping)
 
@@ -301,7 +317,8 @@ class AutotuneSampler(BaseSampler):
                 "crash" if t.state != TrialState.COMPLETE else "ok" if value > 0 else "over_budget")
             obs.append(Observation(number=t.number, key=key, candidate=cand, params=dict(t.params), status=status,
                                    value=value, measured=bool(t.user_attrs.get("measured", True)),
-                                   origin=str(t.user_attrs.get("origin", ""))))
+                                   origin=str(t.user_attrs.get("origin", "")),
+                                   memory=_measured_memory(t)))
         return obs, running
 
     @staticmethod
@@ -372,6 +389,11 @@ class AutotuneSampler(BaseSampler):
                 if c is not None:
                     return c, "coverage"
             return None
+        if self.strategy == "model":
+            key, _ = self._model_step(obs, running)
+            if key is None:
+                return None
+            return self._by_key()[key], "seed" if key in self._model_policy().first else "model"
         if self.strategy == "random":
             c = self._unseen(seen, obs, random.Random(salt))
             return (c, "random") if c is not None else None
@@ -392,17 +414,77 @@ class AutotuneSampler(BaseSampler):
 
     def waiting(self, study: Study) -> bool:
         """A scripted strategy has no proposal until a probe in flight lands, or none at all (``finished``)."""
+        if self.strategy == "model":
+            obs, running = self.observations(study)
+            return self._model_step(obs, running)[0] is None
         if self.strategy not in ("largest-fits", "deepspeed"):
             return False
         obs, running = self.observations(study)
         return self._scripted(obs, running) is None
 
     def finished(self, study: Study) -> bool:
-        """True when the strategy has nothing more to propose (``largest-fits``, ``deepspeed``)."""
-        if self.strategy not in ("largest-fits", "deepspeed"):
+        """True when the strategy has nothing more to propose (``model``, ``largest-fits``, ``deepspeed``)."""
+        if self.strategy not in ("model", "largest-fits", "deepspeed"):
             return False
-        obs, running = self.observations(study)
-        return not running and self._scripted(obs, running) is None
+        return not self.observations(study)[1] and self.waiting(study)
+
+    def stop_text(self, study: Study) -> str:
+        """Why the strategy proposes nothing more (the run's stop reason)."""
+        if self.strategy == "model":
+            stop = self._model_step(*self.observations(study))[1]
+            if stop is not None:
+                return stop.text
+        return f"the {self.strategy} strategy has nothing more to propose"
+
+    # ------------------------------------------------------------------ the model strategy
+
+    def _by_key(self) -> dict[str, Candidate]:
+        return {candidate_id(c): c for _, c in self._all_candidates()}
+
+    def _option(self, choice: Mapping[str, Any], c: Candidate) -> Option:
+        prior = self.settings.prior
+        return Option(key=candidate_id(c), choice=self._searched(choice),
+                      speed_prior=prior.speed(c) if prior is not None else 0.0,
+                      memory_prior=prior.memory(c) if prior is not None else None)
+
+    def _model_policy(self) -> ModelPolicy:
+        if self._policy is None:
+            first = []
+            for choice in expert_seeds(self.space, effective_batch=self.effective_batch, micro_batches=self.micro_batches,
+                                       worlds=self.worlds, device=self.device, limit=self.settings.seeds,
+                                       variable_lengths=self.settings.variable_lengths):
+                c = candidate_from_choice(choice, effective_batch=self.effective_batch)
+                if isinstance(c, Candidate):
+                    first.append(candidate_id(c))
+            self._options = {candidate_id(c): self._option(choice, c) for choice, c in self._all_candidates()}
+            self._policy = ModelPolicy(list(self._options.values()), self.choices, first=first,
+                                       noise_sd=CPU_NOISE_SD if self.device == "cpu" else NOISE_SD)
+        return self._policy
+
+    def _searched(self, choice: Mapping[str, Any]) -> dict[str, Any]:
+        """The searched levers' values of a choice (a lever inactive under it at its first choice)."""
+        out = {d: choice.get(d) for d in self.choices}
+        for d in CONDITIONAL_KNOBS:
+            if d in out and inactive(d, choice):
+                out[d] = self.choices[d][0]
+        return out
+
+    def _model_step(self, obs: Sequence[Observation], running: set[str]) -> tuple[str | None, ModelStop | None]:
+        memo = (tuple((o.number, o.status, o.value) for o in obs), frozenset(running))
+        if self._memo is not None and self._memo[0] == memo:
+            return self._memo[1]
+        policy = self._model_policy()
+        rows = []
+        for o in obs:
+            if o.candidate is None or (not o.measured and o.status == "ok"):
+                continue  # a skip, or a repeat answered from the cache (its measurement is a row already)
+            memory = math.log1p(o.memory) if o.memory is not None and o.memory > -1.0 else None
+            option = self._options.get(o.key) or self._option(self.choice_of(o.params), o.candidate)
+            rows.append(Row(option=option, status=o.status, tokens_per_s=o.value if o.status == "ok" else 0.0,
+                            memory=memory, proposed=o.origin not in _NOT_PROPOSED))
+        out = policy.next(rows, running)
+        self._memo = (memo, out)
+        return out
 
     def _cache(self, obs: Sequence[Observation]) -> tuple[list[TrialRecord], dict[str, TrialRecord]]:
         recs = self.records(obs)
@@ -581,6 +663,13 @@ class AutotuneSampler(BaseSampler):
         (so a resumed study seeds its random choices as the uninterrupted one did)."""
         return sum(1 for t in study.get_trials(deepcopy=False)
                    if t.number < number and not t.user_attrs.get("interrupted"))
+
+
+def _measured_memory(t: FrozenTrial) -> float | None:
+    """The memory constraint a trial was told, when its probe measured a peak (-1 and 1 stand for "no peak
+    measured": ``constraint_value``)."""
+    c = (t.constraints or {}).get("memory") if hasattr(t, "constraints") else None
+    return None if c is None or c in (-1.0, 1.0) else float(c)
 
 
 def _base_name(base: BaseSampler) -> str:

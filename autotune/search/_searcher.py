@@ -30,6 +30,7 @@ from optuna.distributions import BaseDistribution
 from optuna.trial import Trial, TrialState
 
 from autotune.errors import SpecError
+from autotune.estimate.prior import CostPrior
 from autotune.estimate.probe_time import Deadlines
 from autotune.executors.base import Executor
 from autotune.search import _records
@@ -166,10 +167,12 @@ class SearchRecords:
 @dataclass(frozen=True)
 class SearchHooks:
     """What the search calls out to: the progress events, the pruner, the load check, each probe's
-    deadline (``Deadlines``; None: ``settings.timeout_s`` as given) and the clock."""
+    deadline (``Deadlines``; None: ``settings.timeout_s`` as given), the clock, and the estimator's
+    prior for the model strategy (``autotune.estimate.CostPrior``; None: the model starts flat)."""
 
     progress: ProgressFn | None = None
     pruner: Pruner | None = None
+    prior: CostPrior | None = None
     load_check: LoadCheck | None = None
     deadlines: Deadlines | None = None
     clock: Callable[[], float] = time.monotonic
@@ -244,7 +247,7 @@ class Searcher:
                 device=device, max_world=max_world, seeds=min(seeds, max(1, max_trials // 3)),
                 variable_lengths=workload.lengths != "fixed" or workload.dataset is not None,
                 baseline=baseline, defaults=defaults, recheck_tolerance=self.confirm.tolerance if recheck else None,
-                follow_ups=follow_ups, neighbours=neighbours, ordinal=ordinal,
+                follow_ups=follow_ups, neighbours=neighbours, ordinal=ordinal, prior=hooks.prior,
             ), effective_batch=effective_batch)
         except ValueError as exc:
             raise SpecError(str(exc)) from exc
@@ -591,7 +594,7 @@ class Searcher:
                 continue
             if self.sampler.waiting(self.study):
                 if not loop.in_flight:  # a scripted strategy (largest-fits, deepspeed) has run its course
-                    loop.stop_reason = f"the {self.sampler.strategy} strategy has nothing more to propose"
+                    loop.stop_reason = self.sampler.stop_text(self.study)
                 break
             self._ask(loop)
 
@@ -809,6 +812,11 @@ class Searcher:
         winner: dict[str, Any] | None = None
         while start < len(ok):
             group = ok[start : start + self.top_k]
+            if self.sampler.strategy == "model":
+                # only the contenders: those whose search measurement lies within the noise tolerance of the
+                # best's (the model strategy measured around the best already; the others are decided)
+                group = [r for r in group if (r.tokens_per_s or 0.0) * (1.0 + self.confirm.tolerance)
+                         >= (ok[0].tokens_per_s or 0.0)] or group[:1]
             if start == 0 and bkey is not None:
                 # the baseline is re-measured in the same rounds, so "best vs baseline" compares
                 # medians measured side by side

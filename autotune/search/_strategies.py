@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = ["STRATEGIES"]
 
-# walk: seeds, step-downs, the neighbourhood walk, TPE (the default); the others are what a user
+# walk: seeds, step-downs, the neighbourhood walk, TPE (the default); model: a model fitted to the run's
+# probes ranks every configuration and stops the search when none can beat the best; the others are what a user
 # might otherwise do, as samplers over the same study (see autotune/search/_sampler.py)
-STRATEGIES = ("walk", "tpe", "random", "grid", "largest-fits", "deepspeed")
+STRATEGIES = ("walk", "model", "tpe", "random", "grid", "largest-fits", "deepspeed")

@@ -1,0 +1,288 @@
+"""The ``model`` strategy: a model fitted to the run's own probes ranks every configuration, and a probe
+is spent only where the model cannot decide.  [pure]
+
+Two Bayesian linear models over the searched levers, fitted again from the trials at every ask:
+
+* speed:   ``log tok/s            = prior_speed(c)  + b + sum over levers of beta[lever = value]``
+* memory:  ``log(peak / usable)   = prior_memory(c) + m + sum over levers of gamma[lever = value]``
+
+The priors are what the estimator knows before a probe (``autotune.estimate.CostPrior``: checkpointing's
+recomputed FLOPs; the memory model's peak), 0 without one. Every value of a lever other than its first
+choice has one coefficient, a departure from the prior with a Gaussian prior of its own centred on 0
+(``SPEED_PRIOR_SD``; memory ``MEMORY_DEPARTURE_SD`` around the estimator's peak, ``MEMORY_PRIOR_SD``
+without it); the speed intercept is free, the memory intercept may move the estimator's peak by about 2x
+(``MEMORY_INTERCEPT_SD``). A measurement's noise is ``NOISE_SD`` on a GPU, ``CPU_NOISE_SD`` on a CPU (log
+units). The posterior gives each configuration a predicted mean and standard deviation: a lever value no
+probe has used keeps its prior's width, so a configuration that combines untried values stays uncertain
+until one is measured. The additive form assumes the levers' effects multiply; an interaction it cannot
+hold shows as a misfit, and the noise is widened to the fit's residual spread once there are more rows
+than terms.
+
+The policy, at every ask:
+
+1. out: configurations measured or in flight; those a probe proved over budget (a probe that did not fit
+   needed no more memory: a micro-batch no larger, checkpointing on where this one has it off, every
+   other lever the same); and those the memory model gives under ``FEASIBLE_MIN`` chance of fitting;
+2. first the expert seeds (the calibration probes), each unless it cannot fit;
+3. then the configuration with the highest expected gain over the best measured one (as fitted, so a lucky
+   single measurement does not set the bar), weighed by its chance of fitting; before anything fits, the
+   likeliest to fit weighed by how fast it could be;
+4. **stop** when no remaining configuration has a ``1 - Phi(Z)`` (16 %) chance of fitting *and* beating
+   the best measured one by more than ``MARGIN`` (``ModelStop``: how many configurations that rules out,
+   how many were left out as over the budget; its ``text`` is the run's stop reason).
+
+The constants are round values chosen on the recorded CPU landscapes and the simulated story-1 landscapes
+(``benchmarks/search_quality.py``, ``benchmarks/time_to_answer.py simulate``: benchmarks/README.md).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["CPU_NOISE_SD", "MARGIN", "NOISE_SD", "LeverModel", "ModelPolicy", "ModelStop", "Option", "Row", "Z"]
+
+SPEED_PRIOR_SD = 0.35  # a lever value moves tok/s by up to ~x1.4 either way before it is measured
+MEMORY_PRIOR_SD = 0.5  # without the estimator's prior: a lever value may move the peak by ~x1.6 either way
+MEMORY_DEPARTURE_SD = 0.15  # with it: what the memory model misses about one lever value (~15 %)
+INTERCEPT_SD = 10.0  # free
+MEMORY_INTERCEPT_SD = 0.7  # the memory model's constant error: up to ~2x either way (1.4-1.9x on CPU landscapes)
+NOISE_SD = 0.03  # one measurement's spread on a GPU, log units (~3 %)
+CPU_NOISE_SD = 0.08  # on a CPU (repeats of one configuration on a quiet 2-core machine: 3-15 %, median ~8 %)
+Z = 1.0  # optimism: one standard deviation (an 84 % one-sided bound)
+MARGIN = 0.03  # a gain under 3 % is within the noise of one measurement: not worth a probe
+FEASIBLE_MIN = 0.2  # a configuration the memory model gives under a 20 % chance of fitting is not probed
+
+
+def _cholesky_inverse(a: list[list[float]]) -> list[list[float]]:
+    """The inverse of a symmetric positive-definite matrix (Cholesky; small matrices, pure Python)."""
+    n = len(a)
+    low = [[0.0] * n for _ in range(n)]
+    for i in range(n):
+        for j in range(i + 1):
+            s = a[i][j] - sum(low[i][k] * low[j][k] for k in range(j))
+            low[i][j] = math.sqrt(max(s, 1e-300)) if i == j else s / low[j][j]
+    inv_low = [[0.0] * n for _ in range(n)]  # L^-1 by forward substitution
+    for i in range(n):
+        inv_low[i][i] = 1.0 / low[i][i]
+        for j in range(i):
+            inv_low[i][j] = -sum(low[i][k] * inv_low[k][j] for k in range(j, i)) / low[i][i]
+    return [[sum(inv_low[k][i] * inv_low[k][j] for k in range(max(i, j), n)) for j in range(n)] for i in range(n)]
+
+
+class LeverModel:
+    """Bayesian linear regression on one-hot lever values (intercept first); ``fit`` then ``predict``."""
+
+    def __init__(self, features: Sequence[tuple[str, Any]], *, prior_sd: float, noise_sd: float,
+                 intercept_sd: float = INTERCEPT_SD) -> None:
+        self.features = list(features)
+        self.index = {f: i + 1 for i, f in enumerate(self.features)}
+        self.sds = [intercept_sd] + [prior_sd] * len(self.features)
+        self.noise_sd = noise_sd
+        self.mean = [0.0] * len(self.sds)
+        self.cov = [[0.0] * len(self.mean) for _ in self.mean]
+        self.rows = 0
+        self.fitted_noise_sd = noise_sd
+        self.fit([], [])
+
+    def active(self, choice: Mapping[str, Any]) -> list[int]:
+        """The indices of the terms a configuration switches on (the intercept always)."""
+        return [0] + [i for (d, v), i in self.index.items() if choice.get(d) == v]
+
+    def fit(self, choices: Sequence[Mapping[str, Any]], ys: Sequence[float]) -> None:
+        n = len(self.mean)
+        noise = self.noise_sd
+        for _ in range(2):  # the second pass widens the noise to the residual spread, when it can be measured
+            prec = [[0.0] * n for _ in range(n)]
+            rhs = [0.0] * n
+            for i in range(n):
+                prec[i][i] = 1.0 / self.sds[i] ** 2
+            for choice, y in zip(choices, ys, strict=True):
+                act = self.active(choice)
+                for i in act:
+                    rhs[i] += y / noise**2
+                    for j in act:
+                        prec[i][j] += 1.0 / noise**2
+            self.cov = _cholesky_inverse(prec)
+            self.mean = [sum(self.cov[i][j] * rhs[j] for j in range(n)) for i in range(n)]
+            dof = len(ys) - len({i for c in choices for i in self.active(c)})
+            if dof < 2:
+                break
+            rss = sum((y - self.predict(c)[0]) ** 2 for c, y in zip(choices, ys, strict=True))
+            wider = math.sqrt(rss / dof)
+            if wider <= noise * 1.05:
+                break
+            noise = wider
+        self.rows = len(ys)
+        self.fitted_noise_sd = noise
+
+    def predict(self, choice: Mapping[str, Any]) -> tuple[float, float]:
+        """(mean, standard deviation) of the modelled quantity for a configuration."""
+        act = self.active(choice)
+        mean = sum(self.mean[i] for i in act)
+        var = sum(self.cov[i][j] for i in act for j in act)
+        return mean, math.sqrt(max(var, 0.0))
+
+
+_MEMORY_ORDERED = ("micro_batch", "grad_ckpt", "ckpt_every")
+
+
+def _needs_at_least(c: Mapping[str, Any], o: Mapping[str, Any]) -> bool:
+    """Configuration ``c`` needs at least the memory ``o`` does (activations grow with the micro-batch and
+    shrink with checkpointing, and with checkpointing one layer in fewer)."""
+    if c.get("micro_batch", 0) < o.get("micro_batch", 0):
+        return False
+    if c.get("grad_ckpt") and not o.get("grad_ckpt"):
+        return False
+    if c.get("grad_ckpt") and o.get("grad_ckpt") and c.get("ckpt_every", 1) < o.get("ckpt_every", 1):
+        return False
+    return all(o.get(d) == v for d, v in c.items() if d not in _MEMORY_ORDERED)
+
+
+def _expected_gain(mean: float, sd: float, bar: float) -> float:
+    """E[max(0, S - e^bar)] for log S ~ N(mean, sd^2): how much a configuration is expected to beat the bar by."""
+    b = math.exp(bar)
+    return (math.exp(mean + sd * sd / 2) * _normal_cdf((mean + sd * sd - bar) / sd)
+            - b * _normal_cdf((mean - bar) / sd))
+
+
+def _normal_cdf(x: float) -> float:
+    return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
+
+
+@dataclass(frozen=True)
+class ModelStop:
+    """Why the model strategy proposes nothing more (its ``text`` is the run's stop reason)."""
+
+    best_tokens_per_s: float  # the best measured configuration's fitted speed
+    ruled_out: int  # configurations left unprobed because the model says they cannot beat the best
+    over_budget: int  # left unprobed because they do not fit (proven, or predicted)
+    best_chance: float  # the highest chance, among the ruled-out ones, of fitting and beating the best
+
+    @property
+    def text(self) -> str:
+        head = (f"the model rules out the {self.ruled_out} unprobed configuration(s) that may fit: none has a "
+                f"{1.0 - _normal_cdf(Z):.0%} chance of fitting and beating the best measured configuration "
+                f"({self.best_tokens_per_s:,.0f} tok/s as fitted) by more than {MARGIN:.0%}")
+        if self.ruled_out:
+            head += f" (the likeliest: {self.best_chance:.0%})"
+        if self.over_budget:
+            head += f"; {self.over_budget} more left out as over the budget"
+        return head
+
+
+@dataclass(frozen=True)
+class Option:
+    """One configuration of the space as the models see it: its searched levers' values and the prior's
+    log speed and log(peak / usable) (0 and None without a prior)."""
+
+    key: str
+    choice: Mapping[str, Any]
+    speed_prior: float = 0.0
+    memory_prior: float | None = None
+
+
+@dataclass(frozen=True)
+class Row:
+    """One finished trial as the models see it."""
+
+    option: Option
+    status: str
+    tokens_per_s: float  # 0 unless it ran and fitted
+    memory: float | None  # log(peak / usable budget); None when the probe did not measure it
+    proposed: bool  # the search proposed it (not the HF-default baseline the run adds)
+
+    @property
+    def key(self) -> str:
+        return self.option.key
+
+
+class ModelPolicy:
+    """The ``model`` strategy's decisions over one space (see the module docstring).
+
+    ``options``: every runnable configuration, in the space's order; ``dims``: the searched levers and their
+    choices; ``first``: the keys to probe first, in order, before the search has measured anything of its
+    own (the expert seeds). With a memory prior (the options carry one), the memory intercept starts at
+    the prior's and may move by ``MEMORY_INTERCEPT_SD``; without, it is free and nothing is left out as
+    over the budget before a probe has measured a peak."""
+
+    def __init__(self, options: Sequence[Option], dims: Mapping[str, Sequence[Any]], first: Iterable[str] = (),
+                 *, noise_sd: float = NOISE_SD) -> None:
+        self.options = list(options)
+        self.noise_sd = noise_sd
+        self.features = [(d, v) for d, values in dims.items() for v in list(values)[1:]]
+        self.first = list(first)
+        self.memory_prior = bool(self.options) and all(o.memory_prior is not None for o in self.options)
+
+    def models(self, rows: Sequence[Row]) -> tuple[LeverModel, LeverModel]:
+        speed = LeverModel(self.features, prior_sd=SPEED_PRIOR_SD, noise_sd=self.noise_sd)
+        ok = [r for r in rows if r.status == "ok" and r.tokens_per_s > 0]
+        speed.fit([r.option.choice for r in ok], [math.log(r.tokens_per_s) - r.option.speed_prior for r in ok])
+        memory = LeverModel(self.features, prior_sd=MEMORY_DEPARTURE_SD if self.memory_prior else MEMORY_PRIOR_SD,
+                            noise_sd=NOISE_SD,
+                            intercept_sd=MEMORY_INTERCEPT_SD if self.memory_prior else INTERCEPT_SD)
+        mem = [r for r in rows if r.memory is not None]
+        memory.fit([r.option.choice for r in mem], [float(r.memory) - (r.option.memory_prior or 0.0) for r in mem])
+        return speed, memory
+
+    @staticmethod
+    def _proven_over(choice: Mapping[str, Any], over: Sequence[Mapping[str, Any]]) -> bool:
+        """A probe proved it over budget: one that did not fit needed no more memory than this one would
+        (every other lever the same; a micro-batch no larger; checkpointing on where this one has it off,
+        or on for more layers)."""
+        return any(_needs_at_least(choice, o) for o in over)
+
+    def next(self, rows: Sequence[Row], running: set[str]) -> tuple[str | None, ModelStop | None]:
+        """The key of the configuration to probe next, or (None, why the search can stop). (None, None):
+        nothing to propose until a probe in flight lands (every remaining one is in flight)."""
+        seen = {r.key for r in rows} | running
+        over = [r.option.choice for r in rows if r.status in ("oom", "over_budget")]
+        speed, memory = self.models(rows)
+        judge_memory = self.memory_prior or memory.rows > 0
+
+        def fits(o: Option) -> float:
+            """The chance that it fits (0 when a probe proved it does not)."""
+            if self._proven_over(o.choice, over):
+                return 0.0
+            if not judge_memory:
+                return 1.0
+            m_mean, m_sd = memory.predict(o.choice)
+            return _normal_cdf(-(m_mean + (o.memory_prior or 0.0)) / max(m_sd, 1e-9))
+
+        by_key = {o.key: o for o in self.options}
+        for key in self.first:  # the calibration probes: the experts' guesses, unless they cannot fit
+            if key not in seen and key in by_key and fits(by_key[key]) >= FEASIBLE_MIN:
+                return key, None
+        # the best measured configuration as fitted (a lucky single measurement does not end the search early)
+        best = max((math.exp(speed.predict(r.option.choice)[0] + r.option.speed_prior)
+                    for r in rows if r.status == "ok" and r.tokens_per_s > 0), default=0.0)
+        bar = math.log(best * (1.0 + MARGIN)) if best > 0 else -math.inf
+        enough = 1.0 - _normal_cdf(Z)  # a chance below this of fitting and beating the bar: not worth a probe
+        top, top_score, ruled, excluded, top_ruled = None, -math.inf, 0, 0, 0.0
+        for o in self.options:
+            if o.key in seen:
+                continue
+            p_fit = fits(o)
+            if p_fit < FEASIBLE_MIN:
+                excluded += 1
+                continue
+            s_mean, s_sd = speed.predict(o.choice)
+            s_mean += o.speed_prior
+            if best > 0:
+                chance = p_fit * (1.0 - _normal_cdf((bar - s_mean) / max(s_sd, 1e-9)))
+                if chance < enough:
+                    ruled += 1
+                    top_ruled = max(top_ruled, chance)
+                    continue
+                score = p_fit * _expected_gain(s_mean, max(s_sd, 1e-9), bar)
+            else:  # nothing fits yet: the likeliest to fit, weighed by how fast it could be
+                score = math.log(p_fit) + s_mean + Z * s_sd
+            if score > top_score:
+                top, top_score = o.key, score
+        if top is not None:
+            return top, None
+        if running:
+            return None, None
+        return None, ModelStop(best_tokens_per_s=best, ruled_out=ruled, over_budget=excluded, best_chance=top_ruled)

@@ -1,0 +1,142 @@
+"""The model strategy: the fit, its uncertainty, the rules that leave configurations out, the stop rule,
+and the strategy end to end through the Searcher on a replayed landscape (no probes: seconds)."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+from autotune.search._model import (
+    MARGIN,
+    SPEED_PRIOR_SD,
+    LeverModel,
+    ModelPolicy,
+    ModelStop,
+    Option,
+    Row,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+DIMS = {"micro_batch": [1, 2, 4], "attn": ["eager", "sdpa"], "packing": [False, True]}
+
+
+def _options(prior: dict[str, float] | None = None) -> list[Option]:
+    out = []
+    for mb in DIMS["micro_batch"]:
+        for attn in DIMS["attn"]:
+            for packing in DIMS["packing"]:
+                choice = {"micro_batch": mb, "attn": attn, "packing": packing}
+                key = f"mb{mb}-{attn}-{packing}"
+                out.append(Option(key=key, choice=choice, memory_prior=(prior or {}).get(key)))
+    return out
+
+
+def _truth(choice: dict) -> float:
+    """log tok/s of an additive landscape: micro-batch 2 +20 %, 4 +30 %; sdpa +10 %; packing +40 %."""
+    return (math.log(1000.0) + {1: 0.0, 2: 0.18, 4: 0.26}[choice["micro_batch"]]
+            + (0.1 if choice["attn"] == "sdpa" else 0.0) + (0.34 if choice["packing"] else 0.0))
+
+
+def test_the_fit_recovers_additive_effects_and_an_untried_value_keeps_its_prior_width() -> None:
+    features = [(d, v) for d, vs in DIMS.items() for v in vs[1:]]
+    m = LeverModel(features, prior_sd=SPEED_PRIOR_SD, noise_sd=0.02)
+    tried = [o.choice for o in _options() if o.choice["micro_batch"] != 4]  # micro-batch 4 never measured
+    m.fit(tried, [_truth(c) for c in tried])
+    for c in tried:
+        mean, sd = m.predict(c)
+        assert abs(mean - _truth(c)) < 0.03 and sd < 0.05
+    _, sd4 = m.predict({"micro_batch": 4, "attn": "sdpa", "packing": True})
+    assert sd4 > 0.8 * SPEED_PRIOR_SD  # nothing measured at 4: as uncertain as the prior says
+    # a misfit the additive form cannot hold (a three-lever interaction: the parity of the row's index
+    # bits) widens the noise to the residual spread
+    noisy = [_truth(c) + (0.2 if bin(i).count("1") % 2 else -0.2) for i, c in enumerate(tried)]
+    m.fit(tried, noisy)
+    assert m.fitted_noise_sd > 0.1
+
+
+def _search(options: list[Option], truth, over: set[str] = frozenset(), first: tuple[str, ...] = ()):
+    policy = ModelPolicy(options, DIMS, first=first, noise_sd=0.02)
+    by_key = {o.key: o for o in options}
+    rows: list[Row] = []
+    while True:
+        key, stop = policy.next(rows, set())
+        if key is None:
+            return rows, stop
+        o = by_key[key]
+        status = "over_budget" if key in over else "ok"
+        rows.append(Row(option=o, status=status, tokens_per_s=math.exp(truth(o.choice)) if status == "ok" else 0.0,
+                        memory=0.1 if status != "ok" else -0.2, proposed=True))
+
+
+def test_the_policy_finds_the_best_and_stops_saying_what_it_ruled_out() -> None:
+    options = _options()
+    rows, stop = _search(options, _truth, first=("mb1-sdpa-False",))
+    assert rows[0].key == "mb1-sdpa-False"  # the experts' guess is the calibration probe
+    best = max(rows, key=lambda r: r.tokens_per_s)
+    assert best.key == "mb4-sdpa-True"
+    assert len(rows) < len(options)  # the model decided some without a probe
+    assert isinstance(stop, ModelStop) and stop.ruled_out == len(options) - len(rows)
+    assert f"by more than {MARGIN:.0%}" in stop.text and "tok/s as fitted" in stop.text
+
+
+def test_a_probe_over_budget_rules_out_what_needs_more_memory() -> None:
+    over = ModelPolicy._proven_over
+    assert over({"micro_batch": 4, "grad_ckpt": False, "attn": "sdpa"}, [{"micro_batch": 2, "grad_ckpt": False,
+                                                                          "attn": "sdpa"}])
+    # checkpointing on did not fit: off needs more
+    assert over({"micro_batch": 2, "grad_ckpt": False, "attn": "sdpa"}, [{"micro_batch": 2, "grad_ckpt": True,
+                                                                          "attn": "sdpa"}])
+    # a smaller micro-batch, or another lever changed: the probe proves nothing about it
+    assert not over({"micro_batch": 1, "grad_ckpt": False, "attn": "sdpa"}, [{"micro_batch": 2, "grad_ckpt": False,
+                                                                              "attn": "sdpa"}])
+    assert not over({"micro_batch": 4, "grad_ckpt": False, "attn": "eager"}, [{"micro_batch": 2, "grad_ckpt": False,
+                                                                               "attn": "sdpa"}])
+    rows, stop = _search(_options(), _truth, over={"mb2-sdpa-True"})
+    assert "mb4-sdpa-True" not in {r.key for r in rows} and stop is not None and stop.over_budget >= 1
+
+
+def test_the_memory_prior_keeps_configurations_predicted_far_over_budget_unprobed() -> None:
+    # the estimator puts micro-batch 4 at twice the usable budget (log 2 = 0.69): never proposed
+    prior = {o.key: (0.69 if o.choice["micro_batch"] == 4 else -0.5) for o in _options()}
+    rows, stop = _search(_options(prior), _truth)
+    assert all(r.option.choice["micro_batch"] != 4 for r in rows)
+    assert stop is not None and stop.over_budget == 4
+    assert max(rows, key=lambda r: r.tokens_per_s).key == "mb2-sdpa-True"
+
+
+def test_the_cost_prior_charges_recompute_and_grows_memory_with_the_micro_batch() -> None:
+    import json
+
+    from autotune.estimate import CostPrior
+    from autotune.models import resolve_model
+    from autotune.spec.probe_request import Candidate, Workload
+
+    resolved = resolve_model("tiny-llama")
+    config = json.loads((Path(resolved.path) / "config.json").read_text())
+    prior = CostPrior(config, Workload(model="tiny-llama", seq_len=256), device="cpu", usable_bytes=400 * 2**20)
+    plain, ckpt = Candidate(micro_batch=4, grad_accum=4), Candidate(micro_batch=4, grad_accum=4, grad_ckpt=True)
+    assert prior.speed(ckpt) < prior.speed(plain)  # the recomputed forward
+    assert prior.memory(Candidate(micro_batch=8, grad_accum=2)) > prior.memory(plain) > prior.memory(ckpt)
+
+
+def test_the_model_strategy_through_the_searcher_on_a_recorded_landscape() -> None:
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import search_quality as sq
+
+    p = sq.problem(REPO / "benchmarks" / "landscapes" / "cpu-tiny-llama-landscape-cpu-f.json")
+    import optuna
+
+    from autotune.executors.replay import ReplayExecutor
+    from autotune.search import Searcher
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    ex = ReplayExecutor(p.landscape, seed=0, noise=True)
+    out = Searcher(space=p.space, workload=p.workload, settings=p.settings, effective_batch=p.effective_batch,
+                   executor=ex, max_trials=len(p.grid), seed=0, top_k=2, device="cpu", baseline=sq._baseline(p),
+                   poll_interval_s=0.0, strategy="model", prior=sq.model_prior(p)).run()
+    assert out.stop_reason.startswith("the model rules out")
+    assert p.score(out.best_record.candidate_obj()) >= 0.97
+    origins = {r.origin for r in out.records if r.phase == "search"}
+    assert "model" in origins and origins <= {"baseline", "seed", "model"}
+    assert ex.probes < len(p.grid)

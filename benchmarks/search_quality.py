@@ -204,11 +204,12 @@ def model_prior(p: Problem) -> Any:
     with ``--flat-prior``: the model starts from nothing)."""
     if FLAT_PRIOR:
         return None
-    from autotune.estimate import CostPrior
+    from autotune.estimate import CostPrior, find_gpu
     from autotune.models import resolve_model
 
+    gpu = find_gpu(p.landscape["gpu"]) if p.landscape.get("gpu") else None  # a GPU landscape names its GPU
     return CostPrior(resolve_model(p.workload.model).config, p.workload, device=p.settings.device,
-                     usable_bytes=p.settings.usable_bytes())
+                     usable_bytes=p.settings.usable_bytes(), gpu=gpu)
 
 
 FLAT_PRIOR = False

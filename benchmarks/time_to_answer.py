@@ -194,7 +194,7 @@ def simulated_landscape(model: str, gpu_name: str, mode: str, seq: int, eb: int,
         entries.append({"candidate": dataclasses.asdict(c), "tokens_per_s_all": [tps * 0.985, tps * 1.015],
                         "peak_mem_bytes": int(peak), "status": "ok",
                         "wall_s": probe_s.total_s if probe_s is not None else 60.0})
-    return {"model": model, "device": "cuda", "seq_len": seq, "lengths": "fixed", "mode": mode, "effective_batch": eb,
+    return {"model": model, "device": "cuda", "gpu": gpu_name, "seq_len": seq, "lengths": "fixed", "mode": mode, "effective_batch": eb,
             "budget_bytes": int(gpu.memory_bytes), "headroom": 0.05, "steps": MIN_TIMED_STEPS, "warmup_steps": WARMUP,
             "space": space.to_dict(), "entries": entries, "name": f"{model} {mode} on {gpu_name}, draw {draw}"}
 

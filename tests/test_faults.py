@@ -458,7 +458,9 @@ def test_a_killed_autotune_run_leaves_no_process_behind_ray_included(tmp_path: P
 @pytest.mark.slow
 @pytest.mark.ray
 @pytest.mark.serial  # it starves the cores itself and bounds the time to stop
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
+# Ctrl-C here, SIGTERM in the process-group test below: each signal's whole path (handler, unwinding, exit 130,
+# nothing left behind) is proved once end to end; both tests assert the same outcome for either signal
+@pytest.mark.parametrize("sig", [signal.SIGINT], ids=lambda s: s.name)
 def test_an_interrupted_run_whose_probe_is_starved_of_cpu_stops_within_seconds(
     tmp_path: Path, sig: signal.Signals
 ) -> None:
@@ -532,7 +534,7 @@ def test_a_probe_dies_with_its_parent_even_by_sigkill(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.ray
 @pytest.mark.serial  # it bounds the time to stop
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+@pytest.mark.parametrize("sig", [signal.SIGTERM], ids=lambda s: s.name)  # `timeout` and CI runners (Ctrl-C: above)
 def test_a_signal_to_the_whole_process_group_ends_autotune_run_as_one_to_its_pid(
     tmp_path: Path, sig: signal.Signals
 ) -> None:

@@ -7,6 +7,8 @@ import math
 import sys
 from pathlib import Path
 
+import pytest
+
 from autotune.search._model import (
     MARGIN,
     SPEED_PRIOR_SD,
@@ -140,3 +142,22 @@ def test_the_model_strategy_through_the_searcher_on_a_recorded_landscape() -> No
     origins = {r.origin for r in out.records if r.phase == "search"}
     assert "model" in origins and origins <= {"baseline", "seed", "model"}
     assert ex.probes < len(p.grid)
+
+
+def test_on_a_known_gpu_the_memory_prior_is_the_planners_with_its_cuda_context() -> None:
+    from autotune.estimate import CostPrior, arch_from_config, estimate_memory, find_gpu
+    from autotune.models import resolve_model
+    from autotune.spec.probe_request import Candidate, Workload
+
+    config = resolve_model("llama-3.1-8b").config
+    wl = Workload(model="llama-3.1-8b", seq_len=4096, mode="lora")
+    usable = 22 * 2**30
+    # NVML's name for the card, as the run's pre-flight reports it
+    prior = CostPrior(config, wl, device="cuda", usable_bytes=usable, gpu_infos=[{"name": "NVIDIA A10G"}])
+    assert prior.gpu is not None and prior.gpu.name == find_gpu("A10G").name
+    c = Candidate(micro_batch=2, grad_accum=16, grad_ckpt=True, liger=True)
+    peak = estimate_memory(arch_from_config(config), wl, c, device="cuda", gpu=prior.gpu).total
+    assert prior.memory(c) == pytest.approx(math.log(peak / usable))
+    # a GPU the catalog does not know: no GPU, the device's generic figures
+    unknown = CostPrior(config, wl, device="cuda", usable_bytes=usable, gpu_infos=[{"name": "NVIDIA Mystery"}])
+    assert unknown.gpu is None and unknown.memory(c) is not None

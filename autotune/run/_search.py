@@ -241,7 +241,7 @@ def _model_prior(r: Request, plan: SearchPlan) -> Any:
 
     try:
         return CostPrior(r.resolved.config, plan.workload, device=plan.device,
-                         usable_bytes=plan.settings.usable_bytes() or plan.budget_bytes)
+                         usable_bytes=plan.settings.usable_bytes() or plan.budget_bytes, gpu_infos=plan.gpu_infos)
     except SpecError:
         return None
 

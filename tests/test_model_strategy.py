@@ -142,6 +142,9 @@ def test_the_model_strategy_through_the_searcher_on_a_recorded_landscape() -> No
     origins = {r.origin for r in out.records if r.phase == "search"}
     assert "model" in origins and origins <= {"baseline", "seed", "model"}
     assert ex.probes < len(p.grid)
+    # the winner's alternatives, each lever changed alone: measured or predicted
+    kinds = {d["decided_by"] for d in out.lever_decisions}
+    assert out.lever_decisions and kinds <= {"probe", "model"} and "probe" in kinds
 
 
 def test_on_a_known_gpu_the_memory_prior_is_the_planners_with_its_cuda_context() -> None:
@@ -161,3 +164,40 @@ def test_on_a_known_gpu_the_memory_prior_is_the_planners_with_its_cuda_context()
     # a GPU the catalog does not know: no GPU, the device's generic figures
     unknown = CostPrior(config, wl, device="cuda", usable_bytes=usable, gpu_infos=[{"name": "NVIDIA Mystery"}])
     assert unknown.gpu is None and unknown.memory(c) is not None
+
+
+def test_each_alternative_to_the_winner_says_whether_a_probe_or_the_model_decided_it() -> None:
+    options = _options()
+    rows, _ = _search(options, _truth, first=("mb1-sdpa-False",))
+    policy = ModelPolicy(options, DIMS, noise_sd=0.02)
+    got = {(d.lever, d.value): d for d in policy.decisions(rows, "mb4-sdpa-True", DIMS)}
+    # every other value of every lever, the winner's other levers unchanged
+    assert set(got) == {("micro_batch", 1), ("micro_batch", 2), ("attn", "eager"), ("packing", False)}
+    probed = {r.key for r in rows}
+    for (lever, value), d in got.items():
+        key = "mb{micro_batch}-{attn}-{packing}".format(**{**{"micro_batch": 4, "attn": "sdpa", "packing": True},
+                                                            lever: value})
+        assert d.decided_by == ("probe" if key in probed else "model")
+        alt = {"micro_batch": 4, "attn": "sdpa", "packing": True, lever: value}
+        truth = math.exp(_truth(alt) - _truth({"micro_batch": 4, "attn": "sdpa", "packing": True}))
+        assert d.ratio is not None and d.ratio < 1.0  # the winner is the best: every alternative is slower
+        if d.decided_by == "model":  # the prediction holds the true ratio within three of its deviations
+            assert d.sd is not None and d.fit_chance is not None and d.fit_chance > 0.9  # all measured peaks fit
+            assert abs(math.log(d.ratio) - math.log(truth)) <= 3 * d.sd + 0.05, (lever, value, d.ratio, truth)
+        else:
+            assert d.ratio == pytest.approx(truth, rel=1e-6)
+
+
+def test_the_summary_and_the_report_show_how_each_lever_was_decided() -> None:
+    from autotune.report.markdown import _lever_decisions_section
+    from autotune.spec.summary import RunSummary
+
+    rows = [{"lever": "packing", "value": False, "decided_by": "probe", "ratio": 0.71, "sd": None, "fit_chance": None,
+             "status": "ok"},
+            {"lever": "attn", "value": "eager", "decided_by": "model", "ratio": 0.9, "sd": 0.05, "fit_chance": 0.97,
+             "status": "ok"}]
+    text = "\n".join(_lever_decisions_section({"lever_decisions": rows}))
+    assert "| packing | False | probe | 0.71× (measured) | yes |" in text
+    assert "| attn | eager | model | 0.90× ± 5 % | 97 % chance |" in text
+    assert _lever_decisions_section({}) == []  # the other strategies: no section
+    assert "lever_decisions" in RunSummary.model_fields

@@ -197,6 +197,7 @@ def render_report_md(
     if best is None or not best.fits:
         best = ranked[0][0] if ranked else None
     out += _top_section(summary, ranked, top)
+    out += _lever_decisions_section(summary)
     out += _versus_default_section(summary, best, baseline)
     out += _confirmation_section(summary)
     out += _status_section(summary, results)
@@ -259,6 +260,28 @@ def _top_section(
                 ]
             )
         )
+    return out
+
+
+def _lever_decisions_section(summary: dict[str, Any]) -> list[str]:
+    """``--strategy model``: each lever of the winner changed alone, and whether a probe or the model decided it."""
+    rows = summary.get("lever_decisions") or []
+    if not rows:
+        return []
+    out = ["", "## How each lever was decided", "",
+           "The winner with one lever changed: measured by a probe, or predicted by the model fitted to the run's "
+           "probes (its tok/s relative to the winner's, ± the prediction's deviation, and its chance to fit).", "",
+           _row(["lever", "value", "decided by", "tok/s vs the winner", "fits"]), _row(["---"] * 5)]
+    for d in rows:
+        ratio = d.get("ratio")
+        if d.get("decided_by") == "model":
+            figure = f"{ratio:.2f}× ± {100 * (d.get('sd') or 0.0):.0f} %" if ratio is not None else "n/a"
+            fits = f"{100 * (d.get('fit_chance') or 0.0):.0f} % chance"
+        else:
+            figure = f"{ratio:.2f}× (measured)" if ratio is not None else "n/a"
+            fits = "yes" if d.get("status") == "ok" else _esc(str(d.get("status")))
+        out.append(_row([_esc(str(d.get("lever"))), _esc(str(d.get("value"))), _esc(str(d.get("decided_by"))),
+                         figure, fits]))
     return out
 
 

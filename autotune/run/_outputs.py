@@ -166,6 +166,8 @@ def _build_summary(
     summary["top"] = [RankingEntry.from_ranking(e).model_dump(mode="json") for e in outcome.ranking]
     summary["warnings"] = outcome.warnings
     summary["tie"] = outcome.tie
+    if outcome.lever_decisions:
+        summary["lever_decisions"] = outcome.lever_decisions
     if best is not None and rec is not None:
         summary["best"] = BestEntry.of(best, origin=rec.origin, budget_bytes=budget_bytes,
                                        usable=usable).model_dump(mode="json")

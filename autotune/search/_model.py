@@ -42,7 +42,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CPU_NOISE_SD", "MARGIN", "NOISE_SD", "LeverModel", "ModelPolicy", "ModelStop", "Option", "Row", "Z"]
+__all__ = ["CPU_NOISE_SD", "MARGIN", "NOISE_SD", "LeverDecision", "LeverModel", "ModelPolicy", "ModelStop", "Option", "Row", "Z"]
 
 SPEED_PRIOR_SD = 0.35  # a lever value moves tok/s by up to ~x1.4 either way before it is measured
 MEMORY_PRIOR_SD = 0.5  # without the estimator's prior: a lever value may move the peak by ~x1.6 either way
@@ -174,6 +174,27 @@ class ModelStop:
 
 
 @dataclass(frozen=True)
+class LeverDecision:
+    """How one alternative to the winner was decided: the winner with one lever set to another value, either
+    measured by a probe or predicted by the model (its speed relative to the winner's, with the
+    prediction's standard deviation, and its chance of fitting)."""
+
+    lever: str
+    value: Any
+    decided_by: str  # "probe" or "model"
+    ratio: float | None  # its tok/s / the winner's: measured (probe) or predicted (model); None: it did not fit
+    sd: float | None = None  # the prediction's relative standard deviation (model)
+    fit_chance: float | None = None  # the chance it fits (model)
+    status: str = "ok"  # the probe's status (probe)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"lever": self.lever, "value": self.value, "decided_by": self.decided_by,
+                "ratio": None if self.ratio is None else round(self.ratio, 4),
+                "sd": None if self.sd is None else round(self.sd, 4),
+                "fit_chance": None if self.fit_chance is None else round(self.fit_chance, 4), "status": self.status}
+
+
+@dataclass(frozen=True)
 class Option:
     """One configuration of the space as the models see it: its searched levers' values and the prior's
     log speed and log(peak / usable) (0 and None without a prior)."""
@@ -286,3 +307,45 @@ class ModelPolicy:
         if running:
             return None, None
         return None, ModelStop(best_tokens_per_s=best, ruled_out=ruled, over_budget=excluded, best_chance=top_ruled)
+
+    def decisions(self, rows: Sequence[Row], winner: str, dims: Mapping[str, Sequence[Any]]) -> list[LeverDecision]:
+        """For each searched lever and each value the winner does not have: the winner with that one change,
+        as a probe measured it or as the model predicts it (``LeverDecision``). Alternatives that cannot be
+        built (no such configuration in the space) are left out."""
+        by_key = {o.key: o for o in self.options}
+        w = by_key.get(winner)
+        if w is None:
+            return []
+        speed, memory = self.models(rows)
+        over = [r.option.choice for r in rows if r.status in ("oom", "over_budget")]
+        measured: dict[str, list[Row]] = {}
+        for r in rows:
+            measured.setdefault(r.key, []).append(r)
+        w_mean = speed.predict(w.choice)[0] + w.speed_prior
+        w_runs = [r.tokens_per_s for r in measured.get(winner, []) if r.status == "ok" and r.tokens_per_s > 0]
+        by_choice = {tuple(sorted(o.choice.items(), key=lambda kv: kv[0])): o for o in self.options}
+        out: list[LeverDecision] = []
+        for d, values in dims.items():
+            for v in values:
+                if v == w.choice.get(d):
+                    continue
+                o = by_choice.get(tuple(sorted({**w.choice, d: v}.items(), key=lambda kv: kv[0])))
+                if o is None:
+                    continue
+                runs = measured.get(o.key, [])
+                if runs:
+                    ok = [r.tokens_per_s for r in runs if r.status == "ok" and r.tokens_per_s > 0]
+                    ratio = (sorted(ok)[len(ok) // 2] / sorted(w_runs)[len(w_runs) // 2]) if ok and w_runs else None
+                    out.append(LeverDecision(d, v, "probe", ratio, status=runs[0].status))
+                    continue
+                s_mean, s_sd = speed.predict(o.choice)
+                if self._proven_over(o.choice, over):
+                    p_fit = 0.0
+                elif self.memory_prior or memory.rows:
+                    m_mean, m_sd = memory.predict(o.choice)
+                    p_fit = _normal_cdf(-(m_mean + (o.memory_prior or 0.0)) / max(m_sd, 1e-9))
+                else:
+                    p_fit = 1.0
+                out.append(LeverDecision(d, v, "model", math.exp(s_mean + o.speed_prior - w_mean), sd=s_sd,
+                                         fit_chance=p_fit))
+        return out

@@ -438,6 +438,15 @@ class AutotuneSampler(BaseSampler):
 
     # ------------------------------------------------------------------ the model strategy
 
+    def lever_decisions(self, study: Study, winner: Candidate) -> list[dict[str, Any]]:
+        """The model strategy's account of the winner's alternatives: each lever changed alone, measured by a
+        probe or predicted by the model (``_model.LeverDecision``); [] for the other strategies."""
+        if self.strategy != "model":
+            return []
+        obs, _ = self.observations(study)
+        rows = self._rows(obs)
+        return [d.to_dict() for d in self._model_policy().decisions(rows, candidate_id(winner), self.choices)]
+
     def _by_key(self) -> dict[str, Candidate]:
         return {candidate_id(c): c for _, c in self._all_candidates()}
 
@@ -461,6 +470,19 @@ class AutotuneSampler(BaseSampler):
                                        noise_sd=CPU_NOISE_SD if self.device == "cpu" else NOISE_SD)
         return self._policy
 
+    def _rows(self, obs: Sequence[Observation]) -> list[Row]:
+        """The finished trials as the model strategy's rows (a skip, or a repeat answered from the cache, is none)."""
+        self._model_policy()
+        rows = []
+        for o in obs:
+            if o.candidate is None or (not o.measured and o.status == "ok"):
+                continue
+            memory = math.log1p(o.memory) if o.memory is not None and o.memory > -1.0 else None
+            option = self._options.get(o.key) or self._option(self.choice_of(o.params), o.candidate)
+            rows.append(Row(option=option, status=o.status, tokens_per_s=o.value if o.status == "ok" else 0.0,
+                            memory=memory, proposed=o.origin not in _NOT_PROPOSED))
+        return rows
+
     def _searched(self, choice: Mapping[str, Any]) -> dict[str, Any]:
         """The searched levers' values of a choice (a lever inactive under it at its first choice)."""
         out = {d: choice.get(d) for d in self.choices}
@@ -474,15 +496,7 @@ class AutotuneSampler(BaseSampler):
         if self._memo is not None and self._memo[0] == memo:
             return self._memo[1]
         policy = self._model_policy()
-        rows = []
-        for o in obs:
-            if o.candidate is None or (not o.measured and o.status == "ok"):
-                continue  # a skip, or a repeat answered from the cache (its measurement is a row already)
-            memory = math.log1p(o.memory) if o.memory is not None and o.memory > -1.0 else None
-            option = self._options.get(o.key) or self._option(self.choice_of(o.params), o.candidate)
-            rows.append(Row(option=option, status=o.status, tokens_per_s=o.value if o.status == "ok" else 0.0,
-                            memory=memory, proposed=o.origin not in _NOT_PROPOSED))
-        out = policy.next(rows, running)
+        out = policy.next(self._rows(obs), running)
         self._memo = (memo, out)
         return out
 

@@ -96,6 +96,8 @@ class SearchOutcome:
     warnings: list[dict[str, Any]] = field(default_factory=list)
     tie: list[str] = field(default_factory=list)  # labels indistinguishable from the winner
     confirm_policy: dict[str, Any] = field(default_factory=dict)
+    # the model strategy: each lever of the winner changed alone, measured or predicted (LeverDecision.to_dict)
+    lever_decisions: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -505,11 +507,13 @@ class Searcher:
         counts = self._counts()
         wall = self.clock() - start
         self._emit("done", best=best_record, counts=counts, wall_s=wall, stop_reason=loop.stop_reason)
+        winner = best_record.candidate_obj() if best_record is not None else None
         return SearchOutcome(
             records=self.records, best=best, best_record=best_record, ranking=ranking,
             skipped_choices=self.skipped_choices, counts=counts, wall_s=wall, stop_reason=loop.stop_reason,
             distinct_candidates=self.distinct, warnings=self.warnings, tie=self._tie,
             confirm_policy=self.confirm.to_dict(),
+            lever_decisions=self.sampler.lever_decisions(self.study, winner) if winner is not None else [],
         )
 
     def _begin(self, start: float) -> _Loop:

@@ -217,6 +217,10 @@ class RunSummary(_Closed):
     top: list[RankingEntry] | None = None
     warnings: list[dict[str, Any]] | None = Field(None, description="load monitor findings {kind, message, value}")
     tie: list[str] | None = None
+    lever_decisions: list[dict[str, Any]] | None = Field(
+        None, description="--strategy model: each lever of the winner changed alone, {lever, value, decided_by "
+        "(probe|model), ratio (its tok/s / the winner's: measured, or predicted), sd (the prediction's relative "
+        "deviation), fit_chance, status}")
     # the answer
     best: BestEntry | None = None
     baseline: BaselineEntry | None = None

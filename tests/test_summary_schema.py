@@ -112,3 +112,20 @@ def test_the_schema_rejects_drift() -> None:
              "renamed_field": 1}
     with pytest.raises(jsonschema.ValidationError, match="renamed_field"):
         jsonschema.validate(entry, {**schema, **schema["$defs"]["RankingEntry"]})
+
+
+def test_a_model_strategy_run_says_how_each_lever_was_decided(tmp_path: Path, fake: None) -> None:
+    """The CLI with --strategy model (fake probes): the summary validates, holds the winner's lever decisions,
+    and report.md shows them."""
+    res = CliRunner().invoke(app, [*RUN, "--gpu-budget", "10GiB", "--strategy", "model", "--max-trials", "20",
+                                   "--out", str(tmp_path)], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)
+    validate(summary)
+    decisions = summary["lever_decisions"]
+    assert decisions and {d["decided_by"] for d in decisions} <= {"probe", "model"}
+    assert summary["probes_by_origin"].keys() <= {"baseline", "seed", "model"}
+    # it stopped by itself, saying why, before the trial cap
+    assert summary["stop_reason"].startswith("the model rules out"), summary["stop_reason"]
+    report = (Path(summary["run_dir"]) / "report.md").read_text(encoding="utf-8")
+    assert "## How each lever was decided" in report

@@ -140,11 +140,13 @@ def test_eager_softmax_gradient_bounds_the_recompute() -> None:
 
 # ---------------------------------------------------------------- slow: real probes
 
+# full and LoRA, sdpa and eager, checkpointing, three architectures; none of the benchmark's extremes (its
+# lowest, gpt2t-s512-b4-lora-ckpt at -5.7 % quiet, went to -18 % once beside another test's probes)
 SUBSET = (
-    "llama-s512-b2",
+    "llama-s512-b4-lora",
     "llama-s1024-b4-ckpt",
     "qwen2t-s1024-b2-eager",
-    "gpt2t-s512-b4-lora-ckpt",
+    "gpt2t-s512-b4",
 )
 
 

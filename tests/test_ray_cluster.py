@@ -245,7 +245,7 @@ def test_a_run_on_a_two_node_cluster_survives_losing_the_worker_node(cluster: _C
     head, worker = cluster.nodes["head"], cluster.nodes["worker"]
     cmd = [sys.executable, "-m", "autotune", "run", "--model", "tiny-llama", "--device", "cpu",
            "--gpu-budget", "10GiB", "--seq-len", "64", "--effective-batch", "4", "--space", "cpu",
-           "--max-trials", "3", "--steps", "3", "--top-k", "1", "--confirm-rounds", "1:1",
+           "--max-trials", "4", "--steps", "3", "--top-k", "1", "--confirm-rounds", "1:1",
            "--probe-timeout", "300", "--ray-address", cluster.address, "--out", str(out), "--json"]
     env = {**cluster.env, "AUTOTUNE_CACHE": str(tmp_path / "cache")}
     driver = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -201,3 +201,22 @@ def test_the_summary_and_the_report_show_how_each_lever_was_decided() -> None:
     assert "| attn | eager | model | 0.90× ± 5 % | 97 % chance |" in text
     assert _lever_decisions_section({}) == []  # the other strategies: no section
     assert "lever_decisions" in RunSummary.model_fields
+
+
+def test_a_trial_cap_that_stops_the_model_early_says_what_more_probes_would_have_decided() -> None:
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import optuna
+    import search_quality as sq
+
+    from autotune.executors.replay import ReplayExecutor
+    from autotune.search import Searcher
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    p = sq.problem(REPO / "benchmarks" / "landscapes" / "cpu-tiny-llama-landscape-cpu-c.json")
+    out = Searcher(space=p.space, workload=p.workload, settings=p.settings, effective_batch=p.effective_batch,
+                   executor=ReplayExecutor(p.landscape, seed=0), max_trials=3, seed=0, top_k=1, device="cpu",
+                   baseline=sq._baseline(p), poll_interval_s=0.0, strategy="model", prior=sq.model_prior(p)).run()
+    # not an error: the answer is what was measured, and the reason says what was left undecided
+    assert out.best_record is not None
+    assert out.stop_reason.startswith("max trials (3) reached; the model had not finished: "), out.stop_reason
+    assert "(the likeliest: mb" in out.stop_reason and "more trials or time would have probed them" in out.stop_reason

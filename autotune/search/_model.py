@@ -38,11 +38,11 @@ The constants are round values chosen on the recorded CPU landscapes and the sim
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CPU_NOISE_SD", "MARGIN", "NOISE_SD", "LeverDecision", "LeverModel", "ModelPolicy", "ModelStop", "Option", "Row", "Z"]
+__all__ = ["worth_a_probe", "CPU_NOISE_SD", "MARGIN", "NOISE_SD", "LeverDecision", "LeverModel", "ModelPolicy", "ModelStop", "Option", "Row", "Z"]
 
 SPEED_PRIOR_SD = 0.35  # a lever value moves tok/s by up to ~x1.4 either way before it is measured
 MEMORY_PRIOR_SD = 0.5  # without the estimator's prior: a lever value may move the peak by ~x1.6 either way
@@ -141,6 +141,11 @@ def _needs_at_least(c: Mapping[str, Any], o: Mapping[str, Any]) -> bool:
     return all(o.get(d) == v for d, v in c.items() if d not in _MEMORY_ORDERED)
 
 
+def worth_a_probe() -> float:
+    """The chance of fitting and beating the best by ``MARGIN`` below which a configuration is not probed."""
+    return 1.0 - _normal_cdf(Z)
+
+
 def _expected_gain(mean: float, sd: float, bar: float) -> float:
     """E[max(0, S - e^bar)] for log S ~ N(mean, sd^2): how much a configuration is expected to beat the bar by."""
     b = math.exp(bar)
@@ -164,7 +169,7 @@ class ModelStop:
     @property
     def text(self) -> str:
         head = (f"the model rules out the {self.ruled_out} unprobed configuration(s) that may fit: none has a "
-                f"{1.0 - _normal_cdf(Z):.0%} chance of fitting and beating the best measured configuration "
+                f"{worth_a_probe():.0%} chance of fitting and beating the best measured configuration "
                 f"({self.best_tokens_per_s:,.0f} tok/s as fitted) by more than {MARGIN:.0%}")
         if self.ruled_out:
             head += f" (the likeliest: {self.best_chance:.0%})"
@@ -192,6 +197,18 @@ class LeverDecision:
                 "ratio": None if self.ratio is None else round(self.ratio, 4),
                 "sd": None if self.sd is None else round(self.sd, 4),
                 "fit_chance": None if self.fit_chance is None else round(self.fit_chance, 4), "status": self.status}
+
+
+@dataclass
+class _Ranked:
+    """What one pass over the unprobed configurations found (``ModelPolicy._rank``)."""
+
+    best: float
+    top: str | None = None
+    ruled: int = 0
+    excluded: int = 0
+    top_ruled: float = 0.0
+    open: list[tuple[float, str]] = field(default_factory=list)  # (chance, key) still worth a probe
 
 
 @dataclass(frozen=True)
@@ -255,16 +272,12 @@ class ModelPolicy:
         or on for more layers)."""
         return any(_needs_at_least(choice, o) for o in over)
 
-    def next(self, rows: Sequence[Row], running: set[str]) -> tuple[str | None, ModelStop | None]:
-        """The key of the configuration to probe next, or (None, why the search can stop). (None, None):
-        nothing to propose until a probe in flight lands (every remaining one is in flight)."""
-        seen = {r.key for r in rows} | running
+    def _fits(self, rows: Sequence[Row], memory: LeverModel) -> Callable[[Option], float]:
+        """``fits(option)``: the chance that it fits (0 when a probe proved it does not; 1 with nothing to judge by)."""
         over = [r.option.choice for r in rows if r.status in ("oom", "over_budget")]
-        speed, memory = self.models(rows)
         judge_memory = self.memory_prior or memory.rows > 0
 
         def fits(o: Option) -> float:
-            """The chance that it fits (0 when a probe proved it does not)."""
             if self._proven_over(o.choice, over):
                 return 0.0
             if not judge_memory:
@@ -272,41 +285,68 @@ class ModelPolicy:
             m_mean, m_sd = memory.predict(o.choice)
             return _normal_cdf(-(m_mean + (o.memory_prior or 0.0)) / max(m_sd, 1e-9))
 
+        return fits
+
+    def next(self, rows: Sequence[Row], running: set[str]) -> tuple[str | None, ModelStop | None]:
+        """The key of the configuration to probe next, or (None, why the search can stop). (None, None):
+        nothing to propose until a probe in flight lands (every remaining one is in flight)."""
+        seen = {r.key for r in rows} | running
+        speed, memory = self.models(rows)
+        fits = self._fits(rows, memory)
         by_key = {o.key: o for o in self.options}
         for key in self.first:  # the calibration probes: the experts' guesses, unless they cannot fit
             if key not in seen and key in by_key and fits(by_key[key]) >= FEASIBLE_MIN:
                 return key, None
+        ranked = self._rank(rows, seen, speed, fits)
+        if ranked.top is not None:
+            return ranked.top, None
+        if running:
+            return None, None
+        return None, ModelStop(best_tokens_per_s=ranked.best, ruled_out=ranked.ruled, over_budget=ranked.excluded,
+                               best_chance=ranked.top_ruled)
+
+    def _rank(self, rows: Sequence[Row], seen: set[str], speed: LeverModel,
+              fits: Callable[[Option], float]) -> _Ranked:
+        """Every configuration not seen, judged against the best measured one (see the module docstring)."""
         # the best measured configuration as fitted (a lucky single measurement does not end the search early)
         best = max((math.exp(speed.predict(r.option.choice)[0] + r.option.speed_prior)
                     for r in rows if r.status == "ok" and r.tokens_per_s > 0), default=0.0)
         bar = math.log(best * (1.0 + MARGIN)) if best > 0 else -math.inf
-        enough = 1.0 - _normal_cdf(Z)  # a chance below this of fitting and beating the bar: not worth a probe
-        top, top_score, ruled, excluded, top_ruled = None, -math.inf, 0, 0, 0.0
+        enough = worth_a_probe()
+        out = _Ranked(best=best)
+        top_score = -math.inf
         for o in self.options:
             if o.key in seen:
                 continue
             p_fit = fits(o)
             if p_fit < FEASIBLE_MIN:
-                excluded += 1
+                out.excluded += 1
                 continue
             s_mean, s_sd = speed.predict(o.choice)
             s_mean += o.speed_prior
             if best > 0:
                 chance = p_fit * (1.0 - _normal_cdf((bar - s_mean) / max(s_sd, 1e-9)))
                 if chance < enough:
-                    ruled += 1
-                    top_ruled = max(top_ruled, chance)
+                    out.ruled += 1
+                    out.top_ruled = max(out.top_ruled, chance)
                     continue
+                out.open.append((chance, o.key))
                 score = p_fit * _expected_gain(s_mean, max(s_sd, 1e-9), bar)
             else:  # nothing fits yet: the likeliest to fit, weighed by how fast it could be
                 score = math.log(p_fit) + s_mean + Z * s_sd
             if score > top_score:
-                top, top_score = o.key, score
-        if top is not None:
-            return top, None
-        if running:
-            return None, None
-        return None, ModelStop(best_tokens_per_s=best, ruled_out=ruled, over_budget=excluded, best_chance=top_ruled)
+                out.top, top_score = o.key, score
+        return out
+
+    def unfinished(self, rows: Sequence[Row]) -> tuple[int, str | None, float]:
+        """When the search was stopped from outside (trials, time): how many unprobed configurations still had a
+        ``1 - Phi(Z)`` chance of fitting and beating the best by ``MARGIN``, the likeliest, and its chance."""
+        speed, memory = self.models(rows)
+        ranked = self._rank(rows, {r.key for r in rows}, speed, self._fits(rows, memory))
+        if not ranked.open:
+            return 0, None, 0.0
+        chance, key = max(ranked.open)
+        return len(ranked.open), key, chance
 
     def decisions(self, rows: Sequence[Row], winner: str, dims: Mapping[str, Sequence[Any]]) -> list[LeverDecision]:
         """For each searched lever and each value the winner does not have: the winner with that one change,

@@ -66,6 +66,7 @@ from autotune.search._logic import (
     TrialRecord,
     candidate_from_choice,
     candidate_id,
+    candidate_label,
     derive_grad_accum,
     expert_seeds,
     infer_infeasible,
@@ -74,7 +75,16 @@ from autotune.search._logic import (
     usable_micro_batches,
     usable_worlds,
 )
-from autotune.search._model import CPU_NOISE_SD, NOISE_SD, ModelPolicy, ModelStop, Option, Row
+from autotune.search._model import (
+    CPU_NOISE_SD,
+    MARGIN,
+    NOISE_SD,
+    ModelPolicy,
+    ModelStop,
+    Option,
+    Row,
+    worth_a_probe,
+)
 from autotune.search._strategies import STRATEGIES
 from autotune.search._walk import FollowUps
 from autotune.spec.levers import inactive
@@ -437,6 +447,18 @@ class AutotuneSampler(BaseSampler):
         return f"the {self.strategy} strategy has nothing more to propose"
 
     # ------------------------------------------------------------------ the model strategy
+
+    def unfinished_text(self, study: Study) -> str:
+        """The model strategy stopped from outside (trials, time): what it would still have probed ("" when
+        nothing was left worth a probe, and for the other strategies)."""
+        if self.strategy != "model":
+            return ""
+        n, key, chance = self._model_policy().unfinished(self._rows(self.observations(study)[0]))
+        if not n or key is None:
+            return ""
+        return (f"; the model had not finished: {n} unprobed configuration(s) still had a {worth_a_probe():.0%} "
+                f"chance or more of fitting and beating the best by more than {MARGIN:.0%} (the likeliest: "
+                f"{candidate_label(self._by_key()[key])}, {chance:.0%}); more trials or time would have probed them")
 
     def lever_decisions(self, study: Study, winner: Candidate) -> list[dict[str, Any]]:
         """The model strategy's account of the winner's alternatives: each lever changed alone, measured by a

@@ -10,11 +10,11 @@ only has to correct it:
   the loader, Liger) is the fit's to learn. (The planner's whole step-time model as the GPU prior was
   tried on the simulated story-1 landscapes: 14-14.5 probes against 12.5-13.5 with FLOPs alone, so no
   gain; benchmarks/README.md.)
-* ``memory(c)`` on a GPU the catalog knows (``gpu``, or the first of ``gpu_infos``) counts its CUDA context.
 * ``memory(c)``: ``log(predicted peak / usable budget)`` from
-  :func:`~autotune.estimate.memory.estimate_memory` (the planner's memory model), None when the
-  estimator cannot read the architecture. Its constant error (1.4-1.9x on the recorded CPU landscapes)
-  is the fit's intercept.
+  :func:`~autotune.estimate.memory.estimate_memory` (the planner's memory model; on a GPU the catalog
+  knows, ``gpu`` or the first of ``gpu_infos``, with its CUDA context), None when the estimator cannot
+  read the architecture. Its constant error (1.4-1.9x on the recorded CPU landscapes) is the fit's
+  intercept.
 """
 
 from __future__ import annotations

@@ -20,9 +20,9 @@ Strategies (``strategy=``):
     study has seen, an unseen one (``coverage``).
 ``model``
     a model fitted to the run's own probes ranks every configuration (``_model.ModelPolicy``): the
-    first expert seed, then the configuration whose optimistic predicted speed is highest, until none
-    can beat the best measured by more than the margin; then nothing more (``finished``, with the
-    model's reason: ``stop_text``).
+    expert seeds, then the configuration with the highest expected gain over the best measured, weighed
+    by its chance to fit, until none has a worthwhile chance of fitting and beating the best by more than
+    the margin; then nothing more (``finished``, with the model's reason: ``stop_text``).
 ``tpe``
     the base sampler alone (with ``coverage`` when it keeps repeating itself).
 ``random``
@@ -227,6 +227,7 @@ class AutotuneSampler(BaseSampler):
         self._bases: dict[int, BaseSampler] = {}
         self._policy: ModelPolicy | None = None
         self._options: dict[str, Option] = {}
+        self._keyed: dict[str, Candidate] | None = None
         self._memo: tuple[Any, tuple[str | None, ModelStop | None]] | None = None
 
     # ------------------------------------------------------------------ space <-> params (the one mapping)
@@ -470,7 +471,10 @@ class AutotuneSampler(BaseSampler):
         return [d.to_dict() for d in self._model_policy().decisions(rows, candidate_id(winner), self.choices)]
 
     def _by_key(self) -> dict[str, Candidate]:
-        return {candidate_id(c): c for _, c in self._all_candidates()}
+        """Every runnable configuration by its key (built once: the model strategy looks one up per ask)."""
+        if self._keyed is None:
+            self._keyed = {candidate_id(c): c for _, c in self._all_candidates()}
+        return self._keyed
 
     def _option(self, choice: Mapping[str, Any], c: Candidate) -> Option:
         prior = self.settings.prior

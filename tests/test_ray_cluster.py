@@ -229,6 +229,22 @@ def _has_result(probe: psutil.Process) -> bool:
     return not paths or Path(paths[0]).exists()
 
 
+def _hold(probe: psutil.Process) -> bool:
+    """Stop the probe where it is (SIGSTOP); False if it is already gone."""
+    try:
+        probe.suspend()
+        return True
+    except psutil.Error:
+        return False
+
+
+def _release(probe: psutil.Process) -> None:
+    try:
+        probe.resume()
+    except psutil.Error:
+        pass
+
+
 def _probe_request(probe: psutil.Process) -> dict | None:
     for arg in probe.cmdline():
         if arg.endswith("request.json"):
@@ -266,12 +282,15 @@ def test_a_run_on_a_two_node_cluster_survives_losing_the_worker_node(cluster: _C
             finished = [r for r in _journal(rds[0]) if r.get("result")] if rds else []
             assert worker.proc.poll() is None, f"the worker node died on its own: {worker.log.read_text()[-2000:]}"
             probe = _probe_on(worker)
-            # a probe that has not written its result yet: killed now, its task cannot return one
-            if finished and probe is not None and not _has_result(probe):
-                lost_request = _probe_request(probe)
-                if lost_request is not None:
-                    finished_before = finished
-                    break
+            # a probe that has not written its result yet: held still (so it cannot write one between this
+            # look and the node's loss) and killed with its node, its task cannot return one
+            if finished and probe is not None and _hold(probe):
+                if not _has_result(probe):
+                    lost_request = _probe_request(probe)
+                    if lost_request is not None:
+                        finished_before = [r for r in _journal(rds[0]) if r.get("result")]
+                        break
+                _release(probe)
             time.sleep(0.3)
         else:
             raise AssertionError("no moment with a finished probe and a probe on the worker node within 400 s")

@@ -6,6 +6,7 @@ CLI (autotune/cli/check.py) reads the files and the installed TrainingArguments'
 
 from __future__ import annotations
 
+from autotune.check._fit import DEFAULT_FIT_SEQ_LEN, GAIN_WORTH_SAYING, FitTarget
 from autotune.check._report import STATUSES, CheckItem, CheckReport, render_text
 from autotune.check._rules import (
     CONFIG_FILE_KINDS,
@@ -16,11 +17,15 @@ from autotune.check._rules import (
     bundle_from_texts,
     gather,
     parse_config,
+    requested_model,
 )
 from autotune.errors import SpecError
 
 __all__ = [
     "CONFIG_FILE_KINDS",
+    "DEFAULT_FIT_SEQ_LEN",
+    "GAIN_WORTH_SAYING",
+    "FitTarget",
     "KINDS",
     "REMOVED_IN_V5",
     "STATUSES",
@@ -32,6 +37,7 @@ __all__ = [
     "gather",
     "gpu_info",
     "parse_config",
+    "requested_model",
     "render_text",
 ]
 

@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from autotune.check._fit import FileLevers, FitTarget, file_levers, fit_items
 from autotune.check._report import CheckItem, CheckReport
 from autotune.errors import SpecError
 from autotune.formats import FORMATS, checkpointed_every, translate
@@ -141,9 +142,12 @@ def bundle_from_texts(target: str, texts: dict[str, str], *, directory: bool) ->
 
 
 class _Ctx:
-    def __init__(self, b: ConfigBundle, gpu: GpuInfo | None, fields: set[str] | None, version: str | None):
+    def __init__(self, b: ConfigBundle, gpu: GpuInfo | None, fields: set[str] | None, version: str | None,
+                 target: FitTarget | None = None):
         self.b = b
         self.gpu = gpu
+        self.target = target
+        self.batch_judged = False  # the fit rule gave the micro-batch advice (from the GPU and the model)
         self.fields = fields
         self.version = version
         self.ta: dict[str, Any] = b.get("training_args") or {}
@@ -380,6 +384,8 @@ def _rule_batch(c: _Ctx) -> None:
             "set per_device_train_batch_size explicitly (autotune run measures it)",
             src,
         )
+    if c.batch_judged:
+        return
     if mb == 1 and (acc or 1) >= 4:
         _rule_small_micro_batch(c, acc, src)
     else:
@@ -418,6 +424,75 @@ def _rule_small_micro_batch(c: _Ctx, acc: Any, src: str) -> None:
     else:
         c.add("batch", title, "info", f"micro-batch 1 with accumulation {acc}: few tokens per micro-batch unless "
               f"the sequences are long ({LONG_MICRO_BATCH_TOKENS:,}+ tokens)", _FIX_SMALL, src)
+
+
+def _file_request(c: _Ctx) -> dict[str, Any]:
+    """What the file asks for as ``run --from`` reads it: its format's request fields (model, mode, sequence
+    length, levers); a TrainingArguments view where the file has no format of its own (a best/ directory)."""
+    from autotune.formats import training_args
+
+    native = c.b.native if c.b.native is not None else None
+    try:
+        if native and c.b.fmt in FORMATS:
+            return dict(FORMATS[c.b.fmt].to_request(native))
+        return dict(training_args.to_request(c.ta)) if c.has_ta else {}
+    except (TypeError, AttributeError, ValueError, KeyError):
+        return {}
+
+
+def _offload(c: _Ctx) -> str:
+    zero = (c.ds.get("zero_optimization") or {}) if c.ds else {}
+    on = {k for k in ("offload_optimizer", "offload_param") if (zero.get(k) or {}).get("device") in ("cpu", "nvme")}
+    return "params" if "offload_param" in on else "optimizer" if on else "none"
+
+
+def _fit_levers(c: _Ctx, req: dict[str, Any]) -> FileLevers:
+    """The file's levers for the planner: its request, the keys only its TrainingArguments view or its own
+    format names (optimizer, Liger), and what the bundle shows of PEFT, the world and ZeRO offload."""
+    native = c.b.native or {}
+    if c.b.fmt == "axolotl":  # its own keys for the optimizer and Liger's fused loss
+        req.setdefault("optim", native.get("optimizer", c.ta.get("optim")))
+        req.setdefault("liger", bool(native.get("liger_fused_linear_cross_entropy")))
+    stage = (c.ds.get("zero_optimization") or {}).get("stage") if c.ds else None
+    if isinstance(stage, int):
+        req.setdefault("zero_stage", stage)
+    assumed: list[str] = []
+    mode = req.get("mode")
+    if mode is None:
+        lora, mk = c.b.get("lora"), c.mk or {}
+        if (mk.get("quantization_config") or {}).get("load_in_4bit"):
+            mode = "qlora"
+        elif lora:
+            mode = "lora"
+            req.setdefault("lora_r", lora.get("r", 16))
+            if lora.get("target_modules"):
+                req.setdefault("lora_targets", tuple(lora["target_modules"]))
+        else:
+            mode = "full"
+            if c.mk is None:
+                assumed.append("full fine-tuning, the file names no PEFT (--mode)")
+    f = file_levers(req, c.ta, mode=mode, world=_world(c) or 1, precision=c.precision()[0], offload=_offload(c))
+    return dataclasses.replace(f, assumed=(*assumed, *f.assumed))
+
+
+def requested_model(bundle: ConfigBundle) -> str | None:
+    """The model a training file names (TRL/LLaMA-Factory ``model_name_or_path``, Axolotl ``base_model``)."""
+    model = _file_request(_Ctx(bundle, None, None, None)).get("model")
+    return model if isinstance(model, str) and model.strip() else None
+
+
+def _rule_fit(c: _Ctx) -> None:
+    """With ``--gpu`` and a model: the file's predicted peak on that GPU, and the micro-batch to use there."""
+    if c.target is None or c.cpu:
+        return
+    mb, acc, src = _batch(c)
+    if mb is None or acc is None:
+        return
+    req = _file_request(c)
+    req.update(micro_batch=mb, grad_accum=acc)
+    for id_, title, status, message, fix in fit_items(c.target, _fit_levers(c, req)):
+        c.add(id_, title, status, message, fix, src)
+    c.batch_judged = True  # the micro-batch is judged on the GPU (or the fit's FAIL names the one that fits)
 
 
 def _rule_effective_batch(c: _Ctx) -> None:
@@ -1011,6 +1086,7 @@ _RULES = (
     _rule_device,
     _rule_precision,
     _rule_tf32,
+    _rule_fit,
     _rule_batch,
     _rule_effective_batch,
     _rule_memory_levers,
@@ -1032,14 +1108,21 @@ def gather(
     gpu: GpuInfo | None = None,
     fields: set[str] | None = None,
     transformers_version: str | None = None,
+    target: FitTarget | None = None,
+    unjudged: str = "",
 ) -> CheckReport:
     """Run the checklist over ``bundle``. ``fields``: installed TrainingArguments field names, if known.
+    ``target``: the model and catalog GPU to judge the file's memory and micro-batch on (``check --gpu``);
+    ``unjudged``: why there is none although a GPU was named (an INFO item says so).
 
     Each value's type is checked first (``autotune.formats._types``): a wrong type is a FAIL naming
     the key, and the rules judge the file without that key (never a crash, never a PASS on it)."""
     typed, type_items = _typed(bundle)
-    c = _Ctx(typed, gpu, fields, transformers_version)
+    c = _Ctx(typed, gpu, fields, transformers_version, target)
     c.items.extend(type_items)
+    if unjudged and gpu is not None:
+        c.add("fit", f"memory on {gpu.name}", "info", f"not judged: {unjudged}",
+              "--model names it: a preset, a directory with config.json, or a Hub id")
     for rule in _RULES:
         try:
             rule(c)

@@ -6,11 +6,22 @@ input cannot be read."""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import typer
 
-from autotune.check import CONFIG_FILE_KINDS, ConfigBundle, bundle_from_texts, gather, gpu_info, render_text
+from autotune.check import (
+    CONFIG_FILE_KINDS,
+    DEFAULT_FIT_SEQ_LEN,
+    ConfigBundle,
+    FitTarget,
+    bundle_from_texts,
+    gather,
+    gpu_info,
+    render_text,
+    requested_model,
+)
 from autotune.cli.render import dumps_json
 from autotune.env import sft_fields, training_fields
 from autotune.errors import SpecError
@@ -110,6 +121,63 @@ def bundle_from_file(path: Path, fmt: str | None = None) -> ConfigBundle:
     return b
 
 
+def fit_target(bundle: ConfigBundle, gpu: str | None, ask: FitAsk) -> tuple[FitTarget | None, str]:
+    """The model and catalog GPU the file's memory is judged on, or why not ("" with no ``--gpu``).
+
+    A model given with ``--model`` that cannot be resolved is bad input (SpecError); one the file names is
+    judged where it resolves and said to be unjudged where it does not (the rest of the checklist stands)."""
+    if gpu is None:
+        if ask.model or ask.seq_len or ask.mode:
+            raise SpecError("--model, --seq-len and --mode judge memory on a GPU: give --gpu too (e.g. --gpu A10G)")
+        return None, ""
+    if ask.mode is not None and ask.mode not in ("full", "lora", "qlora"):
+        raise SpecError(f"--mode must be full, lora or qlora, got {ask.mode!r}")
+    if ask.seq_len is not None and ask.seq_len < 1:
+        raise SpecError(f"--seq-len must be a positive number of tokens, got {ask.seq_len}")
+    from autotune.estimate import arch_from_config, find_gpu
+    from autotune.models import HubAccess, resolve_model
+
+    run = _run_of(Path(bundle.target)) if ask.model is None else {}
+    name = ask.model or requested_model(bundle) or run.get("model")
+    if name is None:
+        return None, "the file names no model"
+    try:
+        resolved = resolve_model(name, hub=HubAccess.from_env(offline=ask.offline))
+        arch = arch_from_config(resolved.config)
+    except SpecError as exc:
+        if ask.model:
+            raise
+        return None, f"its model {name!r} could not be read ({' '.join(str(exc).split())[:160]})"
+    return FitTarget(model=resolved.name, arch=arch, gpu=find_gpu(gpu), seq_len=ask.seq_len or run.get("seq_len"),
+                     mode=ask.mode or run.get("mode")), ""
+
+
+def _run_of(path: Path) -> dict[str, object]:
+    """A run's ``best/`` folder: the model, sequence length and mode its run's summary.json records."""
+    from autotune.spec.files import load_json
+
+    summary = path / ".." / "summary.json"
+    if not path.is_dir() or path.name != "best" or not summary.is_file():
+        return {}
+    try:
+        data = load_json(_read(summary), what="the run's summary.json")
+    except (SpecError, OSError):
+        return {}
+    out = {k: data.get(k) for k in ("model", "seq_len", "mode")} if isinstance(data, dict) else {}
+    ok = {"model": str, "seq_len": int, "mode": str}
+    return {k: v for k, v in out.items() if isinstance(v, ok[k]) and not isinstance(v, bool)}
+
+
+@dataclass(frozen=True)
+class FitAsk:
+    """``check``'s options for judging memory on ``--gpu``: the model, sequence length and mode over the file's."""
+
+    model: str | None = None
+    seq_len: int | None = None
+    mode: str | None = None
+    offline: bool = False
+
+
 def command(
     config: Path = typer.Argument(
         ..., help="A training config (TrainingArguments or TRL SFTConfig / trl sft --config JSON or YAML, Axolotl or "
@@ -117,19 +185,29 @@ def command(
     ),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     gpu: str = typer.Option(
-        None, "--gpu", help="Target GPU (e.g. A10G, T4) to judge bf16 / TF32 / FlashAttention."
+        None, "--gpu", help="Target GPU (e.g. A10G, T4): judges bf16 / TF32 / FlashAttention, and the file's "
+                            "predicted memory and micro-batch there for the model it names (or --model)."
     ),
     fmt: str = typer.Option(
         None, "--format", help=f"The file's format ({', '.join(FORMATS)}); default: detected from its keys."
     ),
+    model: str = typer.Option(
+        None, "--model", "-m", help="With --gpu: the model (preset, directory, or hub id), over the one the file names."
+    ),
+    seq_len: int = typer.Option(
+        None, "--seq-len", help=f"With --gpu: tokens per sequence, over the file's (default {DEFAULT_FIT_SEQ_LEN})."
+    ),
+    mode: str = typer.Option(None, "--mode", help="With --gpu: full | lora | qlora, over what the file shows."),
+    offline: bool = typer.Option(False, "--offline", help="Never contact the Hub for the model's config.json."),
 ) -> None:
     """Check a configuration against the fine-tuning checklist (exit 1 when an item fails)."""
     bundle = bundle_from_file(config, fmt) if fmt and not config.is_dir() else load_bundle(config)
     info = gpu_info(gpu) if gpu else None
+    target, unjudged = fit_target(bundle, gpu, FitAsk(model=model, seq_len=seq_len, mode=mode, offline=offline))
     fields, version = training_fields()
     if bundle.fmt == "trl":
         fields = sft_fields() or fields
-    report = gather(bundle, gpu=info, fields=fields, transformers_version=version)
+    report = gather(bundle, gpu=info, fields=fields, transformers_version=version, target=target, unjudged=unjudged)
     if json_out:
         typer.echo(dumps_json(report.to_dict(), indent=2))
     else:

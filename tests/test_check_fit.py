@@ -1,0 +1,151 @@
+"""``check --gpu``: the file's predicted memory on that GPU and the micro-batch to use there, for the model
+the file (or ``--model``) names at the file's sequence length. In-process (the planner's models are pure)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from autotune.check import FitTarget, GpuInfo, gather
+from autotune.cli.check import bundle_from_file
+from autotune.estimate import arch_from_config, find_gpu
+from autotune.models import resolve_model
+
+A10G = GpuInfo(name="A10G", bf16=True, flash_attention_2=True, tf32=True)
+
+# story 1's file: 8B LoRA at 4,096 tokens, micro-batch 1 x 32, checkpointing and Liger, as `trl sft --config` reads it
+STORY_1 = """\
+model_name_or_path: meta-llama/Llama-3.1-8B
+use_peft: true
+lora_r: 16
+lora_target_modules: [q_proj, k_proj, v_proj, o_proj]
+max_length: 4096
+per_device_train_batch_size: {mb}
+gradient_accumulation_steps: {acc}
+activation_checkpointing: true
+bf16: true
+use_liger_kernel: true
+seed: 1
+"""
+
+
+def _target(model: str, **kw) -> FitTarget:
+    resolved = resolve_model(model)
+    return FitTarget(model=resolved.name, arch=arch_from_config(resolved.config), gpu=find_gpu("A10G"), **kw)
+
+
+@pytest.fixture(scope="module")
+def app():
+    from autotune.cli.app import app as _app
+
+    return _app
+
+
+@pytest.fixture
+def _check(tmp_path: Path):
+    def check(text: str, target: FitTarget | None, name: str = "sft.yaml", **kw):
+        f = tmp_path / name
+        f.write_text(text)
+        return gather(bundle_from_file(f), gpu=A10G, target=target, **kw)
+
+    return check
+
+
+def _one(report, item_id):
+    (item,) = report.by_id(item_id)
+    return item
+
+
+def test_an_8b_lora_file_at_4k_tokens_fits_and_micro_batch_1_is_not_called_too_small(_check):
+    r = _check(STORY_1.format(mb=1, acc=32), _target("meta-llama/Llama-3.1-8B"))
+    fit, batch = _one(r, "fit"), _one(r, "batch")
+    assert fit.status == "pass" and "lora" in fit.message and "4,096 tokens" in fit.message and "GiB" in fit.message
+    assert batch.status == "pass", batch.message  # micro-batch 2 fits too but is predicted no faster at 4k tokens
+    assert not r.failed
+
+
+def test_a_micro_batch_that_cannot_fit_fails_and_the_fix_keeps_the_effective_batch(_check):
+    r = _check(STORY_1.format(mb=4, acc=8), _target("meta-llama/Llama-3.1-8B"))
+    fit = _one(r, "fit")
+    assert fit.status == "fail" and "over the" in fit.message and "A10G" in fit.message
+    assert "micro-batch 2 x accumulation 16" in fit.fix  # 4 x 8 = 2 x 16: the effective batch the file asked for
+    assert r.failed and r.exit_code == 1
+    assert r.by_id("batch") == []  # no second, contradicting, token-count advice
+
+
+def test_a_small_model_at_short_sequences_is_told_which_larger_micro_batch_fits(_check):
+    text = STORY_1.format(mb=1, acc=32).replace("max_length: 4096", "max_length: 512")
+    r = _check(text, _target("qwen2.5-0.5b"))
+    batch = _one(r, "batch")
+    assert batch.status == "warn", batch.message
+    mb, acc = (int(x) for x in batch.fix.removeprefix("set the micro-batch to ").split(" (")[0]
+               .split(" and accumulation to "))
+    assert mb > 1 and mb * acc == 32
+    assert "tok/s" in batch.message and "%" in batch.message
+
+
+def test_the_command_lines_sequence_length_and_mode_are_over_the_files(_check):
+    base = _check(STORY_1.format(mb=1, acc=32), _target("meta-llama/Llama-3.1-8B"))
+    short = _check(STORY_1.format(mb=1, acc=32), _target("meta-llama/Llama-3.1-8B", seq_len=512))
+    assert "512 tokens" in _one(short, "fit").message and "4,096" not in _one(short, "fit").message
+    full = _check(STORY_1.format(mb=1, acc=32), _target("meta-llama/Llama-3.1-8B", mode="full"))
+    assert _one(full, "fit").status == "fail" and _one(base, "fit").status == "pass"
+
+
+def test_what_a_file_leaves_unsaid_is_assumed_aloud(_check):
+    ta = json.dumps({"per_device_train_batch_size": 2, "gradient_accumulation_steps": 8, "bf16": True,
+                     "optim": "lion_32bit"})
+    r = _check(ta, _target("qwen2.5-0.5b"), name="training_args.json")
+    fit = _one(r, "fit")
+    assert "full fine-tuning" in fit.message and "--mode" in fit.message
+    assert "2,048 tokens" in fit.message and "--seq-len" in fit.message
+    assert "lion_32bit" in fit.message  # an optimizer the model does not price is said, not silently swapped
+
+
+def test_without_a_model_the_fit_is_said_unjudged_and_the_token_rule_stands(_check):
+    ta = json.dumps({"per_device_train_batch_size": 1, "gradient_accumulation_steps": 16, "bf16": True})
+    r = _check(ta, None, name="training_args.json", unjudged="the file names no model")
+    fit = _one(r, "fit")
+    assert fit.status == "info" and "not judged" in fit.message and "--model" in fit.fix
+    assert _one(r, "batch").status == "info"  # the token-count advice, as without --gpu
+
+
+def test_cli_model_options_need_a_gpu_and_a_named_model_must_resolve(app, tmp_path: Path):
+    f = tmp_path / "sft.yaml"
+    f.write_text(STORY_1.format(mb=4, acc=8))
+    res = CliRunner().invoke(app, ["check", str(f), "--model", "llama-3.1-8b"])
+    assert res.exit_code == 2 and "give --gpu too" in res.output and len(res.output.strip().splitlines()) == 1
+    res = CliRunner().invoke(app, ["check", str(f), "--gpu", "A10G", "--model", "no-such/model", "--offline"])
+    assert res.exit_code == 2 and "no-such/model" in res.output
+    res = CliRunner().invoke(app, ["check", str(f), "--gpu", "A10G", "--mode", "huge"])
+    assert res.exit_code == 2 and "--mode" in res.output
+    # the file's own model, read offline from the presets: judged, and over the card at micro-batch 4
+    res = CliRunner().invoke(app, ["check", str(f), "--gpu", "A10G", "--offline", "--json"])
+    assert res.exit_code == 1, res.output
+    items = {i["id"]: i for i in json.loads(res.output)["items"]}
+    assert items["fit"]["status"] == "fail"
+    # a model the file names that cannot be read: the rest of the checklist stands, the fit is said unjudged
+    f.write_text(STORY_1.format(mb=1, acc=32).replace("meta-llama/Llama-3.1-8B", "no-such/model"))
+    res = CliRunner().invoke(app, ["check", str(f), "--gpu", "A10G", "--offline", "--json"])
+    items = {i["id"]: i for i in json.loads(res.output)["items"]}
+    assert res.exit_code == 0 and items["fit"]["status"] == "info" and "no-such/model" in items["fit"]["message"]
+
+
+@pytest.mark.parametrize("mb", [1, 8])
+def test_a_runs_best_folder_is_judged_for_the_model_and_length_its_run_recorded(app, tmp_path: Path, mb: int):
+    best = tmp_path / "run" / "best"
+    best.mkdir(parents=True)
+    (best / "training_args.json").write_text(json.dumps({
+        "per_device_train_batch_size": mb, "gradient_accumulation_steps": 32 // mb, "bf16": True,
+        "activation_checkpointing": True, "use_liger_kernel": True, "seed": 1}))
+    (best / "model_kwargs.json").write_text(json.dumps({"attn_implementation": "sdpa"}))
+    (best / "lora_config.json").write_text(json.dumps({"r": 16, "target_modules": ["q_proj", "v_proj"]}))
+    (tmp_path / "run" / "summary.json").write_text(json.dumps({"model": "llama-3.1-8b", "seq_len": 4096,
+                                                                "mode": "lora"}))
+    res = CliRunner().invoke(app, ["check", str(best), "--gpu", "A10G", "--offline", "--json"])
+    items = {i["id"]: i for i in json.loads(res.output)["items"]}
+    assert "4,096 tokens" in items["fit"]["message"] and "lora" in items["fit"]["message"]
+    assert items["fit"]["status"] == ("pass" if mb == 1 else "fail"), items["fit"]

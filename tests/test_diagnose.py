@@ -103,7 +103,7 @@ def test_high_util_low_memory_means_the_batch_could_be_larger():
     assert d.keys() == ["batch_larger"]
     f = d.findings[0]
     assert "GPU utilisation mean 97%" in f.evidence and "26% of the usable budget" in f.evidence
-    assert "raise the micro-batch above 2" in f.fix and "accumulation (16)" in f.fix
+    assert "raise per_device_train_batch_size" in f.fix and "micro-batch 2, accumulation 16" in f.fix
     # with checkpointing on, dropping it is the first advice
     ck = diagnose(res(Candidate(micro_batch=2, grad_accum=16, grad_ckpt=True), tokens_per_s=1.0,
                       gpu_util_mean=97.0, peak_mem_bytes=6 * GiB))  # fmt: skip

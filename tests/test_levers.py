@@ -127,4 +127,72 @@ def test_a_levers_advice_is_worded_once_and_check_and_diagnose_both_give_it() ->
     report = gather(bundle_from_texts("t", texts, directory=False))
     assert ADVICE["workers"] in report.by_id("dataloader_workers")[0].fix
     diag = (package / "diagnose" / "_rules.py").read_text(encoding="utf-8")
-    assert 'ADVICE["workers"]' in diag and 'ADVICE["attn"]' in diag
+    assert 'ADVICE["workers"]' in diag and 'ADVICE["attn"]' in diag and "ADVICE['micro_batch']" in diag
+
+
+def test_a_declared_lever_is_a_field_a_dimension_a_label_piece_a_pin_and_an_option() -> None:
+    """What a lever's declaration drives, with nothing else to edit by hand: its Candidate and SearchSpace
+    fields, its piece of the label, the planner's pin and the `probe` / `plan` options."""
+    import typer
+
+    from autotune.cli.app import app
+    from autotune.estimate.plan import PIN_FIELDS
+    from autotune.spec.space import SearchSpace
+    from autotune.spec.trial import candidate_label
+
+    assert [f.name for f in dataclasses.fields(Candidate)] == list(LEVERS)
+    assert [f.name for f in dataclasses.fields(SearchSpace)][:len(DIMENSIONS)] == list(DIMENSIONS)
+    assert PIN_FIELDS == tuple(n for n, lv in LEVERS.items() if lv.planned)
+    assert candidate_label(Candidate(liger=True, micro_batch=4, grad_accum=8)).split()[:2] == ["mb4x8", "no-ckpt"]
+    assert candidate_label(Candidate(liger=True)).endswith("liger")
+    cli = typer.main.get_command(app)
+    options = {name: {p.name for p in cli.commands[name].params} for name in ("probe", "plan")}  # type: ignore[attr-defined]
+    assert set(LEVERS) <= options["probe"]  # precision: `probe --precision auto` (a probe setting), still the lever
+    assert set(PIN_FIELDS) <= options["plan"]
+
+
+def test_a_new_levers_option_comes_from_its_declaration(monkeypatch: pytest.MonkeyPatch) -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from autotune.cli._levers import lever_options
+    from autotune.spec.levers import Lever
+
+    monkeypatch.setitem(LEVERS, "offload_activations", Lever("offload_activations", "bool", False, False,
+                                                             help="move saved activations to host memory"))
+    monkeypatch.setitem(LEVERS, "layers_per_stage", Lever("layers_per_stage", "int", 1, 1, values=(1, 2, 4),
+                                                          help="decoder layers per pipeline stage"))
+    seen: dict = {}
+    cmd = typer.Typer()
+
+    @cmd.command()
+    @lever_options(["offload_activations", "layers_per_stage"], pin=True)
+    def go(model: str = typer.Option("m", "--model"), levers: dict | None = None) -> None:
+        seen.update(levers or {}, model=model)
+
+    res = CliRunner().invoke(cmd, ["--offload-activations", "--layers-per-stage", "2"])
+    assert res.exit_code == 0, res.output
+    assert seen == {"offload_activations": True, "layers_per_stage": 2, "model": "m"}
+    helps = {p.name: p.help for p in typer.main.get_command(cmd).params}
+    assert "pipeline stage" in helps["layers_per_stage"] and "1 | 2 | 4" in helps["layers_per_stage"]
+    seen.clear()
+    assert CliRunner().invoke(cmd, []).exit_code == 0 and seen["layers_per_stage"] is None  # not pinned
+
+
+def test_check_and_diagnose_word_no_advice_twice() -> None:
+    """No text of check's rules is a near-copy of one of diagnose's (their shared advice lives in ADVICE)."""
+    import ast
+    import difflib
+
+    def texts(path: Path) -> list[str]:
+        out = []
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                out.append(node.value)
+            elif isinstance(node, ast.JoinedStr):
+                out.append("".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values))
+        return [t for t in out if len(t) >= 40]
+
+    check, diagnose = texts(AUTOTUNE / "check" / "_rules.py"), texts(AUTOTUNE / "diagnose" / "_rules.py")
+    near = [(a, b) for a in check for b in diagnose if difflib.SequenceMatcher(None, a, b).ratio() > 0.6]
+    assert not near, near

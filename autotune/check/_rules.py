@@ -395,8 +395,7 @@ def _rule_batch(c: _Ctx) -> None:
 # tokens in one micro-batch from which a larger micro-batch gains little: every layer's matmuls already have
 # that many rows (a 4,096-row GEMM against a 4,096-wide weight runs near a GPU's peak; fewer rows waste it)
 LONG_MICRO_BATCH_TOKENS = 4096
-_FIX_SMALL = ("raise per_device_train_batch_size as far as memory allows and lower gradient_accumulation_steps "
-              "to keep the effective batch (autotune run measures what fits)")
+_FIX_SMALL = f"{ADVICE['micro_batch']} (autotune run measures what fits)"
 
 
 def _seq_len(c: _Ctx) -> int | None:

@@ -17,12 +17,12 @@ from typing import Any
 
 import typer
 
+from autotune.cli._levers import lever_options
 from autotune.cli.render import dumps_json
 from autotune.errors import SpecError
 from autotune.estimate.catalog import GPU, catalog_paths_from_env, find_gpus, load_catalog
-from autotune.estimate.plan import PlanResult, breakdown, parse_tokens, plan
+from autotune.estimate.plan import PIN_FIELDS, PlanResult, breakdown, parse_tokens, plan
 from autotune.spec.budget import format_bytes
-from autotune.spec.levers import choices_help
 from autotune.spec.probe_request import MODE_CHOICES, parse_lora_targets
 
 __all__ = ["command", "gather", "PlanQuery", "PlanSources", "parse_lora_targets", "render", "DEFAULT_GPUS"]
@@ -291,6 +291,7 @@ def _breakdown_lines(row: Any) -> list[str]:
     return out
 
 
+@lever_options(PIN_FIELDS, pin=True)
 def command(
     model: str = typer.Option(
         ..., "--model", "-m",
@@ -312,20 +313,6 @@ def command(
     lora_targets: str = typer.Option(
         "attn", "--lora-targets", help="attn (q/k/v/o) | all-linear | comma-separated module names."
     ),
-    micro_batch: int | None = typer.Option(None, "--micro-batch", help="Pin the micro-batch (not searched)."),
-    grad_ckpt: bool | None = typer.Option(
-        None, "--grad-ckpt/--no-grad-ckpt", help="Pin gradient checkpointing on or off."
-    ),
-    ckpt_every: int | None = typer.Option(None, "--ckpt-every", help=choices_help("ckpt_every", pin=True)),
-    zero_stage: int | None = typer.Option(None, "--zero-stage", help="Pin the ZeRO stage 0-3."),
-    world_size: int | None = typer.Option(None, "--world-size", "--gpus-per-trial", help="Pin the GPUs one training run uses (run calls it --gpus-per-trial; --gpus-per-node is how many the node has)."),
-    offload: str | None = typer.Option(None, "--offload", help=choices_help("offload", pin=True)),
-    optim: str | None = typer.Option(None, "--optim", help=choices_help("optim", pin=True)),
-    precision: str | None = typer.Option(None, "--precision", help=choices_help("precision", pin=True)),
-    attn: str | None = typer.Option(None, "--attn", help=choices_help("attn", pin=True)),
-    liger: bool | None = typer.Option(
-        None, "--liger/--no-liger", help="Pin Liger's fused linear+cross-entropy loss on or off."
-    ),
     catalog: list[str] | None = typer.Option(  # noqa: B008
         None, "--catalog", help="Extra GPU catalog YAML (repeatable); also $AUTOTUNE_GPU_CATALOG."
     ),
@@ -334,14 +321,12 @@ def command(
     ),
     offline: bool = typer.Option(False, "--offline", help="Never contact the Hub (as HF_HUB_OFFLINE=1): models and datasets only from local folders, the HF caches and the presets."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON only."),
+    levers: dict[str, Any] | None = None,  # the pins, one option per lever the planner prices (lever_options)
 ) -> None:
     """Plan capacity without a GPU: does it fit, with which levers, how fast, how long, what cost."""
-    pin = {
-        "micro_batch": micro_batch, "grad_ckpt": grad_ckpt, "ckpt_every": ckpt_every, "zero_stage": zero_stage,
-        "world_size": world_size, "offload": offload, "optim": optim, "precision": precision, "attn": attn, "liger": liger,
-    }  # fmt: skip
+    pin = dict(levers or {})
     query = PlanQuery(
-        model=model, gpu=gpu, gpus_per_node=gpus_per_node if gpus_per_node is not None else (world_size or 1),
+        model=model, gpu=gpu, gpus_per_node=gpus_per_node if gpus_per_node is not None else (pin["world_size"] or 1),
         seq_len=seq_len, effective_batch=effective_batch,
         mode=mode, tokens=tokens, lora_r=lora_r, lora_targets=lora_targets, pin=pin,
     )  # fmt: skip

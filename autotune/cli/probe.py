@@ -8,10 +8,11 @@ from typing import Any
 
 import typer
 
+from autotune.cli._levers import lever_options
 from autotune.cli.render import console, dumps_json, render_probe_result
 from autotune.errors import SpecError
 from autotune.spec.budget import parse_budget, resolve_budget
-from autotune.spec.levers import choices_help
+from autotune.spec.levers import LEVERS
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
 from autotune.spec.result import ProbeResult
 
@@ -130,22 +131,12 @@ def _ram_bytes() -> int:
     return int(psutil.virtual_memory().total)
 
 
+@lever_options((name for name in LEVERS if name != "precision"), pin=False, defaults={"micro_batch": 4})
 def command(
     model: str = typer.Option(..., "--model", "-m", help="Local dir with config.json, hub id (ORG/NAME[@REVISION]: the HF cache, else config.json and tokenizer fetched from the Hub when online) or preset (llama-3.1-8b)."),
     seq_len: int = typer.Option(512, "--seq-len", help="Sequence length (tokens)."),
-    micro_batch: int = typer.Option(4, "--micro-batch", help="per_device_train_batch_size."),
-    grad_accum: int = typer.Option(1, "--grad-accum", help="gradient_accumulation_steps."),
-    grad_ckpt: bool = typer.Option(False, "--grad-ckpt/--no-grad-ckpt", help="Gradient (activation) checkpointing."),
-    ckpt_every: int = typer.Option(1, "--ckpt-every", help=choices_help("ckpt_every")),
-    attn: str = typer.Option("sdpa", "--attn", help=choices_help("attn")),
-    workers: int = typer.Option(0, "--workers", help="dataloader_num_workers."),
-    pin_memory: bool = typer.Option(True, "--pin-memory/--no-pin-memory", help="dataloader_pin_memory."),
     precision: str = typer.Option("auto", "--precision", help="auto | fp32 | tf32 | bf16 | fp16 (auto: bf16 on a GPU, fp32 on cpu)."),
     mode: str = typer.Option("full", "--mode", help="full | lora | qlora."),
-    packing: bool = typer.Option(False, "--packing/--no-packing", help="Pack sequences (padding-free) instead of padding."),
-    optim: str = typer.Option("adamw_torch", "--optim", help=choices_help("optim")),
-    torch_compile: bool = typer.Option(False, "--compile/--no-compile", help="TrainingArguments.torch_compile."),
-    liger: bool = typer.Option(False, "--liger/--no-liger", help="Liger kernels (GPU, liger-kernel installed)."),
     lengths: str = typer.Option("fixed", "--lengths", help="Synthetic length distribution: fixed | lognormal:MU,SIGMA | uniform:LO-HI | histogram:FILE.json."),
     dataset: str | None = typer.Option(None, "--dataset", help="jsonl/parquet file, save_to_disk dir, or Hub id (ORG/NAME: the local HF datasets cache, else a streamed sample when online), with a text, messages (chat), prompt+completion or input_ids column."),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="Local tokenizer dir (for text/chat data; chat needs a chat_template)."),
@@ -163,12 +154,9 @@ def command(
     timeout: float = typer.Option(300.0, "--timeout", help="Hard timeout of the probe process (s)."),
     seed: int = typer.Option(42, "--seed", help="Seed for weights and synthetic data."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow model code from the model dir (off by default)."),
-    world_size: int = typer.Option(1, "--world-size", help="Data-parallel ranks (GPUs; processes on cpu). >1 runs a distributed probe."),
-    zero_stage: int = typer.Option(0, "--zero-stage", help="ZeRO stage 0-3 (DeepSpeed), or its FSDP equivalent with --sharding fsdp."),
-    offload: str = typer.Option("none", "--offload", help=choices_help("offload")),
-    sharding: str = typer.Option("deepspeed", "--sharding", help="deepspeed | fsdp (full_shard for stage 3, shard_grad_op for 1-2)."),
     trainer: str = typer.Option("hf", "--trainer", help="hf | trl: time transformers.Trainer, or TRL's SFTTrainer with this candidate's sft_config.json (TRL's packing and collator)."),
     as_json: bool = typer.Option(False, "--json", help="Print only the result as JSON."),
+    levers: dict[str, Any] | None = None,  # the candidate's levers, one option each (lever_options)
 ) -> None:
     """Measure one training configuration (tokens/s of real tokens, peak memory, status)."""
     from autotune.executors.local import run_probe_process
@@ -180,12 +168,7 @@ def command(
         split=split, lora_r=lora_r, lora_alpha=2 * lora_r, trust_remote_code=trust_remote_code, seed=seed,
         trainer=trainer,
     )  # fmt: skip
-    candidate = Candidate(
-        micro_batch=micro_batch, grad_accum=grad_accum, grad_ckpt=grad_ckpt, ckpt_every=ckpt_every, attn=attn,
-        workers=workers,
-        pin_memory=pin_memory, precision=precision, packing=packing, optim=optim, torch_compile=torch_compile,
-        liger=liger, world_size=world_size, zero_stage=zero_stage, offload=offload, sharding=sharding,
-    )  # fmt: skip
+    candidate = Candidate(**(levers or {}), precision=precision)
     settings = ProbeSettings(device=device, budget_text=gpu_budget, headroom=headroom,
                              warmup_steps=warmup_steps, steps=steps, timeout_s=timeout, window=window)
     req = build_probe_request(workload, candidate, settings, hub=HubAccess.from_env(offline=offline),

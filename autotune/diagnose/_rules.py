@@ -521,10 +521,7 @@ def _rule_batch_larger(p: _Probe, found: Sequence[Finding]) -> list[Finding]:
     if c.grad_ckpt:
         fix = "turn activation checkpointing off (saves its ~20–30% recompute); then a larger micro-batch"
     elif c.grad_accum > 1:
-        fix = (
-            f"raise the micro-batch above {c.micro_batch} and lower gradient accumulation "
-            f"({c.grad_accum}) to keep the effective batch"
-        )
+        fix = f"{ADVICE['micro_batch']} (now micro-batch {c.micro_batch}, accumulation {c.grad_accum})"
     else:
         fix = (
             "the micro-batch is already the whole effective batch; the free memory allows a "
@@ -547,9 +544,7 @@ def _rule_small_batch(p: _Probe, found: Sequence[Finding]) -> list[Finding]:
     if cpu:
         parts.append("check that nothing else competes for the cores (such measurements are noisy)")
     if c is None or c.grad_accum > 1:
-        parts.append(
-            "raise the micro-batch and lower accumulation (more work per step, same effective batch)"
-        )
+        parts.append(f"{ADVICE['micro_batch']} (more work per step)")
     if not cpu:
         parts.append("torch.compile / fused kernels (Liger) cut per-kernel launch overhead")
     elif c is not None and c.grad_accum == 1:

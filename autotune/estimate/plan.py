@@ -22,7 +22,7 @@ from autotune.estimate.arch import Arch, arch_from_config
 from autotune.estimate.catalog import GPU
 from autotune.estimate.memory import DEFAULT_OPTIM, MemoryBreakdown, estimate_memory
 from autotune.estimate.speed import SpeedEstimate, predict_speed
-from autotune.spec.levers import ZERO_STAGES, rule_problems, value_problem
+from autotune.spec.levers import LEVERS, ZERO_STAGES, rule_problems, value_problem
 from autotune.spec.probe_request import (
     MODE_CHOICES,
     OFFLOAD_CHOICES,
@@ -64,19 +64,8 @@ _OPTIM_TEXT = {
 # An optimizer that changes the update (8-bit, paged, Adafactor) is chosen only when it makes the plan
 # this much faster than the best with transformers' default (or the default does not fit).
 OPTIM_SWITCH_MARGIN = 1.05
-# Candidate fields ``plan(pin=...)`` accepts: what is pinned is not searched.
-PIN_FIELDS = (
-    "micro_batch",
-    "grad_ckpt",
-    "ckpt_every",
-    "zero_stage",
-    "world_size",
-    "offload",
-    "optim",
-    "precision",
-    "attn",
-    "liger",
-)
+# Candidate fields ``plan(pin=...)`` accepts (the levers the planner prices): what is pinned is not searched.
+PIN_FIELDS = tuple(name for name, lv in LEVERS.items() if lv.planned)
 # What shrinks each memory term (the text output names it for the dominant term).
 LEVER_FOR_TERM = {
     "weights": "ZeRO-3 sharding, LoRA, or QLoRA's 4-bit base",
@@ -259,7 +248,6 @@ def _gpus_text(n: int) -> str:
 def _checkpointing(pin: dict[str, Any]) -> list[tuple[bool, int]]:
     """The (grad_ckpt, ckpt_every) pairs a plan tries: off, then one layer in k for each k the lever offers
     (``autotune.spec.levers``), every layer last; what is pinned, as pinned."""
-    from autotune.spec.levers import LEVERS
 
     ckpts = (pin["grad_ckpt"],) if "grad_ckpt" in pin else (False, True)
     everies = (pin["ckpt_every"],) if "ckpt_every" in pin else tuple(sorted(LEVERS["ckpt_every"].values, reverse=True))

@@ -11,19 +11,21 @@ space calls ``world_size`` ``gpus_per_trial``). What is declared here, and only 
   reason, and whether a violation is invalid (no probe can run it) or only not searched (it runs, but is
   the same measurement as another choice).
 
-Driven by it: the Candidate's validation (``Candidate.problems``), the search space's dimensions, value checks
-and contradictions (``autotune.spec.space``), the search's skips (``autotune.search``), and the planner's
-pins and ZeRO/offload lattice (``autotune.estimate.plan``). Each message about a lever's values or rules is
-worded here.
+Driven by it: the ``Candidate``'s fields and validation (``autotune.spec.probe_request``), the
+``SearchSpace``'s fields, dimensions, value checks and contradictions (``autotune.spec.space``), a candidate's
+short label (``spec.trial.candidate_label``, from each lever's ``label``), the search's skips
+(``autotune.search``), the planner's pins (the ``planned`` levers) and ZeRO/offload lattice
+(``autotune.estimate.plan``), and the ``probe`` and ``plan`` options with their help (``autotune/cli``, from
+``cli_flags`` and ``help``). Each message about a lever's values or rules is worded here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Lever", "Rule", "LEVERS", "RULES", "ADVICE", "ZERO_STAGES", "lever", "value_problem", "rule_problems",
+__all__ = ["Lever", "Rule", "LEVERS", "LABEL_ORDER", "RULES", "ADVICE", "ZERO_STAGES", "lever", "value_problem", "rule_problems",
            "space_problems",
            "inactive", "or_list",
            "choices_help"]
@@ -43,6 +45,20 @@ class Lever:
     # a lever added after candidates' ids were first stored: at its default it is left out of the id, so a
     # stored run, journal or recorded landscape keeps the ids it has (``spec.trial.candidate_id``)
     id_omits_default: bool = False
+    # the planner prices it (a memory or speed term in ``autotune.estimate``): ``plan`` can pin it
+    planned: bool = False
+    # its piece of a candidate's short label (``spec.trial.candidate_label``; "" when it says nothing), None when
+    # another lever's piece shows it (the accumulation in ``mb4x8``)
+    label: Callable[[Any], str] | None = None
+    # its command-line flags where not ``--name-with-dashes`` (a bool: ``--name/--no-name``)
+    flags: tuple[str, ...] = ()
+
+    def cli_flags(self) -> tuple[str, ...]:
+        """The flags ``probe`` and ``plan`` take it by: ``--ckpt-every``, ``--grad-ckpt/--no-grad-ckpt``."""
+        if self.flags:
+            return self.flags
+        dashed = "--" + self.name.replace("_", "-")
+        return (f"{dashed}/--no-{dashed[2:]}",) if self.kind == "bool" else (dashed,)
 
     def allowed_text(self) -> str:
         if self.kind == "bool":
@@ -62,38 +78,56 @@ ZERO_STAGES = (0, 1, 2, 3)
 _SHARDED = ("zero_stage", (1, 2, 3))
 
 LEVERS: dict[str, Lever] = {lv.name: lv for lv in (
-    Lever("micro_batch", "int", 1, 8, minimum=1, ordered=True, help="sequences per device per forward pass"),
-    Lever("grad_accum", "int", 1, 1, minimum=1, help="micro-batches per optimizer step (derived from the "
-          "effective batch, never searched)"),
-    Lever("grad_ckpt", "bool", False, False, help="recompute activations in the backward pass"),
+    Lever("micro_batch", "int", 1, 8, minimum=1, ordered=True, planned=True,
+          label=lambda c: f"mb{c.micro_batch}x{c.grad_accum}" + (f"x{c.world_size}" if c.world_size > 1 else ""),
+          help="sequences per device per forward pass (per_device_train_batch_size)"),
+    Lever("grad_accum", "int", 1, 1, minimum=1, help="micro-batches per optimizer step (gradient_accumulation_steps; "
+          "a search derives it from the effective batch)"),
+    Lever("grad_ckpt", "bool", False, False, planned=True,
+          label=lambda c: ("ckpt" + (f"/{c.ckpt_every}" if c.ckpt_every > 1 else "")) if c.grad_ckpt else "no-ckpt",
+          help="recompute activations in the backward pass (activation checkpointing)"),
     # transformers >= 5.24 (activation_checkpointing_kwargs' every_n_layers): 1 checkpoints every decoder
     # layer; k checkpoints one layer in k, the others keep their activations: a dial between checkpointing
     # on and off that gives back speed for memory the full recompute leaves unused
     Lever("ckpt_every", "int", 1, 1, values=(1, 2, 4), ordered=True, acts_under=("grad_ckpt", (True,)),
-          id_omits_default=True, help="under checkpointing, recompute one decoder layer in every k"),
+          id_omits_default=True, planned=True, help="under checkpointing, recompute one decoder layer in every k"),
     Lever("attn", "str", "sdpa", "sdpa", values=("eager", "sdpa", "flash_attention_2", "flex_attention"),
-          help="attention kernel"),
-    Lever("workers", "int", 0, 0, minimum=0, ordered=True, help="data-loader worker processes"),
-    Lever("pin_memory", "bool", True, True, help="page-locked host memory for batches"),
-    Lever("precision", "str", "bf16", "fp32", values=("fp32", "bf16", "fp16", "tf32"), help="compute precision"),
-    Lever("packing", "bool", False, False, help="pack sequences into rows, each attending only to itself"),
+          planned=True, label=lambda c: c.attn, help="attention kernel"),
+    Lever("workers", "int", 0, 0, minimum=0, ordered=True, label=lambda c: f"w{c.workers}" + ("-pin" if c.pin_memory else ""),
+          help="data-loader worker processes (dataloader_num_workers)"),
+    Lever("pin_memory", "bool", True, True, help="page-locked host memory for batches (dataloader_pin_memory)"),
+    Lever("precision", "str", "bf16", "fp32", values=("fp32", "bf16", "fp16", "tf32"), planned=True,
+          label=lambda c: c.precision, help="compute precision"),
+    Lever("packing", "bool", False, False, label=lambda c: "pack" if c.packing else "",
+          help="pack sequences into rows, each attending only to itself, instead of padding"),
     Lever("optim", "str", "adamw_torch", "adamw_torch_fused",
           values=("adamw_torch", "adamw_torch_fused", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit",
-                  "adafactor", "sgd"), help="optimizer"),
-    Lever("torch_compile", "bool", False, False, help="torch.compile the model"),
-    Lever("liger", "bool", False, False, help="Liger's fused kernels (fused linear + cross-entropy)"),
-    Lever("world_size", "int", 1, 1, minimum=1, ordered=True, help="GPUs one training run uses"),
-    Lever("zero_stage", "int", 0, 0, values=ZERO_STAGES, ordered=True, help="ZeRO stage (0: DDP or one GPU)"),
-    Lever("offload", "str", "none", "none", values=("none", "optimizer", "params"), acts_under=_SHARDED,
+                  "adafactor", "sgd"), planned=True, label=lambda c: "" if c.optim == "adamw_torch" else c.optim,
+          help="optimizer"),
+    Lever("torch_compile", "bool", False, False, label=lambda c: "compile" if c.torch_compile else "",
+          flags=("--compile/--no-compile",), help="torch.compile the model (TrainingArguments.torch_compile)"),
+    Lever("liger", "bool", False, False, planned=True, label=lambda c: "liger" if c.liger else "",
+          help="Liger's fused kernels (fused linear + cross-entropy; a GPU with liger-kernel installed)"),
+    Lever("world_size", "int", 1, 1, minimum=1, ordered=True, planned=True, flags=("--world-size", "--gpus-per-trial"),
+          help="GPUs one training run uses (data-parallel ranks; processes on cpu)"),
+    Lever("zero_stage", "int", 0, 0, values=ZERO_STAGES, ordered=True, planned=True,
+          label=lambda c: (("zero" if c.sharding == "deepspeed" else "fsdp") + str(c.zero_stage)) if c.zero_stage else "",
+          help="ZeRO stage (0: DDP or one GPU)"),
+    Lever("offload", "str", "none", "none", values=("none", "optimizer", "params"), acts_under=_SHARDED, planned=True,
+          label=lambda c: f"offload-{c.offload}" if c.zero_stage and c.offload != "none" else "",
           help="CPU offload under ZeRO"),
     Lever("sharding", "str", "deepspeed", None, values=("deepspeed", "fsdp"), acts_under=_SHARDED,
-          help="sharding backend (DeepSpeed ZeRO or FSDP)"),
+          help="sharding backend (DeepSpeed ZeRO, or FSDP: full_shard for stage 3, shard_grad_op for 1-2)"),
 )}
+# a label's pieces in the order labels were first written (recorded runs and landscapes show them so); the
+# pieces of levers not named here follow in the order they are declared above
+LABEL_ORDER = ("micro_batch", "grad_ckpt", "attn", "precision", "packing", "workers")
 
 
 # What to set a lever to when it holds training back, in TrainingArguments' keys: the one wording `check`
 # (before a run, in the file's own keys via formats.translate) and `diagnose` (after a probe) both give.
 ADVICE: dict[str, str] = {
+    "micro_batch": "raise per_device_train_batch_size as far as memory allows and lower gradient_accumulation_steps to keep the effective batch",  # noqa: E501
     "workers": "dataloader_num_workers: 4-8 (up to the CPU cores per GPU)",
     "pin_memory": "dataloader_pin_memory: true",
     "attn": "attn_implementation: sdpa (or flash_attention_2 where installed and supported)",
@@ -204,4 +238,5 @@ def choices_help(name: str, *, pin: bool = False) -> str:
         needs = [f"{r.other} {or_list(r.allowed)}" for r in RULES if r.lever == name and r.value == v and r.invalid]
         shown.append(f"{v} (needs {'; '.join(needs)})" if needs else str(v))
     what = lv.help[0].upper() + lv.help[1:]
-    return f"{'Pin the ' + lv.help if pin else what}: {' | '.join(shown)}."
+    allowed = " | ".join(shown) if shown else lv.allowed_text()
+    return f"{what}: {allowed}{' (pinned: not searched)' if pin else ''}."

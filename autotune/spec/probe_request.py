@@ -65,36 +65,28 @@ def _check_int(problems: list[str], name: str, value: Any, minimum: int) -> None
         problems.append(f"{name} must be an integer >= {minimum}; got {value!r}")
 
 
-def _default(name: str) -> Any:
-    return LEVERS[name].default
+KIND_TYPES: dict[str, type] = {"int": int, "bool": bool, "str": str}
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """The knobs a search chooses, one field per lever (``autotune.spec.levers``, where each is declared with
-    its values, default and rules). Everything here ends up in the emitted configs."""
-
-    micro_batch: int = _default("micro_batch")
-    grad_accum: int = _default("grad_accum")
-    grad_ckpt: bool = _default("grad_ckpt")
-    ckpt_every: int = _default("ckpt_every")
-    attn: str = _default("attn")
-    workers: int = _default("workers")
-    pin_memory: bool = _default("pin_memory")
-    precision: str = _default("precision")
-    packing: bool = _default("packing")
-    optim: str = _default("optim")
-    torch_compile: bool = _default("torch_compile")
-    liger: bool = _default("liger")
-    world_size: int = _default("world_size")
-    zero_stage: int = _default("zero_stage")
-    offload: str = _default("offload")
-    sharding: str = _default("sharding")
-
+class _CandidateMethods:
     def problems(self) -> list[str]:
-        values = dataclasses.asdict(self)
+        values = dataclasses.asdict(self)  # type: ignore[call-overload]
         p = [m for name, v in values.items() if (m := value_problem(name, v))]
         return p or rule_problems(values)
+
+
+# The knobs a search chooses: one field per lever, in the order ``autotune.spec.levers.LEVERS`` declares them,
+# typed by the lever's kind and defaulting to autotune's default there (a lever declared is a field here).
+Candidate = dataclasses.make_dataclass(
+    "Candidate",
+    [(name, KIND_TYPES[lv.kind], field(default=lv.default)) for name, lv in LEVERS.items()],
+    bases=(_CandidateMethods,),
+    frozen=True,
+    namespace={"__doc__": "The knobs a search chooses, one field per lever (``autotune.spec.levers``, where each is "
+                          "declared with its values, default and rules). Everything here ends up in the emitted "
+                          "configs."},
+)
+Candidate.__module__ = __name__
 
 
 # LoRA's default targets: the attention projections (what most recipes adapt)

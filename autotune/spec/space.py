@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import field, make_dataclass
 from pathlib import Path
 from typing import Any
 
 from autotune.errors import SpecError
 from autotune.spec.files import short_repr
 from autotune.spec.levers import LEVERS, or_list, space_problems
+from autotune.spec.probe_request import KIND_TYPES
 
 __all__ = [
     "DIMENSIONS",
@@ -53,29 +54,7 @@ def _default(dim: str) -> tuple[Any, ...]:
     return (LEVERS[DIMENSIONS[dim]].default,)
 
 
-@dataclass(frozen=True)
-class SearchSpace:
-    """The choices per knob. Each field is a non-empty tuple without duplicates."""
-
-    micro_batch: tuple[int, ...] = _default("micro_batch")
-    grad_ckpt: tuple[bool, ...] = _default("grad_ckpt")
-    ckpt_every: tuple[int, ...] = _default("ckpt_every")
-    attn: tuple[str, ...] = _default("attn")
-    workers: tuple[int, ...] = _default("workers")
-    pin_memory: tuple[bool, ...] = _default("pin_memory")
-    precision: tuple[str, ...] = _default("precision")
-    packing: tuple[bool, ...] = _default("packing")
-    optim: tuple[str, ...] = _default("optim")
-    torch_compile: tuple[bool, ...] = _default("torch_compile")
-    liger: tuple[bool, ...] = _default("liger")
-    zero_stage: tuple[int, ...] = _default("zero_stage")
-    offload: tuple[str, ...] = _default("offload")
-    sharding: tuple[str, ...] = _default("sharding")
-    gpus_per_trial: tuple[int, ...] = _default("gpus_per_trial")
-    name: str = "custom"
-    description: str = ""
-    source: str = ""
-
+class _SpaceMethods:
     def choices(self, dim: str) -> tuple[Any, ...]:
         if dim not in DIMENSIONS:
             raise KeyError(dim)
@@ -95,6 +74,21 @@ class SearchSpace:
     def fingerprint(self) -> str:
         text = json.dumps(self.to_dict(), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# The choices per knob: one field per dimension (a lever of ``autotune.spec.levers``, each a non-empty tuple
+# without duplicates, by default the lever's default alone), then the space's name, description and source.
+SearchSpace = make_dataclass(
+    "SearchSpace",
+    [(dim, tuple[KIND_TYPES[LEVERS[lever].kind], ...], field(default=_default(dim)))
+     for dim, lever in DIMENSIONS.items()]
+    + [("name", str, field(default="custom")), ("description", str, field(default="")),
+       ("source", str, field(default=""))],
+    bases=(_SpaceMethods,),
+    frozen=True,
+    namespace={"__doc__": "The choices per knob. Each field is a non-empty tuple without duplicates."},
+)
+SearchSpace.__module__ = __name__
 
 
 MAX_CHOICES = 64  # choices of one knob: a search space is a few dozen configurations per knob at most

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.spec.levers import LEVERS
+from autotune.spec.levers import LABEL_ORDER, LEVERS
 from autotune.spec.probe_request import Candidate
 
 __all__ = ["TrialRecord", "candidate_id", "candidate_label"]
@@ -80,21 +80,8 @@ def candidate_id(candidate: Candidate) -> str:
 
 
 def candidate_label(c: Candidate) -> str:
-    """Short human label: ``mb4x8 ckpt sdpa bf16 pack w2-pin`` (every knob that tells candidates apart)."""
-    parts = [f"mb{c.micro_batch}x{c.grad_accum}" + (f"x{c.world_size}" if c.world_size > 1 else "")]
-    parts.append(("ckpt" + (f"/{c.ckpt_every}" if c.ckpt_every > 1 else "")) if c.grad_ckpt else "no-ckpt")
-    parts += [c.attn, c.precision]
-    if c.packing:
-        parts.append("pack")
-    parts.append(f"w{c.workers}" + ("-pin" if c.pin_memory else ""))
-    if c.optim not in ("adamw_torch",):
-        parts.append(c.optim)
-    if c.torch_compile:
-        parts.append("compile")
-    if c.liger:
-        parts.append("liger")
-    if c.zero_stage:
-        parts.append(("zero" if c.sharding == "deepspeed" else "fsdp") + str(c.zero_stage))
-        if c.offload != "none":
-            parts.append(f"offload-{c.offload}")
-    return " ".join(parts)
+    """Short human label: ``mb4x8 ckpt sdpa bf16 pack w2-pin`` (every knob that tells candidates apart), each
+    lever's piece as its declaration (``spec.levers``) writes it."""
+    order = [*LABEL_ORDER, *(name for name in LEVERS if name not in LABEL_ORDER)]
+    labels = (LEVERS[name].label for name in order)
+    return " ".join(piece for label in labels if label is not None and (piece := label(c)))

@@ -583,3 +583,4 @@ def test_the_catalog_holds_the_gpus_users_rent_each_with_its_data_sheet() -> Non
     for i, line in enumerate(text):
         if line.startswith("  - name:"):
             assert text[i - 1].lstrip().startswith("#"), f"{line.strip()}: no source comment above the entry"
+

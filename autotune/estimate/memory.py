@@ -86,6 +86,7 @@ __all__ = [
     "QLORA_BYTES_PER_PARAM",
     "MemoryBreakdown",
     "estimate_memory",
+    "logits_bytes",
     "optimizer_state_bytes_per_param",
 ]
 
@@ -137,6 +138,11 @@ LOGITS_MODEL_DTYPE_BYTES = 8
 # Llama-3.1-8B QLoRA stays at or under the HF + FA2 lengths Unsloth measured (conservative where the
 # stack is not known; benchmarks/estimator_vs_published.py).
 LOGITS_16BIT_BYTES = 2
+# Gemma-2's final logit soft-capping (logits / cap, tanh, x cap) before the loss keeps one more logits tensor
+# in the compute dtype at the peak: 4 B per logit in fp32, 2 B in bf16 (transformers 5.24, torch 2.13, by the
+# allocator's own events: benchmarks/logits_memory.py --families gemma2; it was 8 B, unmeasured, before).
+def _softcap_bytes(cb: int) -> int:
+    return cb
 # Host RAM per offloaded byte: DeepSpeed's estimators' ``additional_buffer_factor`` (pinned buffers).
 HOST_BUFFER_FACTOR = 1.5
 # Terms allocated once and kept for the whole run; the allocator reserve applies to the others.
@@ -353,12 +359,15 @@ def _attention_saved_bytes(arch: Arch, s: int, cb: int, attn: str, device: str, 
     return total
 
 
-def _logits_bytes(arch: Arch, tokens: int, liger: bool, cb: int = 4, loss_dtype: str = "fp32") -> int:
+def logits_bytes(arch: Arch, tokens: int, liger: bool, cb: int = 4, loss_dtype: str = "fp32") -> int:
+    """The logits/loss working set at the start of backward for ``tokens`` tokens (``cb``: compute bytes, 4 for
+    fp32, 2 for bf16/fp16); Liger's fused linear+cross-entropy keeps O(tokens x hidden) instead."""
     if liger:
         return int(8 * tokens * arch.hidden)
     if loss_dtype == "model" and cb < 4:
-        return int((LOGITS_MODEL_DTYPE_BYTES + (8 if arch.logit_softcap else 0)) * tokens * arch.vocab)
-    per = LOGITS_BYTES_PER_ELEMENT + (8 if arch.logit_softcap else 0) + (LOGITS_16BIT_BYTES if cb < 4 else 0)
+        return int((LOGITS_MODEL_DTYPE_BYTES + (_softcap_bytes(cb) if arch.logit_softcap else 0)) * tokens * arch.vocab)
+    per = (LOGITS_BYTES_PER_ELEMENT + (_softcap_bytes(cb) if arch.logit_softcap else 0)
+           + (LOGITS_16BIT_BYTES if cb < 4 else 0))
     return int(per * tokens * arch.vocab)
 
 
@@ -649,7 +658,7 @@ def _activation_terms(
     elif c.attn == "eager" and c.grad_ckpt:
         # transformers materialises the causal mask for eager attention; checkpointed layers keep it
         t["attention_mask"] = wb * b * s * s
-    logits = _logits_bytes(arch, tokens, c.liger, cb, loss)
+    logits = logits_bytes(arch, tokens, c.liger, cb, loss)
     saved: float
     working: float
     if c.grad_ckpt:

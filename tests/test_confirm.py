@@ -236,3 +236,32 @@ def test_policy_rejects_nonsense() -> None:
         ConfirmPolicy(tolerance=0)
     assert ConfirmPolicy.for_device("cuda").tolerance < ConfirmPolicy.for_device("cpu").tolerance
     assert dataclasses.replace(ConfirmPolicy(), include_search=True).include_search
+
+
+def test_a_value_spoiled_by_other_load_is_never_weighed_against_a_clean_one() -> None:
+    """Under outside load, the HF default kept one clean round and a candidate measured only under load kept
+    all four: paired on that one round, the candidate read as 0.12x the default and still won a tie on memory.
+    Pairs leave out the loaded rounds while a clean one remains, and the tie goes to a measurement free of load."""
+    ref = {"precision": "bf16", "optim": "adamw_torch", "liger": False, "torch_compile": False, "attn": "sdpa"}
+    base = {"key": "base", "label": "HF default", "status": "noisy", "median_tokens_per_s": 5802.0,
+            "range": [5802, 5802], "peak_mem_bytes": GiB, "candidate": dict(ref),
+            "by_round": {1: 7224.0, 2: 6805.0, 3: 3511.0, 4: 5802.0}, "loaded_rounds": [1, 2, 3]}
+    fast = {"key": "fast", "label": "mb16x1", "status": "confirmed", "median_tokens_per_s": 10162.0,
+            "range": [9000, 11000], "peak_mem_bytes": 3 * GiB, "candidate": dict(ref),
+            "by_round": {1: 10162.0, 2: 9000.0, 3: 4000.0, 4: 11000.0}, "loaded_rounds": [3]}
+    spoiled = {"key": "spoiled", "label": "mb8x2", "status": "noisy", "median_tokens_per_s": 2195.0,
+               "range": [701, 11000], "peak_mem_bytes": 2 * GiB, "candidate": dict(ref),
+               "by_round": {1: 11000.0, 2: 3000.0, 3: 1390.0, 4: 701.0}, "loaded_rounds": [1, 2, 3, 4]}
+    winner, tied = choose_winner([base, fast, spoiled], ref, baseline_key="base")
+    assert winner is fast, winner["label"]
+    assert {e["key"] for e in tied} == {"fast", "spoiled"}  # it did beat the leader once: a tie, lost on load
+    s = speedup([10162.0], [5802.0], best_by_round=fast["by_round"], base_by_round=base["by_round"],
+                best_loaded=fast["loaded_rounds"], base_loaded=base["loaded_rounds"])
+    assert s["paired_rounds"] == 1 and s["ratio"] == pytest.approx(11000 / 5802)
+    # only-loaded against one clean round: nothing pairs (the medians compare); both only-loaded: every round
+    s = speedup([2195.0], [5802.0], best_by_round=spoiled["by_round"], base_by_round=base["by_round"],
+                best_loaded=spoiled["loaded_rounds"], base_loaded=base["loaded_rounds"])
+    assert s["paired_rounds"] == 0 and s["ratio"] == pytest.approx(2195 / 5802)
+    s = speedup([2195.0], [5802.0], best_by_round=spoiled["by_round"], base_by_round=base["by_round"],
+                best_loaded=spoiled["loaded_rounds"], base_loaded=[1, 2, 3, 4])
+    assert s["paired_rounds"] == 4

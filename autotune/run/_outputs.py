@@ -308,7 +308,8 @@ def _speedup_summary(outcome: SearchOutcome, baseline: Candidate) -> dict[str, A
         return {"speedup_vs_baseline": None,
                 "speedup_note": "the HF default was not re-measured beside the winner (it did not run, or failed)"}
     s = speedup(best["measurements"], base["measurements"], best_by_round=best.get("by_round"),
-                base_by_round=base.get("by_round"))
+                base_by_round=base.get("by_round"),
+                best_loaded=best.get("loaded_rounds") or (), base_loaded=base.get("loaded_rounds") or ())
     if s is None:
         return {"speedup_vs_baseline": None}
     return {"speedup_vs_baseline": s["ratio"], "speedup_range": s["range"],

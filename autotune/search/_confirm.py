@@ -15,9 +15,12 @@ timeout) leaves it ``unconfirmed``.
 Comparisons are paired: candidates re-measured in the same round saw the same load, so the leader
 is the best median per-round ratio to the HF default (re-measured every round), and a candidate
 that beat the leader in at least one round is *indistinguishable within the measured noise* from
-it (without rounds in common: overlapping ranges [min, max]). The tie goes to the fewer numerics-changing levers (the configuration that trains
-most like what was asked), then the smaller memory footprint (more headroom), then the higher
-median.
+it (without rounds in common: overlapping ranges [min, max]). A value measured while the load monitor saw
+other work is never paired with a clean one: two candidates that both have clean rounds pair only those,
+two that have none pair every round. The tie goes to a candidate with a re-measurement free of other load
+over one whose every re-measurement ran under it, then to the fewer numerics-changing levers (the
+configuration that trains most like what was asked), then the smaller memory footprint (more headroom),
+then the higher median.
 
 Default tolerances (``ConfirmPolicy.for_device``): 25 % on CPU, where the same configuration spans
 17-36 % over repeats on a quiet 2-core machine (median repeat spread 14-16 % over the recorded
@@ -43,6 +46,7 @@ __all__ = [
     "interleaved_order",
     "measured_range",
     "numerics_levers",
+    "only_loaded",
     "overlaps",
     "choose_winner",
     "speedup",
@@ -140,11 +144,32 @@ def overlaps(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bo
     return a is not None and b is not None and a[0] <= b[1] and b[0] <= a[1]
 
 
-def _paired(a: dict[Any, float] | None, b: dict[Any, float] | None) -> list[float]:
-    """a/b in every round where both were measured (the same load hit both)."""
+def _paired(a: dict[Any, float] | None, b: dict[Any, float] | None,
+            a_loaded: Sequence[Any] = (), b_loaded: Sequence[Any] = ()) -> list[float]:
+    """a/b in every round where both were measured (the same load hit both). ``a_loaded``/``b_loaded``: the
+    rounds in which the load monitor saw other work during that side's measurement. Where both sides have
+    clean rounds, only rounds clean on both pair; where neither has one, every common round pairs (the same
+    load on both); where only one side has, none pair: a spoiled value is never weighed against a clean one."""
     if not a or not b:
         return []
-    return [a[r] / b[r] for r in a if r in b and b[r] > 0]
+    a_clean, b_clean = set(a) - set(a_loaded), set(b) - set(b_loaded)
+    if a_clean and b_clean:
+        rounds = [r for r in a if r in a_clean and r in b_clean]
+    elif not a_clean and not b_clean:
+        rounds = [r for r in a if r in b]
+    else:
+        rounds = []
+    return [a[r] / b[r] for r in rounds if b[r] > 0]
+
+
+def _loads(e: dict[str, Any] | None) -> list[Any]:
+    return list((e or {}).get("loaded_rounds") or ())
+
+
+def only_loaded(e: dict[str, Any]) -> bool:
+    """Every re-measurement of the entry ran while other work loaded the machine."""
+    rounds = set(e.get("by_round") or ())
+    return bool(rounds) and rounds <= set(e.get("loaded_rounds") or ())
 
 
 def choose_winner(entries: list[dict[str, Any]], reference: dict[str, Any] | None = None, *, ties: bool = True,
@@ -164,7 +189,7 @@ def choose_winner(entries: list[dict[str, Any]], reference: dict[str, Any] | Non
     base = next((e for e in entries if baseline_key is not None and e.get("key") == baseline_key), None)
 
     def strength(e: dict[str, Any]) -> float:
-        ratios = _paired(e.get("by_round"), base.get("by_round") if base else None)
+        ratios = _paired(e.get("by_round"), base.get("by_round") if base else None, _loads(e), _loads(base))
         return median(ratios) if ratios else float(e["median_tokens_per_s"]) / _base_median(base)
 
     leader = max(eligible, key=lambda e: (strength(e), e["median_tokens_per_s"]))
@@ -174,7 +199,7 @@ def choose_winner(entries: list[dict[str, Any]], reference: dict[str, Any] | Non
     def tied_with_leader(e: dict[str, Any]) -> bool:
         if e is leader:
             return True
-        ratios = _paired(e.get("by_round"), leader.get("by_round"))
+        ratios = _paired(e.get("by_round"), leader.get("by_round"), _loads(e), _loads(leader))
         if ratios:
             return max(ratios) >= 1.0
         return overlaps(tuple(e["range"]) if e.get("range") else None,
@@ -184,10 +209,10 @@ def choose_winner(entries: list[dict[str, Any]], reference: dict[str, Any] | Non
     if len(tied) == 1:
         return leader, []
 
-    def key(e: dict[str, Any]) -> tuple[int, float, float]:
+    def key(e: dict[str, Any]) -> tuple[bool, int, float, float]:
         peak = e.get("peak_mem_bytes")
-        return (numerics_levers(e.get("candidate"), reference), float(peak) if peak is not None else float("inf"),
-                -strength(e))
+        return (only_loaded(e), numerics_levers(e.get("candidate"), reference),
+                float(peak) if peak is not None else float("inf"), -strength(e))
 
     winner = min(tied, key=key)
     return winner, tied
@@ -199,14 +224,15 @@ def _base_median(base: dict[str, Any] | None) -> float:
 
 
 def speedup(best_values: Sequence[float], base_values: Sequence[float], *,
-            best_by_round: dict[Any, float] | None = None, base_by_round: dict[Any, float] | None = None
-            ) -> dict[str, Any] | None:
+            best_by_round: dict[Any, float] | None = None, base_by_round: dict[Any, float] | None = None,
+            best_loaded: Sequence[Any] = (), base_loaded: Sequence[Any] = ()) -> dict[str, Any] | None:
     """best / baseline, with the range the measurements allow.
 
     With values per round (measured side by side), the ratio is the median of the per-round ratios
-    and the range their min..max; otherwise the ratio of the medians and min/max over max/min.
+    and the range their min..max (a round under other load on one side only does not pair: ``best_loaded``,
+    ``base_loaded``); otherwise the ratio of the medians and min/max over max/min.
     """
-    ratios = _paired(best_by_round, base_by_round)
+    ratios = _paired(best_by_round, base_by_round, best_loaded, base_loaded)
     if ratios:
         return {"ratio": median(ratios), "range": [min(ratios), max(ratios)], "paired_rounds": len(ratios),
                 "distinguishable": min(ratios) > 1.0 or max(ratios) < 1.0}

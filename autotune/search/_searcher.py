@@ -922,7 +922,10 @@ def _rank_entry(search: TrialRecord, confirms: list[TrialRecord], policy: Confir
         "median_tokens_per_s": median(measurements) if measurements else None,
         "spread": relative_spread(measurements),
         "range": list(measured_range(measurements)) if measurements else None,
-        "by_round": {int(c.repeat): float(c.tokens_per_s) for c in confirmed_ok if c.tokens_per_s},
+        # every round's value (spoiled or not) and which rounds saw other load: comparisons pair rounds and
+        # leave the loaded ones out while a clean one remains (search._confirm)
+        "by_round": {int(c.repeat): float(c.tokens_per_s) for c in measured if c.tokens_per_s},
+        "loaded_rounds": sorted(int(c.repeat) for c in measured if c.warnings),
         "rounds": rounds_done,
         "step_time_spread": max(spreads) if spreads else search.step_time_spread,
         "peak_mem_bytes": max(peaks) if peaks else None,

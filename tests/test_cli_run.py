@@ -439,3 +439,32 @@ def test_the_same_command_again_continues_an_interrupted_run_and_fresh_starts_ov
     assert started and all(int(steps) > 2 for _, steps, _ in started)  # confirmation only: no search probe again
     fresh = cli(tmp_path, *args, "--fresh", fake=True)
     assert json.loads(fresh.stdout)["run_dir"] != str(run_dir)
+
+
+def test_version_prints_the_installed_version() -> None:
+    from importlib.metadata import version
+
+    from typer.testing import CliRunner
+
+    from autotune.cli.app import app
+
+    res = CliRunner().invoke(app, ["--version"])
+    assert res.exit_code == 0 and res.output.strip() == f"autotune {version('autotune')}"
+
+
+def test_a_row_with_one_value_shows_no_spread_rather_than_zero() -> None:
+    import io
+
+    from rich.console import Console
+
+    from autotune.cli.run import render_summary
+
+    out = io.StringIO()
+    top = [{"label": "mb8x2", "median_tokens_per_s": 5802.0, "measurements": [5802.0], "spread": 0.0,
+            "peak_mem_bytes": 1 << 30, "status": "noisy"},
+           {"label": "mb16x1", "median_tokens_per_s": 9000.0, "measurements": [8000.0, 9000.0, 10000.0],
+            "spread": 0.222, "peak_mem_bytes": 2 << 30, "status": "confirmed"}]
+    con = Console(file=out, width=200)
+    render_summary({"top": top, "best": {"label": "mb16x1"}}, con)
+    text = out.getvalue()
+    assert "- (1 value)" in text and "22.2%" in text and "0.0%" not in text

@@ -34,9 +34,22 @@ COMMANDS: list[tuple[str, str]] = [
 _DEBUG = False
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"autotune {version('autotune')}")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            typer.echo("autotune (not installed: version unknown)")
+        raise typer.Exit(0)
+
+
 @app.callback()
 def _root(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
+    show_version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                      help="Print autotune's version and exit."),
 ) -> None:
     global _DEBUG
     _DEBUG = debug or bool(os.environ.get("AUTOTUNE_DEBUG"))

@@ -128,7 +128,7 @@ class ProgressPrinter:
             self.close()
             counts = data.get("counts", {})
             con.print(
-                f"[dim]search done in {_fmt_s(data.get('wall_s'))}: {counts.get('probed', 0)} probed, "
+                f"[dim]search and confirmation done in {_fmt_s(data.get('wall_s'))}: {counts.get('probed', 0)} probed, "
                 f"{counts.get('inferred', 0)} inferred, {counts.get('skipped', 0)} skipped, "
                 f"{counts.get('failed', 0)} failed; {data.get('stop_reason') or 'finished'}[/dim]"
             )
@@ -156,16 +156,23 @@ def answer_line(summary: dict[str, Any]) -> str:
     )
 
 
+def _spread_text(e: dict[str, Any]) -> str:
+    """The spread of a row's figures; "-" for one figure (a single value has no spread to show, not 0 %)."""
+    values = e.get("measurements") or []
+    return f"{100 * (e.get('spread') or 0):.1f}%" if len(values) >= 2 else "- (1 value)"
+
+
 def render_summary(summary: dict[str, Any], con: Console) -> None:
     top = summary.get("top") or []
     if top:
-        table = Table(title="top configurations (confirmed)", title_justify="left")
+        table = Table(title="top configurations (re-measured; each row's status says whether its figure held)",
+                      title_justify="left")
         for col in ("#", "config", "tok/s (median)", "spread", "peak memory", "status"):
             table.add_column(col, justify="right" if col in ("#", "tok/s (median)", "spread", "peak memory") else "left")
         for i, e in enumerate(top, 1):
             table.add_row(
                 str(i), e.get("label", ""), _tps(e.get("median_tokens_per_s")),
-                f"{100 * (e.get('spread') or 0):.1f}%", format_bytes(e.get("peak_mem_bytes")), e.get("status", ""),
+                _spread_text(e), format_bytes(e.get("peak_mem_bytes")), e.get("status", ""),
             )
         con.print(table)
     base = summary.get("baseline")

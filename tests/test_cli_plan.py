@@ -43,6 +43,10 @@ def test_json_parses_and_carries_every_flag() -> None:
         c = g["option"]["candidate"]
         assert c["micro_batch"] * c["grad_accum"] * c["world_size"] == 32
         assert g["hours"] > 0 and g["cost_usd"] > 0
+        # reserved and allocated as torch counts them: the total less the context, less the allocator's reserve
+        m = g["option"]["memory"]
+        assert m["reserved"] == m["total"] - m["terms"]["cuda_context"] > 0
+        assert m["allocated"] == m["reserved"] - m["terms"]["allocator_reserve"] > 0
 
 
 def test_catalog_flag_and_env(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001

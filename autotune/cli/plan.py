@@ -279,6 +279,9 @@ def _breakdown_lines(row: Any) -> list[str]:
         f"{c.optim}{', micro-batch ' + str(c.micro_batch)}): " + ", ".join(parts) + ".",
         f"  dominant: {b['dominant']} -> {b['lever']}.",
     ]
+    if o.memory.device == "cuda":
+        out.insert(1, f"  as torch counts it: max_memory_allocated {format_bytes(o.memory.allocated)}, "
+                      f"max_memory_reserved {format_bytes(o.memory.reserved)}; the rest is the CUDA context.")
     if o.memory.host_bytes:
         host = row.gpu.host_memory_bytes_per_gpu
         avail = (

@@ -180,6 +180,18 @@ class MemoryBreakdown:
     host_bytes: int = 0  # host RAM one node needs for what is offloaded (0: nothing offloaded)
 
     @property
+    def reserved(self) -> int:
+        """What ``torch.cuda.max_memory_reserved`` would show at the peak: the total less the CUDA context (outside
+        torch's allocator). The fit test uses the total: an out-of-memory error is about the card, context included."""
+        return self.total - self.terms.get("cuda_context", 0)
+
+    @property
+    def allocated(self) -> int:
+        """What ``torch.cuda.max_memory_allocated`` would show: the reserved bytes less the caching allocator's
+        reserve (``ALLOCATOR_RESERVE``)."""
+        return self.reserved - self.terms.get("allocator_reserve", 0)
+
+    @property
     def model_states(self) -> int:
         """Model-state bytes at the optimizer step (``MODEL_STATE_TERMS``): what DeepSpeed's
         ``estimate_zero*_model_states_mem_needs`` count per GPU, activations and buffers excluded."""
@@ -199,6 +211,8 @@ class MemoryBreakdown:
             "phase_terms": {k: dict(v) for k, v in self.phase_terms.items()},
             "host_bytes": self.host_bytes,
             "model_states": self.model_states,
+            "reserved": self.reserved,
+            "allocated": self.allocated,
         }
 
 

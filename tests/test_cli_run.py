@@ -257,8 +257,13 @@ def test_a_killed_run_resumes_without_re_running_finished_probes(tmp_path: Path)
     assert len(done_keys) == 4
 
     ex = FakeExecutor()
-    result = tune("tiny-llama", executor=ex, resume=True, **kw)
+    notes: list[str] = []
+    result = tune("tiny-llama", executor=ex, resume=True,
+                  progress=lambda ev, d: notes.append(d["text"]) if ev == "note" else None, **kw)
     assert result.run_dir == rd and result.summary["resumed"] is True
+    # the time to answer it announces counts what is left, not the whole run again
+    (left,) = [n for n in notes if n.startswith("predicted time")]
+    assert left.startswith("predicted time left") and "4 of 10 search probes done; 6 search +" in left, left
     from autotune.search import candidate_id
 
     search_keys = [candidate_id(r.candidate) for r in ex.requests if r.settings.steps == 5]

@@ -139,14 +139,21 @@ def forecast(
 
 
 
-def forecast_line(fc: dict[str, Any]) -> str:
-    """The line ``autotune run`` prints before the search."""
+def forecast_line(fc: dict[str, Any], done: int = 0) -> str:
+    """The line ``autotune run`` prints before the search; ``done``: search probes a resumed run already has
+    (the time left counts only the rest, and the whole confirmation, which a resumed run measures afresh)."""
     if fc.get("time_to_answer_s") is None:
         return ("predicted time to answer: unknown (the estimator cannot price this model or GPU); each probe "
                 f"gets the fixed deadline of {fc.get('deadline_text', '')}")
     slots = fc["slots"]
-    text = (f"predicted time to answer: ~{duration_text(fc['time_to_answer_s'])} ({fc['search_probes']} search + "
-            f"{fc['confirm_probes']} confirmation probes x ~{duration_text(fc['probe_s'])} each"
+    left = max(0, fc["search_probes"] - done)
+    seconds = fc["time_to_answer_s"]
+    if done:
+        seconds = (left * fc["probe_s"] + fc["confirm_probes"] * (fc.get("confirm_probe_s") or fc["probe_s"])) \
+            / max(1, slots)
+    head = (f"predicted time left: ~{duration_text(seconds)} ({done} of {fc['search_probes']} search probes done; "
+            f"{left} search" if done else f"predicted time to answer: ~{duration_text(seconds)} ({left} search")
+    text = (f"{head} + {fc['confirm_probes']} confirmation probes x ~{duration_text(fc['probe_s'])} each"
             + (f" / {slots} at a time" if slots > 1 else "") + ")")
     if fc.get("probes_in_budget") is not None:
         text += f"; the --time-budget buys about {fc['probes_in_budget']} probe(s)"

@@ -90,9 +90,20 @@ def start_run(r: Request, plan: SearchPlan, run_dir: Any, resumed: bool) -> RunS
                                            if r.resolved.revision else {})})  # fmt: skip
     if progress is not None:
         progress("run_dir", {"run_dir": str(run_dir.path), "resumed": resumed, "restored": len(history)})
-        for text in plan.notes:
+        for text in _notes(plan, history):
             progress("note", {"text": text})
     return RunStart(history=history, base_summary=base_summary, storage_url=storage_url, resumed=resumed)
+
+
+def _notes(plan: SearchPlan, history: list[Any]) -> list[str]:
+    """The plan's notes; for a resumed run, the time to answer counts only the search probes still to run."""
+    from autotune.run._forecast import forecast_line
+
+    done = sum(1 for rec in history if getattr(rec, "phase", None) == "search" and getattr(rec, "probed", False))
+    whole = forecast_line(plan.forecast) if plan.forecast else None
+    if not done or whole is None:
+        return list(plan.notes)
+    return [forecast_line(plan.forecast, done=done) if text == whole else text for text in plan.notes]
 
 
 def claim_run_dir(out: Path, key: str, model_name: str, resume: bool, fresh: bool = False,

@@ -191,9 +191,13 @@ def simulated_landscape(model: str, gpu_name: str, mode: str, seq: int, eb: int,
             tps *= speed_fx.get(key, 1.0)
             peak *= mem_fx.get(key, 1.0)
         probe_s = predict_probe_time(arch, wl, c, settings, device="cuda", gpu=gpu)
+        # over the budget, the probe (capped at it) stops at its out-of-memory error in the first optimizer
+        # step: its set-up and at most two micro-batches (the composed window's first boundary) of its window
+        oom_s = None if probe_s is None else \
+            probe_s.setup_s + probe_s.window_s * min(1.0, 2 / max(1, probe_s.micro_batches))
         entries.append({"candidate": dataclasses.asdict(c), "tokens_per_s_all": [tps * 0.985, tps * 1.015],
                         "peak_mem_bytes": int(peak), "status": "ok",
-                        "wall_s": probe_s.total_s if probe_s is not None else 60.0})
+                        "wall_s": probe_s.total_s if probe_s is not None else 60.0, "over_budget_wall_s": oom_s})
     return {"model": model, "device": "cuda", "gpu": gpu_name, "seq_len": seq, "lengths": "fixed", "mode": mode, "effective_batch": eb,
             "budget_bytes": int(gpu.memory_bytes), "headroom": 0.05, "steps": MIN_TIMED_STEPS, "warmup_steps": WARMUP,
             "space": space.to_dict(), "entries": entries, "name": f"{model} {mode} on {gpu_name}, draw {draw}"}

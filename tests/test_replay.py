@@ -81,6 +81,13 @@ def test_cost_counts_recorded_wall_time_and_longer_windows_pro_rata() -> None:
     assert ex.probe_seconds == pytest.approx(10.0 + 16.0)
 
 
+def test_an_entry_that_stops_at_its_out_of_memory_error_costs_only_that_when_over_budget() -> None:
+    land = dict(LAND, entries=[dict(_entry(C, [300.0], 250 * MiB), over_budget_wall_s=3.0)])
+    ex = ReplayExecutor(land, seed=0)
+    assert run_one(ex, _req(C)).status == "over_budget" and ex.probe_seconds == pytest.approx(3.0)
+    assert run_one(ex, _req(C, budget=400 * MiB)).status == "ok" and ex.probe_seconds == pytest.approx(13.0)
+
+
 def test_it_reads_a_file_and_several_slots_answer_together(tmp_path: Path) -> None:
     p = tmp_path / "l.json"
     p.write_text(json.dumps(LAND))

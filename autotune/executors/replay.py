@@ -129,6 +129,9 @@ class ReplayExecutor:
                                reason=f"not in the landscape: {candidate_label(request.candidate)} was not recorded")
         status = self.status_of(entry, request)
         wall = self._cost(entry, request.settings.steps)
+        if status == "over_budget" and entry.get("over_budget_wall_s") is not None:
+            # a GPU probe capped at the budget stops at its out-of-memory error: set-up and the first steps
+            wall = min(wall, float(entry["over_budget_wall_s"]))
         self.probe_seconds += wall
         metrics: dict[str, Any] = {"peak_mem_bytes": entry.get("peak_mem_bytes"), "wall_s": wall,
                                    "step_time_spread": entry.get("spread"), "replayed": True}

@@ -95,7 +95,7 @@ MUTANTS: tuple[Mutant, ...] = (
         id="cache-key-omits-dataset",
         description="the store's cache key leaves the dataset's identity out: an edited dataset is answered from the cache",
         file="autotune/store/cache_key.py",
-        original='        "dataset": dataset,\n',
+        original='        "dataset": keyed.dataset,\n',
         mutated="",
         tests=("tests/test_request.py::test_the_dataset_is_keyed_by_its_content_not_its_path_or_mtime",),
     ),

@@ -164,3 +164,20 @@ def test_the_size_rule_sees_a_long_function_and_a_long_signature(tmp_path: Path)
     found = _oversized(tmp_path / "m.py", root=tmp_path)
     assert found == [f"m.py:1 f: {MAX_LINES + 1} lines",
                      f"m.py:{MAX_LINES + 4} g: {MAX_PARAMS + 1} parameters (group them into a typed object)"]
+
+
+def test_every_planted_bug_still_applies_to_the_code() -> None:
+    """tests/mutants.py plants each bug by replacing one exact text; a refactor that changes that text leaves
+    the mutant unable to run (it did once, unnoticed): each original must still occur exactly once."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("planted_bugs", ROOT.parent / "tests" / "mutants.py")
+    mutants = importlib.util.module_from_spec(spec)
+    sys.modules["planted_bugs"] = mutants  # its dataclasses look their module up
+    try:
+        spec.loader.exec_module(mutants)
+    finally:
+        del sys.modules["planted_bugs"]
+    problems = {m.id: p for m in mutants.MUTANTS if (p := mutants.mutation_problem(m, ROOT.parent))}
+    assert not problems, problems

@@ -46,10 +46,10 @@ def app():
 
 @pytest.fixture
 def _check(tmp_path: Path):
-    def check(text: str, target: FitTarget | None, name: str = "sft.yaml", **kw):
+    def check(text: str, target: FitTarget | None, name: str = "sft.yaml", gpu_info: GpuInfo = A10G, **kw):
         f = tmp_path / name
         f.write_text(text)
-        return gather(bundle_from_file(f), gpu=A10G, target=target, **kw)
+        return gather(bundle_from_file(f), gpu=gpu_info, target=target, **kw)
 
     return check
 
@@ -149,3 +149,35 @@ def test_a_runs_best_folder_is_judged_for_the_model_and_length_its_run_recorded(
     items = {i["id"]: i for i in json.loads(res.output)["items"]}
     assert "4,096 tokens" in items["fit"]["message"] and "lora" in items["fit"]["message"]
     assert items["fit"]["status"] == ("pass" if mb == 1 else "fail"), items["fit"]
+
+
+def test_bf16_on_a_card_without_it_is_priced_as_its_fix_runs_not_a_type_failure(_check):
+    t4 = FitTarget(model="meta-llama/Llama-3.1-8B", arch=_target("meta-llama/Llama-3.1-8B").arch, gpu=find_gpu("T4"))
+    r = _check(STORY_1.format(mb=1, acc=32), t4,
+               gpu_info=GpuInfo(name="T4", bf16=False, flash_attention_2=False, tf32=False))
+    assert r.by_id("types") == []
+    fit = _one(r, "fit")
+    assert "fp16, as T4 has no bf16" in fit.message and fit.status == "fail"  # 18.5 GiB on a 15 GiB card
+
+
+def test_an_optimizer_alias_is_priced_as_the_optimizer_it_names(_check):
+    ta = json.dumps({"per_device_train_batch_size": 1, "gradient_accumulation_steps": 4, "bf16": True,
+                     "activation_checkpointing": True})
+    target = _target("meta-llama/Llama-3.1-8B", mode="full")
+    plain = _one(_check(ta, target, name="training_args.json"), "fit").message
+    eight = _one(_check(ta.replace("}", ', "optim": "adamw_8bit"}'), target, name="training_args.json"), "fit").message
+    alias = _one(_check(ta.replace("}", ', "optim": "adamw_bnb_8bit"}'), target, name="training_args.json"),
+                 "fit").message
+    assert "priced as" not in alias and alias == eight != plain
+
+
+def test_a_file_without_a_micro_batch_says_the_fit_was_not_judged(_check):
+    r = _check(json.dumps({"bf16": True, "per_device_train_batch_size": None}), _target("qwen2.5-0.5b"),
+               name="training_args.json")
+    assert any(i.id == "fit" and i.status == "info" and "not judged" in i.message for i in r.items)
+
+
+def test_a_mode_given_on_the_command_line_is_not_also_said_to_be_assumed(_check):
+    ta = json.dumps({"per_device_train_batch_size": 1, "gradient_accumulation_steps": 8, "bf16": True})
+    fit = _one(_check(ta, _target("qwen2.5-0.5b", mode="lora"), name="training_args.json"), "fit")
+    assert ", lora," in fit.message and "full fine-tuning" not in fit.message

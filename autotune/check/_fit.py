@@ -18,7 +18,7 @@ from autotune.estimate import GPU, HEADROOM, Arch, estimate_memory, plan, predic
 from autotune.spec.levers import LEVERS
 from autotune.spec.probe_request import Candidate, Workload, parse_lora_targets
 
-__all__ = ["DEFAULT_FIT_SEQ_LEN", "FitTarget", "FileLevers", "fit_items", "GAIN_WORTH_SAYING"]
+__all__ = ["DEFAULT_FIT_SEQ_LEN", "FitTarget", "FileLevers", "fit_items", "GAIN_WORTH_SAYING", "OPTIM_ALIASES"]
 
 # the sequence length assumed where neither the file nor --seq-len states one (the planner's default)
 DEFAULT_FIT_SEQ_LEN = 2048
@@ -26,6 +26,8 @@ DEFAULT_FIT_SEQ_LEN = 2048
 # than a few percent: smaller gains are not worth a config change)
 GAIN_WORTH_SAYING = 0.10
 _GIB = 2**30
+# TrainingArguments' other names for optimizers the memory model prices (transformers' OptimizerNames)
+OPTIM_ALIASES = {"adamw_bnb_8bit": "adamw_8bit", "adamw_torch_8bit": "adamw_8bit"}
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ class FileLevers:
 
 
 def _gib(n: float) -> str:
-    return f"{n / _GIB:.1f} GiB"
+    return f"{n / _GIB:,.1f} GiB"
 
 
 def _workload(target: FitTarget, f: FileLevers) -> tuple[Workload, list[str]]:
@@ -76,6 +78,10 @@ def fit_items(target: FitTarget, f: FileLevers) -> list[tuple[str, str, str, str
     """(id, title, status, message, fix) items: the file's predicted peak on the GPU, and the micro-batch."""
     wl, assumed = _workload(target, f)
     cand, gpu = f.candidate, target.gpu
+    if cand.precision == "bf16" and not gpu.bf16:  # the mixed-precision item FAILs it; priced as its fix runs
+        cand = replace(cand, precision="fp16")
+        f = replace(f, candidate=cand)
+        assumed.append(f"fp16, as {gpu.name} has no bf16 (see mixed precision)")
     usable = int(gpu.memory_bytes * (1 - HEADROOM))
     mem = estimate_memory(target.arch, wl, cand, device="cuda", gpu=gpu)
     own = predict_speed(target.arch, wl, cand, gpu)
@@ -90,8 +96,12 @@ def fit_items(target: FitTarget, f: FileLevers) -> list[tuple[str, str, str, str
         top = max(mem.terms.items(), key=lambda kv: kv[1])[0] if mem.terms else ""
         room = (f"over the {_gib(gpu.memory_bytes)} of one {gpu.name}" if status == "fail" else
                 f"inside the {HEADROOM:.0%} headroom kept on one {gpu.name} ({_gib(usable)} usable)")
+        fix = _fix_over(target, wl, cand, best)
+        if status == "warn" and not (best is not None and best.candidate.micro_batch < cand.micro_batch):
+            fix = ("the headroom is what fragmentation and a long run's longest batches use: "
+                   + fix.split(": ", 1)[1] if ": " in fix else fix)
         return [("fit", title, status, f"{what}: predicted peak {_gib(mem.total)}, {room}; largest term: {top}{said}",
-                 _fix_over(target, wl, cand, best))]
+                 fix)]
     items = [("fit", title, "pass", f"{what}: predicted peak {_gib(mem.total)} of {_gib(usable)} usable, "
               f"~{own.tokens_per_s:,.0f} tok/s{said}", "")]
     items.append(_batch_item(target, wl, cand, own.tokens_per_s, best))
@@ -118,9 +128,12 @@ def _fix_over(target: FitTarget, wl: Workload, c: Candidate, best: Any) -> str:
         return (f"micro-batch {b.micro_batch} x accumulation {b.grad_accum} keeps the effective batch and is predicted "
                 f"at {_gib(best.memory.total)} (~{best.speed.tokens_per_s:,.0f} tok/s)")
     eb = c.micro_batch * c.grad_accum * c.world_size
+    unused = [name for name, used in (("checkpointing", c.grad_ckpt and c.ckpt_every == 1), ("Liger", c.liger),
+                                      ("LoRA", wl.mode != "full"), ("QLoRA", wl.mode == "qlora"),
+                                      ("ZeRO-3", c.zero_stage == 3)) if not used]
     return (f"no micro-batch fits with these levers: `autotune plan --model {target.model} --gpu {target.gpu.name} "
-            f"--mode {wl.mode} --seq-len {wl.seq_len} --effective-batch {eb}` names the levers that do "
-            "(checkpointing, Liger, QLoRA, ZeRO)")
+            f"--mode {wl.mode} --seq-len {wl.seq_len} --effective-batch {eb}` names the levers that do"
+            + (f" ({', '.join(unused)} not in use here)" if unused else ""))
 
 
 def _batch_item(target: FitTarget, wl: Workload, c: Candidate, own_tps: float,
@@ -157,7 +170,8 @@ def file_levers(req: Mapping[str, Any], ta: Mapping[str, Any], *, mode: str, wor
     """The file's configuration from its request fields (``formats.<fmt>.to_request``) and its
     TrainingArguments view; what it leaves unsaid takes the HF stack's default, as training would."""
     assumed: list[str] = []
-    optim = req.get("optim", ta.get("optim", LEVERS["optim"].hf_default))
+    optim = req.get("optim") or ta.get("optim") or LEVERS["optim"].hf_default
+    optim = OPTIM_ALIASES.get(optim, optim)
     if optim not in LEVERS["optim"].values:
         assumed.append(f"optimizer {optim} priced as {LEVERS['optim'].hf_default}")
         optim = LEVERS["optim"].hf_default

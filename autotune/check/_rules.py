@@ -468,7 +468,7 @@ def _fit_levers(c: _Ctx, req: dict[str, Any]) -> FileLevers:
                 req.setdefault("lora_targets", tuple(lora["target_modules"]))
         else:
             mode = "full"
-            if c.mk is None:
+            if c.mk is None and not (c.target and c.target.mode):
                 assumed.append("full fine-tuning, the file names no PEFT (--mode)")
     f = file_levers(req, c.ta, mode=mode, world=_world(c) or 1, precision=c.precision()[0], offload=_offload(c))
     return dataclasses.replace(f, assumed=(*assumed, *f.assumed))
@@ -486,6 +486,9 @@ def _rule_fit(c: _Ctx) -> None:
         return
     mb, acc, src = _batch(c)
     if mb is None or acc is None:
+        c.add("fit", f"memory on {c.target.gpu.name}", "info", "not judged: the file states no micro-batch "
+              "(per_device_train_batch_size) and accumulation", "check the training config that states them",
+              src or next(iter(c.b.sources.values()), ""))
         return
     req = _file_request(c)
     req.update(micro_batch=mb, grad_accum=acc)
@@ -559,7 +562,7 @@ def _rule_memory_levers(c: _Ctx) -> None:
                      + (f" (one layer in {every}, every_n_layers)" if every and every > 1 else ""))
     lora = c.b.get("lora")
     if lora:
-        parts.append(f"LoRA r={lora.get('r')}")
+        parts.append(f"LoRA r={lora['r']}" if lora.get("r") is not None else "LoRA")
     four_bit = bool(c.mk and (c.mk.get("quantization_config") or {}).get("load_in_4bit"))
     if four_bit:
         parts.append("4-bit base (QLoRA)")

@@ -329,7 +329,8 @@ def command(
     """Plan capacity without a GPU: does it fit, with which levers, how fast, how long, what cost."""
     pin = dict(levers or {})
     query = PlanQuery(
-        model=model, gpu=gpu, gpus_per_node=gpus_per_node if gpus_per_node is not None else (pin["world_size"] or 1),
+        model=model, gpu=gpu,
+        gpus_per_node=gpus_per_node if gpus_per_node is not None else max(1, pin["world_size"] or 1),
         seq_len=seq_len, effective_batch=effective_batch,
         mode=mode, tokens=tokens, lora_r=lora_r, lora_targets=lora_targets, pin=pin,
     )  # fmt: skip

@@ -22,7 +22,7 @@ from autotune.estimate.arch import Arch, arch_from_config
 from autotune.estimate.catalog import GPU
 from autotune.estimate.memory import DEFAULT_OPTIM, MemoryBreakdown, estimate_memory
 from autotune.estimate.speed import SpeedEstimate, predict_speed
-from autotune.spec.levers import LEVERS, ZERO_STAGES, rule_problems, value_problem
+from autotune.spec.levers import LEVERS, ZERO_STAGES, or_list, rule_problems, value_problem
 from autotune.spec.probe_request import (
     MODE_CHOICES,
     OFFLOAD_CHOICES,
@@ -384,6 +384,12 @@ def _check_pins(pin: Mapping[str, Any], gpus_per_node: int, effective_batch: int
     if problems:
         return problems
     problems += rule_problems(pin, given_only=True)
+    for name, value in pin.items():  # a lever pinned to act where the pin of the lever it acts under stops it
+        under = LEVERS[name].acts_under
+        said = any(p.startswith(f"{name}=") for p in problems)  # a rule of its own already says why
+        if under and not said and under[0] in pin and pin[under[0]] not in under[1] and value != LEVERS[name].default:
+            problems.append(f"{name} {value} acts only with {under[0]} {or_list(under[1])}; "
+                            f"{under[0]} is pinned to {pin[under[0]]}")
     w = pin.get("world_size")
     if w is not None and w > gpus_per_node:
         problems.append(f"world_size {w} exceeds gpus_per_node {gpus_per_node}")

@@ -237,6 +237,6 @@ def choices_help(name: str, *, pin: bool = False) -> str:
     for v in lv.values:
         needs = [f"{r.other} {or_list(r.allowed)}" for r in RULES if r.lever == name and r.value == v and r.invalid]
         shown.append(f"{v} (needs {'; '.join(needs)})" if needs else str(v))
-    what = lv.help[0].upper() + lv.help[1:]
+    what = lv.help if "." in lv.help.split()[0] else lv.help[0].upper() + lv.help[1:]  # torch.compile stays so
     allowed = " | ".join(shown) if shown else lv.allowed_text()
     return f"{what}: {allowed}{' (pinned: not searched)' if pin else ''}."

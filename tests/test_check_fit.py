@@ -127,6 +127,10 @@ def test_cli_model_options_need_a_gpu_and_a_named_model_must_resolve(app, tmp_pa
     assert res.exit_code == 1, res.output
     items = {i["id"]: i for i in json.loads(res.output)["items"]}
     assert items["fit"]["status"] == "fail"
+    figures = items["fit"]["figures"]  # the numbers behind the message, for a pipeline
+    assert figures["predicted_peak_bytes"] > figures["capacity_bytes"] and figures["micro_batch"] == 4
+    assert (figures["advised_micro_batch"], figures["advised_grad_accum"]) == (2, 16)
+    assert figures["advised_peak_bytes"] <= figures["usable_bytes"]
     # a model the file names that cannot be read: the rest of the checklist stands, the fit is said unjudged
     f.write_text(STORY_1.format(mb=1, acc=32).replace("meta-llama/Llama-3.1-8B", "no-such/model"))
     res = CliRunner().invoke(app, ["check", str(f), "--gpu", "A10G", "--offline", "--json"])

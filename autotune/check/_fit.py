@@ -74,8 +74,11 @@ def _pins(c: Candidate) -> dict[str, Any]:
             "offload": c.offload, "optim": c.optim, "precision": c.precision, "attn": c.attn, "liger": c.liger}
 
 
-def fit_items(target: FitTarget, f: FileLevers) -> list[tuple[str, str, str, str, str]]:
-    """(id, title, status, message, fix) items: the file's predicted peak on the GPU, and the micro-batch."""
+Item = tuple[str, str, str, str, str, dict[str, Any]]  # (id, title, status, message, fix, figures)
+
+
+def fit_items(target: FitTarget, f: FileLevers) -> list[Item]:
+    """The items: the file's predicted peak on the GPU, and the micro-batch (with the figures behind each)."""
     wl, assumed = _workload(target, f)
     cand, gpu = f.candidate, target.gpu
     if cand.precision == "bf16" and not gpu.bf16:  # the mixed-precision item FAILs it; priced as its fix runs
@@ -90,6 +93,10 @@ def fit_items(target: FitTarget, f: FileLevers) -> list[tuple[str, str, str, str
     said = f" (assumed: {'; '.join(assumed)})" if assumed else ""
     title = f"memory on {gpu.name}"
     best = _fastest(target, f, wl)
+    figures = {"model": target.model, "gpu": gpu.name, "mode": wl.mode, "seq_len": wl.seq_len,
+               "micro_batch": cand.micro_batch, "grad_accum": cand.grad_accum, "predicted_peak_bytes": mem.total,
+               "capacity_bytes": gpu.memory_bytes, "usable_bytes": usable,
+               "predicted_tokens_per_s": round(own.tokens_per_s, 1), "assumed": assumed}
     if mem.total > usable:
         # over the whole card: out of memory; inside the headroom the planner keeps: too tight to trust
         status = "fail" if mem.total > gpu.memory_bytes else "warn"
@@ -101,9 +108,9 @@ def fit_items(target: FitTarget, f: FileLevers) -> list[tuple[str, str, str, str
             fix = ("the headroom is what fragmentation and a long run's longest batches use: "
                    + fix.split(": ", 1)[1] if ": " in fix else fix)
         return [("fit", title, status, f"{what}: predicted peak {_gib(mem.total)}, {room}; largest term: {top}{said}",
-                 fix)]
-    items = [("fit", title, "pass", f"{what}: predicted peak {_gib(mem.total)} of {_gib(usable)} usable, "
-              f"~{own.tokens_per_s:,.0f} tok/s{said}", "")]
+                 fix, {**figures, **_advised(best, cand)})]
+    items: list[Item] = [("fit", title, "pass", f"{what}: predicted peak {_gib(mem.total)} of {_gib(usable)} usable, "
+                          f"~{own.tokens_per_s:,.0f} tok/s{said}", "", figures)]
     items.append(_batch_item(target, wl, cand, own.tokens_per_s, best))
     return items
 
@@ -136,22 +143,33 @@ def _fix_over(target: FitTarget, wl: Workload, c: Candidate, best: Any) -> str:
             + (f" ({', '.join(unused)} not in use here)" if unused else ""))
 
 
-def _batch_item(target: FitTarget, wl: Workload, c: Candidate, own_tps: float,
-                best: Any) -> tuple[str, str, str, str, str]:
+def _advised(best: Any, c: Candidate) -> dict[str, Any]:
+    """The micro-batch the planner would use here (the file's own where none fits better), for --json."""
+    if best is None:
+        return {"advised_micro_batch": None, "advised_grad_accum": None}
+    b = best.candidate
+    return {"advised_micro_batch": b.micro_batch, "advised_grad_accum": b.grad_accum,
+            "advised_peak_bytes": best.memory.total, "advised_tokens_per_s": round(best.speed.tokens_per_s, 1)}
+
+
+def _batch_item(target: FitTarget, wl: Workload, c: Candidate, own_tps: float, best: Any) -> Item:
     title, gpu = "micro-batch / accumulation", target.gpu
+    figures = {"micro_batch": c.micro_batch, "grad_accum": c.grad_accum, "predicted_tokens_per_s": round(own_tps, 1),
+               **_advised(best, c)}
     here = f"micro-batch {c.micro_batch} x accumulation {c.grad_accum}"
     if best is None or best.candidate.micro_batch == c.micro_batch:
         bigger = _next_micro_batch(target, wl, c)
         return ("batch", title, "pass", f"{here}: the fastest micro-batch predicted to fit on {gpu.name} with these "
-                f"levers{bigger}", "")
+                f"levers{bigger}", "", figures)
     b, gain = best.candidate, best.speed.tokens_per_s / own_tps - 1
     if gain < GAIN_WORTH_SAYING:
         return ("batch", title, "pass", f"{here}: within {GAIN_WORTH_SAYING:.0%} of the fastest predicted on "
-                f"{gpu.name} (micro-batch {b.micro_batch} also fits: {gain:+.0%})", "")
+                f"{gpu.name} (micro-batch {b.micro_batch} also fits: {gain:+.0%})", "", figures)
     return ("batch", title, "warn", f"{here}: micro-batch {b.micro_batch} x accumulation {b.grad_accum} keeps the "
             f"effective batch, is predicted to fit on {gpu.name} ({_gib(best.memory.total)}) and to run "
             f"~{best.speed.tokens_per_s:,.0f} tok/s against ~{own_tps:,.0f} ({gain:+.0%})",
-            f"set the micro-batch to {b.micro_batch} and accumulation to {b.grad_accum} (autotune run measures it)")
+            f"set the micro-batch to {b.micro_batch} and accumulation to {b.grad_accum} (autotune run measures it)",
+            figures)
 
 
 def _next_micro_batch(target: FitTarget, wl: Workload, c: Candidate) -> str:

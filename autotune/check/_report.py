@@ -19,6 +19,7 @@ class CheckItem:
     message: str
     fix: str = ""
     source: str = ""  # which file the item is about
+    figures: dict[str, Any] = field(default_factory=dict)  # the numbers behind the message (check --json)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

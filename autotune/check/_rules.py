@@ -163,9 +163,11 @@ class _Ctx:
     def src(self, kind: str) -> str:
         return self.b.sources.get(kind, "")
 
-    def add(self, id: str, title: str, status: str, message: str, fix: str = "", source: str = "") -> None:
+    def add(self, id: str, title: str, status: str, message: str, fix: str = "", source: str = "",
+            figures: dict[str, Any] | None = None) -> None:
         self.items.append(
-            CheckItem(id=id, title=title, status=status, message=message, fix=fix, source=source)
+            CheckItem(id=id, title=title, status=status, message=message, fix=fix, source=source,
+                      figures=dict(figures or {}))
         )
 
     @property
@@ -492,8 +494,8 @@ def _rule_fit(c: _Ctx) -> None:
         return
     req = _file_request(c)
     req.update(micro_batch=mb, grad_accum=acc)
-    for id_, title, status, message, fix in fit_items(c.target, _fit_levers(c, req)):
-        c.add(id_, title, status, message, fix, src)
+    for id_, title, status, message, fix, figures in fit_items(c.target, _fit_levers(c, req)):
+        c.add(id_, title, status, message, fix, src, figures)
     c.batch_judged = True  # the micro-batch is judged on the GPU (or the fit's FAIL names the one that fits)
 
 
@@ -1136,7 +1138,7 @@ def gather(
     if bundle.fmt in FORMATS and FORMATS[bundle.fmt].VOCAB:
         c.items = [
             CheckItem(id=i.id, title=i.title, status=i.status, message=translate(bundle.fmt, i.message),
-                      fix=translate(bundle.fmt, i.fix), source=i.source)
+                      fix=translate(bundle.fmt, i.fix), source=i.source, figures=i.figures)
             for i in c.items
         ]
     ctx: dict[str, Any] = {"transformers": transformers_version, "fields_known": fields is not None,

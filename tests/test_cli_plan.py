@@ -81,7 +81,7 @@ def test_bad_tokens_gpu_mode_model_exit_2_with_one_line() -> None:
     assert "--seq-len" in _one_line_error(run("--model", "gpt2", "--seq-len", "0"))
     _one_line_error(run("--model", "no-such-model-anywhere"))
     # a pinned GPU count is named as the flag it came from, and a pin that cannot act is refused, not kept
-    assert "world_size must be an integer >= 1" in _one_line_error(run("--model", "gpt2", "--world-size", "-1"))
+    assert "--world-size must be an integer >= 1" in _one_line_error(run("--model", "gpt2", "--world-size", "-1"))
     line = _one_line_error(run("--model", "gpt2", "--ckpt-every", "2", "--no-grad-ckpt"))
     assert "ckpt_every 2 acts only with grad_ckpt" in line
 

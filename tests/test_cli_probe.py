@@ -65,8 +65,8 @@ def test_over_budget_exits_3(tmp_path: Path) -> None:
         (["--gpu-budget", "-1GB"], "must be positive"),
         (["--gpu-budget", "0"], "must be positive"),
         (["--seq-len", "999999"], "max"),
-        (["--attn", "fast"], "attn must be one of"),
-        (["--micro-batch", "0"], "micro_batch must be an integer >= 1"),
+        (["--attn", "fast"], "--attn must be one of"),
+        (["--micro-batch", "0"], "--micro-batch must be an integer >= 1"),
         (["--dataset", "/nonexistent/data.jsonl"], "data.jsonl"),
     ],
 )

@@ -170,6 +170,8 @@ def test_a_new_levers_option_comes_from_its_declaration(monkeypatch: pytest.Monk
     def go(model: str = typer.Option("m", "--model"), levers: dict | None = None) -> None:
         seen.update(levers or {}, model=model)
 
+    res = CliRunner().invoke(cmd, ["--layers-per-stage", "3"])  # checked against its declaration, named as its flag
+    assert res.exit_code != 0 and "--layers-per-stage must be 1, 2 or 4; got 3" in str(res.exception)
     res = CliRunner().invoke(cmd, ["--offload-activations", "--layers-per-stage", "2"])
     assert res.exit_code == 0, res.output
     assert seen == {"offload_activations": True, "layers_per_stage": 2, "model": "m"}

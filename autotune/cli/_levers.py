@@ -11,7 +11,8 @@ from typing import Any, TypeVar
 
 import typer
 
-from autotune.spec.levers import LEVERS, choices_help
+from autotune.errors import SpecError
+from autotune.spec.levers import LEVERS, choices_help, value_problem
 
 __all__ = ["lever_options"]
 
@@ -43,6 +44,10 @@ def lever_options(names: Iterable[str], *, pin: bool, defaults: Mapping[str, Any
         @functools.wraps(command)
         def with_levers(*args: Any, **kwargs: Any) -> Any:
             levers = {name: kwargs.pop(name) for name in names}
+            problems = [_as_flag(name, m) for name, v in levers.items()
+                        if v is not None and (m := value_problem(name, v))]
+            if problems:
+                raise SpecError(problems)
             return command(*args, levers=levers, **kwargs)
 
         with_levers.__signature__ = sig.replace(parameters=[*own, *added])  # type: ignore[attr-defined]
@@ -50,3 +55,9 @@ def lever_options(names: Iterable[str], *, pin: bool, defaults: Mapping[str, Any
         return with_levers  # type: ignore[return-value]
 
     return decorate
+
+
+def _as_flag(name: str, message: str) -> str:
+    """``ckpt_every must be ...`` as the command line says it: ``--ckpt-every must be ...``."""
+    flag = LEVERS[name].cli_flags()[0].split("/")[0]
+    return flag + message[len(name):] if message.startswith(name) else message

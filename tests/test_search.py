@@ -283,7 +283,7 @@ def test_time_budget_stops_the_search() -> None:
 
     ex.poll = slow_poll
     out = make(ex, max_trials=40, time_budget_s=95.0, clock=clock, top_k=0).run()
-    assert out.stop_reason == "time budget reached"
+    assert out.stop_reason.startswith("time budget reached; the walk had not settled: ")
     assert out.counts["probed"] == 9  # the 10th would have ended past the budget
 
 
@@ -519,3 +519,13 @@ def test_a_step_down_from_over_budget_goes_before_the_walk() -> None:
     assert walk.origins[candidate_id(first)] == "boundary"
     second = walk.next(cache, {candidate_id(first): "t"})
     assert second is not None and (second.micro_batch, second.grad_ckpt) == (2, True)  # then the walk climbs
+
+
+def test_a_walk_stopped_by_max_trials_says_what_it_had_left() -> None:
+    """A --max-trials too small for the walk to settle is not an error: the run answers, and its stop reason
+    says how many configurations the walk still had queued around the best, and the next one."""
+    out = make(FakeExecutor(), max_trials=4, top_k=0).run()
+    assert out.stop_reason.startswith("max trials (4) reached; the walk had not settled: "), out.stop_reason
+    assert "queued around the best (the next: mb" in out.stop_reason and "more trials or time" in out.stop_reason
+    settled = make(FakeExecutor(), max_trials=200, top_k=0, stop_when_converged=True).run()
+    assert "had not settled" not in settled.stop_reason, settled.stop_reason

@@ -450,8 +450,10 @@ class AutotuneSampler(BaseSampler):
     # ------------------------------------------------------------------ the model strategy
 
     def unfinished_text(self, study: Study) -> str:
-        """The model strategy stopped from outside (trials, time): what it would still have probed ("" when
-        nothing was left worth a probe, and for the other strategies)."""
+        """A strategy stopped from outside (trials, time): what it would still have probed ("" when nothing was
+        left worth a probe, and for the strategies that keep no such account)."""
+        if self.strategy == "walk" and self.follow_ups:
+            return self._walk_unfinished(study)
         if self.strategy != "model":
             return ""
         n, key, chance = self._model_policy().unfinished(self._rows(self.observations(study)[0]))
@@ -460,6 +462,18 @@ class AutotuneSampler(BaseSampler):
         return (f"; the model had not finished: {n} unprobed configuration(s) still had a {worth_a_probe():.0%} "
                 f"chance or more of fitting and beating the best by more than {MARGIN:.0%} (the likeliest: "
                 f"{candidate_label(self._by_key()[key])}, {chance:.0%}); more trials or time would have probed them")
+
+    def _walk_unfinished(self, study: Study) -> str:
+        """The walk stopped before it settled: how many configurations it had queued, and the next."""
+        obs, _ = self.observations(study)
+        walk = self.replay_walk(obs) if obs else None
+        if walk is None or walk.converged():
+            return ""
+        queued = [*walk.step_downs, *walk.queue]
+        if not queued:
+            return "; the walk had not settled: the best configuration's neighbours were not all measured"
+        return (f"; the walk had not settled: {len(queued)} configuration(s) queued around the best (the next: "
+                f"{candidate_label(queued[0])}); more trials or time would have probed them")
 
     def lever_decisions(self, study: Study, winner: Candidate) -> list[dict[str, Any]]:
         """The model strategy's account of the winner's alternatives: each lever changed alone, measured by a

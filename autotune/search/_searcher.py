@@ -503,7 +503,8 @@ class Searcher:
         for trials in loop.waiters.values():
             for t in trials:
                 self.study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
-        loop.stop_reason += self.sampler.unfinished_text(self.study)  # the model strategy, stopped from outside
+        if loop.stop_reason.startswith(("max trials", "time budget")):  # stopped from outside: what was left
+            loop.stop_reason += self.sampler.unfinished_text(self.study)
         ranking, best, best_record = self._confirm()
         counts = self._counts()
         wall = self.clock() - start

@@ -16,8 +16,9 @@ train.py  the files ``autotune`` emits for that probe (``emit_all``: training_ar
           tokens/s is the real tokens of steps W+1..W+S over the time from the start of step W+1 to
           the start of step W+S+1 (``--log-batches`` records when each step starts fetching its
           data), the probe's own window. Its peak memory is taken the probe's way by a wrapper that
-          imports the same libraries before its baseline (the model's modeling module included), takes the RSS baseline, samples RSS every 5 ms and then runs
-          train.py with ``runpy`` (the script itself is unchanged).
+          imports the same libraries (the model's modeling module included), samples RSS every 5 ms, runs
+          train.py with ``runpy`` (the script itself is unchanged) and takes its baseline where the probe
+          takes its own: just before the model is built (the call to ``from_pretrained``).
 
 ``--run-dir results/RUN``: the same check for an ``autotune run``: its reported (confirmed) tok/s and
 peak against ``RUN/best/train.py`` itself, run ``--repeats`` times with the confirmation's window.
@@ -72,6 +73,16 @@ def sample():
         stop.wait(0.005)
 t = threading.Thread(target=sample, daemon=True)
 t.start()
+# the probe's baseline is taken just before the model is built (its MemorySampler.rebase): so is this one,
+# or train.py's argument parsing and TrainingArguments (accelerate's state) would count as training memory
+_load = AutoModelForCausalLM.from_pretrained.__func__
+def _from_pretrained(cls, *args, **kwargs):
+    global base, base_max
+    base = proc.memory_info().rss
+    base_max = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak[0] = base
+    return _load(cls, *args, **kwargs)
+AutoModelForCausalLM.from_pretrained = classmethod(_from_pretrained)
 out, script = sys.argv[1], sys.argv[2]
 sys.argv = sys.argv[2:]
 try:

@@ -188,9 +188,9 @@ def run_autotune(p: Problem, seed: int, budget: int, *, strategy: str = "walk") 
     top_k = 2 if budget >= 8 else 0
     ex = ReplayExecutor(p.landscape, seed=seed, noise=True)
     baseline = _baseline(p)
-    # confirmation re-measures the top_k and the baseline in at least min_rounds rounds (more while
+    # confirmation re-measures the top_k and the baseline in at least the rounds the policy gives them (more while
     # they disagree): keep room for the least of it
-    rounds = ConfirmPolicy.for_device(p.settings.device).min_rounds
+    rounds = ConfirmPolicy.for_device(p.settings.device).rounds_for(top_k)
     max_trials = max(1, budget - ((top_k + 1) * rounds if top_k else 0))
     extra = SEARCHER_OPTIONS if strategy == "walk" else {"prior": model_prior(p)} if strategy == "model" else {}
     out = Searcher(space=p.space, workload=p.workload, settings=p.settings, effective_batch=p.effective_batch,
@@ -220,7 +220,7 @@ def run_model(p: Problem, seed: int, budget: int) -> tuple[Candidate | None, Rep
     (its probe cap is the grid, plus the confirmation)."""
     from autotune.search import ConfirmPolicy
 
-    rounds = ConfirmPolicy.for_device(p.settings.device).min_rounds
+    rounds = ConfirmPolicy.for_device(p.settings.device).rounds_for(2)
     return run_autotune(p, seed, len(p.grid) + 3 * rounds, strategy="model")
 
 

@@ -53,6 +53,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from autotune.search import ConfirmPolicy  # noqa: E402
+
 # (label, model, gpu, mode, seq_len, effective_batch, story goal in seconds or None)
 WORKLOADS = [
     ("story 1: 8B LoRA", "llama-3.1-8b", "A10G", "lora", 4096, 32, 15 * 60),
@@ -63,7 +65,9 @@ WORKLOADS = [
 ]
 OLD_DEADLINE_S = 300.0
 # `autotune run`'s defaults (cli/run.py)
-MAX_TRIALS, TOP_K, CONFIRM_ROUNDS, STEPS, WARMUP = 40, 3, 2, 5, 2
+MAX_TRIALS, TOP_K, STEPS, WARMUP = 40, 3, 5, 2
+# the GPU confirmation's rounds for the top-k (ConfirmPolicy.rounds_for: three contenders are ranked on two rounds)
+CONFIRM_ROUNDS = ConfirmPolicy.for_device("cuda").rounds_for(TOP_K)
 
 
 def _minutes(s: float) -> str:

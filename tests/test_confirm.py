@@ -72,6 +72,45 @@ def test_status_needs_min_rounds_that_agree() -> None:
     assert confirmation_status([100.0], rounds_done=1, policy=p, memory_failure="oom: y")[0] == "failed_confirm"
 
 
+def test_on_a_gpu_one_re_measurement_confirms_when_the_search_measurement_agrees() -> None:
+    p = ConfirmPolicy.for_device("cuda")
+    assert (p.min_rounds, p.search_agrees, p.tolerance) == (1, True, 0.10)
+    assert confirmation_status([100.0], rounds_done=1, policy=p, search_value=105.0)[0] == "confirmed"
+    # the search value was lucky (or the re-measurement spoiled): another round decides
+    assert confirmation_status([100.0], rounds_done=1, policy=p, search_value=130.0)[0] == "pending"
+    assert confirmation_status([100.0, 104.0], rounds_done=2, policy=p, search_value=130.0)[0] == "confirmed"
+    status, reason = confirmation_status([100.0], rounds_done=4, policy=p, search_value=130.0)
+    assert status == "noisy" and "search measurement disagree" in reason
+    # a minimum the user set still holds: --confirm-rounds 2:4 on a GPU asks for two re-measurements
+    two = dataclasses.replace(p, min_rounds=2)
+    assert confirmation_status([100.0], rounds_done=1, policy=two, search_value=100.0)[0] == "pending"
+    # rounds a confirmation makes at least: a lone contender its minimum, two or more the contest's
+    assert [p.rounds_for(k) for k in (0, 1, 2, 3)] == [0, 1, 2, 2]
+    assert ConfirmPolicy.for_device("cpu").rounds_for(1) == 2
+
+
+def test_a_gpu_confirmation_ranks_two_contenders_on_two_rounds_and_a_lone_one_on_one() -> None:
+    gpu = ConfirmPolicy.for_device("cuda")
+    # two contenders (top_k=2): two paired rounds with the baseline, though one round agrees with the search
+    two = Scripted(lambda c, confirm, n: steady(c))
+    out = run(two, confirm=gpu, top_k=2)
+    assert sum(1 for _, confirm in two.order if confirm) == 6  # (2 contenders + baseline) x 2 rounds
+    assert out.best.metrics["confirm_status"] == "confirmed" and out.best_record.candidate["micro_batch"] == 8
+    # a lone contender (top_k=1) and the baseline are re-measured once each
+    lone = Scripted(lambda c, confirm, n: steady(c))
+    out = run(lone, confirm=gpu, top_k=1)
+    assert sum(1 for _, confirm in lone.order if confirm) == 2
+    best = next(e for e in out.ranking if e["key"] == out.best_record.key)
+    assert best["status"] == "confirmed" and best["measurements"] == [1700.0] and best["rounds"] == 1
+    # a lucky search value the one re-measurement disagrees with: a second round decides, and the search value
+    # is never in the figure
+    lucky = Scripted(lambda c, confirm, n: steady(c) * (1.3 if not confirm and c.micro_batch == 8 else 1))
+    out = run(lucky, confirm=gpu, top_k=1)
+    best = next(e for e in out.ranking if e["key"] == out.best_record.key)
+    assert best["status"] == "confirmed" and best["measurements"] == [1700.0, 1700.0]
+    assert best["median_tokens_per_s"] == 1700.0
+
+
 def test_rounds_rotate_so_each_candidate_leads_one() -> None:
     assert interleaved_order(["a", "b", "base"], 0) == ["a", "b", "base"]
     assert interleaved_order(["a", "b", "base"], 1) == ["b", "base", "a"]

@@ -150,7 +150,7 @@ def test_the_cpu_prediction_grows_with_the_window_and_the_micro_batch() -> None:
 
 def test_the_forecast_counts_search_and_confirmation_probes_over_the_slots() -> None:
     space = load_space("cpu")
-    count = ProbeCount(max_trials=6, top_k=3, confirm_min_rounds=2, confirm_steps=10,
+    count = ProbeCount(max_trials=6, top_k=3, confirm_rounds=2, confirm_steps=10,
                        baseline=Candidate(micro_batch=8), slots=2)
     fc = forecast(lambda c, s: 10.0 * s.steps, space=space, settings=ProbeSettings(device="cpu", steps=5),
                   effective_batch=8, max_world=1, count=count)

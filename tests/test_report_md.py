@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from autotune.report.markdown import HF_DEFAULT_DESCRIPTION, render_report_md
+from autotune.search import ConfirmPolicy
 from autotune.spec.baseline import hf_default_candidate
 from autotune.spec.probe_request import Candidate, ProbeRequest, Workload
 from autotune.spec.result import ProbeResult
@@ -139,3 +140,7 @@ def test_confirmed_speedup_with_its_range_ties_and_load_warnings():
     assert "3,400" in conf  # the search value is shown, apart from the figure
     assert "mb8x4 bf16" in conf and "other processes used 1.2 of 2 CPU cores" in conf
     assert "Doubtful answer" in conf and "--strict" in conf
+    assert "single re-measurement" not in conf  # the CPU policy: two re-measurements at least
+    summary["search"]["confirm"] = ConfirmPolicy.for_device("cuda").to_dict()
+    conf = render_report_md(summary, [best, baseline], best=best, baseline=baseline).split("## Confirmation")[1]
+    assert "1 to 4" in conf and "10%" in conf and "single re-measurement confirms" in conf and "2 rounds" in conf

@@ -88,11 +88,11 @@ def _candidates(space: SearchSpace, effective_batch: int, max_world: int | None,
 class ProbeCount:
     """How many probes a run makes and how many run at once: the search's (``max_trials``, fewer when the
     space has only ``distinct`` configurations), then the confirmation's (the top-k and the baseline,
-    ``confirm_min_rounds`` rounds of ``confirm_steps`` timed steps)."""
+    ``confirm_rounds`` rounds (``ConfirmPolicy.rounds_for(top_k)``) of ``confirm_steps`` timed steps)."""
 
     max_trials: int
     top_k: int
-    confirm_min_rounds: int
+    confirm_rounds: int
     confirm_steps: int
     baseline: Candidate | None
     slots: int
@@ -119,7 +119,7 @@ def forecast(
     preds = [p for p in (predictor(c, settings) for c in cands) if p] if predictor else []
     confirm_preds = [p for p in (predictor(c, confirm_settings) for c in cands) if p] if predictor else []
     search_probes = min(max_trials, distinct) if distinct else max_trials
-    confirm_probes = confirmation_probes(top_k, baseline is not None, count.confirm_min_rounds)
+    confirm_probes = confirmation_probes(top_k, baseline is not None, count.confirm_rounds)
     out: dict[str, Any] = {"search_probes": search_probes, "confirm_probes": confirm_probes, "slots": slots,
                            "probe_s": None, "min_probe_s": None, "confirm_probe_s": None, "baseline_probe_s": None,
                            "time_to_answer_s": None, "sampled": len(cands),

@@ -202,7 +202,7 @@ def _predict(r: Request, plan: SearchPlan) -> tuple[Any, dict]:
     mbs, _ = usable_micro_batches(space, a.effective_batch, worlds)
     distinct = distinct_candidates(space, effective_batch=a.effective_batch, micro_batches=mbs, worlds=worlds) \
         if worlds and mbs else None
-    count = ProbeCount(max_trials=a.max_trials, top_k=a.top_k, confirm_min_rounds=plan.confirm_policy.min_rounds,
+    count = ProbeCount(max_trials=a.max_trials, top_k=a.top_k, confirm_rounds=plan.confirm_policy.rounds_for(a.top_k),
                        confirm_steps=plan.confirm_steps, baseline=plan.baseline, slots=_slots(r, plan),
                        distinct=distinct)
     fc = forecast(predictor, space=space, settings=settings, effective_batch=a.effective_batch,

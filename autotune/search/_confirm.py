@@ -8,7 +8,11 @@ median of its re-measurements alone, reported with its spread and every value.
 
 A candidate is ``confirmed`` when at least ``min_rounds`` re-measurements agree within
 ``tolerance`` (relative spread, (max - min) / median). Until then more rounds run, up to
-``max_rounds``; a candidate whose values still disagree is ``noisy``. A re-measurement that runs out
+``max_rounds``; a candidate whose values still disagree is ``noisy``. Under ``search_agrees`` (the GPU
+policy) one re-measurement confirms when it agrees with the candidate's search measurement within the
+tolerance: the search value counts towards the agreement, never towards the figure (it is the one the
+winner's curse inflates). Two or more contenders are ranked on at least ``contest_rounds`` paired rounds
+whatever ``min_rounds`` says: one round cannot tell a tie from a win. A re-measurement that runs out
 of memory makes it ``failed_confirm`` (it does not really fit); one with no value at all (crash,
 timeout) leaves it ``unconfirmed``.
 
@@ -72,6 +76,8 @@ class ConfirmPolicy:
     tolerance: float = 0.25
     include_search: bool = False
     ties: bool = True  # overlapping ranges are a tie (False: the higher median wins, as before)
+    search_agrees: bool = False  # one re-measurement agreeing with the search value confirms (not the figure)
+    contest_rounds: int = 2  # rounds that rank two or more contenders side by side, at least
 
     def __post_init__(self) -> None:
         if self.min_rounds < 0 or self.max_rounds < self.min_rounds:
@@ -79,20 +85,29 @@ class ConfirmPolicy:
                              f"{self.max_rounds}")
         if not self.tolerance > 0:
             raise ValueError(f"confirmation tolerance must be > 0; got {self.tolerance!r}")
+        if self.contest_rounds < 0:
+            raise ValueError(f"confirmation contest_rounds must be >= 0; got {self.contest_rounds}")
+
+    def rounds_for(self, contenders: int) -> int:
+        """The rounds a confirmation of ``contenders`` candidates (the baseline aside) makes at least."""
+        if contenders <= 0:
+            return 0
+        return self.min_rounds if contenders == 1 else min(self.max_rounds, max(self.min_rounds, self.contest_rounds))
 
     @classmethod
     def for_device(cls, device: str, **overrides: Any) -> ConfirmPolicy:
-        base = cls(tolerance=0.10) if device == "cuda" else cls(tolerance=0.25)
+        base = (cls(tolerance=0.10, min_rounds=1, search_agrees=True) if device == "cuda"
+                else cls(tolerance=0.25))
         return dataclasses.replace(base, **overrides) if overrides else base
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-def confirmation_probes(top_k: int, baseline: bool, min_rounds: int) -> int:
+def confirmation_probes(top_k: int, baseline: bool, rounds: int) -> int:
     """Probes the confirmation makes at least: the top-k and the HF-default baseline, each once per round for
-    ``min_rounds`` rounds (none without a top-k)."""
-    return (top_k + (1 if baseline else 0)) * min_rounds if top_k else 0
+    ``rounds`` rounds (``ConfirmPolicy.rounds_for(top_k)``; none without a top-k)."""
+    return (top_k + (1 if baseline else 0)) * rounds if top_k else 0
 
 
 def measured_range(values: Sequence[float]) -> tuple[float, float] | None:
@@ -101,23 +116,33 @@ def measured_range(values: Sequence[float]) -> tuple[float, float] | None:
 
 
 def confirmation_status(values: Sequence[float], *, rounds_done: int, policy: ConfirmPolicy,
-                        memory_failure: str = "", other_failure: str = "") -> tuple[str, str]:
+                        memory_failure: str = "", other_failure: str = "",
+                        search_value: float | None = None) -> tuple[str, str]:
     """(status, reason) of a candidate after ``rounds_done`` rounds with these re-measured values.
 
     ``pending`` means another round would help (fewer than ``min_rounds`` values, or values that
-    disagree while rounds are left).
+    disagree while rounds are left). ``search_value``: the candidate's search measurement, which a lone
+    re-measurement must agree with under ``policy.search_agrees``.
     """
     if memory_failure:
         return "failed_confirm", f"re-measurement was {memory_failure}"
     n = len(values)
     spread = relative_spread([float(v) for v in values])
+    if n == 1 and policy.search_agrees and search_value:
+        # one re-measurement confirms when the search measurement agrees with it (a second one otherwise)
+        if n >= policy.min_rounds and relative_spread([float(search_value), float(values[0])]) <= policy.tolerance:
+            return "confirmed", ""
     # one value confirms only under a one-round policy (n >= min_rounds): nothing to disagree with
-    if n >= max(1, policy.min_rounds) and (n == 1 or spread <= policy.tolerance):
+    elif n >= max(1, policy.min_rounds) and (n == 1 or spread <= policy.tolerance):
         return "confirmed", ""
     if rounds_done < policy.max_rounds:
         return "pending", ""
     if n == 0:
         return "unconfirmed", (f"re-measurement was {other_failure}" if other_failure else "no re-measurement")
+    if n == 1 and policy.search_agrees and search_value and not other_failure:
+        return "noisy", (f"its one re-measurement and its search measurement disagree: spread "
+                         f"{relative_spread([float(search_value), float(values[0])]):.0%} > tolerance "
+                         f"{policy.tolerance:.0%}")
     if n == 1:
         return "noisy", f"only one re-measurement succeeded ({other_failure or 'the others failed'})"
     return "noisy", (f"re-measurements disagree: spread {spread:.0%} > tolerance {policy.tolerance:.0%} "

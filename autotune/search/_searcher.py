@@ -567,7 +567,7 @@ class Searcher:
             # measured walls; before any probe has landed, the predicted probe time
             per_probe = self._median_probe_wall() or (
                 self.deadlines.expected_s() if self.deadlines is not None else None) or 0.0
-            rounds = self.confirm.min_rounds if self.top_k else 0
+            rounds = self.confirm.rounds_for(self.top_k)
             reserve = per_probe * (self.top_k + 1) * rounds * 1.5 / max(1, self.executor.slots)
             if left <= per_probe + reserve:
                 return "time budget reached"
@@ -729,7 +729,7 @@ class Searcher:
         at the median wall of the probes measured so far, over the slots (None before any has landed)."""
         per = self._median_probe_wall() if self._durations else None
         left = max(0, self._probe_budget() - loop.probes)
-        confirm = confirmation_probes(self.top_k, self.baseline is not None, self.confirm.min_rounds)
+        confirm = confirmation_probes(self.top_k, self.baseline is not None, self.confirm.rounds_for(self.top_k))
         eta = None if per is None else per * (left + confirm) / max(1, self.executor.slots)
         return {"probes": loop.probes, "probe_budget": self._probe_budget(), "eta_s": eta}
 
@@ -774,8 +774,9 @@ class Searcher:
     def _entry(self, rec: TrialRecord, rounds_done: int) -> dict[str, Any]:
         return _rank_entry(rec, self._confirm_values(rec.key), self.confirm, rounds_done)
 
-    def _confirm_group(self, group: list[TrialRecord]) -> list[dict[str, Any]]:
-        """Interleaved rounds over ``group`` until every candidate is settled or the cap is reached."""
+    def _confirm_group(self, group: list[TrialRecord], bkey: str | None = None) -> list[dict[str, Any]]:
+        """Interleaved rounds over ``group`` (``bkey``: the baseline's key among them) until every candidate is
+        settled or the cap is reached."""
         earlier = [r for r in self.records if r.phase == "confirm" and r.session != self.session
                    and r.key in {g.key for g in group}]
         if earlier:
@@ -790,8 +791,12 @@ class Searcher:
             rounds += 1
             entries = {r.key: self._entry(r, rounds) for r in active}
             # a candidate that does not fit drops out; the others stay together while any is pending,
-            # so that every round measures them side by side
+            # so that every round measures them side by side, and two or more contenders are ranked on at
+            # least the policy's contest rounds (one round cannot tell a tie from a win)
             active = [r for r in active if entries[r.key]["status"] != "failed_confirm"]
+            contenders = sum(1 for r in active if r.key != bkey)
+            if rounds < self.confirm.rounds_for(contenders):
+                continue
             if not any(entries[r.key]["status"] == "pending" for r in active):
                 break
         return [self._entry(r, max(rounds, 1) if self.confirm.max_rounds else 0) for r in group]
@@ -828,7 +833,7 @@ class Searcher:
                 # medians measured side by side
                 group += [r for r in ok if r.key == bkey and r not in group]
             start += self.top_k
-            entries = self._confirm_group(group)
+            entries = self._confirm_group(group, bkey)
             ranking += entries
             winner, tied = choose_winner(ranking, reference, ties=self.confirm.ties, baseline_key=bkey)
             if winner is not None:
@@ -895,6 +900,7 @@ def _rank_entry(search: TrialRecord, confirms: list[TrialRecord], policy: Confir
         values, rounds_done=rounds_done, policy=policy,
         memory_failure=f"{failed_fit[0].status}: {failed_fit[0].reason}" if failed_fit else "",
         other_failure=f"{other[0].status}: {other[0].reason}" if other else "",
+        search_value=search.tokens_per_s,
     )
     if measured and not clean and status in ("confirmed", "pending") and rounds_done >= policy.max_rounds:
         status, reason = "noisy", f"every re-measurement ran while other work loaded the machine ({len(measured)})"

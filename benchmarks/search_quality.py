@@ -195,8 +195,21 @@ def run_autotune(p: Problem, seed: int, budget: int, *, strategy: str = "walk") 
     extra = SEARCHER_OPTIONS if strategy == "walk" else {"prior": model_prior(p)} if strategy == "model" else {}
     out = Searcher(space=p.space, workload=p.workload, settings=p.settings, effective_batch=p.effective_batch,
                    executor=ex, max_trials=max_trials, seed=seed, top_k=top_k, device=p.settings.device,
-                   baseline=baseline, poll_interval_s=0.0, strategy=strategy, **extra).run()
+                   baseline=baseline, poll_interval_s=0.0, strategy=strategy, pruner=run_pruner(p), **extra).run()
     return (out.best_record.candidate_obj() if out.best_record else None), ex
+
+
+def run_pruner(p: Problem) -> Any:
+    """The memory model's pruner as ``autotune run`` gives it (on for a GPU landscape, off on CPU: a
+    configuration predicted above 1.25 x the budget is recorded over the budget without a probe); None on CPU."""
+    from autotune.models import resolve_model
+    from autotune.run import EstimatePruner
+    from autotune.spec import prune_default
+
+    if not prune_default(None, p.settings.device):
+        return None
+    return EstimatePruner(resolve_model(p.workload.model).config, p.workload, p.settings.device,
+                          p.settings.budget_bytes)
 
 
 def model_prior(p: Problem) -> Any:

@@ -521,6 +521,24 @@ def test_a_step_down_from_over_budget_goes_before_the_walk() -> None:
     assert second is not None and (second.micro_batch, second.grad_ckpt) == (2, True)  # then the walk climbs
 
 
+def test_a_seed_the_memory_model_prunes_steps_down_to_the_largest_micro_batch_it_lets_through() -> None:
+    """On a GPU the pruner skips a configuration predicted far over the budget: its step-downs follow as after an
+    over-budget probe (those also pruned cost nothing), so the first it lets through is probed, as the step-downs
+    of a probed one would have found it."""
+    ex = FakeExecutor()
+    # the model sees no-checkpointing as far over at any micro-batch above 1, checkpointing above 4
+    pruner = (lambda c: "predicted 40 GiB > budget"  # noqa: E731
+              if c.micro_batch > (4 if c.grad_ckpt else 1) else None)
+    out = make(ex, max_trials=12, top_k=0, pruner=pruner).run()
+    seeds = [r for r in out.records if r.origin == "seed" and r.inferred]
+    assert seeds, "no seed was pruned: the case does not apply"
+    for seed in seeds:
+        down = dataclasses.replace(seed.candidate_obj(), micro_batch=4 if seed.candidate["grad_ckpt"] else 1)
+        down = dataclasses.replace(down, grad_accum=16 // down.micro_batch)
+        rec = next((r for r in out.records if r.key == candidate_id(down)), None)
+        assert rec is not None and rec.probed and rec.origin == "boundary", seed.label
+
+
 def test_a_walk_stopped_by_max_trials_says_what_it_had_left() -> None:
     """A --max-trials too small for the walk to settle is not an error: the run answers, and its stop reason
     says how many configurations the walk still had queued around the best, and the next one."""

@@ -4,8 +4,9 @@ The Searcher asks ``FollowUps.next()`` before each Optuna ask; a candidate retur
 and probed next, and TPE proposes when it returns None. Two sets of rules:
 
 **Memory boundary** (``after_probe``). Memory grows with the micro-batch and throughput usually
-does too, so the fastest configurations sit at the memory boundary: a probe over budget is
-followed by the same choices at the next smaller micro-batch (the largest that may fit), ahead of
+does too, so the fastest configurations sit at the memory boundary: a probe over budget (or a
+configuration the memory model's pruner skipped) is followed by the same choices at the next smaller
+micro-batch (the largest that may fit), ahead of
 anything the walk has queued (checkpointing costs a quarter of the speed or more, so the largest
 micro-batch that fits without it is worth knowing before the walk settles on a checkpointed
 centre). Without the walk, a new best is followed by the next larger micro-batch and, when it checkpoints, by the
@@ -120,9 +121,11 @@ class FollowUps:
     # ------------------------------------------------------------------ the boundary rules
 
     def after_probe(self, rec: TrialRecord, cache: Mapping[str, TrialRecord]) -> None:
-        """A probe landed: apply the memory-boundary rules."""
+        """A probe landed: apply the memory-boundary rules. A configuration inferred over the budget steps down
+        like a probed one (the memory model's pruner on a GPU: the step-downs it also prunes cost nothing, and
+        the first it lets through is the largest micro-batch that may fit, which the probe decides)."""
         cand = rec.candidate_obj()
-        if cand is None or rec.phase != "search" or rec.inferred or self._is_baseline(rec):
+        if cand is None or rec.phase != "search" or self._is_baseline(rec):
             return
         if rec.status in MEMORY_INFEASIBLE:
             lower = [m for m in self.micro_batches if m < cand.micro_batch]
@@ -131,7 +134,7 @@ class FollowUps:
                 if built is not None and built[1] not in cache:
                     self.step_downs.append(built[0])
                     self.origins.setdefault(built[1], "boundary")
-        elif rec.status == "ok" and not self.neighbours and self._best() is rec:
+        elif rec.status == "ok" and not rec.inferred and not self.neighbours and self._best() is rec:
             self._push(self.boundary_moves(cand), cache, origin="boundary")
 
     def boundary_moves(self, cand: Candidate) -> list[Candidate]:

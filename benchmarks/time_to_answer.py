@@ -163,6 +163,10 @@ def print_paper(rows: list[dict[str, Any]]) -> None:
               f"(a probe is ~{r['after_adaptive_probe_s']:.0f} s; {r['search_probes'] + r['confirm_probes']} probes)")
 
 
+# the levers whose every larger value holds more memory with the same other levers (simulated_landscape)
+MONOTONE_MEMORY = ("micro_batch", "ckpt_every")
+
+
 def simulated_landscape(model: str, gpu_name: str, mode: str, seq: int, eb: int, draw: int) -> dict[str, Any]:
     """A story's space on one GPU as the planner predicts it, each lever value's effect perturbed (``simulate``)."""
     import random
@@ -185,6 +189,12 @@ def simulated_landscape(model: str, gpu_name: str, mode: str, seq: int, eb: int,
     rng = random.Random(draw)
     speed_fx = {(d, v): rng.uniform(0.7, 1.3) for d in DIMENSIONS for v in space.choices(d)}
     mem_fx = {(d, v): rng.uniform(0.9, 1.1) for d in DIMENSIONS for v in space.choices(d)}
+    # memory grows with the micro-batch and with the layers left unchecked (ckpt_every): their factors go up
+    # with the value, so a larger micro-batch never needs less memory than a smaller one with the same levers
+    for d in MONOTONE_MEMORY:
+        values = sorted(space.choices(d))
+        for v, f in zip(values, sorted(mem_fx[(d, v)] for v in values), strict=True):
+            mem_fx[(d, v)] = f
     settings = ProbeSettings(device="cuda", warmup_steps=WARMUP, steps=MIN_TIMED_STEPS)
     entries = []
     for c in grid(space, eb):

@@ -7,8 +7,8 @@
 ``paper``: for each workload, the planner's configuration (``autotune plan``'s choice: micro-batch,
 accumulation, levers) and its step time (``autotune.estimate.predict_speed``), and the probes a
 default ``autotune run`` makes (``--max-trials`` 40, or fewer when the default space holds fewer
-distinct configurations; then the confirmation: (``--top-k`` 3 + the HF-default baseline) x 2
-rounds at twice ``--steps``). Per probe:
+distinct configurations; then the confirmation: (``--top-k`` 3 + the HF-default baseline) x the GPU
+policy's rounds, ``ConfirmPolicy.for_device("cuda").rounds_for(3)``, at twice ``--steps``). Per probe:
 
 * before: set-up + (warm-up + steps) whole optimizer steps at the true accumulation ``A``, under the
   fixed 300 s deadline (a probe predicted past it is killed there: the search measures nothing);

@@ -84,24 +84,22 @@ def test_on_a_gpu_one_re_measurement_confirms_when_the_search_measurement_agrees
     # a minimum the user set still holds: --confirm-rounds 2:4 on a GPU asks for two re-measurements
     two = dataclasses.replace(p, min_rounds=2)
     assert confirmation_status([100.0], rounds_done=1, policy=two, search_value=100.0)[0] == "pending"
-    # rounds a confirmation makes at least: a lone contender its minimum, two or more the contest's
-    assert [p.rounds_for(k) for k in (0, 1, 2, 3)] == [0, 1, 2, 2]
+    # rounds a confirmation makes at least: on a GPU one, any number of contenders (the search measurements
+    # order them a second time); on CPU two; a one-round CPU policy still ranks two contenders on two rounds
+    assert [p.rounds_for(k) for k in (0, 1, 2, 3)] == [0, 1, 1, 1]
     assert ConfirmPolicy.for_device("cpu").rounds_for(1) == 2
+    assert [ConfirmPolicy.for_device("cpu", min_rounds=1).rounds_for(k) for k in (1, 2)] == [1, 2]
 
 
-def test_a_gpu_confirmation_ranks_two_contenders_on_two_rounds_and_a_lone_one_on_one() -> None:
+def test_a_gpu_confirmation_re_measures_each_contender_once_when_it_agrees_with_its_search() -> None:
     gpu = ConfirmPolicy.for_device("cuda")
-    # two contenders (top_k=2): two paired rounds with the baseline, though one round agrees with the search
+    # two contenders (top_k=2) and the baseline: one round, each re-measurement agreeing with its search value
     two = Scripted(lambda c, confirm, n: steady(c))
     out = run(two, confirm=gpu, top_k=2)
-    assert sum(1 for _, confirm in two.order if confirm) == 6  # (2 contenders + baseline) x 2 rounds
-    assert out.best.metrics["confirm_status"] == "confirmed" and out.best_record.candidate["micro_batch"] == 8
-    # a lone contender (top_k=1) and the baseline are re-measured once each
-    lone = Scripted(lambda c, confirm, n: steady(c))
-    out = run(lone, confirm=gpu, top_k=1)
-    assert sum(1 for _, confirm in lone.order if confirm) == 2
+    assert sum(1 for _, confirm in two.order if confirm) == 3
     best = next(e for e in out.ranking if e["key"] == out.best_record.key)
     assert best["status"] == "confirmed" and best["measurements"] == [1700.0] and best["rounds"] == 1
+    assert out.best_record.candidate["micro_batch"] == 8 and not out.tie
     # a lucky search value the one re-measurement disagrees with: a second round decides, and the search value
     # is never in the figure
     lucky = Scripted(lambda c, confirm, n: steady(c) * (1.3 if not confirm and c.micro_batch == 8 else 1))
@@ -109,6 +107,23 @@ def test_a_gpu_confirmation_ranks_two_contenders_on_two_rounds_and_a_lone_one_on
     best = next(e for e in out.ranking if e["key"] == out.best_record.key)
     assert best["status"] == "confirmed" and best["measurements"] == [1700.0, 1700.0]
     assert best["median_tokens_per_s"] == 1700.0
+
+
+def test_on_a_gpu_contenders_the_search_ordered_the_other_way_are_a_tie() -> None:
+    """One paired round says mb8 > mb4 by 3 %; their search measurements said the opposite: indistinguishable,
+    and the tie goes by the usual rules (here the smaller memory footprint), as two disagreeing rounds would."""
+    def speed(c, confirm, n):
+        base = {2: 1000.0, 4: 1650.0, 8: 1700.0}[c.micro_batch] * (0.8 if c.attn == "eager" else 1.0)
+        return base * (1.05 if not confirm and c.micro_batch == 4 else 1.0)  # mb4's search value 1733 > 1700
+
+    ex = Scripted(speed)
+    out = run(ex, confirm=ConfirmPolicy.for_device("cuda"), top_k=2)
+    assert sum(1 for _, confirm in ex.order if confirm) == 3  # one round
+    assert out.best_record.candidate["micro_batch"] == 4 and [t.split()[0] for t in out.tie] == ["mb8x1"]
+    # the same values with the search ordering in agreement: mb8 wins outright
+    ex = Scripted(lambda c, confirm, n: speed(c, True, n))
+    out = run(ex, confirm=ConfirmPolicy.for_device("cuda"), top_k=2)
+    assert out.best_record.candidate["micro_batch"] == 8 and not out.tie
 
 
 def test_rounds_rotate_so_each_candidate_leads_one() -> None:

@@ -389,8 +389,8 @@ def _confirmation_section(summary: dict[str, Any]) -> list[str]:
             f"re-measurements only (the search measurement that selected it is left out) and is *confirmed* "
             f"when they agree within {100 * float(policy.get('tolerance') or 0):.0f}% (max − min over median)"
             + ("; a single re-measurement confirms when the search measurement agrees with it within that "
-               "tolerance, and two or more contenders are ranked on at least "
-               f"{policy.get('contest_rounds')} rounds." if policy.get("search_agrees") else ".")
+               "tolerance, and two configurations whose search measurements ranked them the other way are "
+               "indistinguishable." if policy.get("search_agrees") else ".")
         )
         out.append("")
     if top:

@@ -12,7 +12,10 @@ A candidate is ``confirmed`` when at least ``min_rounds`` re-measurements agree 
 policy) one re-measurement confirms when it agrees with the candidate's search measurement within the
 tolerance: the search value counts towards the agreement, never towards the figure (it is the one the
 winner's curse inflates). Two or more contenders are ranked on at least ``contest_rounds`` paired rounds
-whatever ``min_rounds`` says: one round cannot tell a tie from a win. A re-measurement that runs out
+whatever ``min_rounds`` says, since one round alone cannot tell a tie from a win: 2 on CPU; 1 on a GPU, where
+the search measurements are the second ordering (a contender whose search measurement was at least the
+leader's is indistinguishable from it) and a steady card does not need a second paired round. A
+re-measurement that runs out
 of memory makes it ``failed_confirm`` (it does not really fit); one with no value at all (crash,
 timeout) leaves it ``unconfirmed``.
 
@@ -76,7 +79,9 @@ class ConfirmPolicy:
     tolerance: float = 0.25
     include_search: bool = False
     ties: bool = True  # overlapping ranges are a tie (False: the higher median wins, as before)
-    search_agrees: bool = False  # one re-measurement agreeing with the search value confirms (not the figure)
+    # one re-measurement agreeing with the search value confirms, and the search values order contenders
+    # measured side by side in fewer than two rounds (never in a figure)
+    search_agrees: bool = False
     contest_rounds: int = 2  # rounds that rank two or more contenders side by side, at least
 
     def __post_init__(self) -> None:
@@ -96,7 +101,7 @@ class ConfirmPolicy:
 
     @classmethod
     def for_device(cls, device: str, **overrides: Any) -> ConfirmPolicy:
-        base = (cls(tolerance=0.10, min_rounds=1, search_agrees=True) if device == "cuda"
+        base = (cls(tolerance=0.10, min_rounds=1, search_agrees=True, contest_rounds=1) if device == "cuda"
                 else cls(tolerance=0.25))
         return dataclasses.replace(base, **overrides) if overrides else base
 
@@ -198,7 +203,8 @@ def only_loaded(e: dict[str, Any]) -> bool:
 
 
 def choose_winner(entries: list[dict[str, Any]], reference: dict[str, Any] | None = None, *, ties: bool = True,
-                  baseline_key: str | None = None) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+                  baseline_key: str | None = None,
+                  search_orders: bool = False) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """The winner among ranked entries and the entries indistinguishable from the leader.
 
     An entry needs ``status`` in (confirmed, noisy), ``median_tokens_per_s``, ``range`` and
@@ -206,7 +212,10 @@ def choose_winner(entries: list[dict[str, Any]], reference: dict[str, Any] | Non
     measured in the same round saw the same load, so the leader is the best median of the per-round
     ratios to the baseline (``baseline_key``, re-measured every round), and another candidate ties
     with it when it beat the leader in at least one round. Without rounds in common, ranges
-    [min, max] that overlap are a tie. Returns (winner, tie group incl. the winner; empty if no tie).
+    [min, max] that overlap are a tie. ``search_orders`` (a GPU's policy, ``ConfirmPolicy.search_agrees``):
+    with fewer than two rounds in common the search measurements are a second ordering, and a candidate
+    whose search measurement was at least the leader's ties with it too (they never enter a figure).
+    Returns (winner, tie group incl. the winner; empty if no tie).
     """
     eligible = [e for e in entries if e.get("status") in ("confirmed", "noisy") and e.get("median_tokens_per_s")]
     if not eligible:
@@ -225,6 +234,8 @@ def choose_winner(entries: list[dict[str, Any]], reference: dict[str, Any] | Non
         if e is leader:
             return True
         ratios = _paired(e.get("by_round"), leader.get("by_round"), _loads(e), _loads(leader))
+        if search_orders and len(ratios) < 2 and _search_beats(e, leader):
+            return True  # the search measurements ordered them the other way
         if ratios:
             return max(ratios) >= 1.0
         return overlaps(tuple(e["range"]) if e.get("range") else None,
@@ -241,6 +252,11 @@ def choose_winner(entries: list[dict[str, Any]], reference: dict[str, Any] | Non
 
     winner = min(tied, key=key)
     return winner, tied
+
+
+def _search_beats(e: dict[str, Any], leader: dict[str, Any]) -> bool:
+    mine, theirs = e.get("search_tokens_per_s"), leader.get("search_tokens_per_s")
+    return bool(mine and theirs) and float(mine) >= float(theirs)
 
 
 def _base_median(base: dict[str, Any] | None) -> float:

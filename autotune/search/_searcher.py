@@ -792,7 +792,7 @@ class Searcher:
             entries = {r.key: self._entry(r, rounds) for r in active}
             # a candidate that does not fit drops out; the others stay together while any is pending,
             # so that every round measures them side by side, and two or more contenders are ranked on at
-            # least the policy's contest rounds (one round cannot tell a tie from a win)
+            # least the policy's contest rounds (on CPU two: one round alone cannot tell a tie from a win)
             active = [r for r in active if entries[r.key]["status"] != "failed_confirm"]
             contenders = sum(1 for r in active if r.key != bkey)
             if rounds < self.confirm.rounds_for(contenders):
@@ -835,7 +835,8 @@ class Searcher:
             start += self.top_k
             entries = self._confirm_group(group, bkey)
             ranking += entries
-            winner, tied = choose_winner(ranking, reference, ties=self.confirm.ties, baseline_key=bkey)
+            winner, tied = choose_winner(ranking, reference, ties=self.confirm.ties, baseline_key=bkey,
+                                         search_orders=self.confirm.search_agrees)
             if winner is not None:
                 if tied:
                     self._tie = [e["label"] for e in tied if e is not winner]

@@ -109,6 +109,29 @@ def test_a_gpu_confirmation_re_measures_each_contender_once_when_it_agrees_with_
     assert best["median_tokens_per_s"] == 1700.0
 
 
+def test_a_gpu_run_s_speedup_over_the_default_is_distinguishable_only_when_the_search_agrees() -> None:
+    """One paired round with the HF default: the summary's range takes the search measurements' ratio in."""
+    from autotune.run._outputs import _speedup_summary
+
+    out = run(Scripted(lambda c, confirm, n: steady(c)), confirm=ConfirmPolicy.for_device("cuda"), top_k=1)
+    s = _speedup_summary(out, BASE)
+    assert s["speedup_paired_rounds"] == 1 and s["speedup_vs_baseline"] == pytest.approx(1.7)
+    assert s["speedup_distinguishable"]
+    # mb8 re-measured 3 % above the default, searched 2 % below it: a tie, won by mb8's smaller footprint, and
+    # the speedup's range holds 1
+    table = {(8, True): 1030.0, (8, False): 1000.0, (2, True): 1000.0, (2, False): 1020.0}
+
+    def speed(c, confirm, n):
+        return table.get((c.micro_batch, confirm), 600.0) * (0.5 if c.attn == "eager" else 1.0)
+
+    out = run(Scripted(speed, peak=lambda c: GiB if c.micro_batch == 8 else 2 * GiB),
+              confirm=ConfirmPolicy.for_device("cuda"), top_k=2)
+    assert out.best_record.candidate["micro_batch"] == 8 and out.tie
+    s = _speedup_summary(out, BASE)
+    assert s["speedup_vs_baseline"] == pytest.approx(1.03) and s["speedup_range"] == pytest.approx([1000 / 1020, 1.03])
+    assert not s["speedup_distinguishable"]
+
+
 def test_on_a_gpu_contenders_the_search_ordered_the_other_way_are_a_tie() -> None:
     """One paired round says mb8 > mb4 by 3 %; their search measurements said the opposite: indistinguishable,
     and the tie goes by the usual rules (here the smaller memory footprint), as two disagreeing rounds would."""
@@ -158,6 +181,12 @@ def test_speedup_has_a_range_from_the_measured_values() -> None:
     assert s["distinguishable"]
     assert not speedup([1000.0, 1300.0], [1100.0, 1200.0])["distinguishable"]
     assert speedup([], [1.0]) is None
+    # one paired round (a GPU's confirmation): the search measurements' ratio widens the range, not the ratio
+    one = speedup([1030.0], [1000.0], best_by_round={0: 1030.0}, base_by_round={0: 1000.0}, search_ratio=0.98)
+    assert one["ratio"] == pytest.approx(1.03) and one["range"] == pytest.approx([0.98, 1.03])
+    assert not one["distinguishable"] and one["paired_rounds"] == 1
+    assert speedup([1030.0], [1000.0], best_by_round={0: 1030.0}, base_by_round={0: 1000.0},
+                   search_ratio=1.05)["distinguishable"]
 
 
 # ------------------------------------------------------------------------------------- the searcher

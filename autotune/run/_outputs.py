@@ -307,9 +307,12 @@ def _speedup_summary(outcome: SearchOutcome, baseline: Candidate) -> dict[str, A
     if base is None or best is None or base["status"] not in ("confirmed", "noisy"):
         return {"speedup_vs_baseline": None,
                 "speedup_note": "the HF default was not re-measured beside the winner (it did not run, or failed)"}
+    searched = (best.get("search_tokens_per_s"), base.get("search_tokens_per_s"))
     s = speedup(best["measurements"], base["measurements"], best_by_round=best.get("by_round"),
                 base_by_round=base.get("by_round"),
-                best_loaded=best.get("loaded_rounds") or (), base_loaded=base.get("loaded_rounds") or ())
+                best_loaded=best.get("loaded_rounds") or (), base_loaded=base.get("loaded_rounds") or (),
+                search_ratio=searched[0] / searched[1]
+                if outcome.confirm_policy.get("search_agrees") and all(searched) else None)
     if s is None:
         return {"speedup_vs_baseline": None}
     return {"speedup_vs_baseline": s["ratio"], "speedup_range": s["range"],

@@ -266,17 +266,21 @@ def _base_median(base: dict[str, Any] | None) -> float:
 
 def speedup(best_values: Sequence[float], base_values: Sequence[float], *,
             best_by_round: dict[Any, float] | None = None, base_by_round: dict[Any, float] | None = None,
-            best_loaded: Sequence[Any] = (), base_loaded: Sequence[Any] = ()) -> dict[str, Any] | None:
+            best_loaded: Sequence[Any] = (), base_loaded: Sequence[Any] = (),
+            search_ratio: float | None = None) -> dict[str, Any] | None:
     """best / baseline, with the range the measurements allow.
 
     With values per round (measured side by side), the ratio is the median of the per-round ratios
     and the range their min..max (a round under other load on one side only does not pair: ``best_loaded``,
-    ``base_loaded``); otherwise the ratio of the medians and min/max over max/min.
+    ``base_loaded``); otherwise the ratio of the medians and min/max over max/min. ``search_ratio`` (a GPU's
+    policy: the two search measurements' ratio) widens the range of a single paired round, as a second round
+    would: one round alone would call any ratio but exactly 1 distinguishable. It never enters the ratio.
     """
     ratios = _paired(best_by_round, base_by_round, best_loaded, base_loaded)
     if ratios:
-        return {"ratio": median(ratios), "range": [min(ratios), max(ratios)], "paired_rounds": len(ratios),
-                "distinguishable": min(ratios) > 1.0 or max(ratios) < 1.0}
+        bounds = ratios + ([float(search_ratio)] if search_ratio and len(ratios) < 2 else [])
+        return {"ratio": median(ratios), "range": [min(bounds), max(bounds)], "paired_rounds": len(ratios),
+                "distinguishable": min(bounds) > 1.0 or max(bounds) < 1.0}
     b, r = [float(v) for v in best_values if v], [float(v) for v in base_values if v]
     if not b or not r:
         return None

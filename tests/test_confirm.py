@@ -132,6 +132,65 @@ def test_a_gpu_run_s_speedup_over_the_default_is_distinguishable_only_when_the_s
     assert not s["speedup_distinguishable"]
 
 
+def test_on_a_gpu_a_search_value_the_confirmation_rejected_orders_nothing() -> None:
+    """mb4's search value (2000) disagreed with its re-measurements (1500, 1500); mb8 measures 1700 throughout,
+    and a load warning on its second round leaves one clean pair: the rejected value does not make a tie that
+    mb4's smaller footprint would win."""
+    def speed(c, confirm, n):
+        if c.attn == "eager":
+            return 500.0
+        return (1500.0 if confirm else 2000.0) if c.micro_batch == 4 else {2: 1000.0, 8: 1700.0}[c.micro_batch]
+
+    ex = Scripted(speed)
+    mb8 = candidate_id(dataclasses.replace(BASE, micro_batch=8, grad_accum=1))
+    seen = []
+
+    def load_check(phase, since):
+        if phase == "during" and ex.order and ex.order[-1] == (mb8, True):
+            seen.append(1)
+            if len(seen) == 2:
+                return [{"kind": "gpu", "message": "other work on the GPU during the probe"}]
+        return []
+
+    out = run(ex, confirm=ConfirmPolicy.for_device("cuda"), top_k=2, load_check=load_check)
+    assert out.best_record.candidate["micro_batch"] == 8 and not out.tie
+
+
+def test_on_a_gpu_a_side_by_side_lead_beyond_the_tolerance_is_not_a_tie() -> None:
+    """Both search values agree with their re-measurements (8.6 % and 9.2 %) but order them the other way; the
+    one paired round puts mb8 16 % ahead, beyond the 10 % tolerance: mb8 wins outright."""
+    def speed(c, confirm, n):
+        if c.attn == "eager":
+            return 500.0
+        return {2: (1000.0, 1000.0), 4: (1600.0, 1460.0), 8: (1560.0, 1700.0)}[c.micro_batch][confirm]
+
+    out = run(Scripted(speed), confirm=ConfirmPolicy.for_device("cuda"), top_k=2)
+    assert out.best_record.candidate["micro_batch"] == 8 and not out.tie
+
+
+def test_a_gpu_winner_with_one_clean_re_measurement_of_two_says_so() -> None:
+    """--confirm-rounds 2:2 on a GPU, one of the winner's two re-measurements under other load: noisy, and the
+    reason names the load (not a disagreement with the search value, which agreed)."""
+    ex = Scripted(lambda c, confirm, n: steady(c))
+    mb8 = candidate_id(dataclasses.replace(BASE, micro_batch=8, grad_accum=1))
+    seen = []
+
+    def load_check(phase, since):
+        if phase == "during" and ex.order and ex.order[-1] == (mb8, True):
+            seen.append(1)
+            if len(seen) == 2:
+                return [{"kind": "gpu", "message": "other work on the GPU during the probe"}]
+        return []
+
+    out = run(ex, confirm=ConfirmPolicy.for_device("cuda", min_rounds=2, max_rounds=2), top_k=1,
+              load_check=load_check)
+    best = next(e for e in out.ranking if e["key"] == mb8)
+    assert best["status"] == "noisy" and "free of other load" in best["reason"] and "disagree" not in best["reason"]
+    # with search agreement on, one value and no search value to agree with is not enough
+    p = ConfirmPolicy.for_device("cuda")
+    assert confirmation_status([100.0], rounds_done=1, policy=p, search_value=None)[0] == "pending"
+
+
 def test_on_a_gpu_contenders_the_search_ordered_the_other_way_are_a_tie() -> None:
     """One paired round says mb8 > mb4 by 3 %; their search measurements said the opposite: indistinguishable,
     and the tie goes by the usual rules (here the smaller memory footprint), as two disagreeing rounds would."""

@@ -143,4 +143,4 @@ def test_confirmed_speedup_with_its_range_ties_and_load_warnings():
     assert "single re-measurement" not in conf  # the CPU policy: two re-measurements at least
     summary["search"]["confirm"] = ConfirmPolicy.for_device("cuda").to_dict()
     conf = render_report_md(summary, [best, baseline], best=best, baseline=baseline).split("## Confirmation")[1]
-    assert "1 to 4" in conf and "10%" in conf and "single re-measurement confirms" in conf and "ranked them the other way" in conf
+    assert "1 to 4" in conf and "10%" in conf and "single re-measurement confirms" in conf and "at least the leader's" in conf

@@ -389,8 +389,9 @@ def _confirmation_section(summary: dict[str, Any]) -> list[str]:
             f"re-measurements only (the search measurement that selected it is left out) and is *confirmed* "
             f"when they agree within {100 * float(policy.get('tolerance') or 0):.0f}% (max − min over median)"
             + ("; a single re-measurement confirms when the search measurement agrees with it within that "
-               "tolerance, and two configurations whose search measurements ranked them the other way are "
-               "indistinguishable." if policy.get("search_agrees") else ".")
+               "tolerance, and a configuration whose search measurement was at least the leader's (both "
+               "agreeing with their re-measurements, the leader's lead within the tolerance) is "
+               "indistinguishable from it." if policy.get("search_agrees") else ".")
         )
         out.append("")
     if top:
@@ -408,7 +409,8 @@ def _confirmation_section(summary: dict[str, Any]) -> list[str]:
             ]))
     if summary.get("tie"):
         out += ["", f"Indistinguishable within the measured noise from the chosen one: {', '.join(summary['tie'])}; "
-                    "the tie went to fewer numerics-changing levers, then the smaller memory footprint."]
+                    "the tie went to a configuration with a re-measurement free of other load, then to fewer "
+                    "numerics-changing levers, then the smaller memory footprint."]
     if warnings:
         out += ["", f"**Load warnings** ({len(warnings)}): other work shared the machine while probes ran, so "
                     "these figures may be low or spread:", ""]

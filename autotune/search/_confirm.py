@@ -133,9 +133,12 @@ def confirmation_status(values: Sequence[float], *, rounds_done: int, policy: Co
         return "failed_confirm", f"re-measurement was {memory_failure}"
     n = len(values)
     spread = relative_spread([float(v) for v in values])
-    if n == 1 and policy.search_agrees and search_value:
-        # one re-measurement confirms when the search measurement agrees with it (a second one otherwise)
-        if n >= policy.min_rounds and relative_spread([float(search_value), float(values[0])]) <= policy.tolerance:
+    search_spread = (relative_spread([float(search_value), float(values[0])])
+                     if n == 1 and search_value else None)
+    if n == 1 and policy.search_agrees:
+        # one re-measurement confirms when the search measurement agrees with it (a second one otherwise,
+        # also when there is no search value to agree with)
+        if n >= policy.min_rounds and search_spread is not None and search_spread <= policy.tolerance:
             return "confirmed", ""
     # one value confirms only under a one-round policy (n >= min_rounds): nothing to disagree with
     elif n >= max(1, policy.min_rounds) and (n == 1 or spread <= policy.tolerance):
@@ -144,10 +147,10 @@ def confirmation_status(values: Sequence[float], *, rounds_done: int, policy: Co
         return "pending", ""
     if n == 0:
         return "unconfirmed", (f"re-measurement was {other_failure}" if other_failure else "no re-measurement")
-    if n == 1 and policy.search_agrees and search_value and not other_failure:
+    if n == 1 and policy.search_agrees and search_spread is not None and search_spread > policy.tolerance \
+            and not other_failure:
         return "noisy", (f"its one re-measurement and its search measurement disagree: spread "
-                         f"{relative_spread([float(search_value), float(values[0])]):.0%} > tolerance "
-                         f"{policy.tolerance:.0%}")
+                         f"{search_spread:.0%} > tolerance {policy.tolerance:.0%}")
     if n == 1:
         return "noisy", f"only one re-measurement succeeded ({other_failure or 'the others failed'})"
     return "noisy", (f"re-measurements disagree: spread {spread:.0%} > tolerance {policy.tolerance:.0%} "
@@ -203,8 +206,8 @@ def only_loaded(e: dict[str, Any]) -> bool:
 
 
 def choose_winner(entries: list[dict[str, Any]], reference: dict[str, Any] | None = None, *, ties: bool = True,
-                  baseline_key: str | None = None,
-                  search_orders: bool = False) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+                  baseline_key: str | None = None, search_orders: bool = False,
+                  tolerance: float = 0.10) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """The winner among ranked entries and the entries indistinguishable from the leader.
 
     An entry needs ``status`` in (confirmed, noisy), ``median_tokens_per_s``, ``range`` and
@@ -214,8 +217,10 @@ def choose_winner(entries: list[dict[str, Any]], reference: dict[str, Any] | Non
     with it when it beat the leader in at least one round. Without rounds in common, ranges
     [min, max] that overlap are a tie. ``search_orders`` (a GPU's policy, ``ConfirmPolicy.search_agrees``):
     with fewer than two rounds in common the search measurements are a second ordering, and a candidate
-    whose search measurement was at least the leader's ties with it too (they never enter a figure).
-    Returns (winner, tie group incl. the winner; empty if no tie).
+    whose search measurement was at least the leader's ties with it too, when both search values agreed with
+    their own re-measurements within ``tolerance`` (a value the confirmation rejected orders nothing) and the
+    leader's lead in the rounds in common is within ``tolerance`` (beyond it the side-by-side round decides).
+    The search values never enter a figure. Returns (winner, tie group incl. the winner; empty if no tie).
     """
     eligible = [e for e in entries if e.get("status") in ("confirmed", "noisy") and e.get("median_tokens_per_s")]
     if not eligible:
@@ -234,8 +239,9 @@ def choose_winner(entries: list[dict[str, Any]], reference: dict[str, Any] | Non
         if e is leader:
             return True
         ratios = _paired(e.get("by_round"), leader.get("by_round"), _loads(e), _loads(leader))
-        if search_orders and len(ratios) < 2 and _search_beats(e, leader):
-            return True  # the search measurements ordered them the other way
+        if (search_orders and len(ratios) < 2 and _search_beats(e, leader, tolerance)
+                and (not ratios or 1.0 / min(ratios) <= 1.0 + tolerance)):
+            return True  # the search measurements ordered them the other way, within the noise
         if ratios:
             return max(ratios) >= 1.0
         return overlaps(tuple(e["range"]) if e.get("range") else None,
@@ -254,9 +260,17 @@ def choose_winner(entries: list[dict[str, Any]], reference: dict[str, Any] | Non
     return winner, tied
 
 
-def _search_beats(e: dict[str, Any], leader: dict[str, Any]) -> bool:
+def _search_beats(e: dict[str, Any], leader: dict[str, Any], tolerance: float) -> bool:
+    """Whether ``e``'s search measurement was at least the leader's, both agreeing with their re-measurements."""
     mine, theirs = e.get("search_tokens_per_s"), leader.get("search_tokens_per_s")
-    return bool(mine and theirs) and float(mine) >= float(theirs)
+    return (bool(mine and theirs) and float(mine) >= float(theirs)
+            and _search_agreed(e, tolerance) and _search_agreed(leader, tolerance))
+
+
+def _search_agreed(e: dict[str, Any], tolerance: float) -> bool:
+    values = [float(v) for v in e.get("confirm_tokens_per_s") or e.get("measurements") or [] if v]
+    search = e.get("search_tokens_per_s")
+    return bool(values and search) and relative_spread([float(search), median(values)]) <= tolerance
 
 
 def _base_median(base: dict[str, Any] | None) -> float:

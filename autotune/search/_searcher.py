@@ -836,7 +836,7 @@ class Searcher:
             entries = self._confirm_group(group, bkey)
             ranking += entries
             winner, tied = choose_winner(ranking, reference, ties=self.confirm.ties, baseline_key=bkey,
-                                         search_orders=self.confirm.search_agrees)
+                                         search_orders=self.confirm.search_agrees, tolerance=self.confirm.tolerance)
             if winner is not None:
                 if tied:
                     self._tie = [e["label"] for e in tied if e is not winner]
@@ -909,6 +909,9 @@ def _rank_entry(search: TrialRecord, confirms: list[TrialRecord], policy: Confir
         status = "pending"
     elif len(clean) < len(measured) and status == "confirmed":
         reason = f"{len(measured) - len(clean)} re-measurement(s) under other load set aside"
+    elif len(clean) < len(measured) and status == "noisy" and len(values) == 1:
+        reason = (f"only one re-measurement ran free of other load ({len(measured) - len(clean)} under it set "
+                  f"aside)" + (f"; {other[0].status}: {other[0].reason}" if other else ""))
     noisy = [c for c in confirmed_ok if ((c.result or {}).get("metrics") or {}).get("composition_noisy")]
     if status == "confirmed" and confirmed_ok and len(noisy) == len(confirmed_ok):
         status, reason = "noisy", "every re-measurement's composed figure was too noisy to combine"

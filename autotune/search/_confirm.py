@@ -286,16 +286,21 @@ def speedup(best_values: Sequence[float], base_values: Sequence[float], *,
 
     With values per round (measured side by side), the ratio is the median of the per-round ratios
     and the range their min..max (a round under other load on one side only does not pair: ``best_loaded``,
-    ``base_loaded``); otherwise the ratio of the medians and min/max over max/min. ``search_ratio`` (a GPU's
-    policy: the two search measurements' ratio) widens the range of a single paired round, as a second round
-    would: one round alone would call any ratio but exactly 1 distinguishable. It never enters the ratio.
+    ``base_loaded``); otherwise the ratio of the medians and min/max over max/min. A single paired round
+    alone would call any ratio but exactly 1 distinguishable, so its range is widened by what else was
+    measured: the unpaired min/max over max/min of the values (where load left other rounds unpaired) and
+    ``search_ratio`` (a GPU's policy: the two search measurements' ratio, as a second round would). Neither
+    enters the ratio.
     """
     ratios = _paired(best_by_round, base_by_round, best_loaded, base_loaded)
+    b, r = [float(v) for v in best_values if v], [float(v) for v in base_values if v]
     if ratios:
-        bounds = ratios + ([float(search_ratio)] if search_ratio and len(ratios) < 2 else [])
+        bounds = list(ratios)
+        if len(ratios) < 2:
+            bounds += [float(search_ratio)] if search_ratio else []
+            bounds += [min(b) / max(r), max(b) / min(r)] if b and r else []
         return {"ratio": median(ratios), "range": [min(bounds), max(bounds)], "paired_rounds": len(ratios),
                 "distinguishable": min(bounds) > 1.0 or max(bounds) < 1.0}
-    b, r = [float(v) for v in best_values if v], [float(v) for v in base_values if v]
     if not b or not r:
         return None
     ratio = median(b) / median(r)

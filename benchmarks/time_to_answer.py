@@ -66,7 +66,7 @@ WORKLOADS = [
 OLD_DEADLINE_S = 300.0
 # `autotune run`'s defaults (cli/run.py)
 MAX_TRIALS, TOP_K, STEPS, WARMUP = 40, 3, 5, 2
-# the GPU confirmation's rounds for the top-k (ConfirmPolicy.rounds_for: three contenders are ranked on two rounds)
+# the GPU confirmation's rounds for the top-k (ConfirmPolicy.rounds_for: one, the search measurements the second ordering)
 CONFIRM_ROUNDS = ConfirmPolicy.for_device("cuda").rounds_for(TOP_K)
 
 

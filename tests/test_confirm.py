@@ -132,6 +132,20 @@ def test_a_gpu_run_s_speedup_over_the_default_is_distinguishable_only_when_the_s
     assert not s["speedup_distinguishable"]
 
 
+def load_on_second_confirm(ex: Scripted, key: str):
+    """A load check that flags other work on the GPU during ``key``'s second re-measurement."""
+    seen = []
+
+    def load_check(phase, since):
+        if phase == "during" and ex.order and ex.order[-1] == (key, True):
+            seen.append(1)
+            if len(seen) == 2:
+                return [{"kind": "gpu", "message": "other work on the GPU during the probe"}]
+        return []
+
+    return load_check
+
+
 def test_on_a_gpu_a_search_value_the_confirmation_rejected_orders_nothing() -> None:
     """mb4's search value (2000) disagreed with its re-measurements (1500, 1500); mb8 measures 1700 throughout,
     and a load warning on its second round leaves one clean pair: the rejected value does not make a tie that
@@ -143,14 +157,7 @@ def test_on_a_gpu_a_search_value_the_confirmation_rejected_orders_nothing() -> N
 
     ex = Scripted(speed)
     mb8 = candidate_id(dataclasses.replace(BASE, micro_batch=8, grad_accum=1))
-    seen = []
-
-    def load_check(phase, since):
-        if phase == "during" and ex.order and ex.order[-1] == (mb8, True):
-            seen.append(1)
-            if len(seen) == 2:
-                return [{"kind": "gpu", "message": "other work on the GPU during the probe"}]
-        return []
+    load_check = load_on_second_confirm(ex, mb8)
 
     out = run(ex, confirm=ConfirmPolicy.for_device("cuda"), top_k=2, load_check=load_check)
     assert out.best_record.candidate["micro_batch"] == 8 and not out.tie
@@ -173,14 +180,7 @@ def test_a_gpu_winner_with_one_clean_re_measurement_of_two_says_so() -> None:
     reason names the load (not a disagreement with the search value, which agreed)."""
     ex = Scripted(lambda c, confirm, n: steady(c))
     mb8 = candidate_id(dataclasses.replace(BASE, micro_batch=8, grad_accum=1))
-    seen = []
-
-    def load_check(phase, since):
-        if phase == "during" and ex.order and ex.order[-1] == (mb8, True):
-            seen.append(1)
-            if len(seen) == 2:
-                return [{"kind": "gpu", "message": "other work on the GPU during the probe"}]
-        return []
+    load_check = load_on_second_confirm(ex, mb8)
 
     out = run(ex, confirm=ConfirmPolicy.for_device("cuda", min_rounds=2, max_rounds=2), top_k=1,
               load_check=load_check)

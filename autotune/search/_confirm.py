@@ -15,9 +15,8 @@ winner's curse inflates). Two or more contenders are ranked on at least ``contes
 whatever ``min_rounds`` says, since one round alone cannot tell a tie from a win: 2 on CPU; 1 on a GPU, where
 the search measurements are the second ordering (a contender whose search measurement was at least the
 leader's is indistinguishable from it) and a steady card does not need a second paired round. A
-re-measurement that runs out
-of memory makes it ``failed_confirm`` (it does not really fit); one with no value at all (crash,
-timeout) leaves it ``unconfirmed``.
+re-measurement that runs out of memory makes it ``failed_confirm`` (it does not really fit); one with no
+value at all (crash, timeout) leaves it ``unconfirmed``.
 
 Comparisons are paired: candidates re-measured in the same round saw the same load, so the leader
 is the best median per-round ratio to the HF default (re-measured every round), and a candidate
@@ -206,8 +205,8 @@ def only_loaded(e: dict[str, Any]) -> bool:
 
 
 def choose_winner(entries: list[dict[str, Any]], reference: dict[str, Any] | None = None, *, ties: bool = True,
-                  baseline_key: str | None = None, search_orders: bool = False,
-                  tolerance: float = 0.10) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+                  baseline_key: str | None = None,
+                  search_tolerance: float | None = None) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """The winner among ranked entries and the entries indistinguishable from the leader.
 
     An entry needs ``status`` in (confirmed, noisy), ``median_tokens_per_s``, ``range`` and
@@ -215,11 +214,12 @@ def choose_winner(entries: list[dict[str, Any]], reference: dict[str, Any] | Non
     measured in the same round saw the same load, so the leader is the best median of the per-round
     ratios to the baseline (``baseline_key``, re-measured every round), and another candidate ties
     with it when it beat the leader in at least one round. Without rounds in common, ranges
-    [min, max] that overlap are a tie. ``search_orders`` (a GPU's policy, ``ConfirmPolicy.search_agrees``):
-    with fewer than two rounds in common the search measurements are a second ordering, and a candidate
-    whose search measurement was at least the leader's ties with it too, when both search values agreed with
-    their own re-measurements within ``tolerance`` (a value the confirmation rejected orders nothing) and the
-    leader's lead in the rounds in common is within ``tolerance`` (beyond it the side-by-side round decides).
+    [min, max] that overlap are a tie. ``search_tolerance`` (a GPU's policy, ``ConfirmPolicy.search_agrees``:
+    its tolerance; None: off): with fewer than two rounds in common the search measurements are a second
+    ordering, and a candidate whose search measurement was at least the leader's ties with it too, when both
+    search values agreed with their own re-measurements within that tolerance (a value the confirmation
+    rejected orders nothing) and the leader's lead in the rounds in common is within it (beyond it the
+    side-by-side round decides).
     The search values never enter a figure. Returns (winner, tie group incl. the winner; empty if no tie).
     """
     eligible = [e for e in entries if e.get("status") in ("confirmed", "noisy") and e.get("median_tokens_per_s")]
@@ -239,8 +239,8 @@ def choose_winner(entries: list[dict[str, Any]], reference: dict[str, Any] | Non
         if e is leader:
             return True
         ratios = _paired(e.get("by_round"), leader.get("by_round"), _loads(e), _loads(leader))
-        if (search_orders and len(ratios) < 2 and _search_beats(e, leader, tolerance)
-                and (not ratios or 1.0 / min(ratios) <= 1.0 + tolerance)):
+        if (search_tolerance is not None and len(ratios) < 2 and _search_beats(e, leader, search_tolerance)
+                and (not ratios or 1.0 / min(ratios) <= 1.0 + search_tolerance)):
             return True  # the search measurements ordered them the other way, within the noise
         if ratios:
             return max(ratios) >= 1.0

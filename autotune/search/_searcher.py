@@ -836,7 +836,7 @@ class Searcher:
             entries = self._confirm_group(group, bkey)
             ranking += entries
             winner, tied = choose_winner(ranking, reference, ties=self.confirm.ties, baseline_key=bkey,
-                                         search_orders=self.confirm.search_agrees, tolerance=self.confirm.tolerance)
+                                         search_tolerance=self.confirm.tolerance if self.confirm.search_agrees else None)
             if winner is not None:
                 if tied:
                     self._tie = [e["label"] for e in tied if e is not winner]

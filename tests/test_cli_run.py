@@ -192,7 +192,7 @@ def test_documented_flags_reach_tune(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(autotune.run, "tune", spy)
     res = run(["run", "--model", "m", "--gpu-budget", "24GB", "--seq-len", "4096", "--effective-batch", "32",
                "--mode", "lora", "--space", "lora", "--dataset", "d.jsonl", "--split", "test", "--tokenizer", "tok", "--max-trials", "7",
-               "--time-budget", "20m", "--gpus", "0,1", "--ray-address", "ray://h:10001", "--device", "cuda",
+               "--time-budget", "20m", "--gpus", "0,1", "--ray-address", "ray://h:10001", "--pool", "ray", "--device", "cuda",
                "--storage", "sqlite:///x.db", "--out", "o", "--seed", "3", "--resume", "--gpus-per-trial", "2",
                "--top-k", "2", "--steps", "4", "--probe-timeout", "60", "--confirm-rounds", "3:5",
                "--confirm-tolerance", "0.2", "--strategy", "tpe", "--stop-when-converged", "--trainer", "trl", "--config-name", "cfg",
@@ -201,7 +201,7 @@ def test_documented_flags_reach_tune(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert res.exit_code == 2
     expected = {
         "model": "m", "gpu_budget": "24GB", "seq_len": 4096, "effective_batch": 32, "mode": "lora", "space": "lora",
-        "dataset": "d.jsonl", "split": "test", "tokenizer": "tok", "lengths": "fixed", "max_trials": 7, "time_budget": "20m", "gpus": "0,1", "ray_address": "ray://h:10001",
+        "dataset": "d.jsonl", "split": "test", "tokenizer": "tok", "lengths": "fixed", "max_trials": 7, "time_budget": "20m", "gpus": "0,1", "ray_address": "ray://h:10001", "pool": "ray",
         "device": "cuda", "storage": "sqlite:///x.db", "out": "o", "seed": 3, "resume": True, "fresh": False,
         "progress": seen["progress"], "gpus_per_trial": 2, "top_k": 2, "steps": 4, "probe_timeout_s": 60.0,
         "trust_remote_code": False, "verify_loss": 0, "confirm_rounds": (3, 5), "confirm_tolerance": 0.2,

@@ -244,12 +244,12 @@ def test_the_forecast_is_printed_before_the_search(tmp_path: Path) -> None:
 def test_a_time_budget_too_small_for_two_probes_is_refused_in_one_line(tmp_path: Path) -> None:
     out = tmp_path / "out"
     res = CliRunner().invoke(app, ["run", "--model", "tiny-llama", "--device", "cpu", "--gpu-budget", "8GB",
-                                   "--seq-len", "64", "--effective-batch", "8", "--time-budget", "10s",
+                                   "--seq-len", "64", "--effective-batch", "8", "--time-budget", "2s",
                                    "--out", str(out)], catch_exceptions=False)
     assert res.exit_code == 2
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, res.stderr
-    assert "--time-budget 10s cannot hold even the HF-default baseline and one candidate" in lines[0]
+    assert "--time-budget 2s cannot hold even the HF-default baseline and one candidate" in lines[0]
     assert "smaller --steps" in lines[0] and "more GPUs" in lines[0] and "autotune plan" in lines[0]
     assert not out.exists()
 

@@ -336,7 +336,7 @@ def test_two_runs_sharing_one_sqlite_storage(tmp_path: Path) -> None:
 
 PROBE = ["probe", "--model", "tiny-llama", "--device", "cpu", "--seq-len", "64", "--micro-batch", "2",
          "--steps", "400", "--timeout", "600"]  # fmt: skip
-RUN_REAL = ["run", "--model", "tiny-llama", "--device", "cpu", "--gpu-budget", "10GiB", "--seq-len", "64",
+RUN_REAL = ["run", "--pool", "ray", "--model", "tiny-llama", "--device", "cpu", "--gpu-budget", "10GiB", "--seq-len", "64",
             "--effective-batch", "4", "--space", "cpu", "--max-trials", "4", "--steps", "400",
             "--probe-timeout", "600"]  # fmt: skip
 
@@ -365,9 +365,10 @@ def _alive(procs: set[tuple[int, float]]) -> list[str]:
 
 
 def _kill_when_probing(args: list[str], sig: signal.Signals, tmp: Path, *, wait_for: str,
-                       report: dict | None = None) -> set[tuple[int, float]]:
+                       report: dict | None = None, count: int = 1) -> set[tuple[int, float]]:
     """Start the real CLI, wait until a probe worker runs (and ``wait_for`` appears among its
-    descendants), send ``sig`` to the CLI process alone, and return every process it had started.
+    descendants, ``count`` of them), send ``sig`` to the CLI process alone, and return every process it had
+    started.
     ``report`` (optional) receives the CLI's exit code, its stderr and the seconds it took to exit."""
     env = {**os.environ, "AUTOTUNE_CACHE": str(tmp / "cache")}
     proc = subprocess.Popen([sys.executable, "-m", "autotune", *args], cwd=tmp, env=env, text=True,
@@ -378,7 +379,7 @@ def _kill_when_probing(args: list[str], sig: signal.Signals, tmp: Path, *, wait_
     try:
         while time.monotonic() < deadline:
             seen |= _descendants(proc.pid)
-            if any(wait_for in line for line in _alive(seen)):
+            if sum(wait_for in line for line in _alive(seen)) >= count:
                 break
             assert proc.poll() is None, ("it ended before it could be killed", proc.communicate())
             time.sleep(0.2)
@@ -442,6 +443,17 @@ def _none_alive_soon(started: set[tuple[int, float]], within: float) -> None:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
 def test_a_killed_autotune_probe_leaves_no_process_behind(tmp_path: Path, sig: signal.Signals) -> None:
     started = _kill_when_probing(PROBE, sig, tmp_path, wait_for="autotune.probe.worker")
+    _none_alive_soon(started, within=5.0)
+
+
+@pytest.mark.slow
+def test_a_killed_autotune_run_on_a_cpu_leaves_neither_its_warm_server_nor_a_forked_probe(tmp_path: Path) -> None:
+    """kill -9 of the CLI on the local pool: the warm server dies with the CLI's probe thread and the forked probe
+    with the server (parent-death signals both), though neither is the CLI's direct child nor a fresh process."""
+    args = [a for a in RUN_REAL if a not in ("--pool", "ray")]
+    # two: the warm server and a probe forked from it (the same command line)
+    started = _kill_when_probing(args, signal.SIGKILL, tmp_path, wait_for="autotune.probe.zygote", count=2)
+    assert not any("raylet" in line or "gcs_server" in line for line in _alive(started))
     _none_alive_soon(started, within=5.0)
 
 

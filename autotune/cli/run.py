@@ -231,6 +231,7 @@ def command(
     gpus: str | None = typer.Option(None, "--gpus", help="GPU indices to use, e.g. 0,1,2,3 (default: all visible).", rich_help_panel="Where it runs"),
     gpus_per_trial: int | None = typer.Option(None, "--gpus-per-trial", "--world-size", help="GPUs one training run (and so each probe) uses, plan's --world-size (overrides the space's gpus_per_trial).", rich_help_panel="Where it runs"),
     ray_address: str | None = typer.Option(None, "--ray-address", help="Ray cluster (ray://head:10001); default: embedded Ray.", rich_help_panel="Where it runs"),
+    pool: str = typer.Option("auto", "--pool", help="auto | ray | local: what runs the probes. auto: on a CPU without --ray-address, local (one at a time, each forked from a process that has imported torch and transformers once: no Ray runtime to start); otherwise Ray.", rich_help_panel="Where it runs"),
     device: str = typer.Option("auto", "--device", help="auto | cuda | cpu. auto: a GPU if NVML sees one, else cpu (with the cpu space, and refused if one probe is predicted past 300 s).", rich_help_panel="Where it runs"),
     storage: str | None = typer.Option(None, "--storage", help="Optuna storage URL (default: sqlite in the run directory).", rich_help_panel="Runs and output"),
     out: str = typer.Option("results", "--out", help="Folder for run directories.", rich_help_panel="Runs and output"),
@@ -259,7 +260,7 @@ def command(
     given = dict(
         model=model, gpu_budget=gpu_budget, seq_len=seq_len, effective_batch=effective_batch, mode=mode,
         space=space, dataset=dataset, split=split, tokenizer=tokenizer, lengths=lengths, max_trials=max_trials,
-        time_budget=time_budget, gpus=gpus, ray_address=ray_address, device=device, storage=storage, out=out,
+        time_budget=time_budget, gpus=gpus, ray_address=ray_address, pool=pool, device=device, storage=storage, out=out,
         seed=seed, resume=resume, fresh=fresh, progress=printer, gpus_per_trial=gpus_per_trial, top_k=top_k,
         steps=steps, probe_timeout_s=_probe_timeout(probe_timeout), trust_remote_code=trust_remote_code,
         verify_loss=verify_loss_steps if verify_loss else 0, confirm_rounds=_rounds(confirm_rounds),

@@ -3,6 +3,7 @@
 A probe's duration is its set-up plus its window (``autotune.spec.probe_window``):
 
     setup  = SETUP_S[device]                       imports, CUDA context, data, Trainer set-up
+             (WARM_SETUP_S for a CPU probe forked from the warm server: no imports)
            + parameters / BUILD_PARAMS_PER_S        random-weight model build (on the device)
            + QLoRA: parameters / QLORA_LOAD_PARAMS_PER_S   (4-bit load of the cached base)
            + distributed: DISTRIBUTED_S             launcher, process group, DeepSpeed/FSDP init
@@ -62,6 +63,7 @@ __all__ = [
     "DISTRIBUTED_S",
     "QLORA_LOAD_PARAMS_PER_S",
     "SETUP_S",
+    "WARM_SETUP_S",
     "UNPREDICTED_S",
     "DeadlineRule",
     "Deadlines",
@@ -75,6 +77,9 @@ __all__ = [
 # Trainer (a smollm2-135m CPU probe's set-up was 5.0 s on a quiet 2-core machine:
 # benchmarks/results/probe_overhead-cpu.json; 3x that leaves room for a loaded one)
 SETUP_S = {"cpu": 15.0, "cuda": 25.0}
+# a CPU probe forked from the warm server (autotune.executors.warm) skips the imports: its set-up was
+# 0.79 s (0.77-0.88) on the same quiet machine (benchmarks/results/warm_start-cpu.json); 3x, as above
+WARM_SETUP_S = 2.5
 # random-weight model build: initialisation kernels on the device (a CPU initialises ~1e8-1e9 params/s)
 BUILD_PARAMS_PER_S = {"cpu": 2.0e8, "cuda": 2.0e9}
 # a QLoRA probe reads its cached random-weight base and bitsandbytes quantizes it while loading
@@ -106,12 +111,16 @@ class ProbeTime:
 
 def predict_probe_time(
     arch: Arch, workload: Workload, candidate: Candidate, settings: ProbeSettings, *, device: str,
-    gpu: GPU | None = None, cores: int = 1, mean_tokens: float | None = None,
+    gpu: GPU | None = None, cores: int = 1, mean_tokens: float | None = None, warm: bool = False,
 ) -> ProbeTime | None:
-    """The predicted seconds of one probe of ``candidate`` under ``settings`` (None: cannot say)."""
+    """The predicted seconds of one probe of ``candidate`` under ``settings`` (None: cannot say).
+
+    ``warm``: a CPU probe forked from the warm server (the run's local pool), without the imports."""
     win = probe_window(settings, candidate, workload)
     steps = win.max_optimizer_steps
     setup = SETUP_S["cpu" if device == "cpu" else "cuda"]
+    if warm and device == "cpu" and candidate.world_size == 1:
+        setup = WARM_SETUP_S
     setup += arch.params_total / BUILD_PARAMS_PER_S["cpu" if device == "cpu" else "cuda"]
     if workload.mode == "qlora":
         setup += arch.params_total / QLORA_LOAD_PARAMS_PER_S
@@ -159,7 +168,7 @@ Predictor = Callable[[Candidate, ProbeSettings], "float | None"]
 
 def make_predictor(
     config: dict[str, Any], workload: Workload, *, device: str, gpu_infos: list[dict[str, Any]],
-    gpu: GPU | None = None, cores: int | None = None, mean_tokens: float | None = None,
+    gpu: GPU | None = None, cores: int | None = None, mean_tokens: float | None = None, warm: bool = False,
 ) -> Predictor | None:
     """``predict(candidate, settings) -> seconds | None`` for one run, or None (unknown architecture).
 
@@ -177,7 +186,7 @@ def make_predictor(
 
     def predict(candidate: Candidate, settings: ProbeSettings) -> float | None:
         t = predict_probe_time(arch, workload, candidate, settings, device=device, gpu=gpu, cores=n_cores,
-                               mean_tokens=tokens)
+                               mean_tokens=tokens, warm=warm)
         return None if t is None else t.total_s
 
     return predict

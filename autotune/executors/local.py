@@ -6,7 +6,9 @@ ZeRO/FSDP stage) runs ``python -m autotune.probe.launch`` instead, which starts 
 in its own process group and merges their results; the timeout kills the whole group, every rank
 included. The parent never imports torch for this.
 ``LocalExecutor`` runs up to ``slots`` of them at once on threads; the Ray pool runs the same
-``run_probe_process`` inside its tasks.
+``run_probe_process`` inside its tasks. With ``warm``, a single-process CPU probe is forked from a server
+that has imported the libraries once instead (``autotune.executors.warm``: the same process, without
+the imports), and starts fresh wherever it could not be the same.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.env import tail_lines
+from autotune.executors.warm import ForkedProbe, WarmStarter
 from autotune.spec.probe_request import ProbeRequest
 from autotune.spec.result import ProbeResult
 
@@ -80,7 +83,7 @@ def _stderr_tail(err_path: Path, res_path: Path) -> str:
     return "\n".join(p for p in parts if p)
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+def _kill_group(proc: subprocess.Popen[bytes] | ForkedProbe) -> None:
     """Stop the worker and anything it started (data-loader workers): TERM, then KILL."""
     try:
         pgid = os.getpgid(proc.pid)
@@ -142,8 +145,8 @@ def _temp_env(workdir: Path) -> dict[str, str]:
 
 
 def run_probe_process(
-    request: ProbeRequest, *, python: str | None = None, live: set[subprocess.Popen[bytes]] | None = None,
-    extra_env: dict[str, str] | None = None,
+    request: ProbeRequest, *, python: str | None = None, live: set[Any] | None = None,
+    extra_env: dict[str, str] | None = None, warm: WarmStarter | None = None,
 ) -> ProbeResult:
     """Measure one configuration in a fresh process. Never raises for a failed probe.
 
@@ -153,6 +156,8 @@ def run_probe_process(
     running probe while it runs, so an executor can kill it on close. ``extra_env`` is added to the
     probe's environment (benchmarks only: e.g. an allocator setting the estimator was fitted under;
     ``autotune probe``/``run`` never set one, so a probe runs as the user's training will).
+    ``warm``: fork a single-process CPU probe from this warm server (``autotune.executors.warm``)
+    instead of starting a fresh interpreter, where it can; the result's ``env.start`` says which.
     """
     request.validate()
     req_dict = request.to_dict()
@@ -170,10 +175,15 @@ def run_probe_process(
         # the launcher starts its ranks with the same interpreter
         argv += ["--python", python] if python and module.endswith("launch") else []
         env = {**worker_env(request, launch), **(extra_env or {}), **_temp_env(workdir)}
-        code, timed_out = _run_and_wait(argv, env, workdir, timeout, live)
+        forkable = warm is not None and module.endswith("worker") and request.settings.device == "cpu"
+        code, timed_out, start = _run_and_wait(argv, env, workdir, timeout, live,
+                                               warm=warm if forkable else None,
+                                               model_path=request.workload.model_path)
+        if start == "lost":  # its warm server died under it (not the probe's doing): once more, fresh
+            return run_probe_process(request, python=python, live=live, extra_env=extra_env, warm=warm)
         wall = time.time() - launch
         if timed_out:
-            return ProbeResult(
+            result = ProbeResult(
                 status="timeout",
                 request=req_dict,
                 reason=f"no result after {timeout:g} s; the probe process was killed"
@@ -181,9 +191,13 @@ def run_probe_process(
                 metrics={"wall_s": wall},
                 env={"stderr_tail": _stderr_tail(err_path, res_path)},
             )
-        if res_path.exists():
-            return _read_result(req_dict, res_path, err_path, wall)
-        return _no_result(req_dict, code, err_path, wall)
+        elif res_path.exists():
+            result = _read_result(req_dict, res_path, err_path, wall)
+        else:
+            result = _no_result(req_dict, code, err_path, wall)
+        if warm is not None:
+            result.env["start"] = start
+        return result
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -200,30 +214,37 @@ def _probe_workdir() -> Path:
 
 def _run_and_wait(
     argv: list[str], env: dict[str, str], workdir: Path, timeout: float,
-    live: set[subprocess.Popen[bytes]] | None,
-) -> tuple[int | None, bool]:
+    live: set[Any] | None, *, warm: WarmStarter | None = None, model_path: str | None = None,
+) -> tuple[int | None, bool, str]:
     """Start the probe (output to ``workdir``'s stdout.log and stderr.log) and wait for it: (exit code,
-    timed out). On a timeout, or an interrupted wait, its whole process group is killed (the interruption
-    re-raised)."""
+    timed out, how it started: "fresh", "forked" or "lost"). On a timeout, or an interrupted wait, its
+    whole process group is killed (the interruption re-raised)."""
     from autotune.probe.lifetime import preexec_fn
 
     with open(workdir / "stdout.log", "wb") as out, open(workdir / "stderr.log", "wb") as err:
-        proc = subprocess.Popen(
-            argv,
-            stdout=out,
-            stderr=err,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,  # its own process group: a timeout kills data-loader workers too
-            preexec_fn=preexec_fn(),  # and the kernel kills it if this process dies
-        )
+        proc: subprocess.Popen[bytes] | ForkedProbe | None = None
+        if warm is not None:
+            proc = warm.start(argv[3:5], env, workdir, workdir / "stdout.log", workdir / "stderr.log",
+                              model_path=model_path)
+        if proc is None:
+            proc = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,  # its own process group: a timeout kills data-loader workers too
+                preexec_fn=preexec_fn(),  # and the kernel kills it if this process dies
+            )
+        start = "forked" if isinstance(proc, ForkedProbe) else "fresh"
         if live is not None:
             live.add(proc)
         try:
-            return proc.wait(timeout=timeout), False
+            code = proc.wait(timeout=timeout)
+            return code, False, "lost" if isinstance(proc, ForkedProbe) and proc.lost else start
         except subprocess.TimeoutExpired:
             _kill_group(proc)
-            return proc.returncode, True
+            return proc.returncode, True, start
         except BaseException:  # interrupted while waiting: the probe must not outlive the wait
             _kill_group(proc)
             raise
@@ -271,19 +292,23 @@ def _no_result(req_dict: dict[str, Any], code: int | None, err_path: Path, wall:
 
 
 class LocalExecutor:
-    """Up to ``slots`` probes at once as local subprocesses (default one: a CPU probe uses all cores)."""
+    """Up to ``slots`` probes at once as local subprocesses (default one: a CPU probe uses all cores).
 
-    def __init__(self, slots: int = 1, *, python: str | None = None) -> None:
+    ``warm``: fork single-process CPU probes from one warm server (``autotune.executors.warm``),
+    started on the first probe and stopped by ``close``."""
+
+    def __init__(self, slots: int = 1, *, python: str | None = None, warm: bool = False) -> None:
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
         self._slots = slots
         self._python = python
+        self.warm = WarmStarter(python) if warm else None
         self._ids = itertools.count()
         self._todo: queue.Queue[tuple[str, ProbeRequest] | None] = queue.Queue()
         self._done: queue.Queue[tuple[str, ProbeResult]] = queue.Queue()
         self._pending = 0
         self._lock = threading.Lock()
-        self._live: set[subprocess.Popen[bytes]] = set()
+        self._live: set[Any] = set()
         self._threads = [
             threading.Thread(target=self._work, name=f"autotune-probe-{i}", daemon=True) for i in range(slots)
         ]
@@ -301,7 +326,7 @@ class LocalExecutor:
                 return
             ticket, request = item
             try:
-                result = run_probe_process(request, python=self._python, live=self._live)
+                result = run_probe_process(request, python=self._python, live=self._live, warm=self.warm)
             except Exception as exc:  # a bug in the executor itself must not stop the search
                 result = ProbeResult(status="crash", request=request.to_dict(), reason=f"executor: {exc!r}")
             self._done.put((ticket, result))
@@ -338,6 +363,8 @@ class LocalExecutor:
             self._todo.put(None)
         for proc in list(self._live):
             _kill_group(proc)
+        if self.warm is not None:
+            self.warm.close()
 
     def __enter__(self) -> LocalExecutor:
         return self

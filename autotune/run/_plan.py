@@ -187,8 +187,12 @@ def _predict(r: Request, plan: SearchPlan) -> tuple[Any, dict]:
     from autotune.search import distinct_candidates, usable_micro_batches, usable_worlds
 
     a, dev, space, workload, settings, rule = r.args, plan.device, plan.space, plan.workload, plan.settings, plan.rule
+    from autotune.spec.run_defaults import pool_for
+
+    # the run's own local pool forks its CPU probes from the warm server (_search._default_executor)
+    warm = a.executor is None and pool_for(a.pool, device=dev, ray_address=a.ray_address) == "local"
     predictor = make_predictor(r.resolved.config, workload, device=dev, gpu_infos=plan.gpu_infos,
-                               mean_tokens=mean_sequence_tokens(workload) if dev == "cpu" else None)
+                               mean_tokens=mean_sequence_tokens(workload) if dev == "cpu" else None, warm=warm)
 
     def fits(c: Candidate) -> bool:
         from autotune.estimate import fits as fits_budget

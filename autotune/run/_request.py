@@ -24,6 +24,7 @@ from autotune.spec.probe_request import (
     MODE_CHOICES,
     parse_lora_targets,
 )
+from autotune.spec.run_defaults import POOLS
 from autotune.spec.space import SearchSpace, load_space
 
 if TYPE_CHECKING:  # the searcher imports optuna: loaded when a search actually runs
@@ -63,6 +64,7 @@ class RunRequest:
     time_budget: str | float | None = None
     gpus: str | list[int] | None = None
     ray_address: str | None = None
+    pool: str = "auto"
     device: str = "auto"
     storage: str | None = None
     out: str | Path = "results"
@@ -225,6 +227,10 @@ def _parse_args(a: RunRequest) -> dict[str, Any]:
 
     if a.strategy not in STRATEGIES:
         problems.append(f"unknown strategy {a.strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    if a.pool not in POOLS:
+        problems.append(f"unknown pool {a.pool!r}; choose one of {', '.join(POOLS)}")
+    elif a.pool == "local" and a.ray_address is not None:
+        problems.append("--pool local runs the probes on this machine: drop --ray-address, or use --pool ray")
     from autotune.run._forecast import parse_probe_timeout
     from autotune.spec.lengths import parse_lengths
     from autotune.store.run_dir import check_out_dir

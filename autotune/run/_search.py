@@ -181,7 +181,8 @@ def run_search(r: Request, plan: SearchPlan, run_dir: Any, started: RunStart) ->
     try:
         if executor is None:
             executor = _default_executor(device=plan.device, gpus=r.gpu_list, ray_address=a.ray_address,
-                                         gpus_per_probe=min(plan.space.gpus_per_trial), progress=progress)
+                                         gpus_per_probe=min(plan.space.gpus_per_trial), progress=progress,
+                                         pool=a.pool)
         searcher, pruner = _searcher(r, plan, run_dir, started, executor, monitor)
         outcome = searcher.run()
         verified = _verify_loss(a.verify_loss, a.verify_loss_tolerance, outcome, plan.baseline, executor,
@@ -300,22 +301,33 @@ def _estimate_pruner(config: dict[str, Any], workload: Workload, device: str, bu
 
 def _default_executor(
     *, device: str, gpus: list[int] | None, ray_address: str | None, gpus_per_probe: int,
-    progress: ProgressFn | None,
+    progress: ProgressFn | None, pool: str = "auto",
 ) -> Executor:
+    """The run's executor: ``pool`` (``spec.run_defaults.pool_for``) local or Ray.
+
+    Local probes run one at a time; single-process CPU probes are forked from a warm server
+    (``autotune.executors.warm``), which halves a tiny CPU probe."""
+    from autotune.spec.run_defaults import pool_for
+
+    if pool_for(pool, device=device, ray_address=ray_address) == "local":
+        from autotune.executors.local import LocalExecutor
+
+        return LocalExecutor(slots=1, warm=True)
     try:
         import ray  # noqa: F401, TID251 - only to see whether the Ray pool is available
     except ImportError:
-        if ray_address is not None:
+        if ray_address is not None or pool == "ray":
             from autotune.errors import MissingDependencyError
 
-            raise MissingDependencyError("--ray-address needs ray: pip install 'ray>=2.52'") from None
+            raise MissingDependencyError(f"{'--ray-address' if ray_address else '--pool ray'} needs ray: "
+                                         "pip install 'ray>=2.52'") from None
         from autotune.executors.local import LocalExecutor
 
         # one at a time: local subprocesses are not pinned to GPUs, and two probes sharing a GPU
         # would spoil each other's memory figures
         if progress is not None:
             progress("note", {"text": "ray is not installed: probes run one at a time as local subprocesses"})
-        return LocalExecutor(slots=1)
+        return LocalExecutor(slots=1, warm=True)
     from autotune.executors.ray_pool import RayExecutor
     from autotune.run._preflight import RAY_CONNECT_TIMEOUT_S
 

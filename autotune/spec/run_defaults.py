@@ -7,7 +7,11 @@ the same rules when it is built directly.
 
 from __future__ import annotations
 
-__all__ = ["CONFIRM_STEPS_FACTOR", "confirm_steps", "prune_default", "load_monitor_default", "max_world"]
+__all__ = ["CONFIRM_STEPS_FACTOR", "POOLS", "confirm_steps", "prune_default", "load_monitor_default", "max_world",
+           "pool_for"]
+
+# what may run a search's probes (``--pool``)
+POOLS = ("auto", "ray", "local")
 
 # a confirmation probe times this many times the search probe's steps (a longer, steadier window)
 CONFIRM_STEPS_FACTOR = 2
@@ -45,3 +49,15 @@ def max_world(device: str, gpu_count: int, *, cluster: bool, executor_gpus: int 
     if executor_gpus:
         bound = min(bound or int(executor_gpus), int(executor_gpus))
     return bound
+
+
+def pool_for(pool: str, *, device: str, ray_address: str | None) -> str:
+    """``ray`` or ``local``: ``pool`` as given, else (``auto``) local on a CPU without a cluster, Ray otherwise.
+
+    On a CPU the Ray pool runs one probe at a time on this machine (a probe uses every core), as the
+    local executor does, but it must start a Ray runtime and a fresh Ray worker per probe; the local
+    one forks each probe from a process that has imported the libraries once (``executors.warm``).
+    """
+    if pool != "auto":
+        return pool
+    return "local" if device == "cpu" and ray_address is None else "ray"

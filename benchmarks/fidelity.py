@@ -20,6 +20,9 @@ train.py  the files ``autotune`` emits for that probe (``emit_all``: training_ar
           train.py with ``runpy`` (the script itself is unchanged) and takes its baseline where the probe
           takes its own: just before the model is built (the call to ``from_pretrained``).
 
+``--start forked``: the probe as ``autotune run`` makes it on a CPU, forked from the warm server
+(``autotune.executors.warm``: the same request, in this process's executor) instead of ``autotune probe``.
+
 ``--run-dir results/RUN``: the same check for an ``autotune run``: its reported (confirmed) tok/s and
 peak against ``RUN/best/train.py`` itself, run ``--repeats`` times with the confirmation's window.
 
@@ -112,7 +115,9 @@ def probe_cmd(a: argparse.Namespace) -> list[str]:
     return cmd
 
 
-def run_probe(a: argparse.Namespace) -> dict[str, Any]:
+def run_probe(a: argparse.Namespace, warm: Any = None) -> dict[str, Any]:
+    if a.start == "forked":
+        return _forked_probe(a, warm)
     proc = subprocess.run(probe_cmd(a), capture_output=True, text=True, env=_env(), timeout=a.timeout)
     if not proc.stdout.strip():
         raise SystemExit(f"autotune probe printed nothing (exit {proc.returncode}): {proc.stderr[-800:]}")
@@ -120,6 +125,24 @@ def run_probe(a: argparse.Namespace) -> dict[str, Any]:
     if data.get("status") != "ok":
         raise SystemExit(f"the probe did not measure: {data.get('status')}: {data.get('reason')}")
     return data
+
+
+def _forked_probe(a: argparse.Namespace, warm: Any) -> dict[str, Any]:
+    """The request ``autotune probe`` would build from ``probe_cmd``'s options, forked from ``warm``."""
+    from autotune.cli.probe import build_probe_request
+    from autotune.executors.local import run_probe_process
+    from autotune.models import HubAccess
+    from autotune.spec.probe_request import Candidate, ProbeSettings, Workload
+
+    workload = Workload(model=a.model, seq_len=a.seq_len, lengths=a.lengths, lora_r=16, lora_alpha=32)
+    candidate = Candidate(micro_batch=a.micro_batch, grad_accum=a.grad_accum, precision=a.precision, attn=a.attn,
+                          packing=a.packing, grad_ckpt=bool(a.ckpt_every), ckpt_every=a.ckpt_every or 1)
+    settings = ProbeSettings(device=a.device, warmup_steps=a.warmup_steps, steps=a.steps, timeout_s=a.timeout)
+    req = build_probe_request(workload, candidate, settings, hub=HubAccess.from_env(offline=True), notes=[])
+    result = run_probe_process(req, warm=warm)
+    if result.status != "ok" or result.env.get("start") != "forked":
+        raise SystemExit(f"the forked probe did not measure: {result.status} ({result.env.get('start')}): {result.reason}")
+    return result.to_dict()
 
 
 def prepare(a: argparse.Namespace, probe: dict[str, Any], work: Path) -> tuple[Path, Path]:
@@ -213,11 +236,16 @@ def spread(vals: list[float]) -> float:
 def measure(a: argparse.Namespace) -> dict[str, Any]:
     probes: list[dict[str, Any]] = []
     trains: list[dict[str, Any]] = []
+    from autotune.executors.warm import WarmStarter
+
+    warm = WarmStarter() if a.start == "forked" else None
     with tempfile.TemporaryDirectory(prefix="autotune-fidelity-") as tmp:
         work = Path(tmp)
         best = model_dir = None
+        if warm is not None:  # the server's one-off imports before the first timed pair
+            run_probe(a, warm)
         for i in range(a.repeats):
-            p = run_probe(a)
+            p = run_probe(a, warm)
             probes.append(p)
             if best is None:
                 best, model_dir = prepare(a, p, work)
@@ -225,6 +253,8 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
             print(f"repeat {i + 1}: probe {p['metrics']['tokens_per_s']:,.0f} tok/s, peak "
                   f"{p['metrics']['peak_mem_bytes'] / 2**20:.0f} MiB | train.py {trains[-1]['tokens_per_s']:,.0f} "
                   f"tok/s, peak {trains[-1]['peak_mem_bytes'] / 2**20:.0f} MiB", file=sys.stderr)
+    if warm is not None:
+        warm.close()
     p_tps = [float(p["metrics"]["tokens_per_s"]) for p in probes]
     t_tps = [float(t["tokens_per_s"]) for t in trains]
     p_mem = [int(p["metrics"]["peak_mem_bytes"]) for p in probes]
@@ -232,7 +262,8 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
     ratio = statistics.median(p_tps) / statistics.median(t_tps)
     return {
         "config": {k: getattr(a, k) for k in ("model", "device", "seq_len", "micro_batch", "grad_accum", "packing",
-                                              "lengths", "precision", "attn", "steps", "warmup_steps", "repeats")},
+                                              "lengths", "precision", "attn", "steps", "warmup_steps", "repeats",
+                                              "start")},
         "probe": {"tokens_per_s": p_tps, "median": statistics.median(p_tps), "spread": spread(p_tps),
                   "peak_mem_bytes": p_mem},
         "train_py": {"tokens_per_s": t_tps, "median": statistics.median(t_tps), "spread": spread(t_tps),
@@ -261,6 +292,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--warmup-steps", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--start", default="fresh", choices=("fresh", "forked"),
+                    help="fresh: autotune probe in a new process; forked: as autotune run forks a CPU probe")
     ap.add_argument("--json-out", default="")
     ap.add_argument("--run-dir", default="", help="check an autotune run's reported figure against its best/train.py")
     return ap.parse_args(argv)

@@ -1,6 +1,8 @@
-"""The probe times the program the user runs: `autotune probe` vs the emitted train.py (issue 12).
+"""The probe times the program the user runs: the probe vs the emitted train.py.
 
-Runs ``benchmarks/fidelity.py`` (interleaved repeats of both, on a tiny model, CPU): the probe's
+Runs ``benchmarks/fidelity.py --start forked`` (interleaved repeats of both, on a tiny model, CPU; the probe
+forked from the warm server, as ``autotune run`` makes it on a CPU; the same probe as ``autotune probe``'s
+fresh process, benchmarks/warm_start.py): the probe's
 median tok/s must be within ±15 % of a plain Trainer process running the emitted files, and that
 process's peak memory must stay within the probe's median peak plus the 5 % headroom the budget
 check keeps (a CPU probe's peak RSS varies 4-6 % from repeat to repeat: benchmarks/fidelity.py). Timing-based, so it wants a quiet machine (CI
@@ -29,7 +31,7 @@ def test_probe_and_emitted_train_py_agree_on_speed_and_memory() -> None:
     import fidelity
 
     args = fidelity.parse(["--model", "tiny-qwen2", "--device", "cpu", "--seq-len", "128", "--micro-batch", "4",
-                           "--repeats", "3"])
+                           "--repeats", "3", "--start", "forked"])
     res = fidelity.measure(args)
     p, t = res["probe"]["tokens_per_s"], res["train_py"]["tokens_per_s"]
     if not (res["within_15pct"] and res["peak_bounds_train_py"]):

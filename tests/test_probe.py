@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from _oom import needs_heuristic_overcommit, write_huge_vocab_model
+from _probes import probe
 
 from autotune.executors.base import run_one
 from autotune.executors.local import LocalExecutor, run_probe_process
@@ -38,7 +39,7 @@ def tiny_request(tmp_model: str | None = None, **overrides: object) -> ProbeRequ
 
 @pytest.fixture(scope="module")
 def ok_result() -> ProbeResult:
-    return run_probe_process(tiny_request())
+    return probe(tiny_request())
 
 
 @pytest.mark.slow
@@ -75,7 +76,7 @@ def test_result_round_trips(ok_result: ProbeResult) -> None:
 
 @pytest.mark.slow
 def test_variable_lengths_count_only_real_tokens() -> None:
-    r = run_probe_process(tiny_request(lengths="uniform:16-128", micro_batch=4))
+    r = probe(tiny_request(lengths="uniform:16-128", micro_batch=4))
     assert r.status == "ok", r.reason
     m = r.metrics
     assert m["real_tokens"] < m["token_slots"]
@@ -85,21 +86,21 @@ def test_variable_lengths_count_only_real_tokens() -> None:
 
 @pytest.mark.slow
 def test_unsupported_attention_on_cpu_is_reported() -> None:
-    r = run_probe_process(tiny_request(attn="flash_attention_2"))
+    r = probe(tiny_request(attn="flash_attention_2"))
     assert r.status == "unsupported"
     assert "flash_attention_2" in r.reason and "GPU" in r.reason
 
 
 @pytest.mark.slow
 def test_fp16_on_cpu_is_unsupported() -> None:
-    r = run_probe_process(tiny_request(precision="fp16"))
+    r = probe(tiny_request(precision="fp16"))
     assert r.status == "unsupported"
     assert "fp16" in r.reason
 
 
 @pytest.mark.slow
 def test_over_budget_stops_the_probe_mid_run() -> None:
-    r = run_probe_process(tiny_request(budget_bytes=4 * 2**20))
+    r = probe(tiny_request(budget_bytes=4 * 2**20))
     assert r.status == "over_budget"
     assert "past the budget" in r.reason
     assert r.metrics["peak_mem_bytes"] > 4 * 2**20
@@ -108,7 +109,7 @@ def test_over_budget_stops_the_probe_mid_run() -> None:
 @pytest.mark.slow
 def test_over_budget_after_measurement_gives_both_numbers() -> None:
     # the run completes (under the hard budget) but exceeds the usable share after headroom
-    r = run_probe_process(tiny_request(budget_bytes=8 * 2**30, headroom=0.999))
+    r = probe(tiny_request(budget_bytes=8 * 2**30, headroom=0.999))
     assert r.status == "over_budget"
     assert "peak memory" in r.reason and "usable budget" in r.reason
     assert r.metrics["tokens_per_s"] > 0
@@ -129,7 +130,7 @@ def test_real_out_of_memory(tmp_path: Path) -> None:
     # a 1M-token vocabulary makes the logits of 4 × 2048 tokens a single 32 GB allocation,
     # which this machine refuses at once: a real allocator failure, nothing touched
     write_huge_vocab_model(tmp_path)
-    r = run_probe_process(tiny_request(str(tmp_path), seq_len=2048, micro_batch=4, steps=1, warmup_steps=0))
+    r = probe(tiny_request(str(tmp_path), seq_len=2048, micro_batch=4, steps=1, warmup_steps=0))
     assert r.status == "oom", r.reason
     assert "memory" in r.reason
 

@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 import pytest
+from _probes import probe
 
 from autotune.probe import worker
 from autotune.probe.compose import compose_window, jackknife_rel_error
@@ -220,9 +221,7 @@ def _tiny(**overrides: Any) -> ProbeRequest:
 
 @pytest.mark.slow
 def test_a_huge_accumulation_does_not_make_a_probe_longer() -> None:
-    from autotune.executors.local import run_probe_process
-
-    r = run_probe_process(_tiny(grad_accum=4096))
+    r = probe(_tiny(grad_accum=4096))
     assert r.status == "ok", r.reason
     m = r.metrics
     assert m["composed"] and m["probe_micro_batches"] <= (1 + 3) * PROBE_GRAD_ACCUM
@@ -255,10 +254,8 @@ MEMORY_CASES = [
 
 
 def _peak_pair(**kw: Any) -> tuple[int, int, int]:
-    from autotune.executors.local import run_probe_process
-
-    composed = run_probe_process(_tiny(grad_accum=8, **kw))
-    whole = [run_probe_process(_tiny(grad_accum=8, window="whole", steps=2, **kw)) for _ in range(2)]
+    composed = probe(_tiny(grad_accum=8, **kw))
+    whole = [probe(_tiny(grad_accum=8, window="whole", steps=2, **kw)) for _ in range(2)]
     for r in (composed, *whole):
         assert r.status == "ok", r.reason
     assert composed.metrics["composed"] and not whole[0].metrics["composed"]
@@ -305,8 +302,16 @@ def test_distributed_peak_memory_and_collective_stop_on_two_gloo_ranks(stage: in
     c, w = int(m["peak_mem_bytes"]), int(whole.metrics["peak_mem_bytes"])
     # two ranks' RSS on one host moves more between identical runs than one process's: measured for
     # ZeRO-2 (2026-12-01, busy machine) composed 235, 237, 266 MB vs whole 243, 244 MB, the ranks of
-    # one run 10-25 MB apart; a probe that skipped the gradients or Adam states would be 32+ MB lower
-    assert abs(c - w) <= max(int(0.12 * w), 32 * 2**20), (c, w)
+    # one run 10-25 MB apart; a probe that skipped the gradients or Adam states would be 32+ MB lower.
+    # Beside other tests (make test's first phase) a ZeRO-3 pair once came out 264 vs 306 MB, and 2 runs
+    # alone passed: a pair that misses is taken again, and the test fails only if the second misses too
+    if abs(c - w) > max(int(0.12 * w), 32 * 2**20):
+        from autotune.executors.local import run_probe_process
+
+        again = [run_probe_process(_two_rank.request(window=win, zero_stage=stage)) for win in ("adaptive", "whole")]
+        assert all(r.status == "ok" for r in again), [r.reason for r in again]
+        first, (c, w) = (c, w), (int(again[0].metrics["peak_mem_bytes"]), int(again[1].metrics["peak_mem_bytes"]))
+        assert abs(c - w) <= max(int(0.12 * w), 32 * 2**20), (first, (c, w))
 
 
 def test_a_graph_compiled_inside_the_window_flags_the_composition() -> None:

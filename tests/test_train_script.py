@@ -22,8 +22,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from _probes import probe  # noqa: E402
+
 from autotune.emit import build_files, emit_all  # noqa: E402
-from autotune.executors.local import run_probe_process  # noqa: E402
 from autotune.formats.training_args import RUN_ONLY_KEYS, probe_kwargs  # noqa: E402
 from autotune.models import resolve_model  # noqa: E402
 from autotune.probe import collate  # noqa: E402
@@ -98,7 +99,7 @@ def _run_train_py(best_dir: Path, model_dir: Path, out: Path, *extra: str) -> li
 def test_probe_and_train_py_see_the_same_batches(
     tmp_path: Path, dataset: Path, model_dir: Path, fields: set[str], cand: Candidate
 ) -> None:
-    res = run_probe_process(_request(dataset, cand))
+    res = probe(_request(dataset, cand))
     assert res.status == "ok", res.reason
     m = res.metrics
     eff = cand.micro_batch * cand.grad_accum
@@ -123,7 +124,7 @@ def test_probe_and_train_py_see_the_same_batches(
 @pytest.mark.slow
 def test_train_py_reproduces_the_probes_synthetic_data(tmp_path: Path, model_dir: Path, fields: set[str]) -> None:
     cand = Candidate(micro_batch=2, grad_accum=2, precision="fp32", attn="sdpa", packing=True)
-    res = run_probe_process(_request(None, cand, lengths="uniform:4-40"))
+    res = probe(_request(None, cand, lengths="uniform:4-40"))
     assert res.status == "ok", res.reason
     emit_all(res, tmp_path / "best", fields=fields)
     steps = _run_train_py(tmp_path / "best", model_dir, tmp_path, "--synthetic")

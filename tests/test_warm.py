@@ -66,8 +66,8 @@ def test_a_forked_child_gets_back_the_library_pages_its_parent_had_mapped() -> N
 def test_a_forked_probe_measures_what_a_fresh_one_does_and_dies_like_one(warm: WarmStarter) -> None:
     """Same request, fresh then forked: the same window, tokens and threads, without the imports (the figures
     agree within a CPU's repeat spread: benchmarks/warm_start.py measures that with repeats). OpenMP reads its
-    thread count once, when the server loads it: a probe asking for other threads starts fresh. A forked probe
-    past its deadline is killed with its group, and the server forks the next one."""
+    thread count once, when the server loads it: a probe asking for other threads gets a server started with
+    them. A forked probe past its deadline is killed with its group, and the server forks the next one."""
     fresh = run_probe_process(tiny_request())
     forked = run_probe_process(tiny_request(), warm=warm)
     assert fresh.status == forked.status == "ok", (fresh.reason, forked.reason)
@@ -79,14 +79,16 @@ def test_a_forked_probe_measures_what_a_fresh_one_does_and_dies_like_one(warm: W
     assert 0.5 < w["peak_mem_bytes"] / f["peak_mem_bytes"] < 1.5  # both measured, same order (spread: above)
     assert warm.import_s is not None and warm.import_s > 0.5
 
+    # another environment: a server of its own (OpenMP read OMP_NUM_THREADS when the first one loaded it)
     other = run_probe_process(tiny_request(steps=1, warmup_steps=0, cpu_threads=1), warm=warm)
-    assert other.env["start"] == "fresh" and other.status == "ok", other.reason
-    assert warm.unavailable is None
-    slow = run_probe_process(tiny_request(timeout_s=3.0, steps=5000, window="whole"), warm=warm)
+    assert other.env["start"] == "forked" and other.status == "ok", other.reason
+    assert other.env["torch_threads"] == 1 and warm.restarts == 1 and warm.unavailable is None
+    slow = run_probe_process(tiny_request(timeout_s=3.0, steps=5000, window="whole", cpu_threads=1), warm=warm)
     assert (slow.status, slow.env["start"]) == ("timeout", "forked"), slow.reason
     assert not warm._children  # reaped and reported
-    after = run_probe_process(tiny_request(steps=1, warmup_steps=0), warm=warm)
+    after = run_probe_process(tiny_request(steps=1, warmup_steps=0, cpu_threads=1), warm=warm)
     assert after.env["start"] == "forked" and after.status == "ok", after.reason
+    assert warm.restarts == 1
 
 
 @pytest.mark.slow

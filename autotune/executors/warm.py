@@ -4,8 +4,9 @@
 says why each child is still a clean, isolated probe process) and returns a handle that waits and is
 killed like a ``subprocess.Popen``: its ``pid`` leads the probe's own process group. It returns None,
 and the caller starts a fresh process as before, whenever a forked probe would not be the same
-process: an environment other than the one the server was started with (only ``TMPDIR`` and the
-launch time may differ), a server that could not start, refused to fork, or has died. A probe whose
+process: a server that could not start, refused to fork, or has died. A probe whose environment differs
+from the server's (only ``TMPDIR`` and the launch time may) gets a new server of its environment while no
+probe runs, ``_MAX_RESTARTS`` times at most; then it too starts fresh. A probe whose
 server died under it is ``lost`` (the caller runs it again, fresh).
 
 Imports nothing heavy: the server imports torch, this side never does.
@@ -31,6 +32,9 @@ PER_PROBE_ENV = ("AUTOTUNE_LAUNCH_TIME", "TMPDIR")
 # seconds the server may take to import the libraries (a loaded 2-core machine: ~4-15 s)
 _READY_TIMEOUT_S = 300.0
 _START_TIMEOUT_S = 60.0
+# a probe whose environment differs from the server's gets a server of its own environment (an import in the
+# caller's process may set a variable: DeepSpeed sets PYTORCH_NVML_BASED_CUDA_CHECK), at most this many times
+_MAX_RESTARTS = 3
 
 
 class ForkedProbe:
@@ -72,6 +76,8 @@ class WarmStarter:
         self._children: dict[int, ForkedProbe] = {}
         self._ready = threading.Event()
         self._ready_msg: dict[str, Any] = {}
+        self._generation = 0  # which server the reader thread's messages belong to
+        self.restarts = 0
 
     # ------------------------------------------------------------------ probes
 
@@ -82,9 +88,12 @@ class WarmStarter:
         with self._lock:
             if self.unavailable is not None:
                 return None
+            if self._proc is not None and base != self._base:
+                if self._children or self.restarts >= _MAX_RESTARTS:  # never kill a running probe for this
+                    return None
+                self.restarts += 1
+                self._retire()
             if self._proc is None and not self._launch(base, model_path):
-                return None
-            if base != self._base:
                 return None
             ident = next(self._ids)
             done: tuple[threading.Event, list[dict[str, Any]]] = (threading.Event(), [])
@@ -126,7 +135,8 @@ class WarmStarter:
             preexec_fn=preexec_fn(),  # and it dies with the thread that started it
         )  # fmt: skip
         self._base, self._stdin = base, self._proc.stdin
-        threading.Thread(target=self._read, args=(self._proc.stdout,), name="autotune-warm", daemon=True).start()
+        threading.Thread(target=self._read, args=(self._proc.stdout, self._generation, self._ready),
+                         name="autotune-warm", daemon=True).start()
         if not self._ready.wait(_READY_TIMEOUT_S):
             self._fail(f"its imports took over {_READY_TIMEOUT_S:g} s")
             return False
@@ -136,7 +146,7 @@ class WarmStarter:
         self.import_s = float(self._ready_msg.get("import_s") or 0.0)
         return True
 
-    def _read(self, stream: IO[bytes] | None) -> None:
+    def _read(self, stream: IO[bytes] | None, generation: int, ready: threading.Event) -> None:
         """The server's replies, in order: ready, each fork's pid (or error), each child's exit."""
         assert stream is not None
         for raw in stream:
@@ -146,9 +156,11 @@ class WarmStarter:
                 continue
             if "ready" in msg:  # _launch waits for it holding the lock
                 self._ready_msg = msg
-                self._ready.set()
+                ready.set()
                 continue
             with self._lock:
+                if generation != self._generation:  # a retired server's last words
+                    continue
                 if "id" in msg:
                     if "pid" in msg:
                         self._children[int(msg["pid"])] = ForkedProbe(int(msg["pid"]))
@@ -160,8 +172,10 @@ class WarmStarter:
                     child = self._children.pop(int(msg["exit"]), None)
                     if child is not None:
                         child._end(int(msg["code"]))
-        self._ready.set()  # (before the lock: _launch may hold it, waiting for this)
+        ready.set()  # (before the lock: _launch may hold it, waiting for this)
         with self._lock:  # the server has ended: its children died with it (parent-death signal)
+            if generation != self._generation:  # retired on purpose, with no probe running
+                return
             self.unavailable = self.unavailable or "it has ended"
             for child in self._children.values():
                 child._end(-signal.SIGKILL, lost=True)
@@ -175,6 +189,16 @@ class WarmStarter:
         self._err.seek(0)
         lines = self._err.read().decode(errors="replace").strip().splitlines()
         return " / ".join(lines[-3:])
+
+    def _retire(self) -> None:
+        """Stop this server for one of another environment (no probe of it runs); the lock is held."""
+        self._generation += 1
+        self._stop_server()
+        self._proc = self._stdin = None
+        self._ready, self._ready_msg = threading.Event(), {}
+        if self._err is not None:
+            self._err.close()
+            self._err = None
 
     def _fail(self, why: str) -> None:
         """Stop forking (callers start fresh processes from now on); the lock is held."""

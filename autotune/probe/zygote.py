@@ -13,7 +13,7 @@ Each child is a probe process like a fresh one, because:
   ``autotune.probe.worker.main`` as ``python -m autotune.probe.worker`` would. What is read from the
   environment at import time (the Hub's offline flags, OpenMP's thread count) was read from the same
   values: the executor only forks from a parent started with the probe's environment (TMPDIR and the
-  launch time aside) and starts probes the old way otherwise.
+  launch time aside), starting another server (or, past a few, a fresh probe process) otherwise.
 * **it is isolated as one**: its own session and process group (a timeout kills its data-loader
   workers too), a parent-death signal (the server dies with the executor's thread that started it,
   and a child with the server), the worker's own deadline, and the server kills every child's group

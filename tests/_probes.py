@@ -1,0 +1,26 @@
+"""Real CPU probes forked from one warm server per test process (``autotune.executors.warm``), as ``autotune run``
+makes them on a CPU: the same probe as a fresh process (tests/test_warm.py, benchmarks/warm_start.py) without
+its ~4 s of imports. Tests about the fresh process itself (its timeout, a crashing interpreter, the thread count
+it inherits) call ``run_probe_process`` directly; a request whose environment differs starts fresh anyway.
+"""
+
+from __future__ import annotations
+
+import atexit
+from typing import Any
+
+from autotune.executors.local import run_probe_process
+from autotune.executors.warm import WarmStarter
+from autotune.spec.probe_request import ProbeRequest
+from autotune.spec.result import ProbeResult
+
+_WARM: WarmStarter | None = None
+
+
+def probe(request: ProbeRequest, **kw: Any) -> ProbeResult:
+    """``run_probe_process(request, warm=<this process's server>)``."""
+    global _WARM
+    if _WARM is None:
+        _WARM = WarmStarter()
+        atexit.register(_WARM.close)
+    return run_probe_process(request, warm=_WARM, **kw)

@@ -71,10 +71,11 @@ def test_the_embedded_pool_is_private_loopback_only_token_auth_on_and_reaped(tmp
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # what the user's environment says
     monkeypatch.setenv("HOME", str(tmp_path))  # so ~/.ray/auth_token is this test's
     me = psutil.Process()
+    before = {c.pid for c in me.children(recursive=True)}  # (this test process's warm server: tests/_probes.py)
     with RayExecutor(device="cpu", num_cpus=1, probe_fn=_ok) as pool:
         pool.submit(_req())
         assert _drain(pool, 1)  # it works
-        started = {c.pid for c in me.children(recursive=True)}
+        started = {c.pid for c in me.children(recursive=True)} - before
         ports = _listening(started | {me.pid})
         assert ports, "the pool listens nowhere?"
         for pid, ip, port in ports:
@@ -142,6 +143,7 @@ def test_a_pool_whose_processes_were_all_sent_sigterm_closes_within_seconds() ->
             return ""
 
     me = psutil.Process()
+    before = {c.pid for c in me.children(recursive=True)}  # (this test process's warm server: tests/_probes.py)
     pool = RayExecutor(device="cpu", num_cpus=1, probe_fn=_hang)
     try:
         pool.submit(_req())
@@ -150,7 +152,7 @@ def test_a_pool_whose_processes_were_all_sent_sigterm_closes_within_seconds() ->
                                                        for p in me.children(recursive=True)):
             time.sleep(0.1)
         assert time.monotonic() < deadline, "the probe task never started: nothing to stop"
-        started = {(p.pid, p.create_time()) for p in me.children(recursive=True)}
+        started = {(p.pid, p.create_time()) for p in me.children(recursive=True) if p.pid not in before}
         for pid, _ in started:  # every process of the job, as slurmstepd signals them
             try:
                 os.kill(pid, signal.SIGTERM)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -28,6 +30,13 @@ def warm() -> Iterator[WarmStarter]:
         yield w
     finally:
         w.close()
+
+
+def _sig_ignored(pid: int) -> str:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("SigIgn:"):
+            return line.split()[1]
+    raise AssertionError("no SigIgn in /proc/PID/status")
 
 
 def _rss_file_kib(pid: int | str = "self") -> int:
@@ -83,7 +92,23 @@ def test_a_forked_probe_measures_what_a_fresh_one_does_and_dies_like_one(warm: W
     other = run_probe_process(tiny_request(steps=1, warmup_steps=0, cpu_threads=1), warm=warm)
     assert other.env["start"] == "forked" and other.status == "ok", other.reason
     assert other.env["torch_threads"] == 1 and warm.restarts == 1 and warm.unavailable is None
-    slow = run_probe_process(tiny_request(timeout_s=3.0, steps=5000, window="whole", cpu_threads=1), warm=warm)
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(run_probe_process(
+        tiny_request(timeout_s=3.0, steps=5000, window="whole", cpu_threads=1), warm=warm)))
+    t.start()
+    deadline = time.monotonic() + 30
+    while not warm._children and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # the signals it ignores are a fresh interpreter's (Python ignores SIGPIPE and SIGXFSZ at start-up)
+    fresh = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        time.sleep(0.5)
+        assert _sig_ignored(next(iter(warm._children))) == _sig_ignored(fresh.pid)
+    finally:
+        fresh.kill()
+        fresh.wait()
+    t.join(timeout=60)
+    slow = out[0]
     assert (slow.status, slow.env["start"]) == ("timeout", "forked"), slow.reason
     assert not warm._children  # reaped and reported
     after = run_probe_process(tiny_request(steps=1, warmup_steps=0, cpu_threads=1), warm=warm)

@@ -145,7 +145,8 @@ def _child(cmd: dict[str, Any], control: tuple[int, ...], parent: int, started: 
         if os.getppid() != parent:  # the server died between fork and prctl
             os._exit(1)
         os.close(started)
-        for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE, signal.SIGHUP):
+        # as a fresh interpreter has them (SIGPIPE stays ignored, as Python sets it at start-up)
+        for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         for fd in control:

@@ -103,7 +103,9 @@ def test_a_forked_probe_measures_what_a_fresh_one_does_and_dies_like_one(warm: W
     fresh = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         time.sleep(0.5)
-        assert _sig_ignored(next(iter(warm._children))) == _sig_ignored(fresh.pid)
+        child = next(iter(warm._children))
+        assert _sig_ignored(child) == _sig_ignored(fresh.pid)
+        assert os.readlink(f"/proc/{child}/cwd") == os.getcwd()  # where a fresh probe runs (relative paths)
     finally:
         fresh.kill()
         fresh.wait()
@@ -169,3 +171,20 @@ def test_a_run_on_a_cpu_forks_its_probes_locally_and_a_contradictory_pool_is_ref
             tune(RunRequest(model="tiny-llama", gpu_budget="1GB", device="cpu", pool=pool, ray_address=ray,
                             out=str(tmp_path / "out")))
         assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_closing_while_the_server_imports_returns_at_once_and_starts_no_probe() -> None:
+    """close() (Ctrl-C's path) while the first probe waits for the server's imports: it neither waits for them
+    nor lets that probe start afterwards, fresh or forked."""
+    warm = WarmStarter()
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(run_probe_process(tiny_request(), warm=warm)))
+    t.start()
+    deadline = time.monotonic() + 30
+    while warm._launching is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    warm.close()
+    t.join(timeout=30)
+    assert time.monotonic() - t0 < 10 and not t.is_alive()
+    assert out[0].status == "crash" and "executor was closed" in out[0].reason, out[0].reason

@@ -86,13 +86,15 @@ def _stderr_tail(err_path: Path, res_path: Path) -> str:
 def _kill_group(proc: subprocess.Popen[bytes] | ForkedProbe) -> None:
     """Stop the worker and anything it started (data-loader workers): TERM, then KILL."""
     try:
-        pgid = os.getpgid(proc.pid)
+        # a forked probe leads its group from before its pid was reported (and its server, not this
+        # process, reaps it: asking the kernel for the group of an ended pid could name another's)
+        pgid = proc.pid if isinstance(proc, ForkedProbe) else os.getpgid(proc.pid)
     except ProcessLookupError:
         return
     for sig, wait in ((signal.SIGTERM, _KILL_GRACE_S), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(pgid, sig)
-        except ProcessLookupError:
+        except (ProcessLookupError, PermissionError):  # gone (or the id is no longer ours)
             return
         try:
             proc.wait(timeout=wait)
@@ -179,7 +181,11 @@ def run_probe_process(
         code, timed_out, start = _run_and_wait(argv, env, workdir, timeout, live,
                                                warm=warm if forkable else None,
                                                model_path=request.workload.model_path)
-        if start == "lost":  # its warm server died under it (not the probe's doing): once more, fresh
+        if start == "closed":
+            return ProbeResult(status="crash", request=req_dict, metrics={},
+                               reason="not run: the executor was closed before this probe started")
+        if start == "lost" and warm is not None and warm.unavailable != "closed":
+            # its warm server died under it (not the probe's doing): once more, fresh
             return run_probe_process(request, python=python, live=live, extra_env=extra_env, warm=warm)
         wall = time.time() - launch
         if timed_out:
@@ -224,8 +230,11 @@ def _run_and_wait(
     with open(workdir / "stdout.log", "wb") as out, open(workdir / "stderr.log", "wb") as err:
         proc: subprocess.Popen[bytes] | ForkedProbe | None = None
         if warm is not None:
-            proc = warm.start(argv[3:5], env, workdir, workdir / "stdout.log", workdir / "stderr.log",
+            # in this process's folder, where a fresh probe would run (a relative --dataset path resolves alike)
+            proc = warm.start(argv[3:5], env, Path.cwd(), workdir / "stdout.log", workdir / "stderr.log",
                               model_path=model_path)
+            if proc is None and warm.unavailable == "closed":
+                return None, False, "closed"
         if proc is None:
             proc = subprocess.Popen(
                 argv,
@@ -241,7 +250,10 @@ def _run_and_wait(
             live.add(proc)
         try:
             code = proc.wait(timeout=timeout)
-            return code, False, "lost" if isinstance(proc, ForkedProbe) and proc.lost else start
+            if isinstance(proc, ForkedProbe) and proc.lost:
+                _kill_group(proc)  # what it started (data-loader workers) goes before any rerun
+                return code, False, "lost"
+            return code, False, start
         except subprocess.TimeoutExpired:
             _kill_group(proc)
             return proc.returncode, True, start

@@ -37,6 +37,14 @@ _START_TIMEOUT_S = 60.0
 _MAX_RESTARTS = 3
 
 
+def _kill_child(pid: int) -> None:
+    """SIGKILL a forked probe's group (it leads one from before its pid is reported)."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
 class ForkedProbe:
     """A probe process forked by the server: ``pid`` (its own group), ``wait``, ``poll``, ``returncode``."""
 
@@ -72,11 +80,13 @@ class WarmStarter:
         self.unavailable: str | None = None  # why it forks no more (None: it does, or has not started)
         self.import_s: float | None = None  # the server's one-off import time
         self._ids = itertools.count()
-        self._replies: dict[int, tuple[threading.Event, list[dict[str, Any]]]] = {}
+        self._replies: dict[int, tuple[threading.Event, list[Any]]] = {}  # id -> (answered, [reply, handle])
+        self._abandoned: set[int] = set()  # starts whose caller stopped waiting: their child is killed
         self._children: dict[int, ForkedProbe] = {}
         self._ready = threading.Event()
         self._ready_msg: dict[str, Any] = {}
         self._generation = 0  # which server the reader thread's messages belong to
+        self._launching: subprocess.Popen[bytes] | None = None  # a server whose imports _launch waits for
         self.restarts = 0
 
     # ------------------------------------------------------------------ probes
@@ -89,14 +99,15 @@ class WarmStarter:
             if self.unavailable is not None:
                 return None
             if self._proc is not None and base != self._base:
-                if self._children or self.restarts >= _MAX_RESTARTS:  # never kill a running probe for this
+                # never stop a server for this while a probe of it runs or is being forked
+                if self._children or self._replies or self.restarts >= _MAX_RESTARTS:
                     return None
                 self.restarts += 1
                 self._retire()
             if self._proc is None and not self._launch(base, model_path):
                 return None
             ident = next(self._ids)
-            done: tuple[threading.Event, list[dict[str, Any]]] = (threading.Event(), [])
+            done: tuple[threading.Event, list[Any]] = (threading.Event(), [])
             self._replies[ident] = done
             cmd = {"id": ident, "argv": argv, "env": env, "cwd": str(cwd), "stdout": str(stdout),
                    "stderr": str(stderr)}  # fmt: skip
@@ -108,17 +119,23 @@ class WarmStarter:
                 self._replies.pop(ident, None)
                 self._fail("its command pipe is closed")
                 return None
-        if not done[0].wait(_START_TIMEOUT_S) or not done[1] or "pid" not in done[1][0]:
+        try:
+            answered = done[0].wait(_START_TIMEOUT_S)
+        except BaseException:  # interrupted while waiting: the child it may still fork is killed on arrival
+            with self._lock:
+                if self._replies.pop(ident, None) is not None:
+                    self._abandoned.add(ident)
+                elif len(done[1]) == 2:
+                    _kill_child(done[1][1].pid)
+            raise
+        if not answered or len(done[1]) != 2:
             with self._lock:
                 self._replies.pop(ident, None)
-                why = done[1][0].get("error") if done[1] else None
-                self._fail(f"it did not fork a probe ({why or f'no answer within {_START_TIMEOUT_S:g} s'})")
+                if self.unavailable is None:
+                    why = done[1][0].get("error") if done[1] else None
+                    self._fail(f"it did not fork a probe ({why or f'no answer within {_START_TIMEOUT_S:g} s'})")
             return None
-        return self._children_get(int(done[1][0]["pid"]))
-
-    def _children_get(self, pid: int) -> ForkedProbe:
-        with self._lock:
-            return self._children[pid]
+        return done[1][1]  # the handle the reader made when the pid arrived (it may have ended already)
 
     # ------------------------------------------------------------------ the server
 
@@ -126,18 +143,30 @@ class WarmStarter:
         """Start the server with ``base`` and wait for its imports; False (and ``unavailable``) if it cannot."""
         from autotune.probe.lifetime import preexec_fn
 
-        # its stderr (the reason, if it cannot start) in an unlinked file: nothing to remove on any exit path
-        self._err = tempfile.TemporaryFile()
         argv = [self._python, "-m", "autotune.probe.zygote", *([model_path] if model_path else [])]
-        self._proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, env=base,
-            start_new_session=True,  # no terminal signal reaches it: the executor stops it
-            preexec_fn=preexec_fn(),  # and it dies with the thread that started it
-        )  # fmt: skip
-        self._base, self._stdin = base, self._proc.stdin
-        threading.Thread(target=self._read, args=(self._proc.stdout, self._generation, self._ready),
-                         name="autotune-warm", daemon=True).start()
-        if not self._ready.wait(_READY_TIMEOUT_S):
+        try:
+            # its stderr (the reason, if it cannot start) in an unlinked file: nothing to remove on any exit path
+            self._err = tempfile.TemporaryFile()
+            self._proc = subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, env=base,
+                start_new_session=True,  # no terminal signal reaches it: the executor stops it
+                preexec_fn=preexec_fn(),  # and it dies with the thread that started it
+            )  # fmt: skip
+            self._base, self._stdin = base, self._proc.stdin
+            threading.Thread(target=self._read, args=(self._proc.stdout, self._generation, self._ready),
+                             name="autotune-warm", daemon=True).start()
+        except (OSError, RuntimeError, ValueError) as exc:  # no server: the probes start fresh
+            self._fail(f"it could not start ({exc})")
+            return False
+        self._launching = self._proc  # close() may kill it meanwhile, without the lock
+        try:
+            ready = self._ready.wait(_READY_TIMEOUT_S)
+        finally:
+            self._launching = None
+        if self.unavailable == "closed":
+            self._stop_server()
+            return False
+        if not ready:
             self._fail(f"its imports took over {_READY_TIMEOUT_S:g} s")
             return False
         if not self._ready_msg.get("ready"):
@@ -162,11 +191,16 @@ class WarmStarter:
                 if generation != self._generation:  # a retired server's last words
                     continue
                 if "id" in msg:
+                    child = None
                     if "pid" in msg:
-                        self._children[int(msg["pid"])] = ForkedProbe(int(msg["pid"]))
+                        child = self._children[int(msg["pid"])] = ForkedProbe(int(msg["pid"]))
+                    if int(msg["id"]) in self._abandoned:
+                        self._abandoned.discard(int(msg["id"]))
+                        if child is not None:
+                            _kill_child(child.pid)
                     waiter = self._replies.pop(int(msg["id"]), None)
                     if waiter is not None:
-                        waiter[1].append(msg)
+                        waiter[1].extend([msg, child] if child is not None else [msg])
                         waiter[0].set()
                 elif "exit" in msg:
                     child = self._children.pop(int(msg["exit"]), None)
@@ -224,7 +258,14 @@ class WarmStarter:
             proc.wait()
 
     def close(self) -> None:
-        """Stop the server (and any probe it still runs)."""
+        """Stop the server (and any probe it still runs). Callers start no probe after it (``closed``)."""
+        self.unavailable = "closed"
+        launching = self._launching
+        if launching is not None:  # _launch holds the lock while the server imports: end it at once
+            try:
+                os.killpg(launching.pid, signal.SIGKILL)
+            except OSError:
+                pass
         with self._lock:
             self.unavailable = self.unavailable or "closed"
             self._stop_server()

@@ -9,7 +9,8 @@ Each child is a probe process like a fresh one, because:
 * **it starts from the same state**: the parent has only imported modules (no model, no tensors, no
   thread pool started, no CUDA: it refuses to serve once torch's CUDA or a second Python thread is
   up); the child takes the probe's own environment (``TMPDIR``, the launch time), working folder,
-  stdout/stderr files and ``sys.argv``, resets the signal handlers, and then runs
+  stdout/stderr files, working folder (the executor's, as a fresh process inherits it) and ``sys.argv``,
+  gets back the SIGINT handler the server set aside, and then runs
   ``autotune.probe.worker.main`` as ``python -m autotune.probe.worker`` would. What is read from the
   environment at import time (the Hub's offline flags, OpenMP's thread count) was read from the same
   values: the executor only forks from a parent started with the probe's environment (TMPDIR and the
@@ -131,7 +132,7 @@ def _unsafe_to_fork() -> str | None:
 
 
 def _child(cmd: dict[str, Any], control: tuple[int, ...], parent: int, started: int,
-           resident: list[tuple[int, int]]) -> None:
+           resident: list[tuple[int, int]], sigint: Any) -> None:
     """In the forked child: become the probe process, run the worker, and never return.
 
     ``started``: a pipe's write end, closed once the child leads its own process group, so the
@@ -145,10 +146,9 @@ def _child(cmd: dict[str, Any], control: tuple[int, ...], parent: int, started: 
         if os.getppid() != parent:  # the server died between fork and prctl
             os._exit(1)
         os.close(started)
-        # as a fresh interpreter has them (SIGPIPE stays ignored, as Python sets it at start-up)
-        for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        # the server changed SIGINT alone: every other disposition is the one a fresh interpreter started by
+        # the executor has (SIGPIPE ignored, as Python sets it at start-up; SIGHUP as inherited)
+        signal.signal(signal.SIGINT, sigint)
         for fd in control:
             os.close(fd)
         restore_residency(resident)
@@ -169,7 +169,7 @@ def _child(cmd: dict[str, Any], control: tuple[int, ...], parent: int, started: 
         sys.argv = [worker.__file__, *cmd["argv"]]
         code = worker.main(list(cmd["argv"]), own_process=True)
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:  # noqa: BLE001 - the child must end here, never in the server's loop
         import traceback
 
@@ -188,6 +188,7 @@ def _child(cmd: dict[str, Any], control: tuple[int, ...], parent: int, started: 
 
 def serve(model_path: str | None = None) -> int:
     """The server's loop (``python -m autotune.probe.zygote [MODEL_PATH]``)."""
+    sigint = signal.getsignal(signal.SIGINT)  # what a fresh interpreter would have: the children get it back
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the executor stops it (its own session besides)
     cmd_fd, reply_fd = os.dup(0), os.dup(1)
     null = os.open(os.devnull, os.O_RDWR)
@@ -224,10 +225,11 @@ def serve(model_path: str | None = None) -> int:
                     continue
                 reply.flush()
                 r, w = os.pipe()
+                server = os.getpid()  # (the child compares its parent with this: the server may die meanwhile)
                 pid = os.fork()
                 if pid == 0:
                     os.close(r)
-                    _child(cmd, (cmd_fd, reply_fd), os.getppid(), w, resident)
+                    _child(cmd, (cmd_fd, reply_fd), server, w, resident, sigint)
                 os.close(w)
                 children.add(pid)
                 ok, _, _ = select.select([r], [], [], 30.0)  # EOF: it leads its group (or it died)

@@ -8,8 +8,8 @@ Each child is a probe process like a fresh one, because:
 
 * **it starts from the same state**: the parent has only imported modules (no model, no tensors, no
   thread pool started, no CUDA: it refuses to serve once torch's CUDA or a second Python thread is
-  up); the child takes the probe's own environment (``TMPDIR``, the launch time), working folder,
-  stdout/stderr files, working folder (the executor's, as a fresh process inherits it) and ``sys.argv``,
+  up); the child takes the probe's own environment (``TMPDIR``, the launch time), stdout/stderr
+  files, working folder (the executor's, as a fresh process inherits it) and ``sys.argv``,
   gets back the SIGINT handler the server set aside, and then runs
   ``autotune.probe.worker.main`` as ``python -m autotune.probe.worker`` would. What is read from the
   environment at import time (the Hub's offline flags, OpenMP's thread count) was read from the same

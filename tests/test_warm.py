@@ -32,18 +32,20 @@ def warm() -> Iterator[WarmStarter]:
         w.close()
 
 
-def _sig_ignored(pid: int) -> str:
+def _status(field: str, pid: int | str = "self") -> str:
+    """A field of /proc/PID/status (its first word)."""
     for line in open(f"/proc/{pid}/status"):
-        if line.startswith("SigIgn:"):
+        if line.startswith(f"{field}:"):
             return line.split()[1]
-    raise AssertionError("no SigIgn in /proc/PID/status")
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
 
 
-def _rss_file_kib(pid: int | str = "self") -> int:
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("RssFile:"):
-            return int(line.split()[1])
-    raise AssertionError("no RssFile in /proc/PID/status")
+def _sig_ignored(pid: int) -> str:
+    return _status("SigIgn", pid)
+
+
+def _rss_file_kib() -> int:
+    return int(_status("RssFile"))
 
 
 def test_a_forked_child_gets_back_the_library_pages_its_parent_had_mapped() -> None:

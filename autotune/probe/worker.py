@@ -47,7 +47,7 @@ from autotune.spec.probe_window import ProbeWindow, probe_window
 from autotune.spec.result import ProbeResult
 from autotune.store.atomic import write_json_atomic
 
-__all__ = ["run_probe_in_process", "main"]
+__all__ = ["import_modeling_module", "run_probe_in_process", "main"]
 
 
 
@@ -998,6 +998,20 @@ def _nvml_index(torch_index: int, *, visible: str | None = None, nvml: Any = Non
     return torch_index
 
 
+def import_modeling_module(model_path: str | None, *, trust_remote_code: bool = False) -> None:
+    """Import the modeling module of ``model_path``'s config (the build, or the probe, reports a bad config)."""
+    if not model_path:
+        return
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    try:
+        cfg = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code, local_files_only=True)
+        MODEL_FOR_CAUSAL_LM_MAPPING[type(cfg)]  # imports the modeling module
+    except Exception:  # noqa: S110 - the build reports what is wrong with the config
+        pass
+
+
 def _preload_libraries(req: ProbeRequest) -> None:
     """Import what building and training will import, before the memory baseline is taken.
 
@@ -1006,19 +1020,12 @@ def _preload_libraries(req: ProbeRequest) -> None:
     """
     import importlib
 
-    from transformers import AutoConfig, Trainer, TrainingArguments  # noqa: F401
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+    from transformers import Trainer, TrainingArguments  # noqa: F401
 
     import autotune.probe.data  # noqa: F401
 
     w = req.workload
-    try:
-        cfg = AutoConfig.from_pretrained(
-            w.model_path, trust_remote_code=w.trust_remote_code, local_files_only=True
-        )
-        MODEL_FOR_CAUSAL_LM_MAPPING[type(cfg)]  # imports the modeling module
-    except Exception:
-        pass  # the build reports what is wrong with the config
+    import_modeling_module(w.model_path, trust_remote_code=w.trust_remote_code)
     for name in ("accelerate", "torch.utils.data", "torch.optim"):
         importlib.import_module(name)
     if w.mode != "full":

@@ -58,14 +58,9 @@ def preload(model_path: str | None = None) -> float:
     t0 = time.perf_counter()
     for name in PRELOAD:
         importlib.import_module(name)
-    if model_path:
-        try:
-            from transformers import AutoConfig
-            from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+    from autotune.probe.worker import import_modeling_module
 
-            MODEL_FOR_CAUSAL_LM_MAPPING[type(AutoConfig.from_pretrained(model_path, local_files_only=True))]
-        except Exception:  # noqa: S110 - the probe itself reports what is wrong with the config
-            pass
+    import_modeling_module(model_path)  # (never remote code: the server runs nothing a probe did not ask for)
     return time.perf_counter() - t0
 
 
@@ -203,7 +198,8 @@ def serve(model_path: str | None = None) -> int:
 
     import_s = preload(model_path)
     resident = resident_file_pages()
-    say({"ready": _unsafe_to_fork() is None, "import_s": import_s, "why_not": _unsafe_to_fork()})
+    why_not = _unsafe_to_fork()
+    say({"ready": why_not is None, "import_s": import_s, "why_not": why_not})
     children: set[int] = set()
     buf = b""
     try:

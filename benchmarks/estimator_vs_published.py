@@ -346,14 +346,63 @@ def _torchtitan_rows() -> list[Row]:
 
 
 RUNS_FILE = ROOT / "benchmarks" / "published_runs.json"
+# short steps (under ~1,000 real tokens per micro-batch) from other projects, split by the same rule
+SHORT_FILE = ROOT / "benchmarks" / "published_short_steps.json"
+# max_memory_reserved with real variable-length batches at large vocabularies (ms-swift), split by the same rule
+LARGE_VOCAB_FILE = ROOT / "benchmarks" / "published_large_vocab.json"
 # Per-stack efficiency multiplier for trainers other than the HF Trainer the planner models, fitted with
 # the speed constants on the fit half (the same role as ``plan --calibrate``: a measured efficiency for a
 # stack): torchtune's compiled single-device recipes. Runs of other sources use 1.0.
-STACK_FACTOR = {"torchtune": 2.2}
+STACK_FACTOR = {"torchtune": 1.83}
 
 
 def load_runs() -> dict[str, Any]:
     return json.loads(RUNS_FILE.read_text())
+
+
+def load_short_steps() -> dict[str, Any]:
+    return json.loads(SHORT_FILE.read_text())
+
+
+def load_large_vocab() -> dict[str, Any]:
+    return json.loads(LARGE_VOCAB_FILE.read_text())
+
+
+def varlen_memory_rows(doc: dict[str, Any] | None = None, *, fixed: bool = False) -> list[Row]:
+    """Published max_memory_reserved with variable-length batches against ``reserved_variable_lengths`` (or, with
+    ``fixed``, against the fixed-length ``reserved``: what the plan reported before the variable-length term)."""
+    doc = doc or load_large_vocab()
+    out = []
+    for run in doc["runs"]:
+        a, wl, c, _ = run_setup(doc, run)
+        br = estimate_memory(a, wl, c)
+        got = br.reserved if fixed else br.reserved_variable_lengths
+        half = "fit" if run["split"] == "fit" else "held out"
+        out.append(Row(f"reserved, variable lengths ({half})", _run_label(run), run["published_memory_gib"], got / GiB,
+                       "GiB", run["cite"], run.get("ambiguity", "")))  # fmt: skip
+    return out
+
+
+def within(rs: list[Row], tol: float = 0.15) -> float:
+    """Share of rows whose ratio is within +-``tol``."""
+    q = [r.ratio for r in rs if r.ratio is not None]
+    return sum(1 for x in q if abs(x - 1) <= tol) / len(q)
+
+
+def fit_varlen(doc: dict[str, Any] | None = None) -> float:
+    """``VARLEN_RESERVE_GROWTH`` fitted on the fit half of the large-vocabulary set (least squared log ratio, grid
+    of 0.05). Leaves it set."""
+    from autotune.estimate import memory as memory_model
+
+    doc = doc or load_large_vocab()
+
+    def loss(g: float) -> float:
+        memory_model.VARLEN_RESERVE_GROWTH = g
+        return sum(math.log(r.ratio) ** 2 for r in varlen_memory_rows(doc) if r.group.endswith("(fit)"))
+
+    best = min((loss(i / 20), i / 20) for i in range(0, 81))[1]
+    memory_model.VARLEN_RESERVE_GROWTH = best
+    return best
 
 
 def _run_arch(doc: dict[str, Any], name: str) -> Arch:
@@ -377,7 +426,7 @@ def run_setup(doc: dict[str, Any], run: dict[str, Any]) -> tuple[Arch, Workload,
     wl = Workload("m", seq_len=run["seq_len"], mode=run["method"], lora_r=run.get("lora_r", 16), lora_targets=targets)
     fsdp = run.get("sharding") == "fsdp"
     # DeepSpeed's engine runs its own fused Adam (the config's "optimizer" block); the rest torch's default
-    optim = "adamw_torch_fused" if run["zero_stage"] and not fsdp else "adamw_torch"
+    optim = run.get("optim") or ("adamw_torch_fused" if run["zero_stage"] and not fsdp else "adamw_torch")
     c = Candidate(micro_batch=run["micro_batch"], grad_accum=run["grad_accum"], grad_ckpt=run["grad_ckpt"], attn=run["attn"],
                   precision=run["precision"], world_size=run["gpus"], zero_stage=run["zero_stage"],
                   sharding="fsdp" if fsdp else "deepspeed", torch_compile=run["compile"], optim=optim)  # fmt: skip
@@ -423,11 +472,11 @@ def _run_label(run: dict[str, Any]) -> str:
             f"{', ckpt' if run['grad_ckpt'] else ''}, {run['attn']}")  # fmt: skip
 
 
-def speed_rows(doc: dict[str, Any] | None = None) -> list[Row]:
+def speed_rows(doc: dict[str, Any] | None = None, label: str = "speed") -> list[Row]:
     doc = doc or load_runs()
     out = []
     for run in doc["runs"]:
-        group = "speed (fit)" if run["split"] == "fit" else "speed (held out)"
+        group = f"{label} (fit)" if run["split"] == "fit" else f"{label} (held out)"
         out.append(Row(group, _run_label(run), published_tokens_per_s(run), predicted_tokens_per_s(doc, run),
                        "tok/s/GPU", run["cite"], run.get("ambiguity", "")))  # fmt: skip
     return out
@@ -455,7 +504,7 @@ def split_summary(rs: list[Row]) -> dict[str, float]:
 
 # the constants --fit adjusts (log-space Nelder-Mead on the squared log ratios of the fit half)
 FIT_PARAMS = ("DEFAULT_EFFICIENCY", "SATURATION_TOKENS", "LAYER_OVERHEAD_S", "LORA_MODULE_OVERHEAD_S",
-              "DEQUANT_nf4", "DEQUANT_gptq", "STEP_OVERHEAD_S", "STACK_torchtune")  # fmt: skip
+              "DEQUANT_nf4", "DEQUANT_gptq", "MICROBATCH_OVERHEAD_S", "TRAINER_STEP_S", "STACK_torchtune")  # fmt: skip
 
 
 def _set_params(x: list[float]) -> None:
@@ -464,8 +513,9 @@ def _set_params(x: list[float]) -> None:
     speed_model.LAYER_OVERHEAD_S = x[2]
     speed_model.LORA_MODULE_OVERHEAD_S = x[3]
     speed_model.DEQUANT_S_PER_PARAM = {"nf4": x[4], "gptq": x[5]}
-    speed_model.STEP_OVERHEAD_S = x[6]
-    STACK_FACTOR["torchtune"] = x[7]
+    speed_model.MICROBATCH_OVERHEAD_S = x[6]
+    speed_model.TRAINER_STEP_S = x[7]
+    STACK_FACTOR["torchtune"] = x[8]
 
 
 def _nelder_mead(f: Any, x0: list[float], step: float, iters: int = 3000) -> tuple[list[float], float]:
@@ -498,20 +548,24 @@ def _nelder_mead(f: Any, x0: list[float], step: float, iters: int = 3000) -> tup
     return pts[i], vals[i]
 
 
-def fit_speed(doc: dict[str, Any] | None = None, start: list[float] | None = None) -> dict[str, float]:
-    """Refit the speed constants on the fit half (from ``start``, default the constants in
-    autotune/estimate/speed.py, a zero replaced by a small positive value). Leaves them set."""
+def fit_speed(doc: dict[str, Any] | None = None, start: list[float] | None = None,
+              short: dict[str, Any] | None = None) -> dict[str, float]:  # fmt: skip
+    """Refit the speed constants on the fit halves of both sets (published_runs.json and the short steps; from
+    ``start``, default the constants in autotune/estimate/speed.py, a zero replaced by a small positive value).
+    Leaves them set."""
     doc = doc or load_runs()
-    fit_runs = [r for r in doc["runs"] if r["split"] == "fit"]
+    short = short or load_short_steps()
+    fit_runs = [(d, r) for d in (doc, short) for r in d["runs"] if r["split"] == "fit"]
     start = start or [speed_model.DEFAULT_EFFICIENCY, speed_model.SATURATION_TOKENS, speed_model.LAYER_OVERHEAD_S,
                       speed_model.LORA_MODULE_OVERHEAD_S, speed_model.DEQUANT_S_PER_PARAM["nf4"],
-                      speed_model.DEQUANT_S_PER_PARAM["gptq"], speed_model.STEP_OVERHEAD_S, STACK_FACTOR["torchtune"]]  # fmt: skip
-    floor = [0.3, 64, 1e-4, 1e-5, 1e-13, 1e-12, 0.05, 1.0]
+                      speed_model.DEQUANT_S_PER_PARAM["gptq"], speed_model.MICROBATCH_OVERHEAD_S, speed_model.TRAINER_STEP_S,
+                      STACK_FACTOR["torchtune"]]  # fmt: skip
+    floor = [0.3, 64, 1e-4, 1e-5, 1e-13, 1e-12, 1e-3, 1e-3, 1.0]
     x0 = [math.log(v if v > 0 else f) for v, f in zip(start, floor, strict=False)]
 
     def loss(lx: list[float]) -> float:
         _set_params([math.exp(v) for v in lx])
-        return sum(math.log(predicted_tokens_per_s(doc, r) / published_tokens_per_s(r)) ** 2 for r in fit_runs)
+        return sum(math.log(predicted_tokens_per_s(d, r) / published_tokens_per_s(r)) ** 2 for d, r in fit_runs)
 
     best, _ = _nelder_mead(loss, x0, 0.5)
     best, _ = _nelder_mead(loss, best, 0.2)
@@ -531,7 +585,9 @@ def rows() -> list[Row]:
         + [_qlora_paper_row()]
         + _torchtitan_rows()
         + speed_rows(doc)
+        + speed_rows(load_short_steps(), "speed, short steps")
         + memory_rows(doc)
+        + varlen_memory_rows()
     )
 
 
@@ -576,7 +632,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.fit:
         fitted = fit_speed()
-        print("fitted on the fit half: " + ", ".join(f"{k} {v:.3g}" for k, v in fitted.items()) + "\n")
+        print("fitted on the fit half: " + ", ".join(f"{k} {v:.3g}" for k, v in fitted.items()))
+        print(f"VARLEN_RESERVE_GROWTH fitted on the large-vocabulary fit half: {fit_varlen():.2f}\n")
     rs = rows()
     _, missing = _deepspeed_rows()
     if a.markdown:
@@ -593,17 +650,25 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(missing)
     over = above_peak(load_runs())
-    for group in ("speed (fit)", "speed (held out)", "peak memory (published runs)"):
+    for group in ("speed (fit)", "speed (held out)", "speed, short steps (fit)", "speed, short steps (held out)",
+                  "peak memory (published runs)", "reserved, variable lengths (fit)",
+                  "reserved, variable lengths (held out)"):  # fmt: skip
         sel = [r for r in rs if r.group == group]
         if sel:
             q = split_summary(sel)
             print(f"{group}: {q['n']} rows, ratio median {q['median']:.2f}, min {q['min']:.2f}, max {q['max']:.2f}, "
-                  f"{q['outside_0.6_1.6']} outside 0.6-1.6")  # fmt: skip
+                  f"{q['outside_0.6_1.6']} outside 0.6-1.6, {100 * within(sel):.0f}% within 15%")  # fmt: skip
         consistent = [r for r in sel if r.group.startswith("speed") and r.what.split()[0] not in over]
         if over and consistent and len(consistent) < len(sel):
             q = split_summary(consistent)
             print(f"{group}, runs whose published rate is below the GPU's peak: {q['n']} rows, ratio median "
                   f"{q['median']:.2f}, min {q['min']:.2f}, max {q['max']:.2f}, {q['outside_0.6_1.6']} outside 0.6-1.6")  # fmt: skip
+    fixed = varlen_memory_rows(fixed=True)
+    for half in ("fit", "held out"):
+        sel = [r for r in fixed if r.group.endswith(f"({half})")]
+        q = split_summary(sel)
+        print(f"reserved, variable lengths ({half}), the fixed-length reserved figure instead: median {q['median']:.2f}, "
+              f"min {q['min']:.2f}, max {q['max']:.2f}, {100 * within(sel):.0f}% within 15%")  # fmt: skip
     if over:
         print("published rates above the GPU's dense peak in the FLOPs of their stated configuration "
               "(shown, not a target): " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in over.items()))  # fmt: skip

@@ -198,10 +198,10 @@ def test_published_runs_file_sources_configurations_and_split_rule() -> None:
 
 
 def test_speed_model_on_the_held_out_half() -> None:
-    """Fitted on the fit half only; the held-out half scores it (goal: median 0.85-1.15, every row
-    in 0.6-1.6). Recorded: fit 27 rows median 1.01 (0.78-1.25); held out 24 rows median 1.01
-    (0.53-1.31), one row outside: torchtune's LoRA on an RTX A6000 (0.53), whose published rate is
-    150% of the A6000's dense peak in the FLOPs of its stated configuration."""
+    """Fitted on the fit halves only (with the short-step set's); the held-out half scores it (goal: median
+    0.85-1.15, every row in 0.6-1.6). Recorded 2026-12-04: fit 27 rows median 0.99 (0.72-1.29); held out 24 rows
+    median 0.98 (0.66-1.32), none outside (before the per-step terms: 1.01, 0.53-1.31, torchtune's LoRA on an RTX
+    A6000 outside, whose published rate is 150% of the A6000's dense peak in the FLOPs of its configuration)."""
     bench = _bench()
     rows = bench.speed_rows()
     fit = bench.split_summary([r for r in rows if r.group == "speed (fit)"])
@@ -212,6 +212,48 @@ def test_speed_model_on_the_held_out_half() -> None:
     assert held["outside_0.6_1.6"] <= 1 and held["min"] > 0.5 and held["max"] < 1.35
     outside = [r.what for r in rows if r.group == "speed (held out)" and not 0.6 <= r.ratio <= 1.6]
     assert all("torchtune" in w for w in outside), outside
+
+
+def test_short_steps_set_and_the_per_step_terms() -> None:
+    """Short steps from other projects (benchmarks/published_short_steps.json, split by the same rule). Before the
+    per-step terms, PEFT's 3B LoRA steps on an L40S (0.117 s each) were predicted at 0.16-0.18 of their speed: a
+    fixed 0.66 s per optimizer step fitted on long steps. Recorded 2026-12-04: PEFT's five rows 0.63-0.86; the held
+    -out half 16 rows, median 0.87 (0.52-1.92), 4 outside 0.6-1.6 (litgpt's rows, whose tokens/s were derived from a
+    runtime that includes validation and a token count read off a histogram, +-20 %)."""
+    bench = _bench()
+    doc = bench.load_short_steps()
+    assert {r["source"] for r in doc["runs"]} == {"peft", "litgpt"}
+    seen: dict[str, int] = {}
+    for r in doc["runs"]:
+        assert r["cite"].strip() and r["model"] in doc["models"] and r["seq_len"] * r["micro_batch"] <= 1000
+        k = seen.get(r["source"], 0)
+        assert r["split"] == ("fit" if k % 2 == 0 else "heldout"), r["id"]
+        seen[r["source"]] = k + 1
+    rows = bench.speed_rows(doc, "short")
+    peft = [r.ratio for r in rows if r.what.startswith("peft-")]
+    assert len(peft) == 5 and all(0.6 <= x <= 1.0 for x in peft), peft
+    held = bench.split_summary([r for r in rows if r.group == "short (held out)"])
+    assert held["n"] == 16 and 0.85 <= held["median"] <= 1.15 and held["outside_0.6_1.6"] <= 4, held
+
+
+def test_reserved_with_variable_lengths_against_ms_swifts_table() -> None:
+    """ms-swift's max_memory_reserved (one A100 80GB, real samples of variable length, vocabularies 64k-152k,
+    512-8,192 tokens; benchmarks/published_large_vocab.json, split before the fit). The fixed-length reserved figure
+    was 0.82 of it on the held-out half (39 % of rows within 15 %); the variable-length figure, its one constant
+    fitted on the fit half, is 1.00 (70 % within 15 %). Recorded 2026-12-04; goal 80 % within 15 %: missed (the two
+    rows without checkpointing are 1.40 and 2.01: the growth is fitted on checkpointed runs)."""
+    from autotune.estimate import memory
+
+    bench = _bench()
+    doc = bench.load_large_vocab()
+    assert len(doc["runs"]) == 47 and all(r["memory_reports"] == "reserved" for r in doc["runs"])
+    assert all(r["split"] == ("fit" if i % 2 == 0 else "heldout") for i, r in enumerate(doc["runs"]))
+    assert memory.VARLEN_RESERVE_GROWTH == 1.65
+    held = [r for r in bench.varlen_memory_rows(doc) if r.group.endswith("(held out)")]
+    before = [r for r in bench.varlen_memory_rows(doc, fixed=True) if r.group.endswith("(held out)")]
+    q, b = bench.split_summary(held), bench.split_summary(before)
+    assert q["n"] == 23 and 0.95 <= q["median"] <= 1.05 and bench.within(held) >= 0.69, q
+    assert b["median"] < 0.85 and bench.within(before) < 0.45, b
 
 
 def test_published_rates_above_the_gpus_peak_are_the_only_held_out_misses() -> None:

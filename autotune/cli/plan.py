@@ -239,7 +239,8 @@ def render(result: PlanResult, *, width: int = 160, color: bool = False) -> str:
     lines = [
         "Estimates, not measurements: memory from the term-by-term model (5% headroom kept), step time = FLOPs "
         "(6N full, 4N LoRA, +2N with checkpointing, + causal attention) / (peak bf16/fp16 FLOP/s x efficiency) "
-        "+ fixed time per layer, per step and QLoRA's dequantization, fitted on published runs; MFU counts "
+        "+ a fixed time per micro-batch and QLoRA's dequantization (fitted on published runs) + the optimizer "
+        "update and gradient clipping at the GPU's memory bandwidth; MFU counts "
         "model FLOPs. Measure with `autotune run`.",
     ]
     if dates:
@@ -282,6 +283,12 @@ def _breakdown_lines(row: Any) -> list[str]:
     if o.memory.device == "cuda":
         out.insert(1, f"  as torch counts it: max_memory_allocated {format_bytes(o.memory.allocated)}, "
                       f"max_memory_reserved {format_bytes(o.memory.reserved)}; the rest is the CUDA context.")
+        if not c.packing:
+            out.insert(2, f"  with real variable-length batches the reserved figure grows to about "
+                          f"{format_bytes(o.memory.reserved_variable_lengths)} on a card with room (cached blocks a longer "
+                          "batch cannot reuse); where that is more than the card, the allocator frees them and retries, "
+                          "which slows steps but still fits: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True avoids "
+                          "the growth.")
     if o.memory.host_bytes:
         host = row.gpu.host_memory_bytes_per_gpu
         avail = (

@@ -44,11 +44,16 @@ __all__ = [
     "LAYER_OVERHEAD_S",
     "LORA_MODULE_OVERHEAD_S",
     "MODE_FACTOR",
+    "BANDWIDTH_SHARE",
+    "CLIP_BYTES_PER_PARAM",
+    "MICROBATCH_OVERHEAD_S",
     "OPTIMIZER_BYTES_PER_PARAM",
     "OPTIMIZER_BYTES_PER_S",
+    "PER_TENSOR_S",
     "SATURATION_TOKENS",
     "SCALING_FACTOR",
-    "STEP_OVERHEAD_S",
+    "TRAINER_STEP_S",
+    "step_update_time",
     "SpeedEstimate",
     "attention_flops_per_token",
     "calibrate",
@@ -69,34 +74,58 @@ __all__ = [
 #     compute / (peak x efficiency x T / (T + SATURATION_TOKENS))        (GEMM efficiency at T tokens)
 #   + passes x (layers x LAYER_OVERHEAD_S + adapted linears x LORA_MODULE_OVERHEAD_S)   (fixed launch cost)
 #   + passes x quantized weights x DEQUANT_S_PER_PARAM[backend]          (QLoRA: dequantize every pass)
-# plus STEP_OVERHEAD_S and the optimizer's update (trainable params x OPTIMIZER_BYTES_PER_PARAM at
-# OPTIMIZER_BYTES_PER_S). T = micro_batch x seq_len tokens; passes = 2 (forward, backward) or 3 with
-# checkpointing. ``compute`` counts the matmul FLOPs of ``hardware_flops_per_token`` and the attention
-# term scaled by the share a causal kernel computes (ATTN_CAUSAL_SHARE). The constants marked [fitted]
-# were fitted on the fit half of the published runs in benchmarks/published_runs.json and scored on
-# the other half (``python benchmarks/estimator_vs_published.py --fit`` refits them; the tests pin them).
-# Fitted 2026-12-01 on the 27 fit runs (held-out 24: median 1.02, 0.53-1.32; docs/plan.md).
-# Share of peak 16-bit FLOP/s reached by large GEMMs in an HF Trainer fine-tune [fitted: 0.594].
-DEFAULT_EFFICIENCY = 0.59
-# Tokens per micro-batch at which GEMM efficiency is half of DEFAULT_EFFICIENCY's [fitted: 1e-6, i.e. 0].
-# The fit puts all of the short-sequence slowdown the published runs show into the fixed per-step and
-# per-layer times below: with them, no published run needs a lower GEMM efficiency at 256-2048 tokens.
+#   + MICROBATCH_OVERHEAD_S                                              (the Trainer around one micro-batch)
+# plus, once per optimizer step, what scales with the trainable parameters and nothing else:
+#   trainable params x (CLIP_BYTES_PER_PARAM + OPTIMIZER_BYTES_PER_PARAM[optim]) / memory bandwidth
+#   + trainable tensors x PER_TENSOR_S + TRAINER_STEP_S
+# (gradient clipping and the optimizer's update are memory-bound streams over the trainable parameters; the
+# bandwidth is the GPU's data-sheet figure x BANDWIDTH_SHARE, OPTIMIZER_BYTES_PER_S where the catalog has none).
+# T = micro_batch x seq_len tokens; passes = 2 (forward, backward) or 3 with checkpointing. ``compute`` counts
+# the matmul FLOPs of ``hardware_flops_per_token`` and the attention term scaled by the share a causal kernel
+# computes (ATTN_CAUSAL_SHARE). The constants marked [fitted] were fitted on the fit half of the published runs
+# in benchmarks/published_runs.json and scored on the other half (``python benchmarks/estimator_vs_published.py
+# --fit`` refits them; the tests pin them). A step of a small LoRA run is tens of milliseconds, so no constant
+# here may stand for what a long step spends: each is per layer, per micro-batch or per trainable parameter.
+# Fitted 2026-12-04 on the 27 + 17 fit runs of both sets (held out: 24 runs, median 0.99; short steps 16 runs,
+# median 0.86; docs/plan.md).
+# Share of peak 16-bit FLOP/s reached by large GEMMs in an HF Trainer fine-tune [fitted: 0.561].
+DEFAULT_EFFICIENCY = 0.56
+# Tokens per micro-batch at which GEMM efficiency is half of DEFAULT_EFFICIENCY's [fitted: 0]. The fit puts
+# the short-sequence slowdown the published runs show into the fixed per-layer and per-micro-batch times.
 SATURATION_TOKENS = 0
-# Fixed seconds per transformer layer per pass (kernel launches, Python, autograd bookkeeping) [fitted].
-LAYER_OVERHEAD_S = 2.3e-4
-# Fixed seconds per LoRA-adapted linear per pass (dropout, A, B, scale, add) [fitted: 8e-61, i.e. 0; kept
-# so a refit can use it: the per-layer time already covers LoRA's small kernels in every LoRA run].
+# Fixed seconds per transformer layer per pass (kernel launches, Python, autograd bookkeeping) [fitted: 7e-13, i.e.
+# 0: with the per-micro-batch time below, no published run needs a cost that grows with depth].
+LAYER_OVERHEAD_S = 0.0
+# Fixed seconds per LoRA-adapted linear per pass (dropout, A, B, scale, add) [fitted: 1e-36, i.e. 0].
 LORA_MODULE_OVERHEAD_S = 0.0
 # Seconds per quantized weight per pass to dequantize it for the matmul, by backend [fitted]:
 # "nf4" bitsandbytes / torchao NF4, "gptq" auto-gptq's CUDA kernels (exllama off, as Qwen's recipe runs).
-DEQUANT_S_PER_PARAM = {"nf4": 1.2e-11, "gptq": 1.1e-11}
+DEQUANT_S_PER_PARAM = {"nf4": 3.2e-11, "gptq": 1.1e-11}
 DEFAULT_QUANT = "nf4"
-# Fixed seconds per optimizer step (Trainer bookkeeping, grad-norm clipping, scheduler, logging) [fitted].
-STEP_OVERHEAD_S = 0.66
-# The optimizer's update reads and writes about this many bytes per trainable parameter (fp32 master,
-# grad, m, v) at about this rate (HBM-class bandwidth; stated, not fitted: no published row isolates it).
-OPTIMIZER_BYTES_PER_PARAM = 16
+# Fixed seconds per micro-batch: the Trainer's work around one forward and backward (the batch's collation
+# and copy to the device, autocast, the loss's backward call, the accumulation bookkeeping) [fitted: 0.0986].
+MICROBATCH_OVERHEAD_S = 0.099
+# Fixed seconds per optimizer step: scheduler, zero_grad, callbacks, logging [fitted: 9e-87, i.e. 0: what a step
+# costs beyond its micro-batches is the clipping and update below].
+TRAINER_STEP_S = 0.0
+# Gradient clipping (the Trainer's max_grad_norm, 1.0 by default): a norm reads every trainable fp32 gradient
+# once, the scale reads and writes it: 12 bytes per trainable parameter [stated].
+CLIP_BYTES_PER_PARAM = 12
+# The optimizer's update, bytes moved per trainable parameter, by optimizer [stated, from the kernels]:
+# fused AdamW reads the fp32 parameter, gradient, m and v and writes parameter, m and v (28 B); torch's foreach
+# AdamW runs its update as five passes over those tensors (lerp of m, v's scale and addcmul, the denominator's
+# sqrt and add, the addcdiv into the parameter, the decoupled weight decay: about 72 B); bitsandbytes' 8-bit
+# AdamW keeps m and v in one byte each (16 B); Adafactor's factored second moment (about 16 B); SGD without
+# momentum reads the gradient and updates the parameter (12 B).
+OPTIMIZER_BYTES_PER_PARAM = {"adamw_torch_fused": 28, "adamw_torch": 72, "paged_adamw_32bit": 28,
+                             "adamw_8bit": 16, "paged_adamw_8bit": 16, "adafactor": 16, "sgd": 12}  # fmt: skip
+# Share of the data-sheet memory bandwidth that these streaming kernels reach [stated: large elementwise kernels
+# reach 80-90 % of it on current GPUs]; the rate where the catalog has no bandwidth.
+BANDWIDTH_SHARE = 0.8
 OPTIMIZER_BYTES_PER_S = 1.0e12
+# Seconds per trainable tensor per step for the foreach/fused kernels' grouping and launches in clipping and
+# the update [stated: a few microseconds of Python and a launch per tensor group].
+PER_TENSOR_S = 5e-6
 # torch.compile's speed-up of the compute part: 1.0, no published HF Trainer run isolates it (torchtune's
 # compiled runs are 2.2x this model, but that is torchtune's loop as much as compile: the benchmark
 # keeps it as a per-stack factor, not here).
@@ -233,6 +262,34 @@ def _compute_flops_per_token(arch: Arch, seq_len: int, mode: str, grad_ckpt: flo
     return matmul + attn_full * ATTN_CAUSAL_SHARE.get(attn, 0.5)
 
 
+def _trainable(arch: Arch, workload: Workload) -> int:
+    from autotune.estimate.arch import lora_param_count
+
+    if workload.mode == "full":
+        return arch.params_total
+    return lora_param_count(arch, workload.lora_r, workload.lora_targets)
+
+
+def _trainable_tensors(arch: Arch, workload: Workload) -> int:
+    """Trainable tensors: LoRA's A and B per adapted linear; for full fine-tuning every linear, norm and bias
+    of a layer (about 11 in a Llama-style block) and the embeddings, final norm and head."""
+    if workload.mode == "full":
+        return arch.layers * 11 + 3
+    return 2 * _adapted_linears(arch, workload)
+
+
+def step_update_time(arch: Arch, workload: Workload, candidate: Candidate, gpu: GPU) -> float:
+    """Seconds per optimizer step that scale with the trainable parameters: gradient clipping and the optimizer's
+    update as streams over them at the GPU's memory bandwidth, the per-tensor launches, and ``TRAINER_STEP_S``
+    (ZeRO shards the update over the ranks)."""
+    c = candidate
+    shard = max(c.world_size, 1) if c.zero_stage > 0 else 1
+    params = _trainable(arch, workload) / shard
+    per_param = CLIP_BYTES_PER_PARAM + OPTIMIZER_BYTES_PER_PARAM.get(c.optim, OPTIMIZER_BYTES_PER_PARAM["adamw_torch"])
+    rate = gpu.memory_bandwidth_gbs * 1e9 * BANDWIDTH_SHARE if gpu.memory_bandwidth_gbs else OPTIMIZER_BYTES_PER_S
+    return params * per_param / rate + _trainable_tensors(arch, workload) / shard * PER_TENSOR_S + TRAINER_STEP_S
+
+
 def _adapted_linears(arch: Arch, workload: Workload) -> int:
     if workload.mode == "full":
         return 0
@@ -276,16 +333,14 @@ def predict_speed(
         if backend not in DEQUANT_S_PER_PARAM:
             raise SpecError(f"quant must be one of {', '.join(DEQUANT_S_PER_PARAM)}; got {backend!r}")
         dequant_mb = passes * arch.params_linear_total * DEQUANT_S_PER_PARAM[backend]
-    from autotune.estimate.arch import lora_param_count
-
-    trainable = arch.params_total if w.mode == "full" else lora_param_count(arch, w.lora_r, w.lora_targets)
-    shard = max(c.world_size, 1) if c.zero_stage > 0 else 1
-    optimizer_s = 0.0 if c.offload != "none" else trainable / shard * OPTIMIZER_BYTES_PER_PARAM / OPTIMIZER_BYTES_PER_S
+    # ZeRO-Offload steps the optimizer on the host (``offload_s`` below); the Trainer's own step stays here
+    optimizer_s = TRAINER_STEP_S if c.offload != "none" else step_update_time(arch, w, c, gpu)
     compute_s = c.grad_accum * compute_mb
-    overhead_s = c.grad_accum * fixed_mb + STEP_OVERHEAD_S + optimizer_s
+    overhead_s = c.grad_accum * (fixed_mb + MICROBATCH_OVERHEAD_S) + optimizer_s
     dequant_s = c.grad_accum * dequant_mb
     offload_s = 0.0
     if c.offload != "none":
+        trainable = _trainable(arch, w)
         n = max(c.world_size, 1)
         # fp32 grads down, 16-bit params up, per rank (ranks share the host link and CPU Adam)
         offload_s = trainable * 6 / PCIE_BYTES_PER_S + trainable / CPU_ADAM_PARAMS_PER_S

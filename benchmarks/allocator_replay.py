@@ -178,6 +178,17 @@ class CachingAllocator:
         self.reserved += grow
         return b
 
+    @staticmethod
+    def _merge(pool: _Pool, first: _Block, second: _Block) -> None:
+        """``second``, the block just after ``first`` in its segment, joins ``first`` (neither is in the free list:
+        the caller takes the cached one out first and puts the merged block back)."""
+        first.size += second.size
+        first.next = second.next
+        if second.next is not None:
+            second.next.prev = first
+        if pool.tail is second:
+            pool.tail = first
+
     def malloc(self, nbytes: int) -> _Block:
         size = self.round_size(nbytes)
         pool = self.pools[size <= SMALL_SIZE]
@@ -205,23 +216,13 @@ class CachingAllocator:
         pool = self.pools[b.small]
         self.allocated -= b.size
         b.free = True
-        p, n = b.prev, b.next
+        n, p = b.next, b.prev
         if n is not None and n.free:  # absorb the next block
             pool.remove(n)
-            b.size += n.size
-            b.next = n.next
-            if n.next is not None:
-                n.next.prev = b
-            if pool.tail is n:
-                pool.tail = b
+            self._merge(pool, b, n)
         if p is not None and p.free:  # and be absorbed by the previous one
             pool.remove(p)
-            p.size += b.size
-            p.next = b.next
-            if b.next is not None:
-                b.next.prev = p
-            if pool.tail is b:
-                pool.tail = p
+            self._merge(pool, p, b)
             b = p
         pool.add(b)
 
@@ -487,8 +488,8 @@ def run_case(model: str, mode: str, batch: int, max_len: int, lengths: str, step
     fam = trace_family(config, batch, max_len, mode=mode, lora_r=lora_r, lora_targets=lora_targets, grad_ckpt=grad_ckpt,
                        precision=precision)  # fmt: skip
     traced_s = time.perf_counter() - t0
-    cache: dict[int, Trace] = {}
-    traces = [cache.setdefault(n, fam.at(n)) for n in seq]
+    cache = {n: fam.at(n) for n in set(seq)}  # one interpolated trace per distinct length
+    traces = [cache[n] for n in seq]
     default = replay(traces, expandable=False)
     expandable = replay(traces, expandable=True)
     need = needed_capacity(traces, expandable=False) if needed else None
@@ -528,6 +529,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-needed", action="store_true", help="skip the search for the least memory the run fits in")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
+    for kind in a.lengths.split(","):  # a bad distribution is refused before any tracing
+        try:
+            draw_lengths(kind, 1024, 1, 1, 0)
+        except SystemExit as exc:
+            ap.error(str(exc))
     rows = []
     for b in (int(x) for x in a.micro_batch.split(",")):
         for m in (int(x) for x in a.max_len.split(",")):

@@ -94,6 +94,9 @@ def test_length_draws() -> None:
     assert max(d) <= 2048 and min(d) >= 1
     with pytest.raises(SystemExit, match="--lengths must be"):
         ar.draw_lengths("zipf", 512, 1, 1, 0)
+    with pytest.raises(SystemExit) as exc:  # the command line: exit 2 before any tracing
+        ar.main(["--lengths", "fixed,zipf"])
+    assert exc.value.code == 2
 
 
 def test_two_traces_give_every_length_exactly_and_a_lora_step_keeps_its_gradients() -> None:

@@ -27,6 +27,17 @@ def _client_venvs_missing() -> list[str]:
             if not (_clients.venv_dir(client) / ".complete").exists()]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist each worker's probes get their share of the cores (``OMP_NUM_THREADS``, which a probe
+    and the emitted train.py both honour), unless the caller set it: two workers whose probes each take every
+    core make OpenMP threads wait on each other, and the same probe tests took 2.6x as long (tests/README.md)."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None:
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cores // int(workerinput.get("workercount", 1)))))
+
+
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
                                   items: list[pytest.Item]) -> None:
     """The client tier runs last (its venvs build meanwhile) and gets the build's time limit."""

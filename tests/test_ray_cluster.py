@@ -176,7 +176,9 @@ def cluster() -> Iterator[_Cluster]:
     with os.fdopen(fd, "w") as fh:
         fh.write(secrets.token_hex(32))
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("RAY_", "AUTOTUNE_REAP")) and k != "CUDA_VISIBLE_DEVICES"}
+           if not k.startswith(("RAY_", "AUTOTUNE_REAP")) and k not in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS")}
+    # (no OMP_NUM_THREADS from the suite's worker: the nodes' own environment leaves it unset, as a user's
+    # does, so that the thread-count check below sees Ray's per-task value undone)
     env.update({
         "HOME": str(home),  # ~/.ray is the test's
         "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token),  # token auth, as for an embedded pool

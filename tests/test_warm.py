@@ -91,12 +91,13 @@ def test_a_forked_probe_measures_what_a_fresh_one_does_and_dies_like_one(warm: W
     assert warm.import_s is not None and warm.import_s > 0.5
 
     # another environment: a server of its own (OpenMP read OMP_NUM_THREADS when the first one loaded it)
-    other = run_probe_process(tiny_request(steps=1, warmup_steps=0, cpu_threads=1), warm=warm)
+    threads = 2 if forked.env["torch_threads"] == 1 else 1  # other than the first server's
+    other = run_probe_process(tiny_request(steps=1, warmup_steps=0, cpu_threads=threads), warm=warm)
     assert other.env["start"] == "forked" and other.status == "ok", other.reason
-    assert other.env["torch_threads"] == 1 and warm.restarts == 1 and warm.unavailable is None
+    assert other.env["torch_threads"] == threads and warm.restarts == 1 and warm.unavailable is None
     out: list = []
     t = threading.Thread(target=lambda: out.append(run_probe_process(
-        tiny_request(timeout_s=3.0, steps=5000, window="whole", cpu_threads=1), warm=warm)))
+        tiny_request(timeout_s=3.0, steps=5000, window="whole", cpu_threads=threads), warm=warm)))
     t.start()
     deadline = time.monotonic() + 30
     while not warm._children and time.monotonic() < deadline:
@@ -115,7 +116,7 @@ def test_a_forked_probe_measures_what_a_fresh_one_does_and_dies_like_one(warm: W
     slow = out[0]
     assert (slow.status, slow.env["start"]) == ("timeout", "forked"), slow.reason
     assert not warm._children  # reaped and reported
-    after = run_probe_process(tiny_request(steps=1, warmup_steps=0, cpu_threads=1), warm=warm)
+    after = run_probe_process(tiny_request(steps=1, warmup_steps=0, cpu_threads=threads), warm=warm)
     assert after.env["start"] == "forked" and after.status == "ok", after.reason
     assert warm.restarts == 1
 

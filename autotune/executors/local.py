@@ -55,12 +55,15 @@ def worker_env(request: ProbeRequest, launch_time: float) -> dict[str, str]:
         }
     )
     threads = request.settings.cpu_threads
-    if threads or (request.settings.device == "cpu" and request.candidate.world_size > 1):
-        # an explicit thread count; or the ranks of a distributed CPU probe, which share the cores.
-        # A single-process probe sets none: it runs with torch's default (the user's
-        # OMP_NUM_THREADS, else the cores this process may use), as the emitted train.py does.
-        n = str(threads or max(1, (os.cpu_count() or 1) // request.candidate.world_size))
-        env.setdefault("OMP_NUM_THREADS", n)
+    if threads:
+        # an explicit thread count is what the probe runs with, whatever OMP_NUM_THREADS says (the
+        # worker sets torch's count to it too; the distributed launcher does the same per rank)
+        env["OMP_NUM_THREADS"] = str(threads)
+    elif request.settings.device == "cpu" and request.candidate.world_size > 1:
+        # the ranks of a distributed CPU probe share the cores. A single-process probe sets none: it
+        # runs with torch's default (the user's OMP_NUM_THREADS, else the cores this process may use),
+        # as the emitted train.py does.
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // request.candidate.world_size)))
     # No allocator tuning: the probe's timed window must run with the allocator the user's training
     # will have. (MALLOC_MMAP_THRESHOLD_=65536, set here before, made RSS follow the live tensors but
     # slowed CPU steps 1.7x and not alike for every candidate: STACK-NOTES "Allocator and CPU

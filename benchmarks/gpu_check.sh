@@ -51,8 +51,9 @@ PLAN=(
     "estimator|100|85|45|memory estimator vs 26 GPU probes (4 at once), GPU constants fitted -> estimator.json"
     "spread|95|90|70|2 configurations x 3 repeats of the 1B model, interleaved -> spread.json"
     "fidelity|65|60|50|probe vs a plain Trainer process of the emitted files (fidelity.py) -> fidelity.json"
+    "warm|40|35|30|fresh vs forked probe processes of tiny-llama, pairs until the cap (warm_start.py) -> rows.jsonl"
     "composition|40|35|30|short probe vs whole steps at accumulation 8: composed tok/s and peak (composition.py) -> rows.jsonl"
-    "zero|70|70|45|ZeRO-2/3 and offload under DeepSpeed and FSDP, by value, until the cap -> rows.jsonl"
+    "zero|40|40|45|ZeRO-2/3 and offload under DeepSpeed and FSDP, by value, until the cap -> rows.jsonl"
     "levers|65|65|55|sdpa vs eager (+ flash-attn), packing on long-tail lengths, liger, QLoRA, MFU -> rows.jsonl"
     "tuned|45|40|40|the fastest config measured in this pass vs the HF default at the same precision"
     "landscape|15|15|30|a shuffled bounded landscape of landscape-gpu-1b (a random sample) -> landscape.json"
@@ -204,6 +205,20 @@ if [ -f benchmarks/fidelity.py ]; then
         --micro-batch "$MB" --grad-accum $((EB / MB)) --precision "$PREC" --repeats 2 --json-out "$OUT/fidelity.json"
 else
     note "fidelity: skipped (benchmarks/fidelity.py is not in this tree)"
+fi
+
+# 5b. the warm start on this device: does a probe forked from a warm server measure what a fresh one does,
+# and how much of its set-up does the fork save (autotune run forks CPU probes only until this says so)
+begin warm
+if [ -f benchmarks/warm_start.py ]; then
+    WARM_BOX=$BUDGET  # pairs start until 15 s (a tiny probe's pair) before the cap; in --cpu mode its own cap
+    [ $MODE = cpu ] && [ "$(cap_of warm)" -lt "$WARM_BOX" ] && WARM_BOX=$(cap_of warm)
+    WARM_BOX=$((WARM_BOX - 15)); [ $WARM_BOX -lt 1 ] && WARM_BOX=1
+    step warm "$PY" benchmarks/warm_start.py --model tiny-llama --device "$DEVICE" --precision "$PREC" \
+        --seq-len $([ $MODE = cpu ] && echo 64 || echo 512) --micro-batch $([ $MODE = cpu ] && echo 2 || echo 8) \
+        --warmup "$WARMUP" --steps "$STEPS" --timeout "$PROBE_TIMEOUT" --repeats 3 --time-box "$WARM_BOX" --jsonl "$ROWS"
+else
+    note "warm: skipped (benchmarks/warm_start.py is not in this tree)"
 fi
 
 # 6. the short probe's composition: composed at accumulation 8 vs whole steps at 8, same configuration

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "gpu_check.sh"
 CAPPED = REPO / "benchmarks" / "_capped.sh"
 # the order of value per second the issue asks for (environment first, the test tier last)
-ORDER = ["wheels", "environment", "estimator", "spread", "fidelity", "composition", "zero", "levers", "tuned", "landscape", "pytest"]
+ORDER = ["wheels", "environment", "estimator", "spread", "fidelity", "warm", "composition", "zero", "levers", "tuned", "landscape", "pytest"]
 
 
 def _load(name: str) -> Any:
@@ -176,12 +176,15 @@ def test_cpu_mode_runs_every_step_and_returns_at_most_8_files(tmp_path: Path) ->
     files = sorted(p.name for p in out.rglob("*"))
     assert len(files) <= 8 and all(p.is_file() and p.parent == out for p in out.rglob("*")), files
     summary = (out / "summary.txt").read_text()
-    for step in ("environment: ok", "estimator: ok", "spread: ok", "zero: ok", "levers: ok", "tuned: ok",
-                 "landscape: ok", "pytest: ok"):  # fmt: skip
+    for step in ("environment: ok", "estimator: ok", "spread: ok", "warm: ok", "zero: ok", "levers: ok",
+                 "tuned: ok", "landscape: ok", "pytest: ok"):  # fmt: skip
         assert step in summary, summary
     assert "fidelity: ok" in summary or "fidelity: skipped (benchmarks/fidelity.py is not in this tree)" in summary
     rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
-    assert {"estimator", "spread", "zero", "levers", "tuned"} <= {r["step"] for r in rows}
+    assert {"estimator", "spread", "warm", "zero", "levers", "tuned"} <= {r["step"] for r in rows}
+    warm = [r for r in rows if r["step"] == "warm" and "start" in r and "status" in r]
+    assert {r["start"] for r in warm} == {"fresh", "forked"} and all(r["status"] == "ok" for r in warm), warm
+    assert any("forked_over_fresh" in r.get("summary", {}) for r in rows if r["step"] == "warm")
     spread = json.loads((out / "spread.json").read_text())
     assert spread["complete"] and len(spread["configs"]) == 2
     assert all(len(c["tokens_per_s"]) == 2 and c["relative_spread"] is not None for c in spread["configs"])

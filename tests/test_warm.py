@@ -191,3 +191,23 @@ def test_closing_while_the_server_imports_returns_at_once_and_starts_no_probe() 
     t.join(timeout=30)
     assert time.monotonic() - t0 < 10 and not t.is_alive()
     assert out[0].status == "crash" and "executor was closed" in out[0].reason, out[0].reason
+
+
+def test_a_warm_server_forks_only_the_devices_it_was_opted_in_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU probes by default; a CUDA probe only where the caller opted in (benchmarks/warm_start.py --device
+    cuda measures forked CUDA probes against fresh ones before ``autotune run`` would)."""
+    import autotune.executors.local as local
+
+    handed: list[WarmStarter | None] = []
+
+    def start(argv, env, workdir, timeout, live, *, warm=None, model_path=None):  # type: ignore[no-untyped-def]
+        handed.append(warm)
+        return 0, False, "fresh"
+
+    monkeypatch.setattr(local, "_run_and_wait", start)
+    default, opted = WarmStarter(), WarmStarter(devices=("cpu", "cuda"))
+    for device in ("cpu", "cuda"):
+        for starter in (default, opted):
+            run_probe_process(tiny_request(device=device, precision="bf16" if device == "cuda" else "fp32"),
+                              warm=starter)
+    assert handed == [default, opted, None, opted]

@@ -161,8 +161,9 @@ def run_probe_process(
     running probe while it runs, so an executor can kill it on close. ``extra_env`` is added to the
     probe's environment (benchmarks only: e.g. an allocator setting the estimator was fitted under;
     ``autotune probe``/``run`` never set one, so a probe runs as the user's training will).
-    ``warm``: fork a single-process CPU probe from this warm server (``autotune.executors.warm``)
-    instead of starting a fresh interpreter, where it can; the result's ``env.start`` says which.
+    ``warm``: fork a single-process probe on one of its devices (CPU unless the caller opted in) from this
+    warm server (``autotune.executors.warm``) instead of starting a fresh interpreter, where it can; the
+    result's ``env.start`` says which.
     """
     request.validate()
     req_dict = request.to_dict()
@@ -180,7 +181,7 @@ def run_probe_process(
         # the launcher starts its ranks with the same interpreter
         argv += ["--python", python] if python and module.endswith("launch") else []
         env = {**worker_env(request, launch), **(extra_env or {}), **_temp_env(workdir)}
-        forkable = warm is not None and module.endswith("worker") and request.settings.device == "cpu"
+        forkable = warm is not None and module.endswith("worker") and request.settings.device in warm.devices
         code, timed_out, start = _run_and_wait(argv, env, workdir, timeout, live,
                                                warm=warm if forkable else None,
                                                model_path=request.workload.model_path)

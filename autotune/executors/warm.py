@@ -68,10 +68,16 @@ class ForkedProbe:
 
 
 class WarmStarter:
-    """One warm server, started on the first probe; thread-safe. ``python``: the interpreter probes use."""
+    """One warm server, started on the first probe; thread-safe. ``python``: the interpreter probes use.
 
-    def __init__(self, python: str | None = None) -> None:
+    ``devices``: the probes' devices it forks. CPU only unless a caller opts in: a CUDA probe forked from
+    the server (which never initialises CUDA; the child does) is measured against fresh ones by
+    ``benchmarks/warm_start.py --device cuda`` (in ``benchmarks/gpu_check.sh``), and ``autotune run``
+    forks GPU probes only once that measurement says they measure what fresh ones do."""
+
+    def __init__(self, python: str | None = None, *, devices: tuple[str, ...] = ("cpu",)) -> None:
         self._python = python or sys.executable
+        self.devices = frozenset(devices)
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._stdin: IO[bytes] | None = None

@@ -25,7 +25,9 @@ Each child is a probe process like a fresh one, because:
 Protocol (one JSON object per line): the server writes ``{"ready": ..., "import_s": ...}`` once, then
 reads ``{"id", "argv", "env", "cwd", "stdout", "stderr"}`` and answers ``{"id", "pid"}`` (or
 ``{"id", "error"}``); when a child ends it writes ``{"exit": pid, "code": returncode}`` (negative: the
-signal), as ``subprocess.Popen.returncode`` would say. CPU only: a GPU probe is still a fresh process.
+signal), as ``subprocess.Popen.returncode`` would say. CPU only in ``autotune run``: a GPU probe is still a
+fresh process until ``benchmarks/warm_start.py --device cuda`` has measured forked CUDA probes against fresh ones
+(the executor's ``WarmStarter(devices=...)`` opts in).
 """
 
 from __future__ import annotations

@@ -350,6 +350,8 @@ RUNS_FILE = ROOT / "benchmarks" / "published_runs.json"
 SHORT_FILE = ROOT / "benchmarks" / "published_short_steps.json"
 # max_memory_reserved with real variable-length batches at large vocabularies (ms-swift), split by the same rule
 LARGE_VOCAB_FILE = ROOT / "benchmarks" / "published_large_vocab.json"
+# memory_reserved of fully filled fixed-length batches at vocabularies of 128k-256k (universal-llm-trainer), all held out
+FIXED_LENGTH_FILE = ROOT / "benchmarks" / "published_fixed_length.json"
 # Per-stack efficiency multiplier for trainers other than the HF Trainer the planner models, fitted with
 # the speed constants on the fit half (the same role as ``plan --calibrate``: a measured efficiency for a
 # stack): torchtune's compiled single-device recipes. Runs of other sources use 1.0.
@@ -366,6 +368,38 @@ def load_short_steps() -> dict[str, Any]:
 
 def load_large_vocab() -> dict[str, Any]:
     return json.loads(LARGE_VOCAB_FILE.read_text())
+
+
+def load_fixed_length() -> dict[str, Any]:
+    return json.loads(FIXED_LENGTH_FILE.read_text())
+
+
+def fixed_length_memory_rows(doc: dict[str, Any] | None = None, *, allocated: bool = False) -> list[Row]:
+    """Published reserved memory of fixed-length batches against the plan's ``reserved`` (or, with ``allocated``, its
+    ``allocated``: the live tensors alone), the loss in the dtype the run computed it in (``loss`` "model" for a
+    trainer's own 16-bit loss, "fp32" for QLoRA's fp32 lm_head)."""
+    doc = doc or load_fixed_length()
+    out = []
+    for run in doc["runs"]:
+        if "published_memory_gib" not in run:
+            continue
+        a, wl, c = run_workload(doc, run)
+        br = estimate_memory(a, wl, c, loss_dtype=run["loss"])
+        out.append(Row("reserved, fixed lengths (held out)", _run_label(run), run["published_memory_gib"],
+                       (br.allocated if allocated else br.reserved) / GiB, "GiB", run["cite"],
+                       run.get("ambiguity", "")))  # fmt: skip
+    return out
+
+
+def fixed_length_oom(doc: dict[str, Any] | None = None) -> dict[str, float]:
+    """run id -> the plan's reserved figure (GiB), for the published out-of-memory runs of the fixed-length set."""
+    doc = doc or load_fixed_length()
+    out = {}
+    for run in doc["runs"]:
+        if run.get("published_oom"):
+            a, wl, c = run_workload(doc, run)
+            out[run["id"]] = estimate_memory(a, wl, c, loss_dtype=run["loss"]).reserved / GiB
+    return out
 
 
 def varlen_memory_rows(doc: dict[str, Any] | None = None, *, fixed: bool = False) -> list[Row]:
@@ -421,6 +455,12 @@ def _run_gpu(doc: dict[str, Any], name: str) -> GPU:
 
 def run_setup(doc: dict[str, Any], run: dict[str, Any]) -> tuple[Arch, Workload, Candidate, GPU]:
     """The published run as autotune's (Arch, Workload, Candidate, GPU)."""
+    a, wl, c = run_workload(doc, run)
+    return a, wl, c, _run_gpu(doc, run["gpu"])
+
+
+def run_workload(doc: dict[str, Any], run: dict[str, Any]) -> tuple[Arch, Workload, Candidate]:
+    """The published run as autotune's (Arch, Workload, Candidate): what its memory depends on."""
     t = run.get("lora_targets", "all-linear")
     targets = ALL_LINEAR if t == "all-linear" else tuple(t.split(","))
     wl = Workload("m", seq_len=run["seq_len"], mode=run["method"], lora_r=run.get("lora_r", 16), lora_targets=targets)
@@ -430,7 +470,7 @@ def run_setup(doc: dict[str, Any], run: dict[str, Any]) -> tuple[Arch, Workload,
     c = Candidate(micro_batch=run["micro_batch"], grad_accum=run["grad_accum"], grad_ckpt=run["grad_ckpt"], attn=run["attn"],
                   precision=run["precision"], world_size=run["gpus"], zero_stage=run["zero_stage"],
                   sharding="fsdp" if fsdp else "deepspeed", torch_compile=run["compile"], optim=optim)  # fmt: skip
-    return _run_arch(doc, run["model"]), wl, c, _run_gpu(doc, run["gpu"])
+    return _run_arch(doc, run["model"]), wl, c
 
 
 def published_tokens_per_s(run: dict[str, Any]) -> float:
@@ -588,6 +628,7 @@ def rows() -> list[Row]:
         + speed_rows(load_short_steps(), "speed, short steps")
         + memory_rows(doc)
         + varlen_memory_rows()
+        + fixed_length_memory_rows()
     )
 
 
@@ -652,7 +693,7 @@ def main(argv: list[str] | None = None) -> int:
     over = above_peak(load_runs())
     for group in ("speed (fit)", "speed (held out)", "speed, short steps (fit)", "speed, short steps (held out)",
                   "peak memory (published runs)", "reserved, variable lengths (fit)",
-                  "reserved, variable lengths (held out)"):  # fmt: skip
+                  "reserved, variable lengths (held out)", "reserved, fixed lengths (held out)"):  # fmt: skip
         sel = [r for r in rs if r.group == group]
         if sel:
             q = split_summary(sel)
@@ -669,11 +710,22 @@ def main(argv: list[str] | None = None) -> int:
         q = split_summary(sel)
         print(f"reserved, variable lengths ({half}), the fixed-length reserved figure instead: median {q['median']:.2f}, "
               f"min {q['min']:.2f}, max {q['max']:.2f}, {100 * within(sel):.0f}% within 15%")  # fmt: skip
+    sel = fixed_length_memory_rows(allocated=True)
+    q = split_summary(sel)
+    print(f"reserved, fixed lengths (held out), the allocated figure instead: median {q['median']:.2f}, "
+          f"min {q['min']:.2f}, max {q['max']:.2f}, {100 * within(sel):.0f}% within 15%")  # fmt: skip
     if over:
         print("published rates above the GPU's dense peak in the FLOPs of their stated configuration "
               "(shown, not a target): " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in over.items()))  # fmt: skip
     print("\npublished out-of-memory setups (the plan must not say fits):")
     bad = 0
+    doc = load_fixed_length()
+    for rid, reserved in fixed_length_oom(doc).items():
+        run = next(r for r in doc["runs"] if r["id"] == rid)
+        over = reserved > run["gpu_memory_gib"]
+        bad += not over
+        print(f"  {'does not fit' if over else 'FITS (wrong)'}: {_run_label(run)} (reserved {reserved:.1f} GiB "
+              f"on a {run['gpu_memory_gib']} GiB card)")
     for case in PUBLISHED_OOM:
         v = plan_verdict(case)
         bad += v.fits

@@ -256,6 +256,28 @@ def test_reserved_with_variable_lengths_against_ms_swifts_table() -> None:
     assert b["median"] < 0.85 and bench.within(before) < 0.45, b
 
 
+def test_reserved_with_fixed_lengths_at_large_vocabularies_against_universal_llm_trainers_table() -> None:
+    """universal-llm-trainer's reserved memory of LoRA and QLoRA at 8,192 fully filled tokens x micro-batch 2 at
+    vocabularies of 128k-256k (benchmarks/published_fixed_length.json: 18 rows, 8 configurations on 3 GPUs, all held
+    out, scored once after the model was fixed, 2026-12-05). The published figures read as GB (their 'Model Mem.'
+    column is the bf16 weights in GB): the plan's reserved figure is 1.11-1.22 of them (median 1.17, 7 of 18 within
+    15 %: the goal of 80 % is missed, on the safe side), its allocated figure 0.99-1.10: the allocator overhead
+    the plan adds (ALLOCATOR_RESERVE) is what over-states these runs. Both published out-of-memory runs (Gemma-2-9B
+    QLoRA on 80 GB cards) are predicted not to fit."""
+    bench = _bench()
+    doc = bench.load_fixed_length()
+    runs = doc["runs"]
+    assert len(runs) == 20 and all(r["split"] == "held out" and r["seq_len"] * r["micro_batch"] == 16384 for r in runs)
+    assert all(doc["models"][r["model"]].get("config", {}).get("vocab_size", 128256) >= 128256 for r in runs)
+    reserved = bench.fixed_length_memory_rows(doc)
+    allocated = bench.fixed_length_memory_rows(doc, allocated=True)
+    q, a = bench.split_summary(reserved), bench.split_summary(allocated)
+    assert q["n"] == 18 and 1.10 <= q["median"] <= 1.25 and q["min"] > 1.0 and 0.35 <= bench.within(reserved) < 0.5, q
+    assert 1.0 <= a["median"] <= 1.10 and bench.within(allocated) == 1.0, a
+    oom = bench.fixed_length_oom(doc)
+    assert set(oom) == {"ult-10", "ult-12"} and all(v > 80 for v in oom.values()), oom
+
+
 def test_published_rates_above_the_gpus_peak_are_the_only_held_out_misses() -> None:
     """A published rate that implies more than the GPU's dense peak in the hardware FLOPs of its
     stated configuration cannot be what that configuration produced; those runs are shown but not

@@ -391,6 +391,21 @@ def fixed_length_memory_rows(doc: dict[str, Any] | None = None, *, allocated: bo
     return out
 
 
+def fixed_length_speed_rows(doc: dict[str, Any] | None = None) -> list[Row]:
+    """Published seconds per micro-batch of the fixed-length set as tokens/s (micro-batch x length / seconds)
+    against the plan's, for the rows on a GPU of the catalog (``catalog_gpu``)."""
+    doc = doc or load_fixed_length()
+    out = []
+    for run in doc["runs"]:
+        if not run.get("catalog_gpu") or not run.get("published_s_per_micro_batch"):
+            continue
+        scored = {**run, "gpu": run["catalog_gpu"]}
+        published = run["micro_batch"] * run["seq_len"] / run["published_s_per_micro_batch"]
+        out.append(Row("speed, fixed lengths (held out)", _run_label(scored), published,
+                       predicted_tokens_per_s(doc, scored), "tok/s/GPU", run["cite"], run.get("ambiguity", "")))  # fmt: skip
+    return out
+
+
 def fixed_length_oom(doc: dict[str, Any] | None = None) -> dict[str, float]:
     """run id -> the plan's reserved figure (GiB), for the published out-of-memory runs of the fixed-length set."""
     doc = doc or load_fixed_length()
@@ -445,7 +460,7 @@ def _run_arch(doc: dict[str, Any], name: str) -> Arch:
 
 
 def _run_gpu(doc: dict[str, Any], name: str) -> GPU:
-    if name in doc["gpus"]:
+    if name in doc.get("gpus", {}):
         g = doc["gpus"][name]
         tf = float(g["bf16_tflops"])
         base = find_gpu(g["like"])
@@ -710,6 +725,10 @@ def main(argv: list[str] | None = None) -> int:
         q = split_summary(sel)
         print(f"reserved, variable lengths ({half}), the fixed-length reserved figure instead: median {q['median']:.2f}, "
               f"min {q['min']:.2f}, max {q['max']:.2f}, {100 * within(sel):.0f}% within 15%")  # fmt: skip
+    sel = fixed_length_speed_rows()
+    q = split_summary(sel)
+    print(f"speed, fixed lengths (shown, not a target: a custom training loop, QLoRA computing in fp32): {q['n']} rows, "
+          f"ratio median {q['median']:.2f}, min {q['min']:.2f}, max {q['max']:.2f}")  # fmt: skip
     sel = fixed_length_memory_rows(allocated=True)
     q = split_summary(sel)
     print(f"reserved, fixed lengths (held out), the allocated figure instead: median {q['median']:.2f}, "

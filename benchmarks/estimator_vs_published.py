@@ -35,7 +35,15 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from autotune.estimate import arch_from_config, estimate_memory, find_gpu, mfu, plan, predict_speed  # noqa: E402
+from autotune.estimate import (  # noqa: E402
+    MemoryBreakdown,
+    arch_from_config,
+    estimate_memory,
+    find_gpu,
+    mfu,
+    plan,
+    predict_speed,
+)
 from autotune.estimate import speed as speed_model  # noqa: E402
 from autotune.estimate.arch import Arch  # noqa: E402
 from autotune.estimate.catalog import GPU  # noqa: E402
@@ -374,6 +382,12 @@ def load_fixed_length() -> dict[str, Any]:
     return json.loads(FIXED_LENGTH_FILE.read_text())
 
 
+def _fixed_length_breakdown(doc: dict[str, Any], run: dict[str, Any]) -> MemoryBreakdown:
+    """The plan's memory breakdown of a run of the fixed-length set, its loss in the dtype the run computed it in."""
+    a, wl, c = run_workload(doc, run)
+    return estimate_memory(a, wl, c, loss_dtype=run["loss"])
+
+
 def fixed_length_memory_rows(doc: dict[str, Any] | None = None, *, allocated: bool = False) -> list[Row]:
     """Published reserved memory of fixed-length batches against the plan's ``reserved`` (or, with ``allocated``, its
     ``allocated``: the live tensors alone), the loss in the dtype the run computed it in (``loss`` "model" for a
@@ -383,8 +397,7 @@ def fixed_length_memory_rows(doc: dict[str, Any] | None = None, *, allocated: bo
     for run in doc["runs"]:
         if "published_memory_gib" not in run:
             continue
-        a, wl, c = run_workload(doc, run)
-        br = estimate_memory(a, wl, c, loss_dtype=run["loss"])
+        br = _fixed_length_breakdown(doc, run)
         out.append(Row("reserved, fixed lengths (held out)", _run_label(run), run["published_memory_gib"],
                        (br.allocated if allocated else br.reserved) / GiB, "GiB", run["cite"],
                        run.get("ambiguity", "")))  # fmt: skip
@@ -412,8 +425,7 @@ def fixed_length_oom(doc: dict[str, Any] | None = None) -> dict[str, float]:
     out = {}
     for run in doc["runs"]:
         if run.get("published_oom"):
-            a, wl, c = run_workload(doc, run)
-            out[run["id"]] = estimate_memory(a, wl, c, loss_dtype=run["loss"]).reserved / GiB
+            out[run["id"]] = _fixed_length_breakdown(doc, run).reserved / GiB
     return out
 
 
@@ -739,11 +751,12 @@ def main(argv: list[str] | None = None) -> int:
     print("\npublished out-of-memory setups (the plan must not say fits):")
     bad = 0
     doc = load_fixed_length()
+    by_id = {r["id"]: r for r in doc["runs"]}
     for rid, reserved in fixed_length_oom(doc).items():
-        run = next(r for r in doc["runs"] if r["id"] == rid)
-        over = reserved > run["gpu_memory_gib"]
-        bad += not over
-        print(f"  {'does not fit' if over else 'FITS (wrong)'}: {_run_label(run)} (reserved {reserved:.1f} GiB "
+        run = by_id[rid]
+        too_big = reserved > run["gpu_memory_gib"]
+        bad += not too_big
+        print(f"  {'does not fit' if too_big else 'FITS (wrong)'}: {_run_label(run)} (reserved {reserved:.1f} GiB "
               f"on a {run['gpu_memory_gib']} GiB card)")
     for case in PUBLISHED_OOM:
         v = plan_verdict(case)

@@ -213,7 +213,7 @@ def test_a_cpu_probe_runs_with_the_threads_the_emitted_train_py_gets(monkeypatch
     req = tiny_request(seq_len=32, steps=2)
     assert worker_env(req, 0.0)["OMP_NUM_THREADS"] == "1"  # the user's value, passed through
     explicit = dataclasses.replace(req, settings=dataclasses.replace(req.settings, cpu_threads=2))
-    assert worker_env(explicit, 0.0)["OMP_NUM_THREADS"] == "2"  # an explicit --cpu-threads wins
+    assert worker_env(explicit, 0.0)["OMP_NUM_THREADS"] == "2"  # an explicit cpu_threads wins
     monkeypatch.delenv("OMP_NUM_THREADS")
     assert "OMP_NUM_THREADS" not in worker_env(req, 0.0)  # none added for a single-process probe
     monkeypatch.setenv("OMP_NUM_THREADS", "1")

@@ -710,7 +710,7 @@ def _start_cpu_meter(probe: _Probe) -> _CpuMeter:
     # Threads as the emitted train.py will have them: torch's default (OMP_NUM_THREADS, else the
     # physical cores this process may use). Pinning os.cpu_count() here measured another
     # program: it counts SMT siblings and CPUs outside the affinity mask, and overrode the
-    # user's OMP_NUM_THREADS. Only an explicit --cpu-threads, or the ranks of a distributed
+    # user's OMP_NUM_THREADS. Only an explicit cpu_threads setting, or the ranks of a distributed
     # CPU probe (which share the cores), set a count.
     if settings.cpu_threads or req.candidate.world_size > 1:
         torch.set_num_threads(settings.cpu_threads or max(1, (os.cpu_count() or 1) // req.candidate.world_size))

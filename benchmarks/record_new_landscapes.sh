@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Record landscapes F, G, H and (last) I for benchmarks/search_quality.py.
+# Record landscapes F, G, H and (last) I for benchmarks/search_quality.py, and J, K, L: the model
+# strategy's held-out set (recorded after its last change, scored once: score_new_landscapes.sh --model-held-out).
 #
-#   bash benchmarks/record_new_landscapes.sh [F G H I]     # default: all four, I last
+#   bash benchmarks/record_new_landscapes.sh [F G H I]     # default: F G H I, I last
+#   bash benchmarks/record_new_landscapes.sh J K L
 #
 # Run it on a QUIET machine (nothing else on the cores: CPU timings under other load are noise),
 # from the repository root, with autotune's venv active (or PY=/path/to/python). Each landscape
@@ -25,6 +27,11 @@
 #   I  tiny-gpt2 (learned positions, another shape), lognormal lengths, micro-batch 4..16,
 #      checkpointing, eager/sdpa, packing  -- the HELD-OUT landscape: record it last, do not
 #      open it or score it before the last change to the sampler (score_new_landscapes.sh --held-out)
+#   J  tiny-llama, LoRA, 512-token fixed-length sequences, effective batch 8, micro-batch 1..8,
+#      checkpointing, eager/sdpa, fp32/bf16                                  (32)
+#   K  tiny-mistral, lognormal lengths, micro-batch 4..16, checkpointing, packing, AdamW plain/fused  (24)
+#   L  tiny-gpt2, LoRA, lognormal(4.5, 0.8) lengths up to 384, effective batch 8, micro-batch 2..8,
+#      checkpointing, fp32/bf16, packing                                     (24)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python}
@@ -57,6 +64,9 @@ for n in "${todo[@]}"; do
         G) record G tiny-qwen2 256 lognormal:4.0,1.0 16 lora 5 ;;
         H) record H tiny-qwen2 1024 fixed 4 full 3 ;;
         I) record I tiny-gpt2 256 lognormal:4.0,1.0 16 full 5 ;;
-        *) echo "unknown landscape $n (F, G, H or I)" >&2; exit 2 ;;
+        J) record J tiny-llama 512 fixed 8 lora 5 ;;
+        K) record K tiny-mistral 256 lognormal:4.0,1.0 16 full 5 ;;
+        L) record L tiny-gpt2 384 lognormal:4.5,0.8 8 lora 5 ;;
+        *) echo "unknown landscape $n (F to L)" >&2; exit 2 ;;
     esac
 done

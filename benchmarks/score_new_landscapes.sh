@@ -4,6 +4,7 @@
 #
 #   bash benchmarks/score_new_landscapes.sh              # F, G, H
 #   bash benchmarks/score_new_landscapes.sh --held-out   # I alone: ONCE, after the last change to the sampler
+#   bash benchmarks/score_new_landscapes.sh --model-held-out   # J, K, L: ONCE, after the model strategy's last change
 #
 # search_quality.py runs every strategy on each landscape at 15 % of the grid's probes, 30 seeds:
 # autotune (--strategy walk), tpe, seed-only, random, largest-micro-batch (largest-fits), deepspeed,
@@ -18,6 +19,10 @@ mkdir -p benchmarks/results
 if [ "${1:-}" = "--held-out" ]; then
     files=("$L/cpu-tiny-gpt2-landscape-cpu-i.json")
     tag=heldout-i
+elif [ "${1:-}" = "--model-held-out" ]; then
+    files=("$L/cpu-tiny-llama-landscape-cpu-j.json" "$L/cpu-tiny-mistral-landscape-cpu-k.json"
+           "$L/cpu-tiny-gpt2-landscape-cpu-l.json")
+    tag=heldout-jkl
 else
     files=("$L/cpu-tiny-llama-landscape-cpu-f.json" "$L/cpu-tiny-qwen2-landscape-cpu-g.json"
            "$L/cpu-tiny-qwen2-landscape-cpu-h.json")

@@ -104,6 +104,8 @@ PACKAGE_STRATEGY = {"autotune": "walk", "model": "model", "tpe": "tpe", "random"
 REFERENCE = "grid-once (ceiling)"
 # a paired reference for the model strategy: the walk with as many probes as the model took on the seed
 WALK_AT_MODEL = "walk @ model's probes"
+# the model strategy's prior alone, no probe: what the estimator would pick (run_zero_probe)
+ZERO_PROBE = "model, no probe"
 
 
 @dataclasses.dataclass
@@ -345,6 +347,26 @@ def run_grid_once(p: Problem, seed: int, budget: int) -> tuple[Candidate | None,
     return (best[1] if best else None), ex
 
 
+def run_zero_probe(p: Problem, seed: int, budget: int) -> tuple[Candidate | None, ReplayExecutor]:
+    """The model strategy's pick before any probe: of the configurations the estimator's memory prior puts
+    within the usable budget, the one its speed prior ranks first (the larger micro-batch on a tie: the prior's
+    speed is FLOPs per token, which the micro-batch does not change). No probe; None when nothing is predicted
+    to fit (or the estimator cannot read the model)."""
+    ex = ReplayExecutor(p.landscape, seed=seed, noise=True)
+    prior = model_prior(p)
+    if prior is None:
+        return None, ex
+    best: tuple[float, int, Candidate] | None = None
+    for c in p.grid:
+        memory = prior.memory(c)
+        if memory is None or memory > 0:
+            continue
+        key = (prior.speed(c), c.micro_batch)
+        if best is None or key > best[:2]:
+            best = (*key, c)
+    return (best[2] if best else None), ex
+
+
 RUNNERS: dict[str, Strategy] = {
     REFERENCE: run_grid_once,
     "autotune": run_autotune,
@@ -363,7 +385,7 @@ RUNNERS: dict[str, Strategy] = {
 def evaluate(p: Problem, *, seeds: int, share: float) -> dict[str, Any]:
     n = len(p.grid)
     budget = max(1, math.floor(share * n + 1e-9))
-    rows: dict[str, list[tuple[float, float]]] = {s: [] for s in (*STRATEGIES, REFERENCE, WALK_AT_MODEL)}
+    rows: dict[str, list[tuple[float, float]]] = {s: [] for s in (*STRATEGIES, REFERENCE, WALK_AT_MODEL, ZERO_PROBE)}
     for seed in range(seeds):
         chosen, ex = run_autotune(p, seed, budget)
         rows["autotune"].append((p.score(chosen), ex.probes / n))
@@ -376,6 +398,8 @@ def evaluate(p: Problem, *, seeds: int, share: float) -> dict[str, Any]:
             if name == "model":  # the walk given as many probes as the model strategy took on this seed
                 chosen, ex = run_autotune(p, seed, ex.probes)
                 rows[WALK_AT_MODEL].append((p.score(chosen), ex.probes / n))
+        chosen, _ = run_zero_probe(p, seed, 0)
+        rows[ZERO_PROBE].append((p.score(chosen), 0.0))
     unpacked = max((p.score(c) for c in p.grid if not c.packing), default=0.0)
     out: dict[str, Any] = {"landscape": p.name, "grid": n, "probe_budget": budget,
                            "infeasible_share": 1.0 - sum(p.score(c) > 0 for c in p.grid) / n,
@@ -388,6 +412,7 @@ def evaluate(p: Problem, *, seeds: int, share: float) -> dict[str, Any]:
             "best_over_optimum_min": min(ratios),
             "share_of_seeds_at_0.97": sum(r >= 0.97 for r in ratios) / len(ratios),
             "probes_over_grid_median": statistics.median(shares),
+            "probes_median": statistics.median(round(v * n) for v in shares),
             "ratios": ratios,
             "shares": shares,
         }
@@ -400,10 +425,12 @@ def render(results: list[dict[str, Any]], seeds: int, share: float) -> str:
         lines.append(f"{res['landscape']}: grid {res['grid']} configurations, {res['infeasible_share']:.0%} "
                      f"infeasible, probe budget {res['probe_budget']} ({share:.0%}), {seeds} seeds; "
                      f"unpacked-best {res['unpacked_best_over_optimum']:.3f} of the optimum")
-        lines.append(f"  {'strategy':<22}{'best/optimum (median)':>22}{'min':>7}{'>=0.97':>8}{'probes/grid':>13}")
+        lines.append(f"  {'strategy':<22}{'best/optimum (median)':>22}{'min':>7}{'>=0.97':>8}{'probes/grid':>13}"
+                     f"{'probes':>8}")
         for name, s in res["strategies"].items():
             lines.append(f"  {name:<22}{s['best_over_optimum_median']:>22.3f}{s['best_over_optimum_min']:>7.3f}"
-                         f"{s['share_of_seeds_at_0.97']:>8.0%}{s['probes_over_grid_median']:>13.3f}")
+                         f"{s['share_of_seeds_at_0.97']:>8.0%}{s['probes_over_grid_median']:>13.3f}"
+                         f"{s['probes_median']:>8g}")
     auto_r = [r for res in results for r in res["strategies"]["autotune"]["ratios"]]
     auto_s = [s for res in results for s in res["strategies"]["autotune"]["shares"]]
     others = {name: statistics.median([r for res in results for r in res["strategies"][name]["ratios"]])

@@ -69,7 +69,10 @@ def test_deepspeed_strategy_walks_its_stages_and_stops_when_not_5_percent_better
 def test_evaluate_scores_every_strategy_and_the_last_line_is_autotunes_summary() -> None:
     p = sq.problem(landscape())
     res = sq.evaluate(p, seeds=3, share=0.25)
-    assert set(res["strategies"]) == {*sq.STRATEGIES, sq.REFERENCE, sq.WALK_AT_MODEL} and res["probe_budget"] == 8
+    assert set(res["strategies"]) == {*sq.STRATEGIES, sq.REFERENCE, sq.WALK_AT_MODEL, sq.ZERO_PROBE}
+    assert res["probe_budget"] == 8 and res["strategies"][sq.ZERO_PROBE]["probes_median"] == 0
+    assert res["strategies"]["model"]["probes_median"] == round(
+        __import__("statistics").median(res["strategies"]["model"]["shares"]) * 32)
     paired = res["strategies"][sq.WALK_AT_MODEL]["shares"]
     assert all(abs(a - b) <= 2 / 32 for a, b in zip(paired, res["strategies"]["model"]["shares"], strict=True))
     auto = res["strategies"]["autotune"]
@@ -78,6 +81,18 @@ def test_evaluate_scores_every_strategy_and_the_last_line_is_autotunes_summary()
     text = sq.render([res], 3, 0.25)
     last = text.splitlines()[-1]
     assert last.startswith("autotune: best/optimum ") and "of the grid's probes" in last
+
+
+def test_the_zero_probe_pick_is_the_fastest_by_the_prior_among_those_it_predicts_to_fit() -> None:
+    p = sq.problem(landscape())
+    prior = sq.model_prior(p)
+    chosen, ex = sq.run_zero_probe(p, 0, 99)
+    assert ex.probes == 0 and chosen is not None and prior.memory(chosen) <= 0
+    fitting = [c for c in p.grid if prior.memory(c) <= 0]
+    assert (prior.speed(chosen), chosen.micro_batch) == max((prior.speed(c), c.micro_batch) for c in fitting)
+    # with a budget the prior puts everything over, there is no pick (scored 0)
+    tight = dataclasses.replace(p, settings=dataclasses.replace(p.settings, budget_bytes=1 * MiB))
+    assert sq.run_zero_probe(tight, 0, 99)[0] is None and tight.score(None) == 0.0
 
 
 def test_main_reads_landscape_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -178,3 +178,26 @@ def test_stop_when_converged_ends_the_search_once_the_walk_settles_with_the_base
     assert any(r.key == candidate_id(base) and r.probed for r in settled.records)
     assert settled.best_record is not None and full.best_record is not None
     assert (p.truth.true_tokens_per_s(settled.best_record.candidate_obj()) or 0) >= 0.97 * p.optimum
+
+
+def test_spearman_matches_the_rank_correlation_with_ties_averaged() -> None:
+    import calibration
+
+    assert calibration.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert calibration.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    # ties take their average rank: ranks (0.5, 0.5, 2, 3) against (0, 1, 2, 3)
+    assert calibration.spearman([5, 5, 6, 7], [1, 2, 3, 4]) == pytest.approx(0.9486832980505138)
+    assert calibration.spearman([1, 2], [1, 2]) is None and calibration.spearman([1, 1, 1], [1, 2, 3]) is None
+
+
+def test_calibration_fits_on_the_strategys_first_probes_and_scores_the_rest() -> None:
+    import calibration
+
+    p = sq.problem(landscape())
+    r = calibration.calibrate(p, 0, 3)
+    assert len(r["first"]) == 3 and len(set(r["first"])) == 3
+    fitting = {candidate_id(c) for c in p.grid if p.score(c) > 0}
+    assert r["ranked"] == len(fitting - set(r["first"]))
+    assert -1.0 <= r["spearman"] <= 1.0 and 0.0 <= r["memory_within"] <= 1.0
+    # more probes, a model that knows more: the speed ranking does not get worse on this additive landscape
+    assert calibration.calibrate(p, 0, 8)["spearman"] >= r["spearman"] - 1e-9

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.search._confirm import ConfirmPolicy, choose_winner, confirmation_probes, speedup
 from autotune.search._logic import (
+    CONDITIONAL_KNOBS,
     FAILED,
     MEMORY_INFEASIBLE,
     Skip,
@@ -25,6 +26,7 @@ from autotune.search._logic import (
     usable_micro_batches,
     usable_worlds,
 )
+from autotune.search._model import CPU_NOISE_SD, NOISE_SD, ModelPolicy, Option, Row
 from autotune.search._strategies import STRATEGIES
 from autotune.spec.trial import TrialRecord, candidate_id, candidate_label
 
@@ -59,13 +61,19 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "AutotuneSampler",
+    "CONDITIONAL_KNOBS",
+    "CPU_NOISE_SD",
     "ConfirmPolicy",
     "FAILED",
     "LoadCheck",
     "MEMORY_INFEASIBLE",
+    "ModelPolicy",
+    "NOISE_SD",
     "Observation",
+    "Option",
     "ProgressFn",
     "Pruner",
+    "Row",
     "STRATEGIES",
     "SamplerSettings",
     "SearchHooks",

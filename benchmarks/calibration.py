@@ -1,0 +1,186 @@
+"""How well the model strategy's models predict a landscape after the run's first three probes.
+
+    python benchmarks/calibration.py [LANDSCAPE.json ...] [--seeds 30] [--probes 3] [--json OUT]
+
+For each recorded landscape (default: every file in ``benchmarks/landscapes/``) and seed: the model strategy
+runs as ``benchmarks/search_quality.py`` runs it (replay, the estimator's prior, the baseline); its first
+``--probes`` probes (whatever they were: the baseline, the seeds, over the budget or not) are measured again by
+a replay with that seed's noise, and ``autotune.search.ModelPolicy`` fits its speed and memory models on those
+rows alone, as the run does at that point. Then, over every other configuration of the landscape:
+
+* speed: Spearman's rank correlation between the predicted mean speed and the recorded median tok/s, over the
+  configurations that fit the landscape's budget (what a ranking is for);
+* memory: the share whose predicted peak is within +-15 % of the recorded peak (every configuration: the
+  landscapes measured each peak under a generous ceiling), and the median predicted / recorded ratio.
+
+The figures per landscape are medians over the seeds; the last line is the median over landscapes. Nothing is
+fitted here: it reads the strategy as it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import search_quality as sq  # noqa: E402
+
+from autotune.executors.replay import ReplayExecutor  # noqa: E402
+from autotune.search import (  # noqa: E402
+    CONDITIONAL_KNOBS,
+    CPU_NOISE_SD,
+    NOISE_SD,
+    ModelPolicy,
+    Option,
+    Row,
+    candidate_id,
+    usable_micro_batches,
+)
+from autotune.spec.levers import inactive  # noqa: E402
+from autotune.spec.probe_request import Candidate  # noqa: E402
+from autotune.spec.space import DIMENSIONS  # noqa: E402
+
+__all__ = ["calibrate", "spearman", "main"]
+
+WITHIN = 0.15
+
+
+def spearman(xs: list[float], ys: list[float]) -> float | None:
+    """Spearman's rho (average ranks for ties); None with fewer than three pairs or no spread."""
+    if len(xs) < 3:
+        return None
+
+    def ranks(v: list[float]) -> list[float]:
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2.0
+            i = j + 1
+        return r
+
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    sxx = math.sqrt(sum((a - mx) ** 2 for a in rx))
+    syy = math.sqrt(sum((b - my) ** 2 for b in ry))
+    return None if sxx == 0 or syy == 0 else sxy / (sxx * syy)
+
+
+def _choices(p: sq.Problem) -> dict[str, list[Any]]:
+    """The searched levers and their choices, as the sampler builds them (``AutotuneSampler.choices``)."""
+    worlds = list(p.space.gpus_per_trial)
+    mbs, _ = usable_micro_batches(p.space, p.effective_batch, worlds)
+    out = {}
+    for d in DIMENSIONS:
+        choices = mbs if d == "micro_batch" else worlds if d == "gpus_per_trial" else list(p.space.choices(d))
+        if len(choices) > 1:
+            out[d] = list(choices)
+    return out
+
+
+def _option(p: sq.Problem, prior: Any, dims: dict[str, list[Any]], c: Candidate) -> Option:
+    values = {d: (c.world_size if d == "gpus_per_trial" else getattr(c, d)) for d in DIMENSIONS}
+    choice = {d: values[d] for d in dims}
+    for d in CONDITIONAL_KNOBS:  # a lever inactive under the others sits at its first choice (the sampler's rule)
+        if d in choice and inactive(d, values):
+            choice[d] = dims[d][0]
+    return Option(key=candidate_id(c), choice=choice,
+                  speed_prior=prior.speed(c) if prior is not None else 0.0,
+                  memory_prior=prior.memory(c) if prior is not None else None)
+
+
+def calibrate(p: sq.Problem, seed: int, probes: int) -> dict[str, Any]:
+    """One seed: the model fitted on the strategy's first ``probes`` probes, scored on the rest."""
+    _, ran = sq.run_model(p, seed, 0)
+    first = [key for key, _ in ran.answered][:probes]
+    prior = sq.model_prior(p)
+    dims = _choices(p)
+    by_key = {candidate_id(c): c for c in p.grid}
+    options = {k: _option(p, prior, dims, c) for k, c in by_key.items()}
+    policy = ModelPolicy(list(options.values()), dims, noise_sd=CPU_NOISE_SD if p.settings.device == "cpu" else NOISE_SD)
+    ex = ReplayExecutor(p.landscape, seed=seed, noise=True)
+    usable = p.settings.usable_bytes()
+    rows = []
+    for key in first:
+        r = ex.answer(p.request(by_key[key]))
+        peak = r.metrics.get("peak_mem_bytes")
+        rows.append(Row(option=options[key], status=r.status,
+                        tokens_per_s=float(r.metrics.get("tokens_per_s") or 0.0) if r.status == "ok" else 0.0,
+                        memory=math.log(peak / usable) if peak else None, proposed=True))
+    speed, memory = policy.models(rows)
+    pred_s, true_s, mem_ratio = [], [], []
+    for key, c in by_key.items():
+        if key in first:
+            continue
+        o = options[key]
+        entry = p.truth.entries.get(key)
+        if entry is None:
+            continue
+        if entry.get("peak_mem_bytes"):
+            m_mean, _ = memory.predict(o.choice)
+            mem_ratio.append(math.exp(m_mean + (o.memory_prior or 0.0)) * usable / float(entry["peak_mem_bytes"]))
+        if p.score(c) > 0:
+            s_mean, _ = speed.predict(o.choice)
+            pred_s.append(s_mean + o.speed_prior)
+            true_s.append(p.truth.true_tokens_per_s(c) or 0.0)
+    return {"spearman": spearman(pred_s, true_s), "ranked": len(pred_s),
+            "memory_within": sum(abs(r - 1) <= WITHIN for r in mem_ratio) / len(mem_ratio) if mem_ratio else None,
+            "memory_ratio_median": statistics.median(mem_ratio) if mem_ratio else None, "first": first}
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("landscapes", nargs="*")
+    ap.add_argument("--seeds", type=int, default=30)
+    ap.add_argument("--probes", type=int, default=3)
+    ap.add_argument("--json", default="")
+    a = ap.parse_args(argv)
+    files = [Path(f) for f in a.landscapes] or sorted((Path(__file__).resolve().parent / "landscapes").glob("*.json"))
+    out = []
+    print(f"| landscape | grid | Spearman, predicted vs recorded speed (median; min-max over {a.seeds} seeds) "
+          f"| memory within +-{WITHIN:.0%} | predicted / recorded peak (median) |")
+    print("|---|---|---|---|---|")
+    for f in files:
+        p = sq.problem(f)
+        runs = [calibrate(p, s, a.probes) for s in range(a.seeds)]
+        rho = [r["spearman"] for r in runs if r["spearman"] is not None]
+        within = [r["memory_within"] for r in runs if r["memory_within"] is not None]
+        ratio = [r["memory_ratio_median"] for r in runs if r["memory_ratio_median"] is not None]
+        res = {"landscape": p.name, "grid": len(p.grid), "probes": a.probes, "seeds": a.seeds,
+               "spearman_median": statistics.median(rho) if rho else None,
+               "spearman_min": min(rho) if rho else None, "spearman_max": max(rho) if rho else None,
+               "memory_within_median": statistics.median(within) if within else None,
+               "memory_ratio_median": statistics.median(ratio) if ratio else None, "runs": runs}
+        out.append(res)
+
+        def f3(v: float | None) -> str:
+            return "-" if v is None else f"{v:.2f}"
+
+        print(f"| {p.name} | {len(p.grid)} | {f3(res['spearman_median'])} ({f3(res['spearman_min'])}-"
+              f"{f3(res['spearman_max'])}) | {f3(res['memory_within_median'])} | {f3(res['memory_ratio_median'])} |")
+    rhos = [r["spearman_median"] for r in out if r["spearman_median"] is not None]
+    mems = [r["memory_within_median"] for r in out if r["memory_within_median"] is not None]
+    if rhos:
+        print(f"median over {len(out)} landscape(s): Spearman {statistics.median(rhos):.2f} (goal >= 0.8), "
+              f"memory within +-{WITHIN:.0%} on {statistics.median(mems):.0%} of configurations")
+    if a.json:
+        tmp = Path(a.json + ".tmp")
+        tmp.write_text(json.dumps(out, indent=1))
+        tmp.replace(a.json)
+    return out
+
+
+if __name__ == "__main__":
+    main()

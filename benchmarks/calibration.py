@@ -33,19 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import search_quality as sq  # noqa: E402
 
 from autotune.executors.replay import ReplayExecutor  # noqa: E402
-from autotune.search import (  # noqa: E402
-    CONDITIONAL_KNOBS,
-    CPU_NOISE_SD,
-    NOISE_SD,
-    ModelPolicy,
-    Option,
-    Row,
-    candidate_id,
-    usable_micro_batches,
-)
-from autotune.spec.levers import inactive  # noqa: E402
-from autotune.spec.probe_request import Candidate  # noqa: E402
-from autotune.spec.space import DIMENSIONS  # noqa: E402
+from autotune.search import AutotuneSampler, Row, SamplerSettings, candidate_id  # noqa: E402
 
 __all__ = ["calibrate", "spearman", "main"]
 
@@ -78,38 +66,16 @@ def spearman(xs: list[float], ys: list[float]) -> float | None:
     return None if sxx == 0 or syy == 0 else sxy / (sxx * syy)
 
 
-def _choices(p: sq.Problem) -> dict[str, list[Any]]:
-    """The searched levers and their choices, as the sampler builds them (``AutotuneSampler.choices``)."""
-    worlds = list(p.space.gpus_per_trial)
-    mbs, _ = usable_micro_batches(p.space, p.effective_batch, worlds)
-    out = {}
-    for d in DIMENSIONS:
-        choices = mbs if d == "micro_batch" else worlds if d == "gpus_per_trial" else list(p.space.choices(d))
-        if len(choices) > 1:
-            out[d] = list(choices)
-    return out
-
-
-def _option(p: sq.Problem, prior: Any, dims: dict[str, list[Any]], c: Candidate) -> Option:
-    values = {d: (c.world_size if d == "gpus_per_trial" else getattr(c, d)) for d in DIMENSIONS}
-    choice = {d: values[d] for d in dims}
-    for d in CONDITIONAL_KNOBS:  # a lever inactive under the others sits at its first choice (the sampler's rule)
-        if d in choice and inactive(d, values):
-            choice[d] = dims[d][0]
-    return Option(key=candidate_id(c), choice=choice,
-                  speed_prior=prior.speed(c) if prior is not None else 0.0,
-                  memory_prior=prior.memory(c) if prior is not None else None)
-
-
 def calibrate(p: sq.Problem, seed: int, probes: int) -> dict[str, Any]:
     """One seed: the model fitted on the strategy's first ``probes`` probes, scored on the rest."""
     _, ran = sq.run_model(p, seed, 0)
     first = [key for key, _ in ran.answered][:probes]
-    prior = sq.model_prior(p)
-    dims = _choices(p)
+    # the policy (its options, priors and noise) exactly as the run's sampler builds it
+    policy = AutotuneSampler(p.space, SamplerSettings(strategy="model", device=p.settings.device,
+                                                      prior=sq.model_prior(p)),
+                             effective_batch=p.effective_batch).model_policy()
+    options = {o.key: o for o in policy.options}
     by_key = {candidate_id(c): c for c in p.grid}
-    options = {k: _option(p, prior, dims, c) for k, c in by_key.items()}
-    policy = ModelPolicy(list(options.values()), dims, noise_sd=CPU_NOISE_SD if p.settings.device == "cpu" else NOISE_SD)
     ex = ReplayExecutor(p.landscape, seed=seed, noise=True)
     usable = p.settings.usable_bytes()
     rows = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import sys
 from pathlib import Path
 
@@ -71,8 +72,7 @@ def test_evaluate_scores_every_strategy_and_the_last_line_is_autotunes_summary()
     res = sq.evaluate(p, seeds=3, share=0.25)
     assert set(res["strategies"]) == {*sq.STRATEGIES, sq.REFERENCE, sq.WALK_AT_MODEL, sq.ZERO_PROBE}
     assert res["probe_budget"] == 8 and res["strategies"][sq.ZERO_PROBE]["probes_median"] == 0
-    assert res["strategies"]["model"]["probes_median"] == round(
-        __import__("statistics").median(res["strategies"]["model"]["shares"]) * 32)
+    assert res["strategies"]["model"]["probes_median"] == round(statistics.median(res["strategies"]["model"]["shares"]) * 32)
     paired = res["strategies"][sq.WALK_AT_MODEL]["shares"]
     assert all(abs(a - b) <= 2 / 32 for a, b in zip(paired, res["strategies"]["model"]["shares"], strict=True))
     auto = res["strategies"]["autotune"]

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.search._confirm import ConfirmPolicy, choose_winner, confirmation_probes, speedup
 from autotune.search._logic import (
-    CONDITIONAL_KNOBS,
     FAILED,
     MEMORY_INFEASIBLE,
     Skip,
@@ -26,7 +25,7 @@ from autotune.search._logic import (
     usable_micro_batches,
     usable_worlds,
 )
-from autotune.search._model import CPU_NOISE_SD, NOISE_SD, ModelPolicy, Option, Row
+from autotune.search._model import ModelPolicy, Option, Row
 from autotune.search._strategies import STRATEGIES
 from autotune.spec.trial import TrialRecord, candidate_id, candidate_label
 
@@ -61,14 +60,11 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "AutotuneSampler",
-    "CONDITIONAL_KNOBS",
-    "CPU_NOISE_SD",
     "ConfirmPolicy",
     "FAILED",
     "LoadCheck",
     "MEMORY_INFEASIBLE",
     "ModelPolicy",
-    "NOISE_SD",
     "Observation",
     "Option",
     "ProgressFn",

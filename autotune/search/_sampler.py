@@ -404,7 +404,7 @@ class AutotuneSampler(BaseSampler):
             key, _ = self._model_step(obs, running)
             if key is None:
                 return None
-            return self._by_key()[key], "seed" if key in self._model_policy().first else "model"
+            return self._by_key()[key], "seed" if key in self.model_policy().first else "model"
         if self.strategy == "random":
             c = self._unseen(seen, obs, random.Random(salt))
             return (c, "random") if c is not None else None
@@ -456,7 +456,7 @@ class AutotuneSampler(BaseSampler):
             return self._walk_unfinished(study)
         if self.strategy != "model":
             return ""
-        n, key, chance = self._model_policy().unfinished(self._rows(self.observations(study)[0]))
+        n, key, chance = self.model_policy().unfinished(self._rows(self.observations(study)[0]))
         if not n or key is None:
             return ""
         return (f"; the model had not finished: {n} unprobed configuration(s) still had a {worth_a_probe():.0%} "
@@ -482,7 +482,7 @@ class AutotuneSampler(BaseSampler):
             return []
         obs, _ = self.observations(study)
         rows = self._rows(obs)
-        return [d.to_dict() for d in self._model_policy().decisions(rows, candidate_id(winner), self.choices)]
+        return [d.to_dict() for d in self.model_policy().decisions(rows, candidate_id(winner), self.choices)]
 
     def _by_key(self) -> dict[str, Candidate]:
         """Every runnable configuration by its key (built once: the model strategy looks one up per ask)."""
@@ -496,7 +496,9 @@ class AutotuneSampler(BaseSampler):
                       speed_prior=prior.speed(c) if prior is not None else 0.0,
                       memory_prior=prior.memory(c) if prior is not None else None)
 
-    def _model_policy(self) -> ModelPolicy:
+    def model_policy(self) -> ModelPolicy:
+        """The ``model`` strategy's policy over this space (built once): every runnable configuration as an
+        ``Option`` with the prior's figures, the expert seeds first, the device's measurement noise."""
         if self._policy is None:
             first = []
             for choice in expert_seeds(self.space, effective_batch=self.effective_batch, micro_batches=self.micro_batches,
@@ -512,7 +514,7 @@ class AutotuneSampler(BaseSampler):
 
     def _rows(self, obs: Sequence[Observation]) -> list[Row]:
         """The finished trials as the model strategy's rows (a skip, or a repeat answered from the cache, is none)."""
-        self._model_policy()
+        self.model_policy()
         rows = []
         for o in obs:
             if o.candidate is None or (not o.measured and o.status == "ok"):
@@ -535,7 +537,7 @@ class AutotuneSampler(BaseSampler):
         memo = (tuple((o.number, o.status, o.value) for o in obs), frozenset(running))
         if self._memo is not None and self._memo[0] == memo:
             return self._memo[1]
-        policy = self._model_policy()
+        policy = self.model_policy()
         out = policy.next(self._rows(obs), running)
         self._memo = (memo, out)
         return out

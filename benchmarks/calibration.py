@@ -114,6 +114,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--json", default="")
     a = ap.parse_args(argv)
     files = [Path(f) for f in a.landscapes] or sorted((Path(__file__).resolve().parent / "landscapes").glob("*.json"))
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing or a.seeds < 1 or a.probes < 1:
+        problem = (f"no landscape file {', '.join(missing)}: give recorded landscapes (benchmarks/landscapes/*.json)"
+                   if missing else "--seeds and --probes must be at least 1")
+        print(f"calibration.py: {problem}", file=sys.stderr)
+        raise SystemExit(2)
     out = []
     print(f"| landscape | grid | Spearman, predicted vs recorded speed (median; min-max over {a.seeds} seeds) "
           f"| memory within +-{WITHIN:.0%} | predicted / recorded peak (median) |")

@@ -201,3 +201,14 @@ def test_calibration_fits_on_the_strategys_first_probes_and_scores_the_rest() ->
     assert -1.0 <= r["spearman"] <= 1.0 and 0.0 <= r["memory_within"] <= 1.0
     # more probes, a model that knows more: the speed ranking does not get worse on this additive landscape
     assert calibration.calibrate(p, 0, 8)["spearman"] >= r["spearman"] - 1e-9
+
+
+def test_calibration_refuses_a_missing_landscape_or_no_seeds_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import calibration
+
+    for argv, said in (([str(tmp_path / "nope.json")], "no landscape file"), (["--seeds", "0"], "at least 1")):
+        with pytest.raises(SystemExit) as exc:
+            calibration.main(argv)
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and said in err and len(err.strip().splitlines()) == 1

@@ -98,8 +98,7 @@ def calibrate(p: sq.Problem, seed: int, probes: int) -> dict[str, Any]:
             m_mean, _ = memory.predict(o.choice)
             mem_ratio.append(math.exp(m_mean + (o.memory_prior or 0.0)) * usable / float(entry["peak_mem_bytes"]))
         if p.score(c) > 0:
-            s_mean, _ = speed.predict(o.choice)
-            pred_s.append(s_mean + o.speed_prior)
+            pred_s.append(speed.predict(o)[0])
             true_s.append(p.truth.true_tokens_per_s(c) or 0.0)
     return {"spearman": spearman(pred_s, true_s), "ranked": len(pred_s),
             "memory_within": sum(abs(r - 1) <= WITHIN for r in mem_ratio) / len(mem_ratio) if mem_ratio else None,

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Record landscapes F, G, H and (last) I for benchmarks/search_quality.py, and J, K, L: the model
-# strategy's held-out set (recorded after its last change, scored once: score_new_landscapes.sh --model-held-out).
+# Record landscapes F, G, H and (last) I for benchmarks/search_quality.py, and J, K, L, then M, N, O: the model
+# strategy's held-out sets (each recorded after its last change, scored once: score_new_landscapes.sh
+# --model-held-out for J K L, --model-held-out-2 for M N O).
 #
 #   bash benchmarks/record_new_landscapes.sh [F G H I]     # default: F G H I, I last
 #   bash benchmarks/record_new_landscapes.sh J K L
+#   bash benchmarks/record_new_landscapes.sh M N O
 #
 # Run it on a QUIET machine (nothing else on the cores: CPU timings under other load are noise),
 # from the repository root, with autotune's venv active (or PY=/path/to/python). Each landscape
@@ -32,6 +34,12 @@
 #   K  tiny-mistral, lognormal lengths, micro-batch 4..16, checkpointing, packing, AdamW plain/fused  (24)
 #   L  tiny-gpt2, LoRA, lognormal(4.5, 0.8) lengths up to 384, effective batch 8, micro-batch 2..8,
 #      checkpointing, fp32/bf16, packing                                     (24)
+#   M  tiny-llama, LoRA, uniform 32-512 lengths, effective batch 16, micro-batch 2..8, checkpointing,
+#      eager/sdpa, packing                                                   (24)
+#   N  tiny-qwen2, lognormal(5.0, 0.7) lengths up to 512, effective batch 8, micro-batch 2..8,
+#      checkpointing, fp32/bf16, packing                                     (24)
+#   O  tiny-mistral, LoRA, 384-token fixed-length sequences, effective batch 8, micro-batch 2..8,
+#      checkpointing, eager/sdpa, AdamW plain/fused                          (24)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python}
@@ -67,6 +75,9 @@ for n in "${todo[@]}"; do
         J) record J tiny-llama 512 fixed 8 lora 5 ;;
         K) record K tiny-mistral 256 lognormal:4.0,1.0 16 full 5 ;;
         L) record L tiny-gpt2 384 lognormal:4.5,0.8 8 lora 5 ;;
-        *) echo "unknown landscape $n (F to L)" >&2; exit 2 ;;
+        M) record M tiny-llama 512 uniform:32-512 16 lora 5 ;;
+        N) record N tiny-qwen2 512 lognormal:5.0,0.7 8 full 5 ;;
+        O) record O tiny-mistral 384 fixed 8 lora 5 ;;
+        *) echo "unknown landscape $n (F to O)" >&2; exit 2 ;;
     esac
 done

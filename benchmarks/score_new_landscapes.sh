@@ -5,6 +5,7 @@
 #   bash benchmarks/score_new_landscapes.sh              # F, G, H
 #   bash benchmarks/score_new_landscapes.sh --held-out   # I alone: ONCE, after the last change to the sampler
 #   bash benchmarks/score_new_landscapes.sh --model-held-out   # J, K, L: ONCE, after the model strategy's last change
+#   bash benchmarks/score_new_landscapes.sh --model-held-out-2 # M, N, O: ONCE, after the padding-aware speed prior
 #
 # search_quality.py runs every strategy on each landscape at 15 % of the grid's probes, 30 seeds:
 # autotune (--strategy walk), tpe, seed-only, random, largest-micro-batch (largest-fits), deepspeed,
@@ -23,6 +24,10 @@ elif [ "${1:-}" = "--model-held-out" ]; then
     files=("$L/cpu-tiny-llama-landscape-cpu-j.json" "$L/cpu-tiny-mistral-landscape-cpu-k.json"
            "$L/cpu-tiny-gpt2-landscape-cpu-l.json")
     tag=heldout-jkl
+elif [ "${1:-}" = "--model-held-out-2" ]; then
+    files=("$L/cpu-tiny-llama-landscape-cpu-m.json" "$L/cpu-tiny-qwen2-landscape-cpu-n.json"
+           "$L/cpu-tiny-mistral-landscape-cpu-o.json")
+    tag=heldout-mno
 else
     files=("$L/cpu-tiny-llama-landscape-cpu-f.json" "$L/cpu-tiny-qwen2-landscape-cpu-g.json"
            "$L/cpu-tiny-qwen2-landscape-cpu-h.json")
@@ -33,3 +38,7 @@ for f in "${files[@]}"; do
 done
 "$PY" benchmarks/search_quality.py "${files[@]}" --seeds 30 --share 0.15 \
     --json "benchmarks/results/search_quality-$tag.json" | tee "benchmarks/results/search_quality-$tag.txt"
+if [ "$tag" = heldout-mno ]; then  # and the model after the run's first three probes, on the same landscapes
+    "$PY" benchmarks/calibration.py "${files[@]}" --seeds 30 --json "benchmarks/results/calibration-$tag.json" \
+        | tee "benchmarks/results/calibration-$tag.txt"
+fi

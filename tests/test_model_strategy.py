@@ -17,6 +17,7 @@ from autotune.search._model import (
     ModelStop,
     Option,
     Row,
+    log_evidence,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -122,6 +123,62 @@ def test_the_cost_prior_charges_recompute_and_grows_memory_with_the_micro_batch(
     assert prior.memory(Candidate(micro_batch=8, grad_accum=2)) > prior.memory(plain) > prior.memory(ckpt)
 
 
+def test_the_speed_prior_counts_padding_and_a_fixed_cost_per_micro_batch() -> None:
+    import json
+
+    from autotune.estimate import FIXED_COSTS, CostPrior, arch_from_config
+    from autotune.estimate.speed import flops_per_real_token, hardware_flops_per_token
+    from autotune.models import resolve_model
+    from autotune.spec.probe_request import Candidate, Workload
+
+    config = json.loads((Path(resolve_model("tiny-llama").path) / "config.json").read_text())
+    arch = arch_from_config(config)
+    fixed, chat = Workload(model="tiny-llama", seq_len=256), Workload(model="tiny-llama", seq_len=256,
+                                                                      lengths="lognormal:3.5,1.0")
+
+    def c(mb: int, **kw: object) -> Candidate:
+        return Candidate(micro_batch=mb, grad_accum=8 // mb, **kw)
+
+    assert flops_per_real_token(arch, fixed, c(8)) == pytest.approx(hardware_flops_per_token(arch, 256, "full"))
+    padded, packed = flops_per_real_token(arch, chat, c(8)), flops_per_real_token(arch, chat, c(8, packing=True))
+    flat = flops_per_real_token(arch, chat, c(8, packing=True, attn="flash_attention_2"))
+    assert padded > 1.5 * packed and packed > flat  # short chat rows padded to the batch's longest
+    # one sequence per micro-batch: nothing to pad, nothing to pack
+    assert flops_per_real_token(arch, chat, c(1)) == pytest.approx(flops_per_real_token(arch, chat, c(1, packing=True)))
+    prior = CostPrior(config, fixed, device="cpu", usable_bytes=400 * 2**20)
+    s1, s8 = prior.speeds(c(1)), prior.speeds(c(8))
+    assert len(s1) == len(FIXED_COSTS) and FIXED_COSTS[0] == 0.0 and prior.speed(c(1)) == s1[0]
+    # with no fixed cost the micro-batch changes nothing per token; with one, a larger micro-batch spreads it
+    assert s8[0] == pytest.approx(s1[0]) and all(b - a > 0 for a, b in zip(s1[1:], s8[1:], strict=True))
+    assert [b - a for a, b in zip(s1, s8, strict=True)] == sorted(b - a for a, b in zip(s1, s8, strict=True))
+
+
+def test_the_evidence_is_the_gaussian_likelihood_and_picks_the_fixed_cost_that_made_the_speeds() -> None:
+    model = LeverModel([("micro_batch", 2)], prior_sd=0.3, noise_sd=0.1, intercept_sd=2.0)
+    # one row switching on the intercept and one term: y ~ N(0, 2^2 + 0.3^2 + 0.1^2)
+    var = 4.0 + 0.09 + 0.01
+    assert log_evidence(model, [{"micro_batch": 2}], [0.7]) == pytest.approx(
+        -0.5 * 0.7**2 / var - 0.5 * math.log(2 * math.pi * var))
+    ks = (0.0, 0.3, 3.0)
+
+    def opts() -> list[Option]:
+        return [Option(key=f"mb{mb}", choice={"micro_batch": mb},
+                       speed_prior=tuple(-math.log(1.0 + k / mb) for k in ks)) for mb in (1, 2, 4, 8, 16)]
+
+    policy = ModelPolicy(opts(), {"micro_batch": [1, 2, 4, 8, 16]})
+    by = {o.key: o for o in policy.options}
+
+    def rows(keys: list[str], j: int) -> list[Row]:
+        return [Row(by[k], "ok", 1000.0 * math.exp(by[k].speed_prior[j]), None, True) for k in keys]
+
+    assert policy.models(rows(["mb1"], 2))[0].index == 0  # one row cannot tell the priors apart: the first
+    for j in range(len(ks)):
+        speed, _ = policy.models(rows(["mb1", "mb4", "mb16"], j))
+        assert speed.index == j
+        # the chosen prior ranks the unprobed micro-batches as the truth does
+        assert speed.predict(by["mb8"])[0] >= speed.predict(by["mb2"])[0] - 1e-9
+
+
 def test_the_model_strategy_through_the_searcher_on_a_recorded_landscape() -> None:
     sys.path.insert(0, str(REPO / "benchmarks"))
     import search_quality as sq
@@ -161,6 +218,7 @@ def test_on_a_known_gpu_the_memory_prior_is_the_planners_with_its_cuda_context()
     c = Candidate(micro_batch=2, grad_accum=16, grad_ckpt=True, liger=True)
     peak = estimate_memory(arch_from_config(config), wl, c, device="cuda", gpu=prior.gpu).total
     assert prior.memory(c) == pytest.approx(math.log(peak / usable))
+    assert len(prior.speeds(c)) == 1  # on a GPU the speed prior is FLOPs alone, no fixed cost to choose
     # a GPU the catalog does not know: no GPU, the device's generic figures
     unknown = CostPrior(config, wl, device="cuda", usable_bytes=usable, gpu_infos=[{"name": "NVIDIA Mystery"}])
     assert unknown.gpu is None and unknown.memory(c) is not None

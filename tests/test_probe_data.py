@@ -19,15 +19,16 @@ from autotune.probe.collate import (
     SEQUENCES_KEY,
     PackingCollator,
     PaddingCollator,
-    pack_first_fit,
     pop_counts,
 )
 from autotune.probe.data import build_train_data, load_token_sequences
 from autotune.spec.lengths import (
     LengthDistribution,
+    batch_layout,
     histogram_from_lengths,
     histogram_from_mapping,
     iter_lengths,
+    pack_first_fit,
     parse_lengths,
     sample_lengths,
 )
@@ -316,6 +317,15 @@ def test_pack_first_fit_decreasing() -> None:
     assert pack_first_fit([], seq_len=10) == []
     with pytest.raises(ValueError, match="> seq_len"):
         pack_first_fit([11], seq_len=10)
+
+
+def test_batch_layout_is_what_the_collators_make() -> None:
+    lens = [5, 9, 2, 2, 7]
+    assert batch_layout(lens, micro_batch=2, mode="padding", seq_len=10) == [(2, 9), (2, 2), (1, 7)]
+    assert batch_layout(lens, micro_batch=2, mode="packing", seq_len=10) == [(2, 9), (1, 4), (1, 7)]
+    assert batch_layout(lens, micro_batch=2, mode="packing_flat", seq_len=10) == [(1, 14), (1, 4), (1, 7)]
+    with pytest.raises(ValueError, match="layout mode"):
+        batch_layout(lens, micro_batch=2, mode="ragged", seq_len=10)
 
 
 def test_build_rejects_bad_arguments() -> None:

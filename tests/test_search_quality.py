@@ -73,8 +73,8 @@ def test_evaluate_scores_every_strategy_and_the_last_line_is_autotunes_summary()
     assert set(res["strategies"]) == {*sq.STRATEGIES, sq.REFERENCE, sq.WALK_AT_MODEL, sq.ZERO_PROBE}
     assert res["probe_budget"] == 8 and res["strategies"][sq.ZERO_PROBE]["probes_median"] == 0
     assert res["strategies"]["model"]["probes_median"] == round(statistics.median(res["strategies"]["model"]["shares"]) * 32)
-    paired = res["strategies"][sq.WALK_AT_MODEL]["shares"]
-    assert all(abs(a - b) <= 2 / 32 for a, b in zip(paired, res["strategies"]["model"]["shares"], strict=True))
+    paired = res["strategies"][sq.WALK_AT_MODEL]["shares"]  # given the model's probe count (it may settle sooner)
+    assert all(a <= b + 2 / 32 for a, b in zip(paired, res["strategies"]["model"]["shares"], strict=True))
     auto = res["strategies"]["autotune"]
     assert all(0.0 <= r <= 1.0 for r in auto["ratios"]) and max(auto["shares"]) <= 8 / 32
     assert res["strategies"]["random"]["shares"] == auto["shares"]  # the same probe count
@@ -199,8 +199,10 @@ def test_calibration_fits_on_the_strategys_first_probes_and_scores_the_rest() ->
     fitting = {candidate_id(c) for c in p.grid if p.score(c) > 0}
     assert r["ranked"] == len(fitting - set(r["first"]))
     assert -1.0 <= r["spearman"] <= 1.0 and 0.0 <= r["memory_within"] <= 1.0
-    # more probes, a model that knows more: the speed ranking does not get worse on this additive landscape
-    assert calibration.calibrate(p, 0, 8)["spearman"] >= r["spearman"] - 1e-9
+    # more probes, a model that knows more: the ranking does not get worse on a landscape whose speeds are lever
+    # effects multiplied, with fixed lengths (no padding, which the prior would model and this landscape lacks)
+    fixed = sq.problem({**landscape(), "lengths": "fixed"})
+    assert calibration.calibrate(fixed, 0, 8)["spearman"] >= calibration.calibrate(fixed, 0, 3)["spearman"] - 1e-9
 
 
 def test_calibration_refuses_a_missing_landscape_or_no_seeds_in_one_line(

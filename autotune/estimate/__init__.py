@@ -27,7 +27,7 @@ from autotune.estimate.plan import (
     predict_peak_bytes,
     should_prune,
 )
-from autotune.estimate.prior import CostPrior
+from autotune.estimate.prior import FIXED_COSTS, CostPrior
 from autotune.estimate.probe_time import (
     CPU_DEADLINE_FLOOR_S,
     DEADLINE_FLOOR_S,
@@ -56,6 +56,7 @@ from autotune.estimate.speed import (
 
 __all__ = [
     "CostPrior",
+    "FIXED_COSTS",
     "CPU_DEADLINE_FLOOR_S",
     "CPU_FLOPS_PER_CORE",
     "DEADLINE_FLOOR_S",

@@ -4,12 +4,17 @@ The model strategy (``autotune.search``, ``--strategy model``) fits its per-leve
 from this structure, so a lever the estimator models is right from the first probe on, and a probe
 only has to correct it:
 
-* ``speed(c)``: ``-log(hardware FLOPs per token)``: checkpointing's recomputed forward, for the share of
-  layers it recomputes (:func:`~autotune.estimate.speed.recomputed`). The device's rate is a constant
-  the fit's intercept absorbs; what FLOPs do not show (micro-batch overheads, kernels, precision, padding,
-  the loader, Liger) is the fit's to learn. (The planner's whole step-time model as the GPU prior was
-  tried on the simulated story-1 landscapes: 14-14.5 probes against 12.5-13.5 with FLOPs alone, so no
-  gain; benchmarks/README.md.)
+* ``speeds(c)``: ``-log(compute per real token)``, one figure per fixed per-micro-batch cost in
+  ``FIXED_COSTS`` (on a CPU; on a GPU FLOPs alone); the model strategy keeps the one its probes make likeliest (the fit's evidence). Compute per
+  real token = the hardware FLOPs of every token slot the probe's layout computes, padding included
+  (:func:`~autotune.estimate.speed.flops_per_real_token`: the length distribution's padded or packed rows at
+  their widths, checkpointing's recomputed forward for the share of layers it recomputes), plus
+  ``k x`` one full-length sequence's FLOPs per micro-batch, spread over the micro-batch's real tokens: the
+  launches, Python and bookkeeping every micro-batch pays whatever its size, which is most of a small model's
+  step on a CPU and next to nothing of a large one's on a GPU. The device's rate is a constant the fit's
+  intercept absorbs; what this does not show (kernels, precision, the loader, Liger) is the fit's to learn.
+  (The planner's whole step-time model as the GPU prior was tried on the simulated story-1 landscapes:
+  14-14.5 probes against 12.5-13.5 with FLOPs alone, so no gain; benchmarks/README.md.)
 * ``memory(c)``: ``log(predicted peak / usable budget)`` from
   :func:`~autotune.estimate.memory.estimate_memory` (the planner's memory model; on a GPU the catalog
   knows, ``gpu`` or the first of ``gpu_infos``, with its CUDA context), None when the estimator cannot
@@ -27,10 +32,17 @@ from autotune.estimate.arch import Arch, arch_from_config
 from autotune.estimate.catalog import GPU
 from autotune.estimate.memory import estimate_memory
 from autotune.estimate.probe_time import _gpu_of
-from autotune.estimate.speed import hardware_flops_per_token, recomputed
+from autotune.estimate.speed import batch_layout_of, flops_per_real_token, hardware_flops_per_token
 from autotune.spec.probe_request import Candidate, Workload
 
-__all__ = ["CostPrior"]
+__all__ = ["CostPrior", "FIXED_COSTS"]
+
+# The fixed cost per micro-batch the speed prior may carry on a CPU, in full-length sequences' FLOPs (k above): 0
+# (FLOPs alone, the first: what the prior is before a probe tells them apart) to 3. Spaced x3, about the
+# resolution three probes with ~8 % noise can tell apart. On a GPU the prior is FLOPs alone (k = 0): choosing k
+# by the evidence there made the simulated story-1 runs slower (H100: 12 probes and 8.6 min at the median
+# against 11 and 6.8 min; benchmarks/README.md), the fixed cost being a small share of a large model's step.
+FIXED_COSTS = (0.0, 0.03, 0.1, 0.3, 1.0, 3.0)
 
 
 class CostPrior:
@@ -43,10 +55,18 @@ class CostPrior:
         self.workload, self.device, self.usable = workload, device, max(1, int(usable_bytes))
         self.gpu = gpu if gpu is not None else (_gpu_of([dict(g) for g in gpu_infos]) if device == "cuda" else None)
 
+    def speeds(self, c: Candidate) -> tuple[float, ...]:
+        """log real tokens per FLOP (up to the device's constant rate: the fit's intercept), one per fixed
+        per-micro-batch cost in ``FIXED_COSTS`` on a CPU, one (FLOPs alone) on a GPU."""
+        wl = self.workload
+        per_token = flops_per_real_token(self.arch, wl, c)
+        sequence = hardware_flops_per_token(self.arch, wl.seq_len, wl.mode) * wl.seq_len
+        tokens = batch_layout_of(wl, c).tokens_per_micro_batch
+        return tuple(-math.log(per_token + k * sequence / tokens) for k in (FIXED_COSTS if self.device == "cpu" else (0.0,)))
+
     def speed(self, c: Candidate) -> float:
-        """log tokens per FLOP (up to the device's constant rate: the fit's intercept)."""
-        flops = hardware_flops_per_token(self.arch, self.workload.seq_len, self.workload.mode, recomputed(self.arch, c))
-        return -math.log(flops)
+        """log real tokens per FLOP with no fixed cost (the first of :meth:`speeds`)."""
+        return self.speeds(c)[0]
 
     def memory(self, c: Candidate) -> float | None:
         """log(predicted peak / usable budget); None when the memory model cannot predict it."""

@@ -24,6 +24,7 @@ step time. The constants are fitted on published runs (below).
 
 from __future__ import annotations
 
+import functools
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -32,9 +33,14 @@ from typing import Any
 from autotune.errors import SpecError
 from autotune.estimate.arch import Arch
 from autotune.estimate.catalog import GPU, find_gpu
-from autotune.spec.probe_request import Candidate, Workload
+from autotune.spec.lengths import batch_layout, sample_lengths
+from autotune.spec.probe_request import FLATTEN_ATTN, Candidate, Workload
 
 __all__ = [
+    "LAYOUT_SAMPLES",
+    "BatchLayout",
+    "batch_layout_of",
+    "flops_per_real_token",
     "ATTN_CAUSAL_SHARE",
     "ATTN_FACTOR",
     "COMPILE_FACTOR",
@@ -175,6 +181,51 @@ def recomputed(arch: Arch, c: Candidate) -> float:
     """The share of decoder layers whose forward the backward pass runs again: 0 without checkpointing,
     1 with every layer checkpointed, about 1/k with one layer in k (``ckpt_every``)."""
     return checkpointed_layers(arch, c) / arch.layers if arch.layers else 0.0
+
+
+# Micro-batches drawn from a variable length distribution to average its layout (padding, packing): the token
+# slots per real token of lognormal:4.0,1.0 at micro-batch 8 move by under 1 % between 256 and 4,096.
+LAYOUT_SAMPLES = 256
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """How the probe lays out a configuration's micro-batches, averaged over the workload's length distribution
+    (``autotune.spec.lengths.batch_layout``, the collators' own rule): token slots the model computes per
+    real token (1 without padding), the slot-weighted attention width (the mean of ``width`` over slots; for
+    ``packing_flat`` each sequence's own length), and real tokens per micro-batch."""
+
+    slots_per_token: float
+    attention_width: float
+    tokens_per_micro_batch: float
+
+
+@functools.lru_cache(maxsize=512)
+def _layout(lengths: str, seq_len: int, micro_batch: int, mode: str, samples: int) -> BatchLayout:
+    if lengths == "fixed":
+        return BatchLayout(1.0, float(seq_len), float(micro_batch * seq_len))
+    lens = sample_lengths(lengths, samples * micro_batch, seq_len, 0)
+    real = sum(lens)
+    if mode == "packing_flat":  # one padding-free row; attention stays within each sequence
+        return BatchLayout(1.0, sum(n * n for n in lens) / real, real / samples)
+    rows = batch_layout(lens, micro_batch=micro_batch, mode=mode, seq_len=seq_len)
+    slots = sum(r * w for r, w in rows)
+    return BatchLayout(slots / real, sum(r * w * w for r, w in rows) / slots, real / samples)
+
+
+def batch_layout_of(workload: Workload, c: Candidate, *, samples: int = LAYOUT_SAMPLES) -> BatchLayout:
+    """The configuration's micro-batch layout under the workload's ``lengths`` (deterministic: seed 0)."""
+    mode = "padding" if not c.packing else "packing_flat" if c.attn in FLATTEN_ATTN else "packing"
+    return _layout(str(workload.lengths), int(workload.seq_len), int(c.micro_batch), mode, samples)
+
+
+def flops_per_real_token(arch: Arch, workload: Workload, c: Candidate) -> float:
+    """Hardware FLOPs per real (non-padding) token as the probe computes them: every token slot of the layout
+    (padding included) at :func:`hardware_flops_per_token` of its row's width. ``hardware_flops_per_token`` is
+    linear in the width, so this is ``slots per token x hardware_flops_per_token(attention width)``; with fixed
+    lengths it is ``hardware_flops_per_token(seq_len)``."""
+    lay = batch_layout_of(workload, c)
+    return lay.slots_per_token * hardware_flops_per_token(arch, lay.attention_width, workload.mode, recomputed(arch, c))
 
 
 def _resolve_gpu(gpu: GPU | str | None) -> GPU | None:

@@ -14,7 +14,7 @@ user runs feeds the Trainer exactly the batches the probe measured.
 * **Padding** (:class:`PaddingCollator`): the micro-batch's sequences right-padded to the longest.
 * **Packing** (:class:`PackingCollator`): the micro-batch's sequences, whole (never split), packed
   first-fit decreasing into as few rows of at most ``seq_len`` tokens as they need
-  (:func:`pack_first_fit`); rows are padded to the longest row (not to ``seq_len``).
+  (:func:`autotune.spec.lengths.pack_first_fit`); rows are padded to the longest row (not to ``seq_len``).
   ``position_ids`` restart at 0 for each sequence and ``labels`` are -100 on the first token of
   every sequence (no cross-sequence prediction) and on padding. With ``sdpa`` and ``eager`` the
   rows carry an explicit 4D block-causal float mask ``(rows, 1, W, W)`` (0 attended, dtype-min
@@ -46,7 +46,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from autotune.spec.lengths import iter_lengths, parse_lengths
+from autotune.spec.lengths import iter_lengths, pack_first_fit, parse_lengths
 from autotune.spec.probe_request import FLATTEN_ATTN
 
 __all__ = [
@@ -64,7 +64,6 @@ __all__ = [
     "stream_order",
     "longest_first",
     "synthetic_lengths",
-    "pack_first_fit",
     "make_collator",
     "pop_counts",
     "pad_token_id_of",
@@ -242,29 +241,6 @@ class SequenceDataset(Dataset):  # type: ignore[type-arg]
 # ---------------------------------------------------------------------------------------------
 # Packing
 # ---------------------------------------------------------------------------------------------
-
-
-def pack_first_fit(lengths: Sequence[int], *, seq_len: int) -> list[list[int]]:
-    """Pack sequences (whole, never split) into as few rows of at most ``seq_len`` tokens as first-fit
-    decreasing finds: longest first, each into the first row with room, else a new row.
-
-    Returns, per row (in the order rows were opened), the positions in ``lengths`` it holds.
-    """
-    rows: list[list[int]] = []
-    used: list[int] = []
-    for i in sorted(range(len(lengths)), key=lambda j: (-int(lengths[j]), j)):
-        n = int(lengths[i])
-        if n > seq_len:
-            raise ValueError(f"sequence {i} has {n} tokens > seq_len {seq_len}")
-        for k, u in enumerate(used):
-            if u + n <= seq_len:
-                rows[k].append(i)
-                used[k] = u + n
-                break
-        else:
-            rows.append([i])
-            used.append(n)
-    return rows
 
 
 # ---------------------------------------------------------------------------------------------

@@ -38,7 +38,6 @@ from autotune.probe.collate import (
     TokenSequences,
     longest_first,
     make_collator,
-    pack_first_fit,
     synthetic_lengths,
 )
 from autotune.probe.tokenize_cache import (
@@ -47,6 +46,7 @@ from autotune.probe.tokenize_cache import (
     find_tokenizer,
     load_token_sequences,
 )
+from autotune.spec.lengths import batch_layout
 from autotune.spec.probe_request import Candidate, Workload
 
 # the batch assembly (sequences, collators, counts) lives in autotune.probe.collate; reading a dataset in
@@ -214,17 +214,5 @@ def _dataset_source(
 
 def _rows_and_slots(lens: list[int], mb: int, mode: str, seq_len: int) -> tuple[int, int]:
     """Rows and padded token slots the consumed sequences make, micro-batch by micro-batch."""
-    slots = rows = 0
-    for i in range(0, len(lens), mb):
-        chunk = lens[i : i + mb]
-        if mode == "padding":
-            rows += len(chunk)
-            slots += max(chunk) * len(chunk)
-        elif mode == "packing":
-            layout = pack_first_fit(chunk, seq_len=seq_len)
-            rows += len(layout)
-            slots += max(sum(chunk[j] for j in r) for r in layout) * len(layout)
-        else:
-            rows += 1
-            slots += sum(chunk)
-    return rows, slots
+    layout = batch_layout(lens, micro_batch=mb, mode=mode, seq_len=seq_len)
+    return sum(r for r, _ in layout), sum(r * w for r, w in layout)

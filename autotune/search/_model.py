@@ -6,8 +6,13 @@ Two Bayesian linear models over the searched levers, fitted again from the trial
 * speed:   ``log tok/s            = prior_speed(c)  + b + sum over levers of beta[lever = value]``
 * memory:  ``log(peak / usable)   = prior_memory(c) + m + sum over levers of gamma[lever = value]``
 
-The priors are what the estimator knows before a probe (``autotune.estimate.CostPrior``: checkpointing's
-recomputed FLOPs; the memory model's peak), 0 without one. Every value of a lever other than its first
+The priors are what the estimator knows before a probe (``autotune.estimate.CostPrior``: the compute per real
+token of the configuration's padded or packed layout, checkpointing's recomputed FLOPs; the memory model's peak),
+0 without one. The speed prior comes in several versions, one per fixed per-micro-batch cost the device may have
+(on a CPU; one on a GPU): at every fit the speed model takes the one under which the measured speeds are likeliest
+(``log_evidence``, the Gaussian marginal likelihood; the first while fewer than two probes ran), so a small
+model's per-micro-batch overheads, which dominate its step on a CPU, are learned from the first probes as one
+constant rather than as a coefficient per micro-batch value. Every value of a lever other than its first
 choice has one coefficient, a departure from the prior with a Gaussian prior of its own centred on 0
 (``SPEED_PRIOR_SD``; memory ``MEMORY_DEPARTURE_SD`` around the estimator's peak, ``MEMORY_PRIOR_SD``
 without it); the speed intercept is free, the memory intercept may move the estimator's peak by about 2x
@@ -42,7 +47,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["worth_a_probe", "CPU_NOISE_SD", "MARGIN", "NOISE_SD", "LeverDecision", "LeverModel", "ModelPolicy", "ModelStop", "Option", "Row", "Z"]
+__all__ = ["log_evidence", "worth_a_probe", "SpeedFit", "CPU_NOISE_SD", "MARGIN", "NOISE_SD", "LeverDecision", "LeverModel", "ModelPolicy", "ModelStop", "Option", "Row", "Z"]
 
 SPEED_PRIOR_SD = 0.35  # a lever value moves tok/s by up to ~x1.4 either way before it is measured
 MEMORY_PRIOR_SD = 0.5  # without the estimator's prior: a lever value may move the peak by ~x1.6 either way
@@ -124,6 +129,43 @@ class LeverModel:
         mean = sum(self.mean[i] for i in act)
         var = sum(self.cov[i][j] for i in act for j in act)
         return mean, math.sqrt(max(var, 0.0))
+
+
+def log_evidence(model: LeverModel, choices: Sequence[Mapping[str, Any]], ys: Sequence[float]) -> float:
+    """log p(ys) under the model's prior (before ``fit``): ``ys ~ N(0, noise^2 I + X S X^T)``, ``S`` the terms'
+    prior variances, ``X`` the terms each row switches on. It compares priors for the same rows: the one the
+    measurements make likeliest."""
+    n = len(ys)
+    if n == 0:
+        return 0.0
+    acts = [set(model.active(c)) for c in choices]
+    var = [s * s for s in model.sds]
+    cov = [[sum(var[k] for k in acts[i] & acts[j]) + (model.noise_sd**2 if i == j else 0.0) for j in range(n)]
+           for i in range(n)]
+    low = [[0.0] * n for _ in range(n)]  # Cholesky: cov = L L^T
+    for i in range(n):
+        for j in range(i + 1):
+            s = cov[i][j] - sum(low[i][k] * low[j][k] for k in range(j))
+            low[i][j] = math.sqrt(max(s, 1e-300)) if i == j else s / low[j][j]
+    z = []  # L^-1 y
+    for i in range(n):
+        z.append((ys[i] - sum(low[i][k] * z[k] for k in range(i))) / low[i][i])
+    return -0.5 * sum(v * v for v in z) - sum(math.log(low[i][i]) for i in range(n)) - 0.5 * n * math.log(2 * math.pi)
+
+
+@dataclass
+class SpeedFit:
+    """The speed model fitted on the rows, with the prior it chose: ``index`` into each option's ``speed_prior``
+    (the fixed per-micro-batch cost whose prior makes the measured speeds likeliest; the first until two rows
+    can tell them apart)."""
+
+    model: LeverModel
+    index: int = 0
+
+    def predict(self, o: Option) -> tuple[float, float]:
+        """(mean, standard deviation) of a configuration's log tok/s."""
+        mean, sd = self.model.predict(o.choice)
+        return mean + o.speed_prior[min(self.index, len(o.speed_prior) - 1)], sd
 
 
 _MEMORY_ORDERED = ("micro_batch", "grad_ckpt", "ckpt_every")
@@ -213,12 +255,13 @@ class _Ranked:
 
 @dataclass(frozen=True)
 class Option:
-    """One configuration of the space as the models see it: its searched levers' values and the prior's
-    log speed and log(peak / usable) (0 and None without a prior)."""
+    """One configuration of the space as the models see it: its searched levers' values, the prior's log speed
+    under each of the prior's fixed per-micro-batch costs (``autotune.estimate.FIXED_COSTS``; ``(0.0,)``
+    without a prior) and its log(peak / usable) (None without a prior)."""
 
     key: str
     choice: Mapping[str, Any]
-    speed_prior: float = 0.0
+    speed_prior: tuple[float, ...] = (0.0,)
     memory_prior: float | None = None
 
 
@@ -253,17 +296,24 @@ class ModelPolicy:
         self.features = [(d, v) for d, values in dims.items() for v in list(values)[1:]]
         self.first = list(first)
         self.memory_prior = bool(self.options) and all(o.memory_prior is not None for o in self.options)
+        self.fixed_costs = min((len(o.speed_prior) for o in self.options), default=1)
 
-    def models(self, rows: Sequence[Row]) -> tuple[LeverModel, LeverModel]:
-        speed = LeverModel(self.features, prior_sd=SPEED_PRIOR_SD, noise_sd=self.noise_sd)
+    def models(self, rows: Sequence[Row]) -> tuple[SpeedFit, LeverModel]:
         ok = [r for r in rows if r.status == "ok" and r.tokens_per_s > 0]
-        speed.fit([r.option.choice for r in ok], [math.log(r.tokens_per_s) - r.option.speed_prior for r in ok])
+        choices = [r.option.choice for r in ok]
+        speed = LeverModel(self.features, prior_sd=SPEED_PRIOR_SD, noise_sd=self.noise_sd)
+        index = 0
+        if len(ok) >= 2 and self.fixed_costs > 1:  # the fixed cost the measured speeds make likeliest
+            evidence = [log_evidence(speed, choices, [math.log(r.tokens_per_s) - r.option.speed_prior[j] for r in ok])
+                        for j in range(self.fixed_costs)]
+            index = max(range(self.fixed_costs), key=lambda j: (evidence[j], -j))
+        speed.fit(choices, [math.log(r.tokens_per_s) - r.option.speed_prior[index] for r in ok])
         memory = LeverModel(self.features, prior_sd=MEMORY_DEPARTURE_SD if self.memory_prior else MEMORY_PRIOR_SD,
                             noise_sd=NOISE_SD,
                             intercept_sd=MEMORY_INTERCEPT_SD if self.memory_prior else INTERCEPT_SD)
         mem = [r for r in rows if r.memory is not None]
         memory.fit([r.option.choice for r in mem], [float(r.memory) - (r.option.memory_prior or 0.0) for r in mem])
-        return speed, memory
+        return SpeedFit(speed, index), memory
 
     @staticmethod
     def _proven_over(choice: Mapping[str, Any], over: Sequence[Mapping[str, Any]]) -> bool:
@@ -305,12 +355,12 @@ class ModelPolicy:
         return None, ModelStop(best_tokens_per_s=ranked.best, ruled_out=ranked.ruled, over_budget=ranked.excluded,
                                best_chance=ranked.top_ruled)
 
-    def _rank(self, rows: Sequence[Row], seen: set[str], speed: LeverModel,
+    def _rank(self, rows: Sequence[Row], seen: set[str], speed: SpeedFit,
               fits: Callable[[Option], float]) -> _Ranked:
         """Every configuration not seen, judged against the best measured one (see the module docstring)."""
         # the best measured configuration as fitted (a lucky single measurement does not end the search early)
-        best = max((math.exp(speed.predict(r.option.choice)[0] + r.option.speed_prior)
-                    for r in rows if r.status == "ok" and r.tokens_per_s > 0), default=0.0)
+        best = max((math.exp(speed.predict(r.option)[0]) for r in rows if r.status == "ok" and r.tokens_per_s > 0),
+                   default=0.0)
         bar = math.log(best * (1.0 + MARGIN)) if best > 0 else -math.inf
         enough = worth_a_probe()
         out = _Ranked(best=best)
@@ -322,8 +372,7 @@ class ModelPolicy:
             if p_fit < FEASIBLE_MIN:
                 out.excluded += 1
                 continue
-            s_mean, s_sd = speed.predict(o.choice)
-            s_mean += o.speed_prior
+            s_mean, s_sd = speed.predict(o)
             if best > 0:
                 chance = p_fit * (1.0 - _normal_cdf((bar - s_mean) / max(s_sd, 1e-9)))
                 if chance < enough:
@@ -361,7 +410,7 @@ class ModelPolicy:
         measured: dict[str, list[Row]] = {}
         for r in rows:
             measured.setdefault(r.key, []).append(r)
-        w_mean = speed.predict(w.choice)[0] + w.speed_prior
+        w_mean = speed.predict(w)[0]
         w_runs = [r.tokens_per_s for r in measured.get(winner, []) if r.status == "ok" and r.tokens_per_s > 0]
         by_choice = {tuple(sorted(o.choice.items(), key=lambda kv: kv[0])): o for o in self.options}
         out: list[LeverDecision] = []
@@ -378,7 +427,7 @@ class ModelPolicy:
                     ratio = (sorted(ok)[len(ok) // 2] / sorted(w_runs)[len(w_runs) // 2]) if ok and w_runs else None
                     out.append(LeverDecision(d, v, "probe", ratio, status=runs[0].status))
                     continue
-                s_mean, s_sd = speed.predict(o.choice)
+                s_mean, s_sd = speed.predict(o)
                 if self._proven_over(o.choice, over):
                     p_fit = 0.0
                 elif self.memory_prior or memory.rows:
@@ -386,6 +435,6 @@ class ModelPolicy:
                     p_fit = _normal_cdf(-(m_mean + (o.memory_prior or 0.0)) / max(m_sd, 1e-9))
                 else:
                     p_fit = 1.0
-                out.append(LeverDecision(d, v, "model", math.exp(s_mean + o.speed_prior - w_mean), sd=s_sd,
+                out.append(LeverDecision(d, v, "model", math.exp(s_mean - w_mean), sd=s_sd,
                                          fit_chance=p_fit))
         return out

@@ -493,7 +493,7 @@ class AutotuneSampler(BaseSampler):
     def _option(self, choice: Mapping[str, Any], c: Candidate) -> Option:
         prior = self.settings.prior
         return Option(key=candidate_id(c), choice=self._searched(choice),
-                      speed_prior=prior.speed(c) if prior is not None else 0.0,
+                      speed_prior=prior.speeds(c) if prior is not None else (0.0,),
                       memory_prior=prior.memory(c) if prior is not None else None)
 
     def model_policy(self) -> ModelPolicy:

@@ -10,6 +10,10 @@ A workload's ``lengths`` string says how long the probe's training sequences are
   ``[bins[i], bins[i+1])``, the last bin includes its upper edge) or ``{"lengths": [...]}`` (an
   empirical sample, drawn from uniformly). Lengths are clipped to ``[1, seq_len]``.
 
+How the probe's collators lay a micro-batch of such sequences out (padded rows, packed rows, one flat row) is
+here too (:func:`pack_first_fit`, :func:`batch_layout`): the probe's collators and the cost model read the
+same layout.
+
 Sampling is deterministic for a given seed (one ``random.Random`` per call, no global state).
 ``parse_lengths`` reads the histogram file of a ``histogram:`` spec (the only I/O here); use
 ``histogram_from_mapping`` to build the same object from data already in memory.
@@ -34,6 +38,8 @@ __all__ = [
     "histogram_from_lengths",
     "iter_lengths",
     "sample_lengths",
+    "pack_first_fit",
+    "batch_layout",
 ]
 
 ACCEPTED_LENGTHS = (
@@ -252,3 +258,50 @@ def sample_lengths(spec: str | LengthDistribution, n: int, seq_len: int, seed: i
         raise SpecError(f"n must be a non-negative integer, got {n!r}")
     it = iter_lengths(spec, seq_len, seed)
     return [next(it) for _ in range(n)]
+
+
+def pack_first_fit(lengths: Sequence[int], *, seq_len: int) -> list[list[int]]:
+    """Pack sequences (whole, never split) into as few rows of at most ``seq_len`` tokens as first-fit
+    decreasing finds: longest first, each into the first row with room, else a new row.
+
+    Returns, per row (in the order rows were opened), the positions in ``lengths`` it holds.
+    """
+    rows: list[list[int]] = []
+    used: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda j: (-int(lengths[j]), j)):
+        n = int(lengths[i])
+        if n > seq_len:
+            raise ValueError(f"sequence {i} has {n} tokens > seq_len {seq_len}")
+        for k, u in enumerate(used):
+            if u + n <= seq_len:
+                rows[k].append(i)
+                used[k] = u + n
+                break
+        else:
+            rows.append([i])
+            used.append(n)
+    return rows
+
+
+LAYOUT_MODES = ("padding", "packing", "packing_flat")
+
+
+def batch_layout(lengths: Sequence[int], *, micro_batch: int, mode: str, seq_len: int) -> list[tuple[int, int]]:
+    """``(rows, width)`` of each micro-batch the probe's collators make of ``lengths``, taken in order
+    ``micro_batch`` at a time: ``padding`` one row per sequence, padded to the longest; ``packing`` the rows
+    :func:`pack_first_fit` makes, padded to the longest row; ``packing_flat`` one padding-free row of every
+    token (packing with flash_attention_2 or flex_attention). ``rows x width`` summed is the token slots the
+    model computes (the probe's padding figures and the cost model's compute per real token both read it)."""
+    if mode not in LAYOUT_MODES:
+        raise ValueError(f"layout mode {mode!r}: expected one of {', '.join(LAYOUT_MODES)}")
+    out: list[tuple[int, int]] = []
+    for i in range(0, len(lengths), max(1, micro_batch)):
+        chunk = [int(n) for n in lengths[i : i + max(1, micro_batch)]]
+        if mode == "padding":
+            out.append((len(chunk), max(chunk)))
+        elif mode == "packing":
+            rows = pack_first_fit(chunk, seq_len=seq_len)
+            out.append((len(rows), max(sum(chunk[j] for j in r) for r in rows)))
+        else:
+            out.append((1, sum(chunk)))
+    return out

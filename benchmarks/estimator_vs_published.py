@@ -37,6 +37,7 @@ if str(ROOT) not in sys.path:
 
 from autotune.estimate import (  # noqa: E402
     MemoryBreakdown,
+    PlanLora,
     arch_from_config,
     estimate_memory,
     find_gpu,
@@ -135,8 +136,8 @@ ALL_LINEAR = ("all-linear",)
 
 def _qlora_plan(config: dict[str, Any] | str, gib: float, seq: int, r: int = 32) -> Verdict:
     cfg = json.loads((PRESETS / config / "config.json").read_text()) if isinstance(config, str) else config
-    res = plan(cfg, gpus=[_gpu(gib)], gpus_per_node=1, seq_len=seq, effective_batch=1, mode="qlora", lora_r=r,
-               lora_targets=ALL_LINEAR, pin=HF_QLORA_PIN)  # fmt: skip
+    res = plan(cfg, gpus=[_gpu(gib)], gpus_per_node=1, seq_len=seq, effective_batch=1, mode="qlora",
+               lora=PlanLora(r, tuple(ALL_LINEAR)), pin=HF_QLORA_PIN)  # fmt: skip
     row = res.rows[0]
     if row.option is None:
         return Verdict(False, row.note)

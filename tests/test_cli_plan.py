@@ -84,6 +84,21 @@ def test_bad_tokens_gpu_mode_model_exit_2_with_one_line() -> None:
     assert "--world-size must be an integer >= 1" in _one_line_error(run("--model", "gpt2", "--world-size", "-1"))
     line = _one_line_error(run("--model", "gpt2", "--ckpt-every", "2", "--no-grad-ckpt"))
     assert "ckpt_every 2 acts only with grad_ckpt" in line
+    assert "zipf" in _one_line_error(run("--model", "gpt2", "--lengths", "zipf:1"))
+
+
+def test_variable_lengths_count_padding_and_search_packing() -> None:
+    common = ("--model", "llama-3.2-1b", "--gpu", "H100-SXM", "--gpus-per-node", "1", "--seq-len", "2048",
+              "--effective-batch", "32", "--mode", "lora", "--json")
+    fixed = json.loads(run(*common).output)["gpus"][0]["option"]
+    chat = json.loads(run(*common, "--lengths", "lognormal:5.0,1.0").output)
+    assert chat["lengths"] == "lognormal:5.0,1.0" and fixed["candidate"]["packing"] is False  # nothing to pack
+    packed = chat["gpus"][0]["option"]
+    assert packed["candidate"]["packing"] is True and "packing" in packed["levers"]
+    padded = json.loads(run(*common, "--lengths", "lognormal:5.0,1.0", "--no-packing").output)["gpus"][0]["option"]
+    assert padded["candidate"]["packing"] is False
+    # the best padded configuration computes its padding: fewer real tokens per second than packed
+    assert padded["speed"]["tokens_per_s"] < packed["speed"]["tokens_per_s"]
 
 
 def test_gather_then_render() -> None:

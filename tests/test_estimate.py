@@ -6,6 +6,7 @@ One test builds models on the meta device with transformers to check exact param
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -338,6 +339,22 @@ def test_mfu() -> None:
     assert mfu(1000, LLAMA8, 2048, find_gpu("T4")) == pytest.approx(
         1000 * model_flops_per_token(LLAMA8, 2048) / 65e12
     )
+
+
+def test_speed_counts_the_padding_of_variable_lengths() -> None:
+    from autotune.estimate.speed import batch_layout_of
+
+    g = find_gpu("A100-80GB")
+    fixed, chat = Workload("m", seq_len=2048), Workload("m", seq_len=2048, lengths="lognormal:5.0,1.0")
+    c = Candidate(micro_batch=8, grad_accum=4)
+    lay = batch_layout_of(chat, c)
+    assert batch_layout_of(fixed, c) == type(lay)(1.0, 2048.0, 8 * 2048.0)
+    assert lay.slots_per_token > 2.0 and lay.tokens_per_micro_batch < 8 * 400  # median ~150 tokens, padded to the longest
+    padded, packed = predict_speed(LLAMA8, chat, c, g), predict_speed(LLAMA8, chat, replace(c, packing=True), g)
+    flat = predict_speed(LLAMA8, chat, replace(c, packing=True, attn="flash_attention_2"), g)
+    assert padded.tokens_per_s < packed.tokens_per_s < flat.tokens_per_s
+    # real tokens per step: a step of short sequences is shorter than one of 2048-token sequences
+    assert padded.step_time_s < predict_speed(LLAMA8, fixed, c, g).step_time_s
 
 
 def test_speed_levers_and_calibration() -> None:

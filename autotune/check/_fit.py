@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from autotune.errors import SpecError
-from autotune.estimate import GPU, HEADROOM, Arch, estimate_memory, plan, predict_speed
+from autotune.estimate import GPU, HEADROOM, Arch, PlanLora, estimate_memory, plan, predict_speed
 from autotune.spec.levers import LEVERS
 from autotune.spec.probe_request import Candidate, Workload, parse_lora_targets
 
@@ -122,7 +122,7 @@ def _fastest(target: FitTarget, f: FileLevers, wl: Workload) -> Any:
     try:
         result = plan(target.arch, gpus=[target.gpu], gpus_per_node=c.world_size, seq_len=wl.seq_len,
                       effective_batch=c.micro_batch * c.grad_accum * c.world_size, mode=wl.mode,
-                      model_name=target.model, lora_r=f.lora_r, lora_targets=f.lora_targets, pin=_pins(c))
+                      model_name=target.model, lora=PlanLora(f.lora_r, tuple(f.lora_targets)), pin=_pins(c))
     except SpecError:
         return None
     option = result.rows[0].option

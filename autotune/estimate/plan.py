@@ -22,6 +22,7 @@ from autotune.estimate.arch import Arch, arch_from_config
 from autotune.estimate.catalog import GPU
 from autotune.estimate.memory import DEFAULT_OPTIM, MemoryBreakdown, estimate_memory
 from autotune.estimate.speed import SpeedEstimate, predict_speed
+from autotune.spec.lengths import parse_lengths
 from autotune.spec.levers import LEVERS, ZERO_STAGES, or_list, rule_problems, value_problem
 from autotune.spec.probe_request import (
     MODE_CHOICES,
@@ -38,6 +39,7 @@ __all__ = [
     "PRUNE_FACTOR",
     "GPUPlan",
     "PlanOption",
+    "PlanLora",
     "PlanResult",
     "breakdown",
     "fits",
@@ -202,6 +204,7 @@ class PlanResult:
     rows: tuple[GPUPlan, ...]
     notes: tuple[str, ...] = field(default=())
     pinned: dict[str, Any] = field(default_factory=dict)
+    lengths: str = "fixed"
 
     def to_dict(self) -> dict[str, Any]:
         a = self.arch
@@ -215,6 +218,7 @@ class PlanResult:
             },
             "mode": self.mode,
             "seq_len": self.seq_len,
+            "lengths": self.lengths,
             "effective_batch": self.effective_batch,
             "gpus_per_node": self.gpus_per_node,
             "tokens": self.tokens,
@@ -262,6 +266,8 @@ def _levers(c: Candidate, mode: str, workload: Workload) -> tuple[str, ...]:
         out.append(f"QLoRA r={workload.lora_r}")
     if c.grad_ckpt:
         out.append("checkpointing" + (f" (1 layer in {c.ckpt_every})" if c.ckpt_every > 1 else ""))
+    if c.packing:
+        out.append("packing")
     if c.liger:
         out.append("Liger fused loss")
     if c.zero_stage:
@@ -330,7 +336,9 @@ def _search(
     min_gpus: int | None = None
     host_note = ""
     worlds = [pin["world_size"]] if "world_size" in pin else _world_sizes(gpus_per_node)
-    for world in worlds:
+    # packing changes nothing with fixed lengths (one full row per sequence): searched only when lengths vary
+    packings = (pin["packing"],) if "packing" in pin else (False, True) if workload.lengths != "fixed" else (False,)
+    for world, packing in ((w, p) for w in worlds for p in packings):
         for zero, offload in _sharding(workload.mode, world, pin):
             for optim in _optims(workload.mode, offload, pin):
                 for ckpt, every in _checkpointing(pin):
@@ -341,7 +349,7 @@ def _search(
                             cand = Candidate(
                                 micro_batch=mb, grad_accum=effective_batch // (mb * world), grad_ckpt=ckpt,
                                 ckpt_every=every, attn=attn, precision=precision, liger=liger, world_size=world, zero_stage=zero,
-                                offload=offload, optim=optim,
+                                offload=offload, optim=optim, packing=packing,
                             )  # fmt: skip
                             mem = estimate_memory(arch, workload, cand, device="cuda", gpu=gpu)
                             if smallest is None or mem.total < smallest[1].total:
@@ -401,6 +409,14 @@ def _check_pins(pin: Mapping[str, Any], gpus_per_node: int, effective_batch: int
     return problems
 
 
+@dataclass(frozen=True)
+class PlanLora:
+    """The adapters a LoRA/QLoRA plan prices: rank and target modules (``autotune.estimate.arch`` names them)."""
+
+    r: int = 16
+    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
 def plan(
     arch_or_config: Arch | Mapping[str, Any],
     *,
@@ -411,21 +427,30 @@ def plan(
     mode: str = "full",
     tokens: int | None = None,
     model_name: str = "",
-    lora_r: int = 16,
-    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj"),
+    lora: PlanLora | None = None,
     efficiency: Mapping[str, float] | None = None,
     pin: Mapping[str, Any] | None = None,
+    lengths: str = "fixed",
 ) -> PlanResult:
     """Plan ``mode`` fine-tuning of a model (Arch or config.json dict) on each of ``gpus``.
 
+    ``lora``: the adapters' rank and target modules for modes lora and qlora (default r 16 on q/k/v/o).
     ``efficiency`` maps GPU names to a calibrated base efficiency (from :func:`speed.calibrate`);
     others use the catalog default. ``tokens`` (training tokens) gives hours and cost. ``pin`` fixes
     Candidate fields (``PIN_FIELDS``: micro_batch, grad_ckpt, zero_stage, world_size, offload, optim,
-    precision, attn); what is pinned is not searched. A sequence longer than a learned-position
-    model's ``max_position_embeddings`` (GPT-2) is refused; RoPE models get a note.
+    precision, attn, packing); what is pinned is not searched. ``lengths``: the training sequences' length
+    distribution (``autotune.spec.lengths``: ``fixed`` is ``seq_len`` each; ``lognormal:MU,SIGMA``, ...): with
+    variable lengths the speed counts the padding each configuration computes and packing is searched. A
+    sequence longer than a learned-position model's ``max_position_embeddings`` (GPT-2) is refused; RoPE
+    models get a note.
     """
     pin = dict(pin or {})
-    problems = _plan_problems(mode, gpus, gpus_per_node, seq_len, effective_batch, lora_r, tokens, pin)
+    lora = lora if lora is not None else PlanLora()
+    problems = _plan_problems(mode, gpus, gpus_per_node, seq_len, effective_batch, lora.r, tokens, pin)
+    try:
+        parse_lengths(lengths)
+    except SpecError as e:
+        problems.append(str(e))
     if problems:
         raise SpecError(problems)
     arch = _arch(arch_or_config)
@@ -433,13 +458,14 @@ def plan(
     notes = _position_notes(arch, seq_len, model)
     req = _Request(
         mode=mode, model=model, seq_len=seq_len, effective_batch=effective_batch, gpus_per_node=gpus_per_node,
-        lora_r=lora_r, lora_targets=tuple(lora_targets), tokens=tokens, efficiency=efficiency, pin=pin,
+        lora_r=lora.r, lora_targets=tuple(lora.targets), tokens=tokens, efficiency=efficiency, pin=pin,
+        lengths=lengths,
     )  # fmt: skip
     rows = [_plan_gpu(arch, gpu, req) for gpu in gpus]
     return PlanResult(
         model=model, arch=arch, mode=mode, seq_len=seq_len,
         effective_batch=effective_batch, gpus_per_node=gpus_per_node, tokens=tokens, rows=tuple(rows),
-        notes=tuple(notes), pinned=pin,
+        notes=tuple(notes), pinned=pin, lengths=lengths,
     )  # fmt: skip
 
 
@@ -505,6 +531,7 @@ class _Request:
     tokens: int | None
     efficiency: Mapping[str, float] | None
     pin: dict[str, Any]
+    lengths: str = "fixed"
 
 
 @dataclass(frozen=True)
@@ -552,7 +579,7 @@ def _first_fit(
     host_notes: list[str] = []
     for m in modes:
         wl = Workload(model=req.model, seq_len=req.seq_len, mode=m, lora_r=req.lora_r,
-                      lora_targets=req.lora_targets)  # fmt: skip
+                      lora_targets=req.lora_targets, lengths=req.lengths)  # fmt: skip
         option, min_gpus, host_note, least = _search(
             arch, wl, gpu, usable=usable, gpus_per_node=req.gpus_per_node, effective_batch=req.effective_batch,
             efficiency=eff, pin=req.pin,

@@ -18,8 +18,12 @@ Predicted step time (``predict_speed(...).step_time_s``, or :func:`predict_step_
 part (FLOPs / (peak FLOP/s x efficiency), efficiency = base (calibrated from probes on that GPU when
 given, else the catalog's figure for the GPU, else ``DEFAULT_EFFICIENCY``) x the lever factors) plus
 fixed times per layer and pass, per optimizer step, for the optimizer update and for QLoRA's
-dequantization; multi-GPU runs lose a stated share to communication. Tokens/s = tokens per step /
-step time. The constants are fitted on published runs (below).
+dequantization; multi-GPU runs lose a stated share to communication. Tokens/s = real tokens per step /
+step time. With variable lengths (``Workload.lengths``) the compute counts every token slot the probe's layout
+holds (padding to a micro-batch's longest sequence, or packed rows padded to the longest row, or one flat row
+with FlashAttention/flex) with attention at its row's width (:func:`batch_layout_of`), so packing against
+padding and the micro-batch's padding are predicted; fixed lengths are ``seq_len`` tokens per sequence.
+The constants are fitted on published runs (below).
 """
 
 from __future__ import annotations
@@ -272,7 +276,8 @@ def mfu(
 
 @dataclass(frozen=True)
 class SpeedEstimate:
-    """Predicted throughput of a configuration (real tokens; no padding assumed)."""
+    """Predicted throughput of a configuration (real tokens: with variable lengths, the padding its layout computes
+    is counted in the time, not in the tokens)."""
 
     tokens_per_s: float  # all GPUs together
     tokens_per_s_per_gpu: float
@@ -292,10 +297,11 @@ class SpeedEstimate:
         return asdict(self)
 
 
-def _lever_factor(workload: Workload, candidate: Candidate) -> float:
-    """GEMM efficiency multiplier of a micro-batch: attention implementation x T/(T + T0) x scaling."""
+def _lever_factor(workload: Workload, candidate: Candidate, tokens: float | None = None) -> float:
+    """GEMM efficiency multiplier of a micro-batch: attention implementation x T/(T + T0) x scaling (``tokens``:
+    the token slots a micro-batch computes; default ``micro_batch x seq_len``)."""
     c = candidate
-    tokens = c.micro_batch * workload.seq_len
+    tokens = c.micro_batch * workload.seq_len if tokens is None else tokens
     f = MODE_FACTOR.get(workload.mode, 1.0) * ATTN_FACTOR.get(c.attn, 0.95)
     f *= tokens / (tokens + SATURATION_TOKENS)
     if c.torch_compile:
@@ -370,12 +376,14 @@ def predict_speed(
     base = efficiency if efficiency is not None else (gpu.efficiency or DEFAULT_EFFICIENCY)
     prec = c.precision if c.precision in ("bf16", "fp16", "tf32", "fp32") else gpu.half_precision
     peak = gpu.peak_flops(prec)
-    eff = base * _lever_factor(w, c)
+    lay = batch_layout_of(w, c)  # real tokens per micro-batch, and the padded slots the model computes for them
+    eff = base * _lever_factor(w, c, lay.tokens_per_micro_batch * lay.slots_per_token)
     share = recomputed(arch, c)
     hw = hardware_flops_per_token(arch, w.seq_len, w.mode, share)
-    tokens_mb = c.micro_batch * w.seq_len
-    tokens_step = c.micro_batch * c.grad_accum * c.world_size * w.seq_len
-    compute_mb = tokens_mb * _compute_flops_per_token(arch, w.seq_len, w.mode, share, c.attn) / (peak * eff)
+    tokens_mb = lay.tokens_per_micro_batch
+    tokens_step = tokens_mb * c.grad_accum * c.world_size
+    compute_mb = (tokens_mb * lay.slots_per_token * _compute_flops_per_token(arch, lay.attention_width, w.mode, share, c.attn)
+                  / (peak * eff))
     passes = 2 + share  # forward, backward, and the recomputed share of the forward
     fixed_mb = passes * (arch.layers * LAYER_OVERHEAD_S + _adapted_linears(arch, w) * LORA_MODULE_OVERHEAD_S)
     dequant_mb = 0.0

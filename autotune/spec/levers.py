@@ -98,7 +98,7 @@ LEVERS: dict[str, Lever] = {lv.name: lv for lv in (
     Lever("pin_memory", "bool", True, True, help="page-locked host memory for batches (dataloader_pin_memory)"),
     Lever("precision", "str", "bf16", "fp32", values=("fp32", "bf16", "fp16", "tf32"), planned=True,
           label=lambda c: c.precision, help="compute precision"),
-    Lever("packing", "bool", False, False, label=lambda c: "pack" if c.packing else "",
+    Lever("packing", "bool", False, False, planned=True, label=lambda c: "pack" if c.packing else "",
           help="pack sequences into rows, each attending only to itself, instead of padding"),
     Lever("optim", "str", "adamw_torch", "adamw_torch_fused",
           values=("adamw_torch", "adamw_torch_fused", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit",

@@ -355,6 +355,15 @@ def test_speed_counts_the_padding_of_variable_lengths() -> None:
     assert padded.tokens_per_s < packed.tokens_per_s < flat.tokens_per_s
     # real tokens per step: a step of short sequences is shorter than one of 2048-token sequences
     assert padded.step_time_s < predict_speed(LLAMA8, fixed, c, g).step_time_s
+    # model FLOPs (MFU) count each sequence's own attention length, not --seq-len's
+    assert padded.hardware_flops_per_token < predict_speed(LLAMA8, fixed, c, g).hardware_flops_per_token
+    # a micro-batch of thousands is laid out as one of LAYOUT_MAX_MICRO_BATCH (first-fit is quadratic in rows)
+    from autotune.estimate.speed import LAYOUT_MAX_MICRO_BATCH
+
+    big = batch_layout_of(chat, Candidate(micro_batch=65536, packing=True))
+    cap = batch_layout_of(chat, Candidate(micro_batch=LAYOUT_MAX_MICRO_BATCH, packing=True))
+    assert big.slots_per_token == cap.slots_per_token
+    assert big.tokens_per_micro_batch == pytest.approx(cap.tokens_per_micro_batch * 65536 / LAYOUT_MAX_MICRO_BATCH)
 
 
 def test_speed_levers_and_calibration() -> None:

@@ -319,6 +319,11 @@ def test_pack_first_fit_decreasing() -> None:
         pack_first_fit([11], seq_len=10)
 
 
+def test_a_lognormal_draw_past_a_floats_range_is_clipped_not_an_error() -> None:
+    assert set(sample_lengths("lognormal:5,1000", 200, 512, 0)) <= {16, 512}
+    assert set(sample_lengths("lognormal:710,0", 3, 512, 0)) == {512}
+
+
 def test_batch_layout_is_what_the_collators_make() -> None:
     lens = [5, 9, 2, 2, 7]
     assert batch_layout(lens, micro_batch=2, mode="padding", seq_len=10) == [(2, 9), (2, 2), (1, 7)]

@@ -448,7 +448,7 @@ def plan(
     lora = lora if lora is not None else PlanLora()
     problems = _plan_problems(mode, gpus, gpus_per_node, seq_len, effective_batch, lora.r, tokens, pin)
     try:
-        parse_lengths(lengths)
+        lengths = "fixed" if parse_lengths(lengths).kind == "fixed" else lengths.strip()
     except SpecError as e:
         problems.append(str(e))
     if problems:

@@ -156,18 +156,18 @@ PCIE_BYTES_PER_S = 16e9
 CPU_ADAM_PARAMS_PER_S = 1.5e9
 
 
-def attention_flops_per_token(arch: Arch, seq_len: int) -> float:
+def attention_flops_per_token(arch: Arch, seq_len: float) -> float:
     """PaLM's non-causal attention term, forward + backward: 12·L·(heads·head_dim)·T."""
     return 12.0 * arch.layers * arch.q_width * seq_len
 
 
-def model_flops_per_token(arch: Arch, seq_len: int, mode: str = "full") -> float:
+def model_flops_per_token(arch: Arch, seq_len: float, mode: str = "full") -> float:
     """Model FLOPs per trained token: ``6N`` (full) or ``4N`` (LoRA/QLoRA) + attention."""
     factor = 6.0 if mode == "full" else 4.0
     return factor * arch.params_matmul + attention_flops_per_token(arch, seq_len)
 
 
-def hardware_flops_per_token(arch: Arch, seq_len: int, mode: str = "full", grad_ckpt: bool | float = False) -> float:
+def hardware_flops_per_token(arch: Arch, seq_len: float, mode: str = "full", grad_ckpt: bool | float = False) -> float:
     """Model FLOPs plus the recomputed forward under checkpointing (``2N`` + a third of attention), for the
     share of layers recomputed (``grad_ckpt``: True or 1.0 every layer, 0.5 one in two: :func:`recomputed`)."""
     return model_flops_per_token(arch, seq_len, mode) + float(grad_ckpt) * (
@@ -188,8 +188,13 @@ def recomputed(arch: Arch, c: Candidate) -> float:
 
 
 # Micro-batches drawn from a variable length distribution to average its layout (padding, packing): the token
-# slots per real token of lognormal:4.0,1.0 at micro-batch 8 move by under 1 % between 256 and 4,096.
+# slots per real token of lognormal:4.0,1.0 at micro-batch 8 move by under 1 % between 256 and 4,096. Fewer above
+# micro-batch 16 (at most 4,096 sequences, at least 16 micro-batches), and a micro-batch above
+# LAYOUT_MAX_MICRO_BATCH is laid out as one of that size (slots per token and widths are per token; first-fit
+# packing is quadratic in the rows, so a pinned micro-batch of thousands would take minutes).
 LAYOUT_SAMPLES = 256
+LAYOUT_SEQUENCES = 4096
+LAYOUT_MAX_MICRO_BATCH = 256
 
 
 @dataclass(frozen=True)
@@ -217,10 +222,16 @@ def _layout(lengths: str, seq_len: int, micro_batch: int, mode: str, samples: in
     return BatchLayout(slots / real, sum(r * w * w for r, w in rows) / slots, real / samples)
 
 
-def batch_layout_of(workload: Workload, c: Candidate, *, samples: int = LAYOUT_SAMPLES) -> BatchLayout:
-    """The configuration's micro-batch layout under the workload's ``lengths`` (deterministic: seed 0)."""
-    mode = "padding" if not c.packing else "packing_flat" if c.attn in FLATTEN_ATTN else "packing"
-    return _layout(str(workload.lengths), int(workload.seq_len), int(c.micro_batch), mode, samples)
+def batch_layout_of(workload: Workload, c: Candidate, *, flat: bool = False) -> BatchLayout:
+    """The configuration's micro-batch layout under the workload's ``lengths`` (deterministic: seed 0); ``flat``:
+    as one padding-free row whatever the configuration (attention over each sequence's own length: what the
+    model's FLOPs count)."""
+    mode = "packing_flat" if flat or (c.packing and c.attn in FLATTEN_ATTN) else "packing" if c.packing else "padding"
+    mb = int(c.micro_batch)
+    at = min(mb, LAYOUT_MAX_MICRO_BATCH)
+    samples = min(LAYOUT_SAMPLES, max(16, LAYOUT_SEQUENCES // at))
+    lay = _layout(str(workload.lengths), int(workload.seq_len), at, mode, samples)
+    return lay if at == mb else BatchLayout(lay.slots_per_token, lay.attention_width, lay.tokens_per_micro_batch * mb / at)
 
 
 def flops_per_real_token(arch: Arch, workload: Workload, c: Candidate) -> float:
@@ -244,7 +255,7 @@ def _resolve_gpu(gpu: GPU | str | None) -> GPU | None:
 def mfu(
     tokens_per_s: float,
     arch: Arch,
-    seq_len: int,
+    seq_len: float,
     gpu: GPU | str | None,
     mode: str = "full",
     grad_ckpt: bool | float = False,
@@ -311,7 +322,7 @@ def _lever_factor(workload: Workload, candidate: Candidate, tokens: float | None
     return f
 
 
-def _compute_flops_per_token(arch: Arch, seq_len: int, mode: str, grad_ckpt: float, attn: str) -> float:
+def _compute_flops_per_token(arch: Arch, seq_len: float, mode: str, grad_ckpt: float, attn: str) -> float:
     """Hardware FLOPs per token with the attention term at the share a causal kernel computes
     (``grad_ckpt``: the share of layers recomputed)."""
     attn_full = attention_flops_per_token(arch, seq_len) * (1.0 + grad_ckpt / 3.0)
@@ -379,7 +390,8 @@ def predict_speed(
     lay = batch_layout_of(w, c)  # real tokens per micro-batch, and the padded slots the model computes for them
     eff = base * _lever_factor(w, c, lay.tokens_per_micro_batch * lay.slots_per_token)
     share = recomputed(arch, c)
-    hw = hardware_flops_per_token(arch, w.seq_len, w.mode, share)
+    real_width = batch_layout_of(w, c, flat=True).attention_width  # each sequence's own length (seq_len when fixed)
+    hw = hardware_flops_per_token(arch, real_width, w.mode, share)
     tokens_mb = lay.tokens_per_micro_batch
     tokens_step = tokens_mb * c.grad_accum * c.world_size
     compute_mb = (tokens_mb * lay.slots_per_token * _compute_flops_per_token(arch, lay.attention_width, w.mode, share, c.attn)
@@ -413,7 +425,7 @@ def predict_speed(
         tokens_per_s_per_gpu=per,
         efficiency=eff * compute_s / step_s,
         base_efficiency=base,
-        mfu=mfu(per, arch, w.seq_len, gpu, w.mode, share, precision=prec),
+        mfu=mfu(per, arch, real_width, gpu, w.mode, share, precision=prec),
         hardware_flops_per_token=hw,
         step_time_s=step_s,
         offload_time_s=offload_s,

@@ -230,7 +230,10 @@ def _stream(dist: LengthDistribution, seq_len: int, rng: random.Random) -> Itera
     elif dist.kind == "lognormal":
         floor = min(LOGNORMAL_MIN, seq_len)
         while True:
-            x = rng.lognormvariate(dist.mu, dist.sigma)
+            try:
+                x = rng.lognormvariate(dist.mu, dist.sigma)
+            except OverflowError:  # a draw past a float's range is past seq_len: clipped like any other
+                x = math.inf
             yield seq_len if x >= seq_len else max(floor, round(x))
     elif dist.kind == "uniform":
         while True:

@@ -64,7 +64,8 @@ def test_an_unexpected_exception_is_one_line_with_exit_1_not_a_chained_traceback
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert lines == ["autotune: error: unexpected RuntimeError: something nobody planned for; this is a bug in "
-                     "autotune: rerun with --debug for the traceback and report it"], err
+                     "autotune: rerun as `autotune --debug COMMAND ...` (or with AUTOTUNE_DEBUG=1) for the traceback and "
+                     "report it"], err
 
 
 def test_an_os_error_is_one_line_naming_the_file_with_exit_2(

@@ -106,7 +106,7 @@ def unexpected_error_line(exc: BaseException) -> tuple[str, int]:
         return (f"input too deeply nested or too large to process ({type(exc).__name__}); "
                 "use a smaller or flatter file"), 2
     return (f"unexpected {type(exc).__name__}: {text or '(no message)'}; this is a bug in autotune: "
-            "rerun with --debug for the traceback and report it"), 1
+            "rerun as `autotune --debug COMMAND ...` (or with AUTOTUNE_DEBUG=1) for the traceback and report it"), 1
 
 
 for _name, _module in COMMANDS:

@@ -366,7 +366,7 @@ def _crash_fix(result: ProbeResult) -> str:
     if result.died:
         return ("its process was killed and left no traceback: look at the machine's memory and other work "
                 "(e.g. `dmesg | grep -i kill`), then probe it again")
-    return "rerun with --debug to see the traceback"
+    return "rerun as `autotune --debug probe ...` to see the traceback"
 
 
 def _status_finding(result: ProbeResult) -> Finding:

@@ -153,6 +153,29 @@ def test_the_speed_prior_counts_padding_and_a_fixed_cost_per_micro_batch() -> No
     assert [b - a for a, b in zip(s1, s8, strict=True)] == sorted(b - a for a, b in zip(s1, s8, strict=True))
 
 
+def test_on_a_dataset_run_the_speed_prior_draws_its_layout_from_the_datasets_lengths(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from autotune.estimate import CostPrior
+    from autotune.models import resolve_model
+    from autotune.run import dataset_lengths
+    from autotune.spec.probe_request import Candidate, Workload
+
+    monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path / "cache"))
+    ds = tmp_path / "ids.jsonl"
+    ds.write_text("".join(json.dumps({"input_ids": list(range(1, n + 1))}) + "\n" for n in (30, 250, 12, 400, 60, 9)))
+    wl = Workload(model="tiny-llama", seq_len=256, dataset=str(ds))
+    assert dataset_lengths(wl) == [30, 250, 12, 256, 60, 9]  # as the probes read them: truncated to seq_len
+    assert dataset_lengths(Workload(model="tiny-llama", seq_len=256)) == []
+    config = json.loads((Path(resolve_model("tiny-llama").path) / "config.json").read_text())
+    plain = CostPrior(config, wl, device="cpu", usable_bytes=400 * 2**20)  # the workload's lengths say "fixed"
+    real = CostPrior(config, wl, device="cpu", usable_bytes=400 * 2**20, lengths_sample=dataset_lengths(wl))
+    padded, packed = Candidate(micro_batch=4, grad_accum=2), Candidate(micro_batch=4, grad_accum=2, packing=True)
+    assert plain.speed(packed) == plain.speed(padded)  # nothing to pad without the dataset's lengths
+    assert real.speed(packed) > real.speed(padded) + 0.3  # short rows padded to the batch's longest
+
+
 def test_the_evidence_is_the_gaussian_likelihood_and_picks_the_fixed_cost_that_made_the_speeds() -> None:
     model = LeverModel([("micro_batch", 2)], prior_sd=0.3, noise_sd=0.1, intercept_sd=2.0)
     # one row switching on the intercept and one term: y ~ N(0, 2^2 + 0.3^2 + 0.1^2)

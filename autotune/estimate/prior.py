@@ -43,15 +43,22 @@ __all__ = ["CostPrior", "FIXED_COSTS"]
 # by the evidence there made the simulated story-1 runs slower (H100: 12 probes and 8.6 min at the median
 # against 11 and 6.8 min; benchmarks/README.md), the fixed cost being a small share of a large model's step.
 FIXED_COSTS = (0.0, 0.03, 0.1, 0.3, 1.0, 3.0)
+# a dataset's lengths are thinned to at most this many (every k-th) before the layout draws from them
+LENGTHS_SAMPLE_MAX = 4096
 
 
 class CostPrior:
     """The estimator's structure for one workload on one device (``config``: the model's config.json; ``gpu``,
-    or the first of ``gpu_infos`` the catalog knows, on ``device="cuda"``)."""
+    or the first of ``gpu_infos`` the catalog knows, on ``device="cuda"``; ``lengths_sample``: a dataset's token
+    lengths, which the speed prior's layout then draws from)."""
 
     def __init__(self, config: Mapping[str, Any] | Arch, workload: Workload, *, device: str, usable_bytes: int,
-                 gpu: GPU | None = None, gpu_infos: Sequence[Mapping[str, Any]] = ()) -> None:
+                 gpu: GPU | None = None, gpu_infos: Sequence[Mapping[str, Any]] = (),
+                 lengths_sample: Sequence[int] = ()) -> None:
         self.arch = config if isinstance(config, Arch) else arch_from_config(config)
+        # a dataset's token lengths (a run with --dataset): the layout is drawn from them instead of ``lengths``
+        step = max(1, -(-len(lengths_sample) // LENGTHS_SAMPLE_MAX))
+        self.sample = tuple(int(n) for n in list(lengths_sample)[::step])
         self.workload, self.device, self.usable = workload, device, max(1, int(usable_bytes))
         self.gpu = gpu if gpu is not None else (_gpu_of([dict(g) for g in gpu_infos]) if device == "cuda" else None)
 
@@ -59,9 +66,9 @@ class CostPrior:
         """log real tokens per FLOP (up to the device's constant rate: the fit's intercept), one per fixed
         per-micro-batch cost in ``FIXED_COSTS`` on a CPU, one (FLOPs alone) on a GPU."""
         wl = self.workload
-        per_token = flops_per_real_token(self.arch, wl, c)
+        per_token = flops_per_real_token(self.arch, wl, c, sample=self.sample)
         sequence = hardware_flops_per_token(self.arch, wl.seq_len, wl.mode) * wl.seq_len
-        tokens = batch_layout_of(wl, c).tokens_per_micro_batch
+        tokens = batch_layout_of(wl, c, sample=self.sample).tokens_per_micro_batch
         return tuple(-math.log(per_token + k * sequence / tokens) for k in (FIXED_COSTS if self.device == "cpu" else (0.0,)))
 
     def speed(self, c: Candidate) -> float:

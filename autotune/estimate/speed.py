@@ -29,6 +29,7 @@ The constants are fitted on published runs (below).
 from __future__ import annotations
 
 import functools
+import random
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -210,10 +211,16 @@ class BatchLayout:
 
 
 @functools.lru_cache(maxsize=512)
-def _layout(lengths: str, seq_len: int, micro_batch: int, mode: str, samples: int) -> BatchLayout:
-    if lengths == "fixed":
+def _layout(lengths: str, seq_len: int, micro_batch: int, mode: str, samples: int,
+            sample: tuple[int, ...] = ()) -> BatchLayout:
+    if sample:  # a dataset's own lengths, drawn in a seeded shuffle (cyclically when the sample is short)
+        pool = list(sample)
+        random.Random(0).shuffle(pool)
+        lens = [max(1, min(seq_len, pool[i % len(pool)])) for i in range(samples * micro_batch)]
+    elif lengths == "fixed":
         return BatchLayout(1.0, float(seq_len), float(micro_batch * seq_len))
-    lens = sample_lengths(lengths, samples * micro_batch, seq_len, 0)
+    else:
+        lens = sample_lengths(lengths, samples * micro_batch, seq_len, 0)
     real = sum(lens)
     if mode == "packing_flat":  # one padding-free row; attention stays within each sequence
         return BatchLayout(1.0, sum(n * n for n in lens) / real, real / samples)
@@ -222,24 +229,25 @@ def _layout(lengths: str, seq_len: int, micro_batch: int, mode: str, samples: in
     return BatchLayout(slots / real, sum(r * w * w for r, w in rows) / slots, real / samples)
 
 
-def batch_layout_of(workload: Workload, c: Candidate, *, flat: bool = False) -> BatchLayout:
-    """The configuration's micro-batch layout under the workload's ``lengths`` (deterministic: seed 0); ``flat``:
-    as one padding-free row whatever the configuration (attention over each sequence's own length: what the
-    model's FLOPs count)."""
+def batch_layout_of(workload: Workload, c: Candidate, *, flat: bool = False,
+                    sample: tuple[int, ...] = ()) -> BatchLayout:
+    """The configuration's micro-batch layout under the workload's ``lengths`` (deterministic: seed 0), or drawn
+    from ``sample`` (a dataset's token lengths) when given; ``flat``: as one padding-free row whatever the
+    configuration (attention over each sequence's own length: what the model's FLOPs count)."""
     mode = "packing_flat" if flat or (c.packing and c.attn in FLATTEN_ATTN) else "packing" if c.packing else "padding"
     mb = int(c.micro_batch)
     at = min(mb, LAYOUT_MAX_MICRO_BATCH)
     samples = min(LAYOUT_SAMPLES, max(16, LAYOUT_SEQUENCES // at))
-    lay = _layout(str(workload.lengths), int(workload.seq_len), at, mode, samples)
+    lay = _layout(str(workload.lengths), int(workload.seq_len), at, mode, samples, tuple(sample))
     return lay if at == mb else BatchLayout(lay.slots_per_token, lay.attention_width, lay.tokens_per_micro_batch * mb / at)
 
 
-def flops_per_real_token(arch: Arch, workload: Workload, c: Candidate) -> float:
+def flops_per_real_token(arch: Arch, workload: Workload, c: Candidate, *, sample: tuple[int, ...] = ()) -> float:
     """Hardware FLOPs per real (non-padding) token as the probe computes them: every token slot of the layout
     (padding included) at :func:`hardware_flops_per_token` of its row's width. ``hardware_flops_per_token`` is
     linear in the width, so this is ``slots per token x hardware_flops_per_token(attention width)``; with fixed
     lengths it is ``hardware_flops_per_token(seq_len)``."""
-    lay = batch_layout_of(workload, c)
+    lay = batch_layout_of(workload, c, sample=sample)
     return lay.slots_per_token * hardware_flops_per_token(arch, lay.attention_width, workload.mode, recomputed(arch, c))
 
 

@@ -40,7 +40,7 @@ from autotune.spec.shell import command_line
 from autotune.spec.space import SearchSpace
 
 __all__ = ["RAY_CONNECT_TIMEOUT_S", "check_batch", "weights_floor", "check_weights", "check_ray", "check_dataset",
-           "preflight", "check_model_config", "detect_capabilities", "default_space_for", "mean_sequence_tokens",
+           "preflight", "check_model_config", "detect_capabilities", "default_space_for", "dataset_lengths", "mean_sequence_tokens",
            "check_cpu_probe_time", "AUTO_CPU_PROBE_LIMIT_S"]
 
 RAY_CONNECT_TIMEOUT_S = 10.0
@@ -281,15 +281,24 @@ DEAR_LEVERS: dict[str, tuple[Any, str]] = {
 }
 
 
+def dataset_lengths(workload: Workload) -> list[int]:
+    """The token lengths of the workload's dataset (truncated to seq_len), as the probes read it (the tokenize
+    cache); [] without a dataset."""
+    if workload.dataset is None:
+        return []
+    from autotune.probe.data import find_tokenizer, load_token_sequences
+
+    lengths = load_token_sequences(workload.dataset, seq_len=workload.seq_len, tokenizer=find_tokenizer(workload),
+                                   split=workload.split, trust_remote_code=workload.trust_remote_code).sequences.lengths()
+    return [int(n) for n in lengths]
+
+
 def mean_sequence_tokens(workload: Workload) -> float:
     """Real tokens per sequence on average: the dataset's (truncated to seq_len), else the length
     distribution's (a fixed sample of 4,096 draws), else seq_len."""
     if workload.dataset is not None:
-        from autotune.probe.data import find_tokenizer, load_token_sequences
-
-        lengths = load_token_sequences(workload.dataset, seq_len=workload.seq_len, tokenizer=find_tokenizer(workload),
-                                       split=workload.split, trust_remote_code=workload.trust_remote_code).sequences.lengths()
-        return float(lengths.mean()) if len(lengths) else float(workload.seq_len)
+        lengths = dataset_lengths(workload)
+        return sum(lengths) / len(lengths) if lengths else float(workload.seq_len)
     if workload.lengths == "fixed":
         return float(workload.seq_len)
     from autotune.spec.lengths import sample_lengths

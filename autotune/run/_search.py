@@ -248,12 +248,18 @@ def _searcher(r: Request, plan: SearchPlan, run_dir: Any, started: RunStart, exe
 def _model_prior(r: Request, plan: SearchPlan) -> Any:
     """The estimator's prior for the model strategy (``autotune.estimate.CostPrior``); None when the estimator
     cannot read the model's architecture (the model then starts flat)."""
-    from autotune.errors import SpecError
+    from autotune.errors import AutotuneError, SpecError
     from autotune.estimate import CostPrior
+    from autotune.run._preflight import dataset_lengths
 
+    try:  # a dataset's own lengths (read from the tokenize cache the probes share): the prior counts their padding
+        sample = dataset_lengths(plan.workload)
+    except (AutotuneError, OSError):
+        sample = []  # the probes will say what is wrong with the dataset; the prior then assumes no padding
     try:
         return CostPrior(r.resolved.config, plan.workload, device=plan.device,
-                         usable_bytes=plan.settings.usable_bytes() or plan.budget_bytes, gpu_infos=plan.gpu_infos)
+                         usable_bytes=plan.settings.usable_bytes() or plan.budget_bytes, gpu_infos=plan.gpu_infos,
+                         lengths_sample=sample)
     except SpecError:
         return None
 

@@ -254,7 +254,7 @@ def _model_prior(r: Request, plan: SearchPlan) -> Any:
 
     try:  # a dataset's own lengths (read from the tokenize cache the probes share): the prior counts their padding
         sample = dataset_lengths(plan.workload)
-    except (AutotuneError, OSError):
+    except (AutotuneError, OSError, ValueError):  # a file the tokenizer or reader cannot take
         sample = []  # the probes will say what is wrong with the dataset; the prior then assumes no padding
     try:
         return CostPrior(r.resolved.config, plan.workload, device=plan.device,

@@ -316,11 +316,10 @@ class SpeedEstimate:
         return asdict(self)
 
 
-def _lever_factor(workload: Workload, candidate: Candidate, tokens: float | None = None) -> float:
+def _lever_factor(workload: Workload, candidate: Candidate, tokens: float) -> float:
     """GEMM efficiency multiplier of a micro-batch: attention implementation x T/(T + T0) x scaling (``tokens``:
-    the token slots a micro-batch computes; default ``micro_batch x seq_len``)."""
+    the token slots a micro-batch computes, padding included)."""
     c = candidate
-    tokens = c.micro_batch * workload.seq_len if tokens is None else tokens
     f = MODE_FACTOR.get(workload.mode, 1.0) * ATTN_FACTOR.get(c.attn, 0.95)
     f *= tokens / (tokens + SATURATION_TOKENS)
     if c.torch_compile:

@@ -61,14 +61,21 @@ MARGIN = 0.03  # a gain under 3 % is within the noise of one measurement: not wo
 FEASIBLE_MIN = 0.2  # a configuration the memory model gives under a 20 % chance of fitting is not probed
 
 
-def _cholesky_inverse(a: list[list[float]]) -> list[list[float]]:
-    """The inverse of a symmetric positive-definite matrix (Cholesky; small matrices, pure Python)."""
+def _cholesky(a: list[list[float]]) -> list[list[float]]:
+    """The lower factor ``L`` of a symmetric positive-definite matrix, ``a = L L^T`` (small matrices, pure Python)."""
     n = len(a)
     low = [[0.0] * n for _ in range(n)]
     for i in range(n):
         for j in range(i + 1):
             s = a[i][j] - sum(low[i][k] * low[j][k] for k in range(j))
             low[i][j] = math.sqrt(max(s, 1e-300)) if i == j else s / low[j][j]
+    return low
+
+
+def _cholesky_inverse(a: list[list[float]]) -> list[list[float]]:
+    """The inverse of a symmetric positive-definite matrix (Cholesky; small matrices, pure Python)."""
+    n = len(a)
+    low = _cholesky(a)
     inv_low = [[0.0] * n for _ in range(n)]  # L^-1 by forward substitution
     for i in range(n):
         inv_low[i][i] = 1.0 / low[i][i]
@@ -142,11 +149,7 @@ def log_evidence(model: LeverModel, choices: Sequence[Mapping[str, Any]], ys: Se
     var = [s * s for s in model.sds]
     cov = [[sum(var[k] for k in acts[i] & acts[j]) + (model.noise_sd**2 if i == j else 0.0) for j in range(n)]
            for i in range(n)]
-    low = [[0.0] * n for _ in range(n)]  # Cholesky: cov = L L^T
-    for i in range(n):
-        for j in range(i + 1):
-            s = cov[i][j] - sum(low[i][k] * low[j][k] for k in range(j))
-            low[i][j] = math.sqrt(max(s, 1e-300)) if i == j else s / low[j][j]
+    low = _cholesky(cov)  # cov = L L^T
     z = []  # L^-1 y
     for i in range(n):
         z.append((ys[i] - sum(low[i][k] * z[k] for k in range(i))) / low[i][i])
@@ -165,7 +168,7 @@ class SpeedFit:
     def predict(self, o: Option) -> tuple[float, float]:
         """(mean, standard deviation) of a configuration's log tok/s."""
         mean, sd = self.model.predict(o.choice)
-        return mean + o.speed_prior[min(self.index, len(o.speed_prior) - 1)], sd
+        return mean + o.speed_prior[self.index], sd
 
 
 _MEMORY_ORDERED = ("micro_batch", "grad_ckpt", "ckpt_every")

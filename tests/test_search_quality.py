@@ -205,6 +205,20 @@ def test_calibration_fits_on_the_strategys_first_probes_and_scores_the_rest() ->
     assert calibration.calibrate(fixed, 0, 8)["spearman"] >= calibration.calibrate(fixed, 0, 3)["spearman"] - 1e-9
 
 
+def test_calibration_reports_how_the_recording_agrees_with_itself_and_packings_gain() -> None:
+    import calibration
+
+    p = sq.problem(landscape())
+    # every configuration's two repeats are 0.95x and 1.05x its speed: each ranks the grid as the other does
+    assert calibration.repeat_agreement(p) == pytest.approx(1.0)
+    gains = calibration.layout_gains(p)
+    assert gains and all(n >= 1 for _, _, n in gains.values())
+    predicted = [pred for pred, _, _ in gains.values()]
+    assert predicted == sorted(predicted)  # a larger micro-batch pads more, so packing gains more
+    if 1 in gains:
+        assert gains[1][0] == pytest.approx(0.0)  # one sequence per micro-batch: nothing to pack
+
+
 def test_calibration_refuses_a_missing_landscape_or_no_seeds_in_one_line(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import calibration

@@ -25,7 +25,10 @@ landscape of the space a default run searches there (``search_spaces/lora.yaml``
 the run leaves it out): every configuration's tok/s is the planner's prediction (``predict_speed``) times
 one factor per lever value, drawn uniformly in 0.7-1.3 (each lever's effect perturbed by up to +-30 %),
 its peak the memory model's times one factor per lever value in 0.9-1.1, and its probe time
-``predict_probe_time``'s (adaptive window); repeats spread 3 %. Then the real ``Searcher`` searches it
+``predict_probe_time``'s set-up plus its window (the adaptive window's minimum, ``MIN_TIMED_STEPS``) at the
+configuration's simulated speed; repeats spread 3 %. A GPU window is taken as stable at its minimum, so a
+confirmation probe (twice the maximum steps) stops there too and costs what a search probe costs (the
+landscape's ``timed_steps``, as ``paper`` counts it). Then the real ``Searcher`` searches it
 through the replay executor, with the ``model`` strategy (``--strategy model``, the estimator's prior), with
 the default walk (``--max-trials`` 40) and with the walk stopped once it has settled
 (``--stop-when-converged``), ``--draws`` landscapes each (the baseline and a top-2 confirmation for all). Printed: probes,
@@ -199,22 +202,28 @@ def simulated_landscape(model: str, gpu_name: str, mode: str, seq: int, eb: int,
     entries = []
     for c in grid(space, eb):
         values = [(d, c.world_size if d == "gpus_per_trial" else getattr(c, d)) for d in DIMENSIONS]
-        tps = predict_speed(arch, wl, c, gpu).tokens_per_s
+        planned = tps = predict_speed(arch, wl, c, gpu).tokens_per_s
         peak = estimate_memory(arch, wl, c, gpu=gpu).total
         for key in values:
             tps *= speed_fx.get(key, 1.0)
             peak *= mem_fx.get(key, 1.0)
         probe_s = predict_probe_time(arch, wl, c, settings, device="cuda", gpu=gpu)
+        # the window runs at the configuration's simulated speed, not the planner's
+        window_s = None if probe_s is None else probe_s.window_s * planned / tps
         # over the budget, the probe (capped at it) stops at its out-of-memory error in the first optimizer
         # step: its set-up and at most two micro-batches (the composed window's first boundary) of its window
-        oom_s = None if probe_s is None else \
-            probe_s.setup_s + probe_s.window_s * min(1.0, 2 / max(1, probe_s.micro_batches))
+        oom_s = None if probe_s is None or window_s is None else \
+            probe_s.setup_s + window_s * min(1.0, 2 / max(1, probe_s.micro_batches))
         entries.append({"candidate": dataclasses.asdict(c), "tokens_per_s_all": [tps * 0.985, tps * 1.015],
                         "peak_mem_bytes": int(peak), "status": "ok",
-                        "wall_s": probe_s.total_s if probe_s is not None else 60.0, "over_budget_wall_s": oom_s})
+                        "wall_s": probe_s.setup_s + window_s if probe_s is not None and window_s is not None else 60.0,
+                        "over_budget_wall_s": oom_s})
+    # a run's probes have up to STEPS timed steps; on a GPU each window is stable after its MIN_TIMED_STEPS and stops
+    # there (timed_steps): a confirmation probe, whose maximum is twice as long, stops there too
     return {"model": model, "device": "cuda", "gpu": gpu_name, "seq_len": seq, "lengths": "fixed", "mode": mode, "effective_batch": eb,
-            "budget_bytes": int(gpu.memory_bytes), "headroom": 0.05, "steps": MIN_TIMED_STEPS, "warmup_steps": WARMUP,
-            "space": space.to_dict(), "entries": entries, "name": f"{model} {mode} on {gpu_name}, draw {draw}"}
+            "budget_bytes": int(gpu.memory_bytes), "headroom": 0.05, "steps": STEPS, "timed_steps": MIN_TIMED_STEPS,
+            "warmup_steps": WARMUP, "space": space.to_dict(), "entries": entries,
+            "name": f"{model} {mode} on {gpu_name}, draw {draw}"}
 
 
 def simulate(draws: int) -> list[dict[str, Any]]:

@@ -79,6 +79,10 @@ def test_cost_counts_recorded_wall_time_and_longer_windows_pro_rata() -> None:
     assert ex.probe_seconds == pytest.approx(10.0)
     run_one(ex, _req(A, steps=6))  # 4 s fixed + 6 s timed x 2
     assert ex.probe_seconds == pytest.approx(10.0 + 16.0)
+    # windows that stopped, stable, at 2 of their 3 timed steps: a longer maximum stops there too
+    ex = ReplayExecutor(dict(LAND, timed_steps=2), seed=0)
+    run_one(ex, _req(A, steps=6))
+    assert ex.probe_seconds == pytest.approx(10.0)
 
 
 def test_an_entry_that_stops_at_its_out_of_memory_error_costs_only_that_when_over_budget() -> None:

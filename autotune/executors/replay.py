@@ -18,7 +18,10 @@ can be replayed under several budgets. A candidate that is not in the landscape 
 
 The executor counts what the answers would have cost: ``probes`` and ``probe_seconds`` (the
 recorded wall time; a longer window, such as a confirmation re-measure, costs it pro rata to the
-timed steps, plus the fixed start-up).
+timed steps, plus the fixed start-up). A landscape whose ``timed_steps`` is below its ``steps`` says its
+probes' adaptive windows stopped there, stable, before their maximum: a request with a larger maximum
+stops at the same point, so it costs the recorded wall time (the simulated GPU landscapes of
+``benchmarks/time_to_answer.py simulate``).
 """
 
 from __future__ import annotations
@@ -68,6 +71,9 @@ class ReplayExecutor:
                    if len(v := _values(e)) > 1 and statistics.median(v) > 0]
         self.default_spread = statistics.median(spreads) if spreads else 0.0
         self.base_steps = int(self.landscape.get("steps") or 5)
+        # the timed steps every recorded window stopped at (adaptive, stable), when it says so
+        timed = self.landscape.get("timed_steps")
+        self.stopped_at = int(timed) if timed is not None and int(timed) < self.base_steps else None
         self.noise = noise
         self.rng = random.Random(seed)
         self._slots = max(1, slots)
@@ -113,7 +119,7 @@ class ReplayExecutor:
 
     def _cost(self, entry: dict[str, Any], steps: int) -> float:
         wall = float(entry.get("wall_s") or 0.0)
-        if steps <= self.base_steps or wall <= 0:
+        if steps <= self.base_steps or wall <= 0 or self.stopped_at is not None:
             return wall
         fixed = float((entry.get("repeats") or [{}])[0].get("metrics", {}).get("overhead_s") or 0.5 * wall)
         fixed = min(fixed, wall)

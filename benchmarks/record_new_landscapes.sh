@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Record landscapes F, G, H and (last) I for benchmarks/search_quality.py, and J, K, L, then M, N, O: the model
-# strategy's held-out sets (each recorded after its last change, scored once: score_new_landscapes.sh
-# --model-held-out for J K L, --model-held-out-2 for M N O).
+# Record landscapes F, G, H and (last) I for benchmarks/search_quality.py, and J, K, L, then M, N, O, then P, Q, R:
+# the model strategy's held-out sets (each recorded after its last change, scored once: score_new_landscapes.sh
+# --model-held-out for J K L, --model-held-out-2 for M N O, --model-held-out-3 for P Q R).
 #
 #   bash benchmarks/record_new_landscapes.sh [F G H I]     # default: F G H I, I last
 #   bash benchmarks/record_new_landscapes.sh J K L
 #   bash benchmarks/record_new_landscapes.sh M N O
+#   bash benchmarks/record_new_landscapes.sh P Q R
 #
 # Run it on a QUIET machine (nothing else on the cores: CPU timings under other load are noise),
 # from the repository root, with autotune's venv active (or PY=/path/to/python). Each landscape
@@ -40,6 +41,12 @@
 #      checkpointing, fp32/bf16, packing                                     (24)
 #   O  tiny-mistral, LoRA, 384-token fixed-length sequences, effective batch 8, micro-batch 2..8,
 #      checkpointing, eager/sdpa, AdamW plain/fused                          (24)
+#   P  tiny-gpt2, LoRA, uniform 64-512 lengths, effective batch 16, micro-batch 2..8, checkpointing,
+#      fp32/bf16, packing                                                    (24)
+#   Q  tiny-llama, lognormal(4.5, 0.9) lengths up to 384, effective batch 8, micro-batch 1..4,
+#      checkpointing, eager/sdpa, packing                                    (24)
+#   R  tiny-mistral, 256-token fixed-length sequences, effective batch 32, micro-batch 4..16,
+#      checkpointing, eager/sdpa, fp32/bf16                                  (24)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python}
@@ -78,6 +85,9 @@ for n in "${todo[@]}"; do
         M) record M tiny-llama 512 uniform:32-512 16 lora 5 ;;
         N) record N tiny-qwen2 512 lognormal:5.0,0.7 8 full 5 ;;
         O) record O tiny-mistral 384 fixed 8 lora 5 ;;
-        *) echo "unknown landscape $n (F to O)" >&2; exit 2 ;;
+        P) record P tiny-gpt2 512 uniform:64-512 16 lora 5 ;;
+        Q) record Q tiny-llama 384 lognormal:4.5,0.9 8 full 5 ;;
+        R) record R tiny-mistral 256 fixed 32 full 5 ;;
+        *) echo "unknown landscape $n (F to R)" >&2; exit 2 ;;
     esac
 done

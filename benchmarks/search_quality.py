@@ -9,7 +9,8 @@ recorded landscape, with each configuration's recorded spread as noise, so a str
 noisy measurements like a real one), and is scored on the *recorded median* tok/s of the
 configuration it picks, divided by the landscape's optimum (the best median that fits). Printed
 per strategy: the median over seeds of best-found / optimum, the share of seeds at >= 0.97, and the
-median of probes / grid size (every probe it caused counts: baseline, search and confirmation).
+median of probes / grid size (every probe it caused counts: baseline, search and confirmation), and the
+median of the probes' recorded seconds (one device, one probe at a time).
 
 Strategies
 ----------
@@ -197,8 +198,31 @@ def run_autotune(p: Problem, seed: int, budget: int, *, strategy: str = "walk") 
     extra = SEARCHER_OPTIONS if strategy == "walk" else {"prior": model_prior(p)} if strategy == "model" else {}
     out = Searcher(space=p.space, workload=p.workload, settings=p.settings, effective_batch=p.effective_batch,
                    executor=ex, max_trials=max_trials, seed=seed, top_k=top_k, device=p.settings.device,
-                   baseline=baseline, poll_interval_s=0.0, strategy=strategy, pruner=run_pruner(p), **extra).run()
+                   baseline=baseline, poll_interval_s=0.0, strategy=strategy, pruner=run_pruner(p),
+                   deadlines=run_deadlines(p), **extra).run()
     return (out.best_record.candidate_obj() if out.best_record else None), ex
+
+
+def run_deadlines(p: Problem) -> Any:
+    """The probe-time predictor ``autotune run`` gives its probes' deadlines (and the model strategy's cost per
+    probe): the landscape's model, workload and device (a GPU landscape's catalog GPU; a CPU one's recorded threads,
+    probes forked from the warm server as the run's local pool does). The replay ignores the deadlines."""
+    if COSTLESS:
+        return None
+    from autotune.estimate import DeadlineRule, Deadlines, find_gpu, make_predictor
+    from autotune.models import resolve_model
+    from autotune.run import mean_sequence_tokens
+
+    device = p.settings.device
+    gpu = find_gpu(p.landscape["gpu"]) if p.landscape.get("gpu") else None
+    predictor = make_predictor(resolve_model(p.workload.model).config, p.workload, device=device, gpu_infos=[],
+                               gpu=gpu, cores=int(p.landscape.get("cpu_threads") or 1),
+                               mean_tokens=mean_sequence_tokens(p.workload) if device == "cpu" else None,
+                               warm=device == "cpu")
+    return Deadlines(rule=DeadlineRule.for_device(device), predictor=predictor)
+
+
+COSTLESS = False  # --costless: the model strategy without a cost per probe (every probe the same)
 
 
 def run_pruner(p: Problem) -> Any:
@@ -385,21 +409,22 @@ RUNNERS: dict[str, Strategy] = {
 def evaluate(p: Problem, *, seeds: int, share: float) -> dict[str, Any]:
     n = len(p.grid)
     budget = max(1, math.floor(share * n + 1e-9))
-    rows: dict[str, list[tuple[float, float]]] = {s: [] for s in (*STRATEGIES, REFERENCE, WALK_AT_MODEL, ZERO_PROBE)}
+    # (best / optimum, probes / grid, the probes' recorded seconds) per seed
+    rows: dict[str, list[tuple[float, float, float]]] = {s: [] for s in (*STRATEGIES, REFERENCE, WALK_AT_MODEL, ZERO_PROBE)}
     zero = p.score(run_zero_probe(p, 0, 0)[0])  # no probe, no noise: the same pick on every seed
     for seed in range(seeds):
         chosen, ex = run_autotune(p, seed, budget)
-        rows["autotune"].append((p.score(chosen), ex.probes / n))
+        rows["autotune"].append((p.score(chosen), ex.probes / n, ex.probe_seconds))
         same = ex.probes
         for name in (*STRATEGIES[1:], REFERENCE):
             # tpe gets autotune's budget (and confirmation); random as many probes as autotune ran; the
             # model strategy stops by itself
             chosen, ex = RUNNERS[name](p, seed, budget if name == "tpe" else same)
-            rows[name].append((p.score(chosen), ex.probes / n))
+            rows[name].append((p.score(chosen), ex.probes / n, ex.probe_seconds))
             if name == "model":  # the walk given as many probes as the model strategy took on this seed
                 chosen, ex = run_autotune(p, seed, ex.probes)
-                rows[WALK_AT_MODEL].append((p.score(chosen), ex.probes / n))
-        rows[ZERO_PROBE].append((zero, 0.0))
+                rows[WALK_AT_MODEL].append((p.score(chosen), ex.probes / n, ex.probe_seconds))
+        rows[ZERO_PROBE].append((zero, 0.0, 0.0))
     unpacked = max((p.score(c) for c in p.grid if not c.packing), default=0.0)
     out: dict[str, Any] = {"landscape": p.name, "grid": n, "probe_budget": budget,
                            "infeasible_share": 1.0 - sum(p.score(c) > 0 for c in p.grid) / n,
@@ -413,6 +438,7 @@ def evaluate(p: Problem, *, seeds: int, share: float) -> dict[str, Any]:
             "share_of_seeds_at_0.97": sum(r >= 0.97 for r in ratios) / len(ratios),
             "probes_over_grid_median": statistics.median(shares),
             "probes_median": statistics.median(round(v * n) for v in shares),
+            "probe_seconds_median": round(statistics.median(v[2] for v in vals), 1),
             "ratios": ratios,
             "shares": shares,
         }
@@ -426,11 +452,11 @@ def render(results: list[dict[str, Any]], seeds: int, share: float) -> str:
                      f"infeasible, probe budget {res['probe_budget']} ({share:.0%}), {seeds} seeds; "
                      f"unpacked-best {res['unpacked_best_over_optimum']:.3f} of the optimum")
         lines.append(f"  {'strategy':<22}{'best/optimum (median)':>22}{'min':>7}{'>=0.97':>8}{'probes/grid':>13}"
-                     f"{'probes':>8}")
+                     f"{'probes':>8}{'probe s':>9}")
         for name, s in res["strategies"].items():
             lines.append(f"  {name:<22}{s['best_over_optimum_median']:>22.3f}{s['best_over_optimum_min']:>7.3f}"
                          f"{s['share_of_seeds_at_0.97']:>8.0%}{s['probes_over_grid_median']:>13.3f}"
-                         f"{s['probes_median']:>8g}")
+                         f"{s['probes_median']:>8g}{s.get('probe_seconds_median', 0.0):>9.0f}")
     auto_r = [r for res in results for r in res["strategies"]["autotune"]["ratios"]]
     auto_s = [s for res in results for s in res["strategies"]["autotune"]["shares"]]
     others = {name: statistics.median([r for res in results for r in res["strategies"][name]["ratios"]])
@@ -464,9 +490,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                     help="autotune stops once its walk has settled instead of spending the rest of its budget (A/B)")
     ap.add_argument("--flat-prior", action="store_true",
                     help="the model strategy without the estimator's prior (for an A/B of the prior)")
+    ap.add_argument("--costless", action="store_true",
+                    help="the model strategy without a cost per probe: every probe the same (for an A/B of the cost)")
     a = ap.parse_args(argv)
-    global FLAT_PRIOR
-    FLAT_PRIOR = a.flat_prior
+    global FLAT_PRIOR, COSTLESS
+    FLAT_PRIOR, COSTLESS = a.flat_prior, a.costless
     SEARCHER_OPTIONS.clear()
     if a.stop_when_converged:
         SEARCHER_OPTIONS["stop_when_converged"] = True

@@ -202,6 +202,43 @@ def test_the_evidence_is_the_gaussian_likelihood_and_picks_the_fixed_cost_that_m
         assert speed.predict(by["mb8"])[0] >= speed.predict(by["mb2"])[0] - 1e-9
 
 
+def test_a_probe_is_chosen_by_its_expected_gain_per_second() -> None:
+    import dataclasses
+
+    # after the calibration probe (sdpa), an untried eager configuration promises the most (its kernel's effect
+    # is still as uncertain as the prior): it goes next when every probe costs the same ...
+    first = next(o for o in _options() if o.key == "mb1-sdpa-False")
+    rows = [Row(option=first, status="ok", tokens_per_s=1000.0, memory=-0.2, proposed=True)]
+    key, _ = ModelPolicy(_options(), DIMS, noise_sd=0.02).next(rows, set())
+    assert key is not None and "eager" in key
+    # ... but not when its probe is predicted to take three times as long as an sdpa one
+    options = [dataclasses.replace(o, cost=30.0 if o.choice["attn"] == "eager" else 10.0) for o in _options()]
+    rows = [dataclasses.replace(rows[0], option=next(o for o in options if o.key == first.key))]
+    key, _ = ModelPolicy(options, DIMS, noise_sd=0.02).next(rows, set())
+    assert key is not None and "sdpa" in key
+
+
+def test_the_sampler_costs_each_option_by_its_predicted_probe_time() -> None:
+    from autotune.search import AutotuneSampler, SamplerSettings
+    from autotune.spec.space import SearchSpace
+
+    space = SearchSpace(micro_batch=(1, 2, 4), grad_ckpt=(False,), attn=("sdpa", "eager"), precision=("fp32",),
+                        packing=(False,), workers=(0,), pin_memory=(False,), torch_compile=(False,), liger=(False,))
+
+    def policy(predict):
+        return AutotuneSampler(space, SamplerSettings(strategy="model", device="cpu", probe_seconds=predict),
+                               effective_batch=4).model_policy()
+
+    costs = {o.choice["micro_batch"]: o.cost for o in policy(lambda c: 2.0 * c.micro_batch).options}
+    assert costs == {1: 2.0, 2: 4.0, 4: 8.0}
+    # one it cannot price costs the median of the others; none priced, or no predictor: all the same
+    costs = {(o.choice["micro_batch"], o.choice["attn"]): o.cost
+             for o in policy(lambda c: None if c.attn == "eager" and c.micro_batch == 4 else float(c.micro_batch)).options}
+    assert costs[(4, "eager")] == 2.0 and costs[(4, "sdpa")] == 4.0
+    assert {o.cost for o in policy(lambda c: None).options} == {1.0}
+    assert {o.cost for o in policy(None).options} == {1.0}
+
+
 def test_the_model_strategy_through_the_searcher_on_a_recorded_landscape() -> None:
     sys.path.insert(0, str(REPO / "benchmarks"))
     import search_quality as sq
@@ -214,9 +251,13 @@ def test_the_model_strategy_through_the_searcher_on_a_recorded_landscape() -> No
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     ex = ReplayExecutor(p.landscape, seed=0, noise=True)
-    out = Searcher(space=p.space, workload=p.workload, settings=p.settings, effective_batch=p.effective_batch,
-                   executor=ex, max_trials=len(p.grid), seed=0, top_k=2, device="cpu", baseline=sq._baseline(p),
-                   poll_interval_s=0.0, strategy="model", prior=sq.model_prior(p)).run()
+    searcher = Searcher(space=p.space, workload=p.workload, settings=p.settings, effective_batch=p.effective_batch,
+                        executor=ex, max_trials=len(p.grid), seed=0, top_k=2, device="cpu", baseline=sq._baseline(p),
+                        poll_interval_s=0.0, strategy="model", prior=sq.model_prior(p), deadlines=sq.run_deadlines(p))
+    out = searcher.run()
+    # each configuration's cost is its probe's predicted seconds, as the run's deadlines predict them
+    costs = {o.key: o.cost for o in searcher.sampler.model_policy().options}
+    assert len(set(costs.values())) > 1 and all(v > 1.0 for v in costs.values())
     assert out.stop_reason.startswith("the model rules out")
     assert p.score(out.best_record.candidate_obj()) >= 0.97
     origins = {r.origin for r in out.records if r.phase == "search"}

@@ -30,8 +30,10 @@ The policy, at every ask:
    other lever the same); and those the memory model gives under ``FEASIBLE_MIN`` chance of fitting;
 2. first the expert seeds (the calibration probes), each unless it cannot fit;
 3. then the configuration with the highest expected gain over the best measured one (as fitted, so a lucky
-   single measurement does not set the bar), weighed by its chance of fitting; before anything fits, the
-   likeliest to fit weighed by how fast it could be;
+   single measurement does not set the bar), weighed by its chance of fitting, per second of its probe
+   (``Option.cost``, the probe's predicted seconds: what a lever value is worth is learnt as well from a cheap
+   probe as from a dear one); before anything fits, the likeliest to fit weighed by how fast it could be,
+   per second of its probe;
 4. **stop** when no remaining configuration has a ``1 - Phi(Z)`` (16 %) chance of fitting *and* beating
    the best measured one by more than ``MARGIN`` (``ModelStop``: how many configurations that rules out,
    how many were left out as over the budget; its ``text`` is the run's stop reason).
@@ -260,12 +262,13 @@ class _Ranked:
 class Option:
     """One configuration of the space as the models see it: its searched levers' values, the prior's log speed
     under each of the prior's fixed per-micro-batch costs (``autotune.estimate.FIXED_COSTS``; ``(0.0,)``
-    without a prior) and its log(peak / usable) (None without a prior)."""
+    without a prior), its log(peak / usable) (None without a prior) and what its probe costs."""
 
     key: str
     choice: Mapping[str, Any]
     speed_prior: tuple[float, ...] = (0.0,)
     memory_prior: float | None = None
+    cost: float = 1.0  # its probe's predicted seconds (1 for every option when they cannot be predicted)
 
 
 @dataclass(frozen=True)
@@ -383,9 +386,10 @@ class ModelPolicy:
                     out.top_ruled = max(out.top_ruled, chance)
                     continue
                 out.open.append((chance, o.key))
-                score = p_fit * _expected_gain(s_mean, max(s_sd, 1e-9), bar)
+                score = math.log(max(p_fit * _expected_gain(s_mean, max(s_sd, 1e-9), bar), 1e-300))
             else:  # nothing fits yet: the likeliest to fit, weighed by how fast it could be
                 score = math.log(p_fit) + s_mean + Z * s_sd
+            score -= math.log(max(o.cost, 1e-9))  # per second of the probe
             if score > top_score:
                 out.top, top_score = o.key, score
         return out

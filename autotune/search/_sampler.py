@@ -48,6 +48,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+import statistics
 import warnings
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -143,7 +144,9 @@ class SamplerSettings:
     seeds; ``variable_lengths``: a length distribution or a real dataset (the seeds pack sequences);
     ``follow_ups`` / ``neighbours``: the walk's step-downs / its neighbourhood moves; ``ordinal``: ordered
     knobs suggested as an index into their sorted choices instead of as categories; ``prior``: what the
-    estimator predicts before any probe, for the model strategy."""
+    estimator predicts before any probe, for the model strategy; ``probe_seconds``: a probe's predicted
+    seconds (the model strategy weighs what a probe may gain by what it costs; None, or a configuration it
+    cannot predict: every probe costs the same)."""
 
     strategy: str = "walk"
     seed: int = 42
@@ -159,6 +162,7 @@ class SamplerSettings:
     neighbours: bool = True
     ordinal: bool = False
     prior: CostPrior | None = None  # the model strategy's prior (``autotune.estimate.CostPrior``); None: flat
+    probe_seconds: Callable[[Candidate], float | None] | None = None  # a probe's predicted seconds
 
 
 class AutotuneSampler(BaseSampler):
@@ -496,6 +500,19 @@ class AutotuneSampler(BaseSampler):
                       speed_prior=prior.speeds(c) if prior is not None else (0.0,),
                       memory_prior=prior.memory(c) if prior is not None else None)
 
+    def _costed(self, options: dict[str, Option]) -> dict[str, Option]:
+        """``options`` with each probe's predicted seconds as its cost; one the predictor cannot price costs the
+        median of those it can (neither favoured nor shunned); none priced: all cost the same."""
+        predict = self.settings.probe_seconds
+        if predict is None:
+            return options
+        by_key = self._by_key()
+        costs = {k: v for k in options if (v := predict(by_key[k])) is not None and v > 0}
+        if not costs:
+            return options
+        middle = statistics.median(costs.values())
+        return {k: dataclasses.replace(o, cost=float(costs.get(k, middle))) for k, o in options.items()}
+
     def model_policy(self) -> ModelPolicy:
         """The ``model`` strategy's policy over this space (built once): every runnable configuration as an
         ``Option`` with the prior's figures, the expert seeds first, the device's measurement noise."""
@@ -508,6 +525,7 @@ class AutotuneSampler(BaseSampler):
                 if isinstance(c, Candidate):
                     first.append(candidate_id(c))
             self._options = {candidate_id(c): self._option(choice, c) for choice, c in self._all_candidates()}
+            self._options = self._costed(self._options)
             self._policy = ModelPolicy(list(self._options.values()), self.choices, first=first,
                                        noise_sd=CPU_NOISE_SD if self.device == "cpu" else NOISE_SD)
         return self._policy

@@ -250,6 +250,7 @@ class Searcher:
                 variable_lengths=workload.lengths != "fixed" or workload.dataset is not None,
                 baseline=baseline, defaults=defaults, recheck_tolerance=self.confirm.tolerance if recheck else None,
                 follow_ups=follow_ups, neighbours=neighbours, ordinal=ordinal, prior=hooks.prior,
+                probe_seconds=_probe_seconds(hooks.deadlines, settings),
             ), effective_batch=effective_batch)
         except ValueError as exc:
             raise SpecError(str(exc)) from exc
@@ -865,6 +866,14 @@ def _check_arguments(effective_batch: Any, max_trials: Any, time_budget_s: float
         problems.append(f"top_k must be >= 0; got {top_k}")
     if problems:
         raise SpecError(problems)
+
+
+def _probe_seconds(deadlines: Deadlines | None, settings: ProbeSettings) -> Callable[[Candidate], float | None] | None:
+    """A search probe's predicted seconds under ``settings`` (the run's probe-time predictor, as its deadlines
+    use it), for the model strategy's cost per probe; None without a predictor."""
+    if deadlines is None or deadlines.predictor is None:
+        return None
+    return lambda c: deadlines.predict(c, settings)
 
 
 def _usable_shapes(space: SearchSpace, effective_batch: int, max_world: int | None) \

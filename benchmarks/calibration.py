@@ -112,13 +112,14 @@ def layout_gains(p: sq.Problem) -> dict[int, tuple[float, float, int]]:
 def calibrate(p: sq.Problem, seed: int, probes: int) -> dict[str, Any]:
     """One seed: the model fitted on the strategy's first ``probes`` probes, scored on the rest."""
     _, ran = sq.run_model(p, seed, 0)
-    first = [key for key, _ in ran.answered][:probes]
+    by_key = {candidate_id(c): c for c in p.grid}
+    # the first probes the landscape holds (an HF-default baseline outside the space, answered as a crash, is none)
+    first = [key for key, _ in ran.answered if key in by_key][:probes]
     # the policy (its options, priors and noise) exactly as the run's sampler builds it
     policy = AutotuneSampler(p.space, SamplerSettings(strategy="model", device=p.settings.device,
                                                       prior=sq.model_prior(p)),
                              effective_batch=p.effective_batch).model_policy()
     options = {o.key: o for o in policy.options}
-    by_key = {candidate_id(c): c for c in p.grid}
     ex = ReplayExecutor(p.landscape, seed=seed, noise=True)
     usable = p.settings.usable_bytes()
     rows = []

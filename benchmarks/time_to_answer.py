@@ -1,7 +1,7 @@
 """How long `autotune run` takes to answer: on paper for the target workloads' GPUs, measured on a tiny model.
 
     python benchmarks/time_to_answer.py paper [--json OUT]
-    python benchmarks/time_to_answer.py simulate [--draws 10] [--json OUT]
+    python benchmarks/time_to_answer.py simulate [--draws 30] [--costless] [--json OUT]
     python benchmarks/time_to_answer.py measure [--model tiny-llama] [--batches 8,32,128] [--json OUT]
 
 ``paper``: for each workload, the planner's configuration (``autotune plan``'s choice: micro-batch,
@@ -31,7 +31,8 @@ confirmation probe (twice the maximum steps) stops there too and costs what a se
 landscape's ``timed_steps``, as ``paper`` counts it). Then the real ``Searcher`` searches it
 through the replay executor, with the ``model`` strategy (``--strategy model``, the estimator's prior), with
 the default walk (``--max-trials`` 40) and with the walk stopped once it has settled
-(``--stop-when-converged``), ``--draws`` landscapes each (the baseline and a top-2 confirmation for all). Printed: probes,
+(``--stop-when-converged``), ``--draws`` landscapes each (the baseline and a top-2 confirmation for all; the
+model strategy weighs each probe by the run's own probe-time prediction, ``--costless``: every probe the same). Printed: probes,
 time to answer (the probes' predicted times, one GPU) and best found / the landscape's optimum, median and
 worst draw.
 
@@ -226,11 +227,13 @@ def simulated_landscape(model: str, gpu_name: str, mode: str, seq: int, eb: int,
             "name": f"{model} {mode} on {gpu_name}, draw {draw}"}
 
 
-def simulate(draws: int) -> list[dict[str, Any]]:
+def simulate(draws: int, *, costless: bool = False) -> list[dict[str, Any]]:
     import statistics
 
     sys.path.insert(0, str(REPO / "benchmarks"))
     import search_quality as sq
+
+    sq.COSTLESS = costless
 
     rows = []
     for label, model, gpu_name, mode, seq, eb, goal in WORKLOADS:
@@ -316,7 +319,9 @@ def main() -> int:
     sub = ap.add_subparsers(dest="mode", required=True)
     sub.add_parser("paper").add_argument("--json", default=None)
     sim = sub.add_parser("simulate")
-    sim.add_argument("--draws", type=int, default=10)
+    sim.add_argument("--draws", type=int, default=30)
+    sim.add_argument("--costless", action="store_true",
+                     help="the model strategy without a cost per probe: every probe the same (for an A/B of the cost)")
     sim.add_argument("--json", default=None)
     m = sub.add_parser("measure")
     m.add_argument("--model", default="tiny-llama")
@@ -331,7 +336,7 @@ def main() -> int:
         out: Any = rows
         ok = all(r.get("goal_met") is not False for r in rows)
     elif a.mode == "simulate":
-        rows = simulate(a.draws)
+        rows = simulate(a.draws, costless=a.costless)
         print_simulate(rows)
         out = rows
         ok = all(r["goal_met"] is not False for r in rows if r["strategy"] == "model")

@@ -11,12 +11,12 @@ The prediction is a *lower bound* on purpose, so the refusal errs towards runnin
                x hardware FLOPs per token (``hardware_flops_per_token``, no checkpointing)
                / (logical cores x ``CPU_FLOPS_PER_CORE``)
 
-``CPU_FLOPS_PER_CORE`` (400 GFLOP/s) is about the bf16 peak of an AVX512-BF16 core with two FMA
-units (``vdpbf16ps`` does twice fp32's 16 lanes x 2 FLOPs x 2 units x 3.1 GHz), and 3.2 times the
-best any recorded CPU landscape reached per thread on this project's AVX512-BF16 machine (125 GFLOP/s,
-landscape H, bf16, one thread; tests/test_request.py checks the constant stays at least twice above
-every recorded landscape). It was 200 GFLOP/s (the fp32 peak) until landscape H measured 125 in bf16.
-A CPU with bf16 matrix units (AMX) can beat it in bf16: there ``--device cpu`` runs anyway.
+``CPU_FLOPS_PER_CORE`` (1 TFLOP/s) stays above what a core with bf16 matrix units (Intel AMX, as on
+this project's machine) reaches on a tiny model's small matmuls: the best any recorded CPU landscape
+reached per thread is 239 GFLOP/s (landscape R, tiny-mistral, bf16, one thread), 4.2 times below it;
+tests/test_request.py checks the constant stays at least twice above every recorded landscape. It was
+400 GFLOP/s (an AVX512-BF16 core's bf16 peak without AMX) until landscape R measured 239; a large
+model's matmuls on AMX can beat it in bf16, where ``--device cpu`` runs anyway.
 Model build, imports and data loading are not counted.
 """
 
@@ -27,7 +27,7 @@ from autotune.estimate.speed import hardware_flops_per_token
 
 __all__ = ["CPU_FLOPS_PER_CORE", "cpu_probe_seconds"]
 
-CPU_FLOPS_PER_CORE = 4.0e11
+CPU_FLOPS_PER_CORE = 1.0e12
 
 
 def cpu_probe_seconds(

@@ -12,8 +12,8 @@ A probe's duration is its set-up plus its window (``autotune.spec.probe_window``
 A GPU window's step time is the planner's (:func:`autotune.estimate.predict_speed` for the
 candidate at the probe accumulation ``ProbeWindow.grad_accum``, on the catalog's GPU); a CPU
 window is :func:`autotune.estimate.cpu_probe_seconds` for the sequences the window runs, at
-``CPU_PREDICT_FLOPS_PER_CORE`` (the best rate a recorded CPU landscape reached per thread, not the
-lower bound's peak). ``None`` when the architecture or the GPU is unknown to the estimator.
+``CPU_PREDICT_FLOPS_PER_CORE`` (125 GFLOP/s per thread, landscape H's best rate, not the lower
+bound's peak). ``None`` when the architecture or the GPU is unknown to the estimator.
 
 The constants are rough on purpose: ``autotune run`` multiplies the prediction by a margin and
 corrects it by what the run's own earlier probes took: each probe's deadline, below.
@@ -48,7 +48,7 @@ from typing import Any
 from autotune.errors import SpecError
 from autotune.estimate.arch import Arch
 from autotune.estimate.catalog import GPU
-from autotune.estimate.cpu import CPU_FLOPS_PER_CORE, cpu_probe_seconds
+from autotune.estimate.cpu import cpu_probe_seconds
 from autotune.estimate.speed import predict_speed
 from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
 from autotune.spec.probe_window import probe_window
@@ -86,9 +86,10 @@ BUILD_PARAMS_PER_S = {"cpu": 2.0e8, "cuda": 2.0e9}
 QLORA_LOAD_PARAMS_PER_S = 5.0e8
 # a distributed probe's launcher, process group and DeepSpeed / FSDP engine set-up
 DISTRIBUTED_S = 20.0
-# the best per-thread rate a recorded CPU landscape reached (landscape H, bf16): 3.2 x below the
-# lower bound's CPU_FLOPS_PER_CORE
-CPU_PREDICT_FLOPS_PER_CORE = CPU_FLOPS_PER_CORE / 3.2
+# a CPU probe's window at 125 GFLOP/s per thread: landscape H's best (bf16); the probe-time predictor
+# (deadlines, the cost per probe) has used this figure since it was recorded. Landscape R reached 239
+# later (tiny-mistral, bf16 on AMX), most configurations far less (fp32, checkpointing)
+CPU_PREDICT_FLOPS_PER_CORE = 1.25e11
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Record landscapes F, G, H and (last) I for benchmarks/search_quality.py, and J, K, L, then M, N, O, then P, Q, R:
-# the model strategy's held-out sets (each recorded after its last change, scored once: score_new_landscapes.sh
-# --model-held-out for J K L, --model-held-out-2 for M N O, --model-held-out-3 for P Q R).
+# Record landscapes F, G, H and (last) I for benchmarks/search_quality.py, and J, K, L, then M, N, O, then P, Q, R,
+# then S, T, U: the model strategy's held-out sets (each recorded after its last change, scored once:
+# score_new_landscapes.sh --model-held-out for J K L, --model-held-out-2 for M N O, --model-held-out-3 for P Q R,
+# --model-held-out-4 for S T U, held out for the CPU memory model's retained heap).
 #
 #   bash benchmarks/record_new_landscapes.sh [F G H I]     # default: F G H I, I last
 #   bash benchmarks/record_new_landscapes.sh J K L
 #   bash benchmarks/record_new_landscapes.sh M N O
 #   bash benchmarks/record_new_landscapes.sh P Q R
+#   bash benchmarks/record_new_landscapes.sh S T U
 #
 # Run it on a QUIET machine (nothing else on the cores: CPU timings under other load are noise),
 # from the repository root, with autotune's venv active (or PY=/path/to/python). Each landscape
@@ -47,6 +49,12 @@
 #      checkpointing, eager/sdpa, packing                                    (24)
 #   R  tiny-mistral, 256-token fixed-length sequences, effective batch 32, micro-batch 4..16,
 #      checkpointing, eager/sdpa, fp32/bf16                                  (24)
+#   S  tiny-qwen2, LoRA, 384-token fixed-length sequences, effective batch 16, micro-batch 2..8,
+#      checkpointing, eager/sdpa, fp32/bf16                                  (24)
+#   T  tiny-llama, uniform 64-384 lengths, effective batch 16, micro-batch 4..16, checkpointing,
+#      eager/sdpa, packing                                                   (24)
+#   U  tiny-gpt2, 512-token fixed-length sequences, effective batch 8, micro-batch 2..8, checkpointing,
+#      fp32/bf16, AdamW plain/fused                                          (24)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python}
@@ -88,6 +96,9 @@ for n in "${todo[@]}"; do
         P) record P tiny-gpt2 512 uniform:64-512 16 lora 5 ;;
         Q) record Q tiny-llama 384 lognormal:4.5,0.9 8 full 5 ;;
         R) record R tiny-mistral 256 fixed 32 full 5 ;;
-        *) echo "unknown landscape $n (F to R)" >&2; exit 2 ;;
+        S) record S tiny-qwen2 384 fixed 16 lora 5 ;;
+        T) record T tiny-llama 384 uniform:64-384 16 full 5 ;;
+        U) record U tiny-gpt2 512 fixed 8 full 5 ;;
+        *) echo "unknown landscape $n (F to U)" >&2; exit 2 ;;
     esac
 done

@@ -86,6 +86,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from cpu_heap_fit import LIVE_HEAP_LANDSCAPES  # noqa: E402
 from record_landscape import grid  # noqa: E402
 
 from autotune.executors.base import run_one  # noqa: E402
@@ -247,8 +248,10 @@ def model_prior(p: Problem) -> Any:
     from autotune.models import resolve_model
 
     gpu = find_gpu(p.landscape["gpu"]) if p.landscape.get("gpu") else None  # a GPU landscape names its GPU
+    # a CPU landscape recorded while probes returned freed blocks at once holds live-tensor peaks
+    live = p.settings.device == "cpu" and str(p.landscape.get("space_name", "")).rsplit("-cpu-", 1)[-1] in LIVE_HEAP_LANDSCAPES
     return CostPrior(resolve_model(p.workload.model).config, p.workload, device=p.settings.device,
-                     usable_bytes=p.settings.usable_bytes(), gpu=gpu)
+                     usable_bytes=p.settings.usable_bytes(), gpu=gpu, retained_heap=not live)
 
 
 FLAT_PRIOR = False

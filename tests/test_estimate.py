@@ -178,7 +178,7 @@ def test_full_amp_adamw_model_states_are_16_bytes_per_param() -> None:
     assert "cuda_context" not in br.terms and "allocator_reserve" not in br.terms
     assert sum(br.terms.values()) == br.total
     # the CPU AdamW is single-tensor: temporaries of the largest tensor only
-    assert br.terms["optimizer_temp"] == 2 * 4 * LLAMA8.vocab * LLAMA8.hidden
+    assert br.phase_terms["optimizer_step"]["optimizer_temp"] == 2 * 4 * LLAMA8.vocab * LLAMA8.hidden
     fused = estimate_memory(LLAMA8, wl, Candidate(optim="adamw_torch_fused"), device="cuda")
     assert fused.phase == "backward_start" and "optimizer_temp" not in fused.terms
     assert fused.terms["weight_copies"] == 2 * LLAMA8.params_matmul  # autocast's bf16 copies

@@ -18,6 +18,10 @@ import pytest
 from autotune.estimate import arch_from_config, estimate_memory
 from autotune.estimate.arch import peft_lora_modules, peft_lora_param_count
 from autotune.estimate.memory import (
+    ACTIVATION_TERMS,
+    CPU_HEAP_FIXED_BYTES,
+    CPU_HEAP_RETAINED,
+    CPU_HEAP_RETAINED_CKPT,
     CPU_LIBRARY_PAGES_BYTES,
     CPU_RUNTIME_MISC_BYTES,
     CPU_RUNTIME_OVERHEAD_BYTES,
@@ -71,6 +75,44 @@ def test_cpu_runtime_overhead_is_the_sum_of_its_parts_and_cpu_only() -> None:
     assert cpu.terms["runtime_overhead"] == CPU_RUNTIME_OVERHEAD_BYTES
     assert sum(cpu.terms.values()) == cpu.total
     assert "runtime_overhead" not in gpu.terms  # the GPU figure has its context and reserve instead
+
+
+def test_cpu_retained_heap_follows_the_uncheckpointed_activations_and_is_cpu_only() -> None:
+    wl = Workload("m", seq_len=256)
+    for ckpt in (False, True):
+        c = Candidate(precision="fp32", micro_batch=8, grad_ckpt=ckpt)
+        cpu = estimate_memory(TINY_LLAMA, wl, c, device="cpu")
+        plain = estimate_memory(TINY_LLAMA, wl, Candidate(precision="fp32", micro_batch=8), device="cpu")
+        produced = sum(plain.phase_terms["backward_start"].get(k, 0) for k in ACTIVATION_TERMS)
+        share = CPU_HEAP_RETAINED + (CPU_HEAP_RETAINED_CKPT if ckpt else 0.0)
+        assert cpu.terms["heap_retained"] == pytest.approx(CPU_HEAP_FIXED_BYTES + share * produced, abs=1)
+        assert cpu.live == cpu.total - cpu.terms["heap_retained"] and sum(cpu.terms.values()) == cpu.total
+        gpu = estimate_memory(TINY_LLAMA, wl, c, device="cuda")
+        assert "heap_retained" not in gpu.terms and gpu.live == gpu.total
+    # more micro-batch, more retained heap; checkpointing keeps less live but retains a larger share
+    small = estimate_memory(TINY_LLAMA, wl, Candidate(precision="fp32", micro_batch=2), device="cpu")
+    big = estimate_memory(TINY_LLAMA, wl, Candidate(precision="fp32", micro_batch=16), device="cpu")
+    assert big.terms["heap_retained"] > 4 * (small.terms["heap_retained"] - CPU_HEAP_FIXED_BYTES)
+
+
+def test_cpu_heap_constants_are_the_fit_on_the_landscapes_and_hold_on_the_others() -> None:
+    """The shipped constants are benchmarks/cpu_heap_fit.py's fit on F-L, rounded; on M-R, which the fit did not
+    use, the estimate is within +-15 % of most recorded peaks where the live tensors alone are of almost none."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import cpu_heap_fit
+
+    paths = [p for p in sorted((ROOT / "benchmarks" / "landscapes").glob("cpu-*.json"))
+             if p.stem.split("-cpu-", 1)[1] not in cpu_heap_fit.LIVE_HEAP_LANDSCAPES]
+    data = cpu_heap_fit.rows(paths)
+    fitted = cpu_heap_fit.fit([r for r in data if r["landscape"] in cpu_heap_fit.DEFAULT_FIT])
+    assert fitted["fixed_bytes"] == pytest.approx(CPU_HEAP_FIXED_BYTES, abs=MiB)
+    assert fitted["retained"] == pytest.approx(CPU_HEAP_RETAINED, abs=0.01)
+    assert fitted["retained_ckpt"] == pytest.approx(CPU_HEAP_RETAINED_CKPT, abs=0.01)
+    rest = [r for r in data if r["landscape"] in set("mnopqr")]
+    shipped = cpu_heap_fit.score([r["shipped"] / r["measured"] for r in rest])
+    live = cpu_heap_fit.score([r["live"] / r["measured"] for r in rest])
+    assert shipped["within_15"] >= 0.75 and 0.9 <= shipped["median"] <= 1.1
+    assert live["within_15"] <= 0.1
 
 
 def test_lora_dropout_saves_mask_and_input_per_adapted_linear() -> None:

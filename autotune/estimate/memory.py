@@ -47,7 +47,9 @@ Conventions (autotune's, see ``autotune/formats/model.py::model_dtype``):
   the peak (not the weights and states allocated once) for the caching allocator's reserve. ``device="cpu"`` leaves both out: the CPU
   figure is what a CPU probe measures as peak RSS growth (model built after the baseline, fp32),
   so it adds ``CPU_RUNTIME_OVERHEAD_BYTES`` (library pages, the Trainer's lazy imports, thread
-  state; calibrated by ``benchmarks/estimator_accuracy.py``, figures in ``benchmarks/README.md``).
+  state; calibrated by ``benchmarks/estimator_accuracy.py``, figures in ``benchmarks/README.md``) and
+  ``heap_retained``, the freed heap glibc's default malloc keeps mapped (``CPU_HEAP_RETAINED``;
+  ``MemoryBreakdown.live`` leaves it out).
 """
 
 from __future__ import annotations
@@ -63,8 +65,12 @@ from autotune.formats.model import LORA_DROPOUT
 from autotune.spec.probe_request import FLATTEN_ATTN, Candidate, Workload
 
 __all__ = [
+    "ACTIVATION_TERMS",
     "ALLOCATOR_RESERVE",
     "VARLEN_RESERVE_GROWTH",
+    "CPU_HEAP_FIXED_BYTES",
+    "CPU_HEAP_RETAINED",
+    "CPU_HEAP_RETAINED_CKPT",
     "CPU_LIBRARY_PAGES_BYTES",
     "CPU_OVERHEAD_TERMS",
     "CPU_RUNTIME_MISC_BYTES",
@@ -130,6 +136,19 @@ CPU_RUNTIME_MISC_BYTES = 5 * 2**20
 CPU_RUNTIME_OVERHEAD_BYTES = CPU_LIBRARY_PAGES_BYTES + CPU_TRAINER_IMPORTS_BYTES + CPU_RUNTIME_MISC_BYTES
 # the terms of a CPU estimate that are process overhead rather than tensors
 CPU_OVERHEAD_TERMS = ("runtime_overhead",)
+# What a CPU probe's RSS holds beyond the live tensors under glibc's default malloc (as the probe and the user's
+# training run: a tensor under the dynamic mmap threshold, up to 32 MiB, is carved from the heap, and a freed one
+# stays mapped): the step's transient tensors leave the heap's high-water mark above the live peak, by a share of
+# what the step's forward produces. ``heap_retained`` = CPU_HEAP_FIXED_BYTES + CPU_HEAP_RETAINED x the
+# activation terms of the same configuration without checkpointing (+ CPU_HEAP_RETAINED_CKPT x them with
+# checkpointing, whose forward computes every layer's activations anyway, frees them at once and recomputes them
+# in backward). Fitted (relative least squares, outliers down-weighted) on the peaks of the CPU landscapes F-L
+# (benchmarks/landscapes, recorded under the defaults) and scored on M-R, which the fit did not use:
+# ``python benchmarks/cpu_heap_fit.py`` (figures in benchmarks/README.md). The live-tensor model alone is 0.66x
+# those peaks at the median, 6 % of them within +-15 %.
+CPU_HEAP_FIXED_BYTES = 15 * 2**20
+CPU_HEAP_RETAINED = 0.40
+CPU_HEAP_RETAINED_CKPT = 0.09
 # NF4 4 bits + double-quantized block constants (~0.127 bit) per quantized weight (arXiv:2305.14314).
 QLORA_BYTES_PER_PARAM = 0.5 + 0.127 / 8
 # GPTQ int4 (auto-gptq's layout, group size 128): 4 bits + an fp16 scale and a packed 4-bit zero point
@@ -157,6 +176,9 @@ def _softcap_bytes(cb: int) -> int:
     return cb
 # Host RAM per offloaded byte: DeepSpeed's estimators' ``additional_buffer_factor`` (pinned buffers).
 HOST_BUFFER_FACTOR = 1.5
+# The terms of the step's forward and backward working set (live at the start of backward only).
+ACTIVATION_TERMS = ("activations", "logits_loss", "recompute_working_set", "weight_copies", "qlora_dequant",
+                    "attention_mask")  # fmt: skip
 # Terms allocated once and kept for the whole run; the allocator reserve applies to the others.
 STATIC_TERMS = ("weights", "master_weights", "optimizer_states", "lora_adapters", "zero_buffers", "ddp_buckets",
                 "runtime_overhead")  # fmt: skip
@@ -196,6 +218,12 @@ class MemoryBreakdown:
         """What ``torch.cuda.max_memory_reserved`` would show at the peak: the total less the CUDA context (outside
         torch's allocator). The fit test uses the total: an out-of-memory error is about the card, context included."""
         return self.total - self.terms.get("cuda_context", 0)
+
+    @property
+    def live(self) -> int:
+        """The peak without a CPU's retained heap (``heap_retained``): what a process whose malloc returns freed
+        blocks to the system at once shows (a CPU probe under ``MALLOC_MMAP_THRESHOLD_=65536``); on a GPU the total."""
+        return self.total - self.terms.get("heap_retained", 0)
 
     @property
     def allocated(self) -> int:
@@ -721,12 +749,19 @@ def _overhead(ts: dict[str, float], device: str) -> dict[str, float]:
     return {"allocator_reserve": dynamic * ALLOCATOR_RESERVE, "cuda_context": CUDA_CONTEXT_BYTES}
 
 
+def _heap_retained(arch: Arch, w: Workload, c: Candidate, k: _Setup, ms: _ModelStates, loss: str) -> float:
+    """glibc's freed-but-mapped heap at a CPU step's peak (``CPU_HEAP_RETAINED``, above)."""
+    plain = c if not c.grad_ckpt else replace(c, grad_ckpt=False)
+    produced = sum(_activation_terms(arch, w, plain, k, ms, "cpu", loss).values())
+    share = CPU_HEAP_RETAINED + (CPU_HEAP_RETAINED_CKPT if c.grad_ckpt else 0.0)
+    return CPU_HEAP_FIXED_BYTES + share * produced
+
+
 def _breakdown(
     arch: Arch, t: dict[str, float], step: dict[str, float], ms: _ModelStates, device: str, host: float
 ) -> MemoryBreakdown:
     """The two phases' terms, the peak phase and its terms, rounded to bytes."""
-    act_keys = ("activations", "logits_loss", "recompute_working_set", "weight_copies", "qlora_dequant",
-                "attention_mask")  # fmt: skip
+    act_keys = ACTIVATION_TERMS + ("heap_retained",)
     static = {k: v for k, v in t.items() if k not in act_keys}
     bwd = dict(t)
     if not ms.persistent_grads:
@@ -785,6 +820,7 @@ def estimate_memory(
         step["optimizer_states"] = t.pop("optimizer_states")
     host = _host_bytes(c, k, ms)
     t.update(_activation_terms(arch, w, c, k, ms, device, loss))
-    if device == "cpu" and CPU_RUNTIME_OVERHEAD_BYTES:
+    if device == "cpu":
         t["runtime_overhead"] = CPU_RUNTIME_OVERHEAD_BYTES
+        t["heap_retained"] = _heap_retained(arch, w, c, k, ms, loss)
     return _breakdown(arch, t, step, ms, device, host)

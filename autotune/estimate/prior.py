@@ -17,9 +17,8 @@ only has to correct it:
   14-14.5 probes against 12.5-13.5 with FLOPs alone, so no gain; benchmarks/README.md.)
 * ``memory(c)``: ``log(predicted peak / usable budget)`` from
   :func:`~autotune.estimate.memory.estimate_memory` (the planner's memory model; on a GPU the catalog
-  knows, ``gpu`` or the first of ``gpu_infos``, with its CUDA context), None when the estimator cannot
-  read the architecture. Its constant error (1.4-1.9x on the recorded CPU landscapes) is the fit's
-  intercept.
+  knows, ``gpu`` or the first of ``gpu_infos``, with its CUDA context; on a CPU with the heap glibc keeps),
+  None when the estimator cannot read the architecture. Its constant error is the fit's intercept.
 """
 
 from __future__ import annotations
@@ -50,17 +49,20 @@ LENGTHS_SAMPLE_MAX = 4096
 class CostPrior:
     """The estimator's structure for one workload on one device (``config``: the model's config.json; ``gpu``,
     or the first of ``gpu_infos`` the catalog knows, on ``device="cuda"``; ``lengths_sample``: a dataset's token
-    lengths, which the speed prior's layout then draws from)."""
+    lengths, which the speed prior's layout then draws from; ``retained_heap`` False: CPU peaks without the heap
+    glibc's default malloc keeps, as a probe under ``MALLOC_MMAP_THRESHOLD_=65536`` measured them)."""
 
     def __init__(self, config: Mapping[str, Any] | Arch, workload: Workload, *, device: str, usable_bytes: int,
                  gpu: GPU | None = None, gpu_infos: Sequence[Mapping[str, Any]] = (),
-                 lengths_sample: Sequence[int] = ()) -> None:
+                 lengths_sample: Sequence[int] = (), retained_heap: bool = True) -> None:
         self.arch = config if isinstance(config, Arch) else arch_from_config(config)
         # a dataset's token lengths (a run with --dataset): the layout is drawn from them instead of ``lengths``
         step = max(1, -(-len(lengths_sample) // LENGTHS_SAMPLE_MAX))
         self.sample = tuple(int(n) for n in list(lengths_sample)[::step])
         self.workload, self.device, self.usable = workload, device, max(1, int(usable_bytes))
         self.gpu = gpu if gpu is not None else (_gpu_of([dict(g) for g in gpu_infos]) if device == "cuda" else None)
+        # False: peaks as a CPU process whose malloc returns freed blocks at once measures them (the live tensors)
+        self.retained_heap = retained_heap
 
     def speeds(self, c: Candidate) -> tuple[float, ...]:
         """log real tokens per FLOP (up to the device's constant rate: the fit's intercept), one per fixed
@@ -78,7 +80,8 @@ class CostPrior:
     def memory(self, c: Candidate) -> float | None:
         """log(predicted peak / usable budget); None when the memory model cannot predict it."""
         try:
-            peak = estimate_memory(self.arch, self.workload, c, device=self.device, gpu=self.gpu).total
+            est = estimate_memory(self.arch, self.workload, c, device=self.device, gpu=self.gpu)
+            peak = est.total if self.retained_heap else est.live
         except Exception:  # an architecture or lever the memory model does not know: no prior
             return None
         return math.log(max(peak, 1) / self.usable)

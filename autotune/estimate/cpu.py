@@ -11,12 +11,12 @@ The prediction is a *lower bound* on purpose, so the refusal errs towards runnin
                x hardware FLOPs per token (``hardware_flops_per_token``, no checkpointing)
                / (logical cores x ``CPU_FLOPS_PER_CORE``)
 
-``CPU_FLOPS_PER_CORE`` (1 TFLOP/s) stays above what a core with bf16 matrix units (Intel AMX, as on
-this project's machine) reaches on a tiny model's small matmuls: the best any recorded CPU landscape
-reached per thread is 239 GFLOP/s (landscape R, tiny-mistral, bf16, one thread), 4.2 times below it;
-tests/test_request.py checks the constant stays at least twice above every recorded landscape. It was
-400 GFLOP/s (an AVX512-BF16 core's bf16 peak without AMX) until landscape R measured 239; a large
-model's matmuls on AMX can beat it in bf16, where ``--device cpu`` runs anyway.
+``CPU_FLOPS_PER_CORE`` (1 TFLOP/s) stays above what a recorded CPU landscape reached per thread: at most
+239 GFLOP/s (landscape R, tiny-mistral, bf16, one thread, on an AMD EPYC with AVX512-BF16: 60 % of such a
+core's bf16 peak, ``vdpbf16ps`` at 16 lanes x 2 FLOPs x 2 FMA units x 3.1 GHz = 400 GFLOP/s), 4.2 times
+below it; tests/test_request.py checks the constant stays at least twice above every recorded landscape.
+It was that 400 GFLOP/s peak until landscape R came within 2x of it; a core with bf16 matrix units (Intel
+AMX) can beat even 1 TFLOP/s on a large model's matmuls, where ``--device cpu`` runs anyway.
 Model build, imports and data loading are not counted.
 """
 

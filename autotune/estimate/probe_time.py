@@ -88,7 +88,7 @@ QLORA_LOAD_PARAMS_PER_S = 5.0e8
 DISTRIBUTED_S = 20.0
 # a CPU probe's window at 125 GFLOP/s per thread: landscape H's best (bf16); the probe-time predictor
 # (deadlines, the cost per probe) has used this figure since it was recorded. Landscape R reached 239
-# later (tiny-mistral, bf16 on AMX), most configurations far less (fp32, checkpointing)
+# later (tiny-mistral, bf16), most configurations far less (fp32, checkpointing)
 CPU_PREDICT_FLOPS_PER_CORE = 1.25e11
 
 

@@ -55,7 +55,8 @@ SPEED_PRIOR_SD = 0.35  # a lever value moves tok/s by up to ~x1.4 either way bef
 MEMORY_PRIOR_SD = 0.5  # without the estimator's prior: a lever value may move the peak by ~x1.6 either way
 MEMORY_DEPARTURE_SD = 0.15  # with it: what the memory model misses about one lever value (~15 %)
 INTERCEPT_SD = 10.0  # free
-MEMORY_INTERCEPT_SD = 0.7  # the memory model's constant error: up to ~2x either way (1.4-1.9x on CPU landscapes)
+# the memory model's constant error: up to ~2x either way (CPU landscapes, estimate / peak: 0.71-1.11x per landscape)
+MEMORY_INTERCEPT_SD = 0.7
 NOISE_SD = 0.03  # one measurement's spread on a GPU, log units (~3 %)
 CPU_NOISE_SD = 0.08  # on a CPU (repeats of one configuration on a quiet 2-core machine: 3-15 %, median ~8 %)
 Z = 1.0  # optimism: one standard deviation (an 84 % one-sided bound)

@@ -361,6 +361,9 @@ SHORT_FILE = ROOT / "benchmarks" / "published_short_steps.json"
 LARGE_VOCAB_FILE = ROOT / "benchmarks" / "published_large_vocab.json"
 # memory_reserved of fully filled fixed-length batches at vocabularies of 128k-256k (universal-llm-trainer), all held out
 FIXED_LENGTH_FILE = ROOT / "benchmarks" / "published_fixed_length.json"
+# Gathered afresh on 2026-12-06 from projects none of the files above use: short-step speeds and memory at
+# large vocabularies with >= 4k tokens, every row held out (nothing was fitted on it), scored once
+FRESH_FILE = ROOT / "benchmarks" / "published_fresh.json"
 # Per-stack efficiency multiplier for trainers other than the HF Trainer the planner models, fitted with
 # the speed constants on the fit half (the same role as ``plan --calibrate``: a measured efficiency for a
 # stack): torchtune's compiled single-device recipes. Runs of other sources use 1.0.
@@ -381,6 +384,10 @@ def load_large_vocab() -> dict[str, Any]:
 
 def load_fixed_length() -> dict[str, Any]:
     return json.loads(FIXED_LENGTH_FILE.read_text())
+
+
+def load_fresh() -> dict[str, Any]:
+    return json.loads(FRESH_FILE.read_text())
 
 
 def _fixed_length_breakdown(doc: dict[str, Any], run: dict[str, Any]) -> MemoryBreakdown:
@@ -445,6 +452,40 @@ def varlen_memory_rows(doc: dict[str, Any] | None = None, *, fixed: bool = False
     return out
 
 
+def _published_figure(br: MemoryBreakdown, run: dict[str, Any]) -> int:
+    """The plan's figure for what the run's published number reports: ``max_memory_allocated``, ``max_memory_reserved``
+    (with variable-length batches, what the caching allocator grows to), or nvidia-smi and an unstated counter (the
+    whole card's use: the CUDA context included)."""
+    reports = run["memory_reports"]
+    if reports == "allocated":
+        return br.allocated
+    if reports == "reserved":
+        return br.reserved_variable_lengths if run.get("length_distribution") == "variable" else br.reserved
+    return br.total
+
+
+SHORT_STEP_TOKENS = 1024  # tokens per micro-batch up to which a step counts as short (one 4 x 256 block)
+
+
+def fresh_rows(doc: dict[str, Any] | None = None) -> list[Row]:
+    """The fresh set (``published_fresh.json``): its published tokens/s against the plan's, and its published peaks
+    against the plan's figure for what each reports (``_published_figure``), every row held out."""
+    doc = doc or load_fresh()
+    out = []
+    for run in doc["runs"]:
+        label = _run_label(run)
+        if run.get("published_tokens_per_s_per_gpu") is not None:
+            short = run["seq_len"] * run["micro_batch"] <= SHORT_STEP_TOKENS
+            out.append(Row(f"speed, {'short' if short else 'long'} steps, fresh (held out)", label, published_tokens_per_s(run),
+                           predicted_tokens_per_s(doc, run), "tok/s/GPU", run["cite"], run.get("ambiguity", "")))  # fmt: skip
+        if run.get("published_memory_gib") is not None:
+            a, wl, c = run_workload(doc, run)
+            br = estimate_memory(a, wl, c, quant=run.get("quant"), loss_dtype=run.get("loss_dtype"))
+            out.append(Row("memory, large vocabularies, fresh (held out)", label, run["published_memory_gib"],
+                           _published_figure(br, run) / GiB, "GiB", run["cite"], run.get("ambiguity", "")))  # fmt: skip
+    return out
+
+
 def within(rs: list[Row], tol: float = 0.15) -> float:
     """Share of rows whose ratio is within +-``tol``."""
     q = [r.ratio for r in rs if r.ratio is not None]
@@ -497,7 +538,8 @@ def run_workload(doc: dict[str, Any], run: dict[str, Any]) -> tuple[Arch, Worklo
     optim = run.get("optim") or ("adamw_torch_fused" if run["zero_stage"] and not fsdp else "adamw_torch")
     c = Candidate(micro_batch=run["micro_batch"], grad_accum=run["grad_accum"], grad_ckpt=run["grad_ckpt"], attn=run["attn"],
                   precision=run["precision"], world_size=run["gpus"], zero_stage=run["zero_stage"],
-                  sharding="fsdp" if fsdp else "deepspeed", torch_compile=run["compile"], optim=optim)  # fmt: skip
+                  sharding="fsdp" if fsdp else "deepspeed", torch_compile=run["compile"], optim=optim,
+                  liger=bool(run.get("liger", False)))  # fmt: skip
     return _run_arch(doc, run["model"]), wl, c
 
 
@@ -657,6 +699,7 @@ def rows() -> list[Row]:
         + memory_rows(doc)
         + varlen_memory_rows()
         + fixed_length_memory_rows()
+        + (fresh_rows() if FRESH_FILE.exists() else [])
     )
 
 
@@ -721,7 +764,9 @@ def main(argv: list[str] | None = None) -> int:
     over = above_peak(load_runs())
     for group in ("speed (fit)", "speed (held out)", "speed, short steps (fit)", "speed, short steps (held out)",
                   "peak memory (published runs)", "reserved, variable lengths (fit)",
-                  "reserved, variable lengths (held out)", "reserved, fixed lengths (held out)"):  # fmt: skip
+                  "reserved, variable lengths (held out)", "reserved, fixed lengths (held out)",
+                  "speed, short steps, fresh (held out)", "speed, long steps, fresh (held out)",
+                  "memory, large vocabularies, fresh (held out)"):  # fmt: skip
         sel = [r for r in rs if r.group == group]
         if sel:
             q = split_summary(sel)

@@ -1,7 +1,7 @@
 """How long `autotune run` takes to answer: on paper for the target workloads' GPUs, measured on a tiny model.
 
     python benchmarks/time_to_answer.py paper [--json OUT]
-    python benchmarks/time_to_answer.py simulate [--draws 30] [--costless] [--json OUT]
+    python benchmarks/time_to_answer.py simulate [--draws 30] [--costless] [--keep-packing] [--json OUT]
     python benchmarks/time_to_answer.py measure [--model tiny-llama] [--batches 8,32,128] [--json OUT]
 
 ``paper``: for each workload, the planner's configuration (``autotune plan``'s choice: micro-batch,
@@ -171,6 +171,11 @@ def print_paper(rows: list[dict[str, Any]]) -> None:
 MONOTONE_MEMORY = ("micro_batch", "ckpt_every")
 
 
+# --keep-packing: simulate the space with packing searched on fixed-length data (the situation's space before it
+# left packing out), for the A/B on the same draws
+KEEP_PACKING = False
+
+
 def simulated_landscape(model: str, gpu_name: str, mode: str, seq: int, eb: int, draw: int) -> dict[str, Any]:
     """A story's space on one GPU as the planner predicts it, each lever value's effect perturbed (``simulate``)."""
     import random
@@ -181,18 +186,22 @@ def simulated_landscape(model: str, gpu_name: str, mode: str, seq: int, eb: int,
     from autotune.estimate import arch_from_config, estimate_memory, find_gpu, predict_speed
     from autotune.estimate.probe_time import predict_probe_time
     from autotune.models import resolve_model
-    from autotune.run import default_space_for
+    from autotune.run import default_space_for, situation_space
     from autotune.spec.probe_request import ProbeSettings, Workload
     from autotune.spec.probe_window import MIN_TIMED_STEPS
     from autotune.spec.space import DIMENSIONS, load_space
 
-    space = dataclasses.replace(load_space(default_space_for("cuda", mode, 1)), torch_compile=(False,))
+    # the space a run with no --space searches for this fixed-length story: torch.compile and packing left out;
+    # each lever value's factors are drawn over the named space less torch.compile (as before packing was left
+    # out), so a draw is the same landscape with or without the packed configurations
+    named = dataclasses.replace(load_space(default_space_for("cuda", mode, 1)), torch_compile=(False,))
+    space = named if KEEP_PACKING else situation_space(named, variable_lengths=False)[0]
     resolved = resolve_model(model)
     arch, gpu = arch_from_config(resolved.config), find_gpu(gpu_name)
     wl = Workload(model=resolved.name, seq_len=seq, mode=mode)
     rng = random.Random(draw)
-    speed_fx = {(d, v): rng.uniform(0.7, 1.3) for d in DIMENSIONS for v in space.choices(d)}
-    mem_fx = {(d, v): rng.uniform(0.9, 1.1) for d in DIMENSIONS for v in space.choices(d)}
+    speed_fx = {(d, v): rng.uniform(0.7, 1.3) for d in DIMENSIONS for v in named.choices(d)}
+    mem_fx = {(d, v): rng.uniform(0.9, 1.1) for d in DIMENSIONS for v in named.choices(d)}
     # memory grows with the micro-batch and with the layers left unchecked (ckpt_every): their factors go up
     # with the value, so a larger micro-batch never needs less memory than a smaller one with the same levers
     for d in MONOTONE_MEMORY:
@@ -322,6 +331,9 @@ def main() -> int:
     sim.add_argument("--draws", type=int, default=30)
     sim.add_argument("--costless", action="store_true",
                      help="the model strategy without a cost per probe: every probe the same (for an A/B of the cost)")
+    sim.add_argument("--keep-packing", action="store_true",
+                     help="search packing on the fixed-length story too, as the situation's space did before it left "
+                          "packing out (the same draws: for an A/B of that rule)")
     sim.add_argument("--json", default=None)
     m = sub.add_parser("measure")
     m.add_argument("--model", default="tiny-llama")
@@ -336,6 +348,8 @@ def main() -> int:
         out: Any = rows
         ok = all(r.get("goal_met") is not False for r in rows)
     elif a.mode == "simulate":
+        global KEEP_PACKING
+        KEEP_PACKING = a.keep_packing
         rows = simulate(a.draws, costless=a.costless)
         print_simulate(rows)
         out = rows

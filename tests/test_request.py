@@ -364,7 +364,8 @@ def test_device_auto_without_a_gpu_searches_the_cpu_space_and_says_so(tmp_path: 
                   out=tmp_path, executor=FakeExecutor(),
                   progress=lambda ev, d: notes.append(d["text"]) if ev == "note" else None)
     assert result.summary["device"] == "cpu" and result.summary["space"]["name"] == "cpu"
-    assert result.summary["dropped_choices"] == []
+    # fixed-length synthetic data: the situation's space leaves packing out, and says why
+    assert [(d["knob"], d["value"]) for d in result.summary["dropped_choices"]] == [("packing", True)]
     assert any("--device auto found no GPU" in n and "`cpu` search space" in n for n in notes)
 
 

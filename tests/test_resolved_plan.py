@@ -245,6 +245,27 @@ def test_a_situations_space_leaves_torch_compile_out_and_says_why(
     assert named.space.torch_compile == (False, True) and not [d for d in named.dropped if d.knob == "torch_compile"]
 
 
+def test_a_situations_space_searches_packing_only_when_the_lengths_vary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Fixed-length data fills every row: packing has nothing to remove (landscape F, fixed 256-token rows:
+    packed / unpacked tok/s 0.96-1.02 over 12 pairs, peaks 1.01-1.13), so a situation's space leaves it out and
+    says why; a length distribution or a named space keeps it."""
+    from autotune.run import plan_search, read_request
+
+    monkeypatch.setattr("autotune.env.nvml_device_info", lambda: [dict(MIXED[1])])  # one A10G
+    monkeypatch.setattr("autotune.run._preflight._has_module", lambda name: True)
+    fixed = plan_search(read_request(_args(tmp_path, device="cuda", space=None, mode="lora", seq_len=256)))
+    assert fixed.space.packing == (False,)
+    (why,) = [d for d in fixed.dropped if d.knob == "packing"]
+    assert why.value is True and "fixed-length" in why.reason and "--lengths" in why.reason
+    varied = plan_search(read_request(_args(tmp_path, device="cuda", space=None, mode="lora", seq_len=256,
+                                            lengths="lognormal:4.0,1.0")))
+    assert varied.space.packing == (False, True) and not [d for d in varied.dropped if d.knob == "packing"]
+    named = plan_search(read_request(_args(tmp_path, device="cuda", space="lora", mode="lora", seq_len=256)))
+    assert named.space.packing == (False, True)
+
+
 def test_torch_compile_is_left_out_only_while_the_cost_model_predicts_it_no_gain() -> None:
     """The reason given says the model predicts no speed-up: when the speed model gains a torch.compile term,
     this rule must weigh it (its probe's cost against the training it speeds up) instead."""

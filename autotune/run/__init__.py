@@ -50,6 +50,7 @@ from autotune.run._preflight import (
     detect_capabilities,
     mean_sequence_tokens,
     preflight,
+    situation_space,
     weights_floor,
 )
 from autotune.run._request import (
@@ -109,6 +110,7 @@ __all__ = [
     "claim_run_dir",
     "compare_losses",
     "default_space_for",
+    "situation_space",
     "detect_capabilities",
     "expected_differences",
     "forecast",

@@ -65,7 +65,7 @@ def plan_search(r: Request) -> SearchPlan:
     a = r.args
     dev, gpu_infos = _detect_device(a.device, r.gpu_list, a.ray_address)
     space_obj, dropped, caps, notes = _space_for_device(r.space, dev, gpu_infos, a.device, a.ray_address, a.mode,
-                                                        a.source)
+                                                        a.source, a.dataset is not None or a.lengths != "fixed")
     if a.gpus_per_trial is not None:
         space_obj = dataclasses.replace(space_obj, gpus_per_trial=(a.gpus_per_trial,))
     settings, rule = _probe_settings(r, dev, gpu_infos)
@@ -295,15 +295,16 @@ def _search_settings(r: Request, plan: SearchPlan) -> dict[str, Any]:
 
 def _space_for_device(
     space: SearchSpace | None, dev: str, gpu_infos: list[dict[str, Any]], requested: str, ray_address: str | None,
-    mode: str, source: Any = None,
+    mode: str, source: Any = None, variable_lengths: bool = True,
 ) -> tuple[SearchSpace, list[Any], dict[str, Any], list[str]]:
     """(the space to search, the dropped choices, the capabilities, progress notes for the run).
 
-    No space given: the device's own (``cpu`` or ``default``). Then the choices this device or
-    installation cannot run are dropped (SpecError when a knob is left with none), and those a ``--from``
-    file's tuned copy could not carry (held at their default).
+    No space given: the situation's own (``default_space_for``), less what cannot repay its probes in this
+    request (``situation_space``: torch.compile; packing when the data is fixed-length). Then the choices this
+    device or installation cannot run are dropped (SpecError when a knob is left with none), and those a
+    ``--from`` file's tuned copy could not carry (held at their default).
     """
-    from autotune.run._preflight import default_space_for, detect_capabilities
+    from autotune.run._preflight import default_space_for, detect_capabilities, situation_space
     from autotune.spec.capabilities import dropped_line, filter_space
 
     notes: list[str] = []
@@ -319,7 +320,7 @@ def _space_for_device(
     caps = detect_capabilities(dev, gpu_infos, ray_address)
     space, dropped = filter_space(space, caps, mode=mode)
     if situation:
-        space, dear = _leave_out_dear_levers(space)
+        space, dear = situation_space(space, variable_lengths=variable_lengths)
         dropped += dear
     if source is not None:
         space, held = _hold_unexpressed(space, source)
@@ -327,22 +328,6 @@ def _space_for_device(
     if dropped:
         notes.append(dropped_line(dropped, dev))
     return space, dropped, caps, notes
-
-
-def _leave_out_dear_levers(space: SearchSpace) -> tuple[SearchSpace, list[Any]]:
-    """A situation's default space without the choices whose probe costs far more than it can be predicted
-    to repay (``_preflight.DEAR_LEVERS``: torch.compile), each listed with why."""
-    from autotune.run._preflight import DEAR_LEVERS
-    from autotune.spec.capabilities import DroppedChoice
-
-    kept: dict[str, tuple[Any, ...]] = {}
-    dropped = []
-    for knob, (value, why) in DEAR_LEVERS.items():
-        choices = space.choices(knob)
-        if value in choices and len(choices) > 1:
-            kept[knob] = tuple(v for v in choices if v != value)
-            dropped.append(DroppedChoice(knob, value, why))
-    return (dataclasses.replace(space, **kept) if kept else space), dropped
 
 
 def _hold_unexpressed(space: SearchSpace, source: Any) -> tuple[SearchSpace, list[Any]]:

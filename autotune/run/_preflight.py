@@ -279,6 +279,31 @@ DEAR_LEVERS: dict[str, tuple[Any, str]] = {
                             "times a composed probe's time, and the cost model predicts no speed-up to repay it; "
                             "name a space that lists it (--space) to measure it"),
 }
+# with fixed-length data every sequence fills its row (the planner searches packing only when lengths vary too)
+FIXED_LENGTH_PACKING = (True, "the data is fixed-length (every sequence fills its row): packing has no padding to "
+                              "remove, and with sdpa or eager attention its block mask costs memory; give --lengths "
+                              "or --dataset to search it")
+
+
+def situation_space(space: SearchSpace, *, variable_lengths: bool) -> tuple[SearchSpace, list[Any]]:
+    """A situation's default space less the choices that cannot repay their probes in this request, each with why:
+    the dear levers (``DEAR_LEVERS``: torch.compile) and, with fixed-length data, packing. A named space
+    (``--space``) is searched as written."""
+    import dataclasses
+
+    from autotune.spec.capabilities import DroppedChoice
+
+    leave_out = dict(DEAR_LEVERS)
+    if not variable_lengths:
+        leave_out["packing"] = FIXED_LENGTH_PACKING
+    kept: dict[str, tuple[Any, ...]] = {}
+    dropped = []
+    for knob, (value, why) in leave_out.items():
+        choices = space.choices(knob)
+        if value in choices and len(choices) > 1:
+            kept[knob] = tuple(v for v in choices if v != value)
+            dropped.append(DroppedChoice(knob, value, why))
+    return (dataclasses.replace(space, **kept) if kept else space), dropped
 
 
 def dataset_lengths(workload: Workload) -> list[int]:

@@ -480,7 +480,7 @@ def fresh_rows(doc: dict[str, Any] | None = None) -> list[Row]:
                            predicted_tokens_per_s(doc, run), "tok/s/GPU", run["cite"], run.get("ambiguity", "")))  # fmt: skip
         if run.get("published_memory_gib") is not None:
             a, wl, c = run_workload(doc, run)
-            br = estimate_memory(a, wl, c, quant=run.get("quant"), loss_dtype=run.get("loss_dtype"))
+            br = estimate_memory(a, wl, c, quant=run.get("quant"))
             out.append(Row("memory, large vocabularies, fresh (held out)", label, run["published_memory_gib"],
                            _published_figure(br, run) / GiB, "GiB", run["cite"], run.get("ambiguity", "")))  # fmt: skip
     return out

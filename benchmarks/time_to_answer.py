@@ -171,13 +171,11 @@ def print_paper(rows: list[dict[str, Any]]) -> None:
 MONOTONE_MEMORY = ("micro_batch", "ckpt_every")
 
 
-# --keep-packing: simulate the space with packing searched on fixed-length data (the situation's space before it
-# left packing out), for the A/B on the same draws
-KEEP_PACKING = False
-
-
-def simulated_landscape(model: str, gpu_name: str, mode: str, seq: int, eb: int, draw: int) -> dict[str, Any]:
-    """A story's space on one GPU as the planner predicts it, each lever value's effect perturbed (``simulate``)."""
+def simulated_landscape(model: str, gpu_name: str, mode: str, seq: int, eb: int, draw: int, *,
+                        keep_packing: bool = False) -> dict[str, Any]:
+    """A story's space on one GPU as the planner predicts it, each lever value's effect perturbed (``simulate``).
+    ``keep_packing``: the space with packing searched on the fixed-length story too (``--keep-packing``: the
+    situation's space before it left packing out), for an A/B on the same draws."""
     import random
 
     sys.path.insert(0, str(REPO / "benchmarks"))
@@ -192,10 +190,10 @@ def simulated_landscape(model: str, gpu_name: str, mode: str, seq: int, eb: int,
     from autotune.spec.space import DIMENSIONS, load_space
 
     # the space a run with no --space searches for this fixed-length story: torch.compile and packing left out;
-    # each lever value's factors are drawn over the named space less torch.compile (as before packing was left
-    # out), so a draw is the same landscape with or without the packed configurations
-    named = dataclasses.replace(load_space(default_space_for("cuda", mode, 1)), torch_compile=(False,))
-    space = named if KEEP_PACKING else situation_space(named, variable_lengths=False)[0]
+    # each lever value's factors are drawn over it with packing kept (as before packing was left out), so a draw
+    # is the same landscape with or without the packed configurations
+    named, _ = situation_space(load_space(default_space_for("cuda", mode, 1)), variable_lengths=True)
+    space = named if keep_packing else situation_space(named, variable_lengths=False)[0]
     resolved = resolve_model(model)
     arch, gpu = arch_from_config(resolved.config), find_gpu(gpu_name)
     wl = Workload(model=resolved.name, seq_len=seq, mode=mode)
@@ -236,7 +234,7 @@ def simulated_landscape(model: str, gpu_name: str, mode: str, seq: int, eb: int,
             "name": f"{model} {mode} on {gpu_name}, draw {draw}"}
 
 
-def simulate(draws: int, *, costless: bool = False) -> list[dict[str, Any]]:
+def simulate(draws: int, *, costless: bool = False, keep_packing: bool = False) -> list[dict[str, Any]]:
     import statistics
 
     sys.path.insert(0, str(REPO / "benchmarks"))
@@ -252,7 +250,7 @@ def simulate(draws: int, *, costless: bool = False) -> list[dict[str, Any]]:
         nothing_fits = 0
         for draw in range(draws):
             try:
-                p = sq.problem(simulated_landscape(model, gpu_name, mode, seq, eb, draw))
+                p = sq.problem(simulated_landscape(model, gpu_name, mode, seq, eb, draw, keep_packing=keep_packing))
             except SystemExit:  # the draw's memory factors put every configuration over the budget
                 nothing_fits += 1
                 continue
@@ -348,9 +346,7 @@ def main() -> int:
         out: Any = rows
         ok = all(r.get("goal_met") is not False for r in rows)
     elif a.mode == "simulate":
-        global KEEP_PACKING
-        KEEP_PACKING = a.keep_packing
-        rows = simulate(a.draws, costless=a.costless)
+        rows = simulate(a.draws, costless=a.costless, keep_packing=a.keep_packing)
         print_simulate(rows)
         out = rows
         ok = all(r["goal_met"] is not False for r in rows if r["strategy"] == "model")

@@ -64,12 +64,12 @@ def plan_search(r: Request) -> SearchPlan:
 
     a = r.args
     dev, gpu_infos = _detect_device(a.device, r.gpu_list, a.ray_address)
+    workload = _workload(r)
     space_obj, dropped, caps, notes = _space_for_device(r.space, dev, gpu_infos, a.device, a.ray_address, a.mode,
-                                                        a.source, a.dataset is not None or a.lengths != "fixed")
+                                                        a.source, workload.variable_lengths)
     if a.gpus_per_trial is not None:
         space_obj = dataclasses.replace(space_obj, gpus_per_trial=(a.gpus_per_trial,))
     settings, rule = _probe_settings(r, dev, gpu_infos)
-    workload = _workload(r)
     problems = workload.problems() + settings.problems()
     if not problems:
         from autotune.probe.trl_probe import trainer_problems

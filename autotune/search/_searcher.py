@@ -247,7 +247,7 @@ class Searcher:
                 strategy=strategy, seed=seed,
                 base=tpe_factory(n_startup_trials=min(10, max(3, max_trials // 4)), multivariate=multivariate),
                 device=device, max_world=max_world, seeds=min(seeds, max(1, max_trials // 3)),
-                variable_lengths=workload.lengths != "fixed" or workload.dataset is not None,
+                variable_lengths=workload.variable_lengths,
                 baseline=baseline, defaults=defaults, recheck_tolerance=self.confirm.tolerance if recheck else None,
                 follow_ups=follow_ups, neighbours=neighbours, ordinal=ordinal, prior=hooks.prior,
                 probe_seconds=_probe_seconds(hooks.deadlines, settings),

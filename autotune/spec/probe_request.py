@@ -122,6 +122,11 @@ class Workload:
     split: str | None = None  # the split of a DatasetDict directory or a cached Hub dataset
     trainer: str = "hf"  # "hf": transformers.Trainer; "trl": TRL's SFTTrainer (what train_sft.py runs)
 
+    @property
+    def variable_lengths(self) -> bool:
+        """Sequences of varying length: a length distribution or a real dataset (packing has padding to remove)."""
+        return self.lengths != "fixed" or bool(self.dataset)
+
     def problems(self) -> list[str]:
         p: list[str] = []
         if not self.model:

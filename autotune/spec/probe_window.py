@@ -61,7 +61,7 @@ def variable_padded(candidate: Candidate, workload: Workload | None) -> bool:
     """Micro-batches whose padded size varies: unpacked, from a length distribution or a dataset."""
     if workload is None or candidate.packing:
         return False
-    return workload.lengths != "fixed" or bool(workload.dataset)
+    return workload.variable_lengths
 
 
 def composes(candidate: Candidate, workload: Workload | None = None) -> bool:

@@ -249,7 +249,7 @@ def test_a_situations_space_searches_packing_only_when_the_lengths_vary(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Fixed-length data fills every row: packing has nothing to remove (landscape F, fixed 256-token rows:
-    packed / unpacked tok/s 0.96-1.02 over 12 pairs, peaks 1.01-1.13), so a situation's space leaves it out and
+    packed / unpacked tok/s 0.96-1.02 over 12 pairs, peaks 1.01-1.13: tests/test_search_quality.py), so a situation's space leaves it out and
     says why; a length distribution or a named space keeps it."""
     from autotune.run import plan_search, read_request
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -126,6 +127,19 @@ def test_knob_effects_are_the_ratios_of_one_knob_pairs() -> None:
     assert eff["packing=True vs False"] == (2.5, 2.0, 3.0, 2)
     assert eff["attn=sdpa vs eager"][1:] == (1.1, 1.65, 2)
     assert not any(k.startswith("micro_batch") for k in eff)
+
+
+def test_packing_on_fixed_length_landscape_f_gains_nothing_and_costs_memory() -> None:
+    """The figures behind leaving packing out of a fixed-length situation's space (docs/search.md): on landscape F
+    (fixed 256-token rows) packed / unpacked tok/s 0.96-1.02 over 12 pairs, peaks 1.01-1.13 (median 1.05)."""
+    import knob_effects
+
+    land = json.loads((REPO / "benchmarks" / "landscapes" / "cpu-tiny-llama-landscape-cpu-f.json").read_text())
+    assert land["lengths"] == "fixed"
+    med, lo, hi, n = knob_effects.effects(land)["packing=True vs False"]
+    assert n == 12 and 0.95 < lo and hi < 1.03 and abs(med - 1) < 0.02
+    med, lo, hi, n = knob_effects.effects(land, "peak_mem_bytes")["packing=True vs False"]
+    assert n == 12 and 1.0 < lo and hi < 1.15 and 1.03 < med < 1.07
 
 
 def test_seed_only_steps_the_first_seed_down_until_it_fits_and_unpacked_best_is_reported() -> None:

@@ -217,9 +217,11 @@ def test_speed_model_on_the_held_out_half() -> None:
 def test_short_steps_set_and_the_per_step_terms() -> None:
     """Short steps from other projects (benchmarks/published_short_steps.json, split by the same rule). Before the
     per-step terms, PEFT's 3B LoRA steps on an L40S (0.117 s each) were predicted at 0.16-0.18 of their speed: a
-    fixed 0.66 s per optimizer step fitted on long steps. Recorded 2026-12-04: PEFT's five rows 0.63-0.86; the held
-    -out half 16 rows, median 0.87 (0.52-1.92), 4 outside 0.6-1.6 (litgpt's rows, whose tokens/s were derived from a
-    runtime that includes validation and a token count read off a histogram, +-20 %)."""
+    fixed 0.66 s per optimizer step fitted on long steps. With a fixed 0.099 s per micro-batch (2026-12-04): PEFT's
+    five rows 0.63-0.86, the held-out half 16 rows, median 0.87 (0.52-1.92), 4 outside 0.6-1.6. With the dispatch
+    term (an operation count per layer and per adapted linear x PER_OP_S, 2026-12-06): PEFT's rows 0.69-1.13, the
+    held-out half median 1.03 (0.57-2.01), 3 outside (litgpt's rows, whose tokens/s were derived from a runtime that
+    includes validation and a token count read off a histogram, +-20 %): 13 of 16 within."""
     bench = _bench()
     doc = bench.load_short_steps()
     assert {r["source"] for r in doc["runs"]} == {"peft", "litgpt"}
@@ -231,9 +233,9 @@ def test_short_steps_set_and_the_per_step_terms() -> None:
         seen[r["source"]] = k + 1
     rows = bench.speed_rows(doc, "short")
     peft = [r.ratio for r in rows if r.what.startswith("peft-")]
-    assert len(peft) == 5 and all(0.6 <= x <= 1.0 for x in peft), peft
+    assert len(peft) == 5 and all(0.6 <= x <= 1.2 for x in peft), peft
     held = bench.split_summary([r for r in rows if r.group == "short (held out)"])
-    assert held["n"] == 16 and 0.85 <= held["median"] <= 1.15 and held["outside_0.6_1.6"] <= 4, held
+    assert held["n"] == 16 and 0.95 <= held["median"] <= 1.1 and held["outside_0.6_1.6"] <= 3, held
 
 
 def test_reserved_with_variable_lengths_against_ms_swifts_table() -> None:
@@ -359,7 +361,9 @@ def test_fresh_set_from_projects_not_used_before_scored_once() -> None:
     never under the published peak. Speed, long steps (the same runs, and Mistral-7B on orca-math at 1,157 tokens per
     micro-batch): 22 rows, median 0.87 (0.58-0.91), under published rates that Triton kernels helped. Short steps
     (GPT-2 124M-774M full fine-tuning at 512-1,024 tokens on an RTX 3090, 2021): 11 rows, median 0.71 (0.35-0.95),
-    5 outside 0.6-1.6: the fixed cost per micro-batch fitted on 1.8-9B models over-states a 124M model's step."""
+    5 outside 0.6-1.6: the fixed cost per micro-batch fitted on 1.8-9B models over-states a 124M model's step.
+    Scored again 2026-12-06 after the dispatch term replaced that cost (a change this miss prompted, so no longer a
+    blind score): short steps median 0.90 (0.80-1.10), none outside 0.6-1.6; long steps median 0.89 (0.55-0.96)."""
     bench = _bench()
     doc = bench.load_fresh()
     assert {r["source"] for r in doc["runs"]} == {"fms-acceleration", "transformers-issue-9371"}
@@ -377,10 +381,10 @@ def test_fresh_set_from_projects_not_used_before_scored_once() -> None:
         elif run["method"] == "qlora" and not run.get("quant"):
             assert r.ratio > 1.45, r.what
     long = bench.split_summary([r for r in rows if r.group == "speed, long steps, fresh (held out)"])
-    assert long["n"] == 22 and 0.8 <= long["median"] <= 0.95 and long["min"] > 0.55 and long["max"] < 1.0, long
+    assert long["n"] == 22 and 0.8 <= long["median"] <= 0.95 and long["min"] > 0.5 and long["max"] < 1.0, long
     short_rows = [r for r in rows if r.group == "speed, short steps, fresh (held out)"]
     short = bench.split_summary(short_rows)
-    assert short["n"] == 11 and 0.65 <= short["median"] <= 0.8 and short["outside_0.6_1.6"] == 5, short
+    assert short["n"] == 11 and 0.85 <= short["median"] <= 1.0 and short["outside_0.6_1.6"] == 0, short
     assert all(by_id[r.what.split()[0]]["seq_len"] * by_id[r.what.split()[0]]["micro_batch"] <= 1024 for r in short_rows)
     gpt2_small = [r.ratio for r in short_rows if r.what.split()[1] == "gpt2" and ", seq 128, " in r.what]
-    assert len(gpt2_small) == 2 and min(gpt2_small) < 0.4, gpt2_small
+    assert len(gpt2_small) == 2 and min(gpt2_small) > 0.8, gpt2_small  # 0.35 and 0.49 with the per-micro-batch cost

@@ -241,7 +241,7 @@ def render(result: PlanResult, *, width: int = 160, color: bool = False) -> str:
     lines = [
         "Estimates, not measurements: memory from the term-by-term model (5% headroom kept), step time = FLOPs "
         "(6N full, 4N LoRA, +2N with checkpointing, + causal attention) / (peak bf16/fp16 FLOP/s x efficiency) "
-        "+ a fixed time per micro-batch and QLoRA's dequantization (fitted on published runs) + the optimizer "
+        "+ a time per operation the step dispatches and QLoRA's dequantization (fitted on published runs) + the optimizer "
         "update and gradient clipping at the GPU's memory bandwidth; MFU counts "
         "model FLOPs. Measure with `autotune run`.",
     ]

@@ -52,8 +52,8 @@ __all__ = [
     "DEFAULT_EFFICIENCY",
     "DEFAULT_QUANT",
     "DEQUANT_S_PER_PARAM",
-    "LAYER_OVERHEAD_S",
-    "LORA_MODULE_OVERHEAD_S",
+    "OPS_PER_STEP",
+    "PER_OP_S",
     "MODE_FACTOR",
     "BANDWIDTH_SHARE",
     "CLIP_BYTES_PER_PARAM",
@@ -76,6 +76,7 @@ __all__ = [
     "ideal_tokens_per_s",
     "mfu",
     "model_flops_per_token",
+    "ops_per_micro_batch",
     "predict_speed",
     "predict_step_time",
 ]
@@ -83,9 +84,12 @@ __all__ = [
 # --- the step-time model -------------------------------------------------------------------------
 # One optimizer step = grad_accum micro-batches, each taking
 #     compute / (peak x efficiency x T / (T + SATURATION_TOKENS))        (GEMM efficiency at T tokens)
-#   + passes x (layers x LAYER_OVERHEAD_S + adapted linears x LORA_MODULE_OVERHEAD_S)   (fixed launch cost)
 #   + passes x quantized weights x DEQUANT_S_PER_PARAM[backend]          (QLoRA: dequantize every pass)
+#   + operations dispatched x PER_OP_S           (the host's dispatch and launch of each operation: OPS_PER_STEP)
 #   + MICROBATCH_OVERHEAD_S                                              (the Trainer around one micro-batch)
+# The dispatch is added, not overlapped with the arithmetic: the fit prefers it (a sum of squared log ratios
+# of 1.92 on the fit half, against 2.52 for the longer of the two), as a step of many small kernels waits on
+# each one's launch whether or not the host runs ahead.
 # plus, once per optimizer step, what scales with the trainable parameters and nothing else:
 #   trainable params x (CLIP_BYTES_PER_PARAM + OPTIMIZER_BYTES_PER_PARAM[optim]) / memory bandwidth
 #   + trainable tensors x PER_TENSOR_S + TRAINER_STEP_S
@@ -97,28 +101,51 @@ __all__ = [
 # in benchmarks/published_runs.json and scored on the other half (``python benchmarks/estimator_vs_published.py
 # --fit`` refits them; the tests pin them). A step of a small LoRA run is tens of milliseconds, so no constant
 # here may stand for what a long step spends: each is per layer, per micro-batch or per trainable parameter.
-# Fitted 2026-12-04 on the 27 + 17 fit runs of both sets (held out: 24 runs, median 0.99; short steps 16 runs,
-# median 0.86; docs/plan.md).
-# Share of peak 16-bit FLOP/s reached by large GEMMs in an HF Trainer fine-tune [fitted: 0.561].
-DEFAULT_EFFICIENCY = 0.56
-# Tokens per micro-batch at which GEMM efficiency is half of DEFAULT_EFFICIENCY's [fitted: 0]. The fit puts
-# the short-sequence slowdown the published runs show into the fixed per-layer and per-micro-batch times.
-SATURATION_TOKENS = 0
-# Fixed seconds per transformer layer per pass (kernel launches, Python, autograd bookkeeping) [fitted: 7e-13, i.e.
-# 0: with the per-micro-batch time below, no published run needs a cost that grows with depth].
-LAYER_OVERHEAD_S = 0.0
-# Fixed seconds per LoRA-adapted linear per pass (dropout, A, B, scale, add) [fitted: 1e-36, i.e. 0].
-LORA_MODULE_OVERHEAD_S = 0.0
+# Refitted 2026-12-06 on the 27 + 17 fit runs of both sets with the dispatch term (held out: 24 runs, median
+# 0.98; short steps 16 runs, median 1.03; docs/plan.md).
+# Share of peak 16-bit FLOP/s reached by large GEMMs in an HF Trainer fine-tune [fitted: 0.567].
+DEFAULT_EFFICIENCY = 0.57
+# Tokens per micro-batch at which GEMM efficiency is half of DEFAULT_EFFICIENCY's [fitted: 77.6]: a few hundred
+# tokens make matrices too thin to fill the GPU.
+SATURATION_TOKENS = 78
+# Operations one training step dispatches, by attention implementation and family (measured by
+# ``python benchmarks/op_counts.py`` with torch 2.13.0 and transformers 5.25.0, which checks this table): per decoder
+# layer forward, its backward with every weight's gradient (full) or with the base frozen (LoRA), per LoRA-adapted
+# linear forward and backward, and the rest of a step (embedding, final norm, head, loss). bf16 autocast's casts
+# and views count: each costs the host a dispatch. FlashAttention-2 and flex count as sdpa; a family not listed
+# counts as llama.
+OPS_FIELDS = ("layer_forward", "layer_backward_full", "layer_backward_frozen", "lora_module_forward",
+              "lora_module_backward", "fixed")  # fmt: skip
+_OPS_SDPA = {
+    "llama": (91, 162, 113, 13, 22, 72), "mistral": (94, 162, 113, 13, 22, 72), "qwen2": (94, 174, 113, 13, 22, 72),
+    "qwen3": (109, 200, 143, 13, 22, 72), "gemma": (93, 162, 113, 13, 22, 75), "gemma2": (143, 231, 172, 13, 24, 135),
+    "gemma3_text": (133, 242, 177, 13, 22, 75), "phi3": (86, 142, 109, 14, 24, 72), "granite": (93, 164, 115, 13, 22, 76),
+    "olmo2": (113, 206, 149, 13, 22, 72), "gpt2": (91, 115, 79, 13, 23, 56),
+}  # fmt: skip
+_OPS_EAGER = {
+    "llama": (116, 187, 136, 13, 24, 95), "mistral": (119, 187, 136, 13, 24, 100), "qwen2": (119, 199, 136, 13, 24, 95),
+    "qwen3": (134, 225, 166, 13, 24, 95), "gemma": (118, 187, 136, 13, 24, 98), "gemma2": (143, 231, 172, 13, 24, 135),
+    "gemma3_text": (158, 267, 200, 13, 24, 126), "phi3": (109, 167, 134, 14, 24, 95), "granite": (118, 189, 138, 13, 24, 99),
+    "olmo2": (138, 231, 172, 13, 24, 95), "gpt2": (80, 111, 75, 13, 23, 79),
+}  # fmt: skip
+OPS_PER_STEP = {attn: {fam: dict(zip(OPS_FIELDS, v, strict=True)) for fam, v in t.items()}
+                for attn, t in (("sdpa", _OPS_SDPA), ("eager", _OPS_EAGER))}  # fmt: skip
+# Seconds per dispatched operation (Python, the dispatcher, autograd, the launch) [fitted: 6.35e-6; this
+# project's CPU pays 6.6-7.8 us an operation for the same models with kernels that do almost nothing:
+# ``python benchmarks/host_overhead.py``].
+PER_OP_S = 6.4e-6
 # Seconds per quantized weight per pass to dequantize it for the matmul, by backend [fitted]:
 # "nf4" bitsandbytes / torchao NF4, "gptq" auto-gptq's CUDA kernels (exllama off, as Qwen's recipe runs).
-DEQUANT_S_PER_PARAM = {"nf4": 3.2e-11, "gptq": 1.1e-11}
+DEQUANT_S_PER_PARAM = {"nf4": 3.4e-11, "gptq": 8.3e-12}
 DEFAULT_QUANT = "nf4"
-# Fixed seconds per micro-batch: the Trainer's work around one forward and backward (the batch's collation
-# and copy to the device, autocast, the loss's backward call, the accumulation bookkeeping) [fitted: 0.0986].
-MICROBATCH_OVERHEAD_S = 0.099
-# Fixed seconds per optimizer step: scheduler, zero_grad, callbacks, logging [fitted: 9e-87, i.e. 0: what a step
-# costs beyond its micro-batches is the clipping and update below].
-TRAINER_STEP_S = 0.0
+# The Trainer's own time around one micro-batch (the collator, moving the batch, the loss's scaling, the NaN check),
+# beyond the model's operations, and around one optimizer step (scheduler, callbacks, zero_grad, fetching the
+# accumulation window) [measured: ``python benchmarks/host_overhead.py``, a Trainer against a plain loop over the
+# same micro-batches on this project's 2-core CPU, 2026-12-06: 0.78 ms (-0.23-0.94 over 3 runs) and 1.81 ms
+# (1.33-2.08)]. The constant 0.099 s per micro-batch these replace was fitted when the model had no dispatch term,
+# and took the host's dispatch of a 1-14B model's operations for the Trainer's own time.
+MICROBATCH_OVERHEAD_S = 0.0008
+TRAINER_STEP_S = 0.0018
 # Gradient clipping (the Trainer's max_grad_norm, 1.0 by default): a norm reads every trainable fp32 gradient
 # once, the scale reads and writes it: 12 bytes per trainable parameter [stated].
 CLIP_BYTES_PER_PARAM = 12
@@ -307,8 +334,9 @@ class SpeedEstimate:
     step_time_s: float  # one optimizer step (micro_batch x grad_accum x world_size sequences)
     offload_time_s: float = 0.0
     compute_time_s: float = 0.0  # the GEMM/attention part of step_time_s (what ``efficiency`` scales)
-    overhead_time_s: float = 0.0  # fixed per-layer, per-adapter, per-step and optimizer time
+    overhead_time_s: float = 0.0  # dispatch, the Trainer's own time, clipping and the optimizer's update
     dequant_time_s: float = 0.0  # QLoRA: dequantizing the base weights, every pass
+    dispatch_time_s: float = 0.0  # the part of overhead_time_s that dispatches the operations (PER_OP_S)
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -404,7 +432,7 @@ def predict_speed(
     compute_mb = (tokens_mb * lay.slots_per_token * _compute_flops_per_token(arch, lay.attention_width, w.mode, share, c.attn)
                   / (peak * eff))
     passes = 2 + share  # forward, backward, and the recomputed share of the forward
-    fixed_mb = passes * (arch.layers * LAYER_OVERHEAD_S + _adapted_linears(arch, w) * LORA_MODULE_OVERHEAD_S)
+    dispatch_mb = ops_per_micro_batch(arch, w, c) * PER_OP_S
     dequant_mb = 0.0
     if w.mode == "qlora":
         backend = quant or DEFAULT_QUANT
@@ -414,7 +442,7 @@ def predict_speed(
     # ZeRO-Offload steps the optimizer on the host (``offload_s`` below); the Trainer's own step stays here
     optimizer_s = TRAINER_STEP_S if c.offload != "none" else step_update_time(arch, w, c, gpu)
     compute_s = c.grad_accum * compute_mb
-    overhead_s = c.grad_accum * (fixed_mb + MICROBATCH_OVERHEAD_S) + optimizer_s
+    overhead_s = c.grad_accum * (dispatch_mb + MICROBATCH_OVERHEAD_S) + optimizer_s
     dequant_s = c.grad_accum * dequant_mb
     offload_s = 0.0
     if c.offload != "none":
@@ -439,7 +467,21 @@ def predict_speed(
         compute_time_s=compute_s,
         overhead_time_s=overhead_s,
         dequant_time_s=dequant_s,
+        dispatch_time_s=c.grad_accum * dispatch_mb,
     )
+
+
+def ops_per_micro_batch(arch: Arch, workload: Workload, candidate: Candidate) -> float:
+    """Operations the host dispatches for one micro-batch (``OPS_PER_STEP``): per layer its forward, the recomputed
+    share of it, and its backward (every weight's gradient for full fine-tuning, the frozen base's otherwise), per
+    LoRA-adapted linear the same, and the embedding, head and loss once."""
+    table = OPS_PER_STEP["eager" if candidate.attn == "eager" else "sdpa"]
+    ops = table.get(arch.model_type, table["llama"])
+    forwards = 1.0 + recomputed(arch, candidate)
+    full = workload.mode == "full"
+    layer = ops["layer_forward"] * forwards + ops["layer_backward_full" if full else "layer_backward_frozen"]
+    module = ops["lora_module_forward"] * forwards + ops["lora_module_backward"]
+    return arch.layers * layer + _adapted_linears(arch, workload) * module + ops["fixed"]
 
 
 def predict_step_time(

@@ -364,6 +364,9 @@ FIXED_LENGTH_FILE = ROOT / "benchmarks" / "published_fixed_length.json"
 # Gathered afresh on 2026-12-06 from projects none of the files above use: short-step speeds and memory at
 # large vocabularies with >= 4k tokens, every row held out (nothing was fitted on it), scored once
 FRESH_FILE = ROOT / "benchmarks" / "published_fresh.json"
+# Gathered on 2026-12-06 (evening) after the dispatch term was final, from projects none of the files above use:
+# short steps only, every row held out, scored once when the file was complete: the blind test of that term
+BLIND_SHORT_FILE = ROOT / "benchmarks" / "published_short_blind.json"
 # Per-stack efficiency multiplier for trainers other than the HF Trainer the planner models, fitted with
 # the speed constants on the fit half (the same role as ``plan --calibrate``: a measured efficiency for a
 # stack): torchtune's compiled single-device recipes. Runs of other sources use 1.0.
@@ -388,6 +391,10 @@ def load_fixed_length() -> dict[str, Any]:
 
 def load_fresh() -> dict[str, Any]:
     return json.loads(FRESH_FILE.read_text())
+
+
+def load_blind_short() -> dict[str, Any]:
+    return json.loads(BLIND_SHORT_FILE.read_text())
 
 
 def _fixed_length_breakdown(doc: dict[str, Any], run: dict[str, Any]) -> MemoryBreakdown:
@@ -698,6 +705,7 @@ def rows() -> list[Row]:
         + varlen_memory_rows()
         + fixed_length_memory_rows()
         + (fresh_rows() if FRESH_FILE.exists() else [])
+        + (speed_rows(load_blind_short(), "speed, short steps, blind") if BLIND_SHORT_FILE.exists() else [])
     )
 
 
@@ -764,7 +772,7 @@ def main(argv: list[str] | None = None) -> int:
                   "peak memory (published runs)", "reserved, variable lengths (fit)",
                   "reserved, variable lengths (held out)", "reserved, fixed lengths (held out)",
                   "speed, short steps, fresh (held out)", "speed, long steps, fresh (held out)",
-                  "memory, large vocabularies, fresh (held out)"):  # fmt: skip
+                  "memory, large vocabularies, fresh (held out)", "speed, short steps, blind (held out)"):  # fmt: skip
         sel = [r for r in rs if r.group == group]
         if sel:
             q = split_summary(sel)

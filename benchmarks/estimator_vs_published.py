@@ -370,7 +370,7 @@ BLIND_SHORT_FILE = ROOT / "benchmarks" / "published_short_blind.json"
 # Per-stack efficiency multiplier for trainers other than the HF Trainer the planner models, fitted with
 # the speed constants on the fit half (the same role as ``plan --calibrate``: a measured efficiency for a
 # stack): torchtune's compiled single-device recipes. Runs of other sources use 1.0.
-STACK_FACTOR = {"torchtune": 1.88}
+STACK_FACTOR = {"torchtune": 1.90}
 
 
 def load_runs() -> dict[str, Any]:
@@ -630,7 +630,7 @@ def _set_params(x: list[float]) -> None:
     speed_model.DEFAULT_EFFICIENCY = min(x[0], 1.0)
     speed_model.SATURATION_TOKENS = x[1]
     speed_model.PER_OP_S = x[2]
-    speed_model.DEQUANT_S_PER_PARAM = {"nf4": x[3], "gptq": x[4]}
+    speed_model.DEQUANT_BYTES_PER_PARAM = {"nf4": x[3], "gptq": x[4]}
     STACK_FACTOR["torchtune"] = x[5]
 
 
@@ -673,9 +673,9 @@ def fit_speed(doc: dict[str, Any] | None = None, start: list[float] | None = Non
     short = short or load_short_steps()
     fit_runs = [(d, r) for d in (doc, short) for r in d["runs"] if r["split"] == "fit"]
     start = start or [speed_model.DEFAULT_EFFICIENCY, speed_model.SATURATION_TOKENS, speed_model.PER_OP_S,
-                      speed_model.DEQUANT_S_PER_PARAM["nf4"], speed_model.DEQUANT_S_PER_PARAM["gptq"],
+                      speed_model.DEQUANT_BYTES_PER_PARAM["nf4"], speed_model.DEQUANT_BYTES_PER_PARAM["gptq"],
                       STACK_FACTOR["torchtune"]]  # fmt: skip
-    floor = [0.3, 64, 1e-6, 1e-13, 1e-12, 1.0]
+    floor = [0.3, 64, 1e-6, 1.0, 1.0, 1.0]
     x0 = [math.log(v if v > 0 else f) for v, f in zip(start, floor, strict=False)]
 
     def loss(lx: list[float]) -> float:

@@ -220,8 +220,9 @@ def test_short_steps_set_and_the_per_step_terms() -> None:
     fixed 0.66 s per optimizer step fitted on long steps. With a fixed 0.099 s per micro-batch (2026-12-04): PEFT's
     five rows 0.63-0.86, the held-out half 16 rows, median 0.87 (0.52-1.92), 4 outside 0.6-1.6. With the dispatch
     term (an operation count per layer and per adapted linear x PER_OP_S, 2026-12-06): PEFT's rows 0.69-1.13, the
-    held-out half median 1.03 (0.57-2.01), 3 outside (litgpt's rows, whose tokens/s were derived from a runtime that
-    includes validation and a token count read off a histogram, +-20 %): 13 of 16 within."""
+    held-out half median 1.03 (0.57-2.01), 3 outside; with dequantisation a stream at the GPU's bandwidth (the same
+    day): median 1.05 (0.67-1.97), 2 outside (litgpt's Phi-3 and Gemma-2 LoRA, whose tokens/s were derived from a
+    runtime that includes validation and a token count read off a histogram, +-20 %): 14 of 16 within."""
     bench = _bench()
     doc = bench.load_short_steps()
     assert {r["source"] for r in doc["runs"]} == {"peft", "litgpt"}
@@ -235,7 +236,7 @@ def test_short_steps_set_and_the_per_step_terms() -> None:
     peft = [r.ratio for r in rows if r.what.startswith("peft-")]
     assert len(peft) == 5 and all(0.6 <= x <= 1.2 for x in peft), peft
     held = bench.split_summary([r for r in rows if r.group == "short (held out)"])
-    assert held["n"] == 16 and 0.95 <= held["median"] <= 1.1 and held["outside_0.6_1.6"] <= 3, held
+    assert held["n"] == 16 and 0.95 <= held["median"] <= 1.1 and held["outside_0.6_1.6"] <= 2, held
 
 
 def test_reserved_with_variable_lengths_against_ms_swifts_table() -> None:
@@ -363,7 +364,8 @@ def test_fresh_set_from_projects_not_used_before_scored_once() -> None:
     (GPT-2 124M-774M full fine-tuning at 512-1,024 tokens on an RTX 3090, 2021): 11 rows, median 0.71 (0.35-0.95),
     5 outside 0.6-1.6: the fixed cost per micro-batch fitted on 1.8-9B models over-states a 124M model's step.
     Scored again 2026-12-06 after the dispatch term replaced that cost (a change this miss prompted, so no longer a
-    blind score): short steps median 0.90 (0.80-1.10), none outside 0.6-1.6; long steps median 0.89 (0.55-0.96)."""
+    blind score): short steps median 0.90 (0.80-1.10), none outside 0.6-1.6; long steps median 0.89 (0.55-0.96); with
+    dequantisation a stream at the GPU's bandwidth, short 0.89 (0.80-1.11), long 0.85 (0.79-0.95), none outside."""
     bench = _bench()
     doc = bench.load_fresh()
     assert {r["source"] for r in doc["runs"]} == {"fms-acceleration", "transformers-issue-9371"}
@@ -388,3 +390,29 @@ def test_fresh_set_from_projects_not_used_before_scored_once() -> None:
     assert all(by_id[r.what.split()[0]]["seq_len"] * by_id[r.what.split()[0]]["micro_batch"] <= 1024 for r in short_rows)
     gpt2_small = [r.ratio for r in short_rows if r.what.split()[1] == "gpt2" and ", seq 128, " in r.what]
     assert len(gpt2_small) == 2 and min(gpt2_small) > 0.8, gpt2_small  # 0.35 and 0.49 with the per-micro-batch cost
+
+
+def test_blind_short_steps_scored_once() -> None:
+    """benchmarks/published_short_blind.json: 32 rows gathered after the dispatch term was final, from a project no
+    other set uses (huggingface/optimum-benchmark's training-llamas results: Llama-2-7B/13B, 256-token rows x
+    micro-batch 1-4, a plain HF Trainer in pure fp16 without autocast, one A100-80GB or RTX 4090), every row held
+    out. Scored once with the model of fb146d5 (2026-12-06): median 0.63 (0.17-1.04), 14 outside 0.6-1.6. Then
+    dequantisation became a stream at the GPU's bandwidth (chosen on the fit halves; no longer a blind score):
+    0.66 (0.20-1.03), 14 outside. LoRA and GPTQ on the A100 are 0.69-1.03; the misses are this stack's pure-fp16
+    full fine-tuning (0.59-0.63: fp16 optimizer states where the plan assumes fp32 ones), its bitsandbytes 4-bit
+    rows (0.20-0.69: FP4 in fp16 without peft's k-bit preparation, which the plan's fitted dequantisation cost
+    comes from) and GPTQ on the RTX 4090 (0.46-0.48; 0.62 before the bandwidth change)."""
+    bench = _bench()
+    doc = bench.load_blind_short()
+    assert {r["source"] for r in doc["runs"]} == {"optimum-benchmark"} and len(doc["runs"]) == 32
+    assert all(r["split"] == "held out" and r["seq_len"] * r["micro_batch"] <= 1024 for r in doc["runs"])
+    rows = bench.speed_rows(doc, "blind")
+    q = bench.split_summary(rows)
+    assert 0.6 <= q["median"] <= 0.72 and q["outside_0.6_1.6"] == 14, q
+    by_id = {r["id"]: r for r in doc["runs"]}
+    for r in rows:
+        run = by_id[r.what.split()[0]]
+        if run["gpu"] == "A100-80GB" and (run["method"] == "lora" or run.get("quant") == "gptq"):
+            assert 0.65 <= r.ratio <= 1.1, r.what
+        elif run.get("quant") == "nf4":
+            assert r.ratio < 0.7, r.what

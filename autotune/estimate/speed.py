@@ -51,7 +51,7 @@ __all__ = [
     "COMPILE_FACTOR",
     "DEFAULT_EFFICIENCY",
     "DEFAULT_QUANT",
-    "DEQUANT_S_PER_PARAM",
+    "DEQUANT_BYTES_PER_PARAM",
     "OPS_PER_STEP",
     "PER_OP_S",
     "MODE_FACTOR",
@@ -84,7 +84,7 @@ __all__ = [
 # --- the step-time model -------------------------------------------------------------------------
 # One optimizer step = grad_accum micro-batches, each taking
 #     compute / (peak x efficiency x T / (T + SATURATION_TOKENS))        (GEMM efficiency at T tokens)
-#   + passes x quantized weights x DEQUANT_S_PER_PARAM[backend]          (QLoRA: dequantize every pass)
+#   + passes x quantized weights x DEQUANT_BYTES_PER_PARAM[backend] / bandwidth   (QLoRA: dequantize every pass)
 #   + operations dispatched x PER_OP_S           (the host's dispatch and launch of each operation: OPS_PER_STEP)
 #   + MICROBATCH_OVERHEAD_S                                              (the Trainer around one micro-batch)
 # The dispatch is added, not overlapped with the arithmetic: the fit prefers it (a sum of squared log ratios
@@ -103,11 +103,11 @@ __all__ = [
 # here may stand for what a long step spends: each is per layer, per micro-batch or per trainable parameter.
 # Refitted 2026-12-06 on the 27 + 17 fit runs of both sets with the dispatch term (held out: 24 runs, median
 # 0.98; short steps 16 runs, median 1.03; docs/plan.md).
-# Share of peak 16-bit FLOP/s reached by large GEMMs in an HF Trainer fine-tune [fitted: 0.567].
-DEFAULT_EFFICIENCY = 0.57
-# Tokens per micro-batch at which GEMM efficiency is half of DEFAULT_EFFICIENCY's [fitted: 77.6]: a few hundred
+# Share of peak 16-bit FLOP/s reached by large GEMMs in an HF Trainer fine-tune [fitted: 0.537].
+DEFAULT_EFFICIENCY = 0.54
+# Tokens per micro-batch at which GEMM efficiency is half of DEFAULT_EFFICIENCY's [fitted: 51.7]: a few hundred
 # tokens make matrices too thin to fill the GPU.
-SATURATION_TOKENS = 78
+SATURATION_TOKENS = 52
 # Operations one training step dispatches, by attention implementation and family (measured by
 # ``python benchmarks/op_counts.py`` with torch 2.13.0 and transformers 5.25.0, which checks this table): per decoder
 # layer forward, its backward with every weight's gradient (full) or with the base frozen (LoRA), per LoRA-adapted
@@ -130,13 +130,17 @@ _OPS_EAGER = {
 }  # fmt: skip
 OPS_PER_STEP = {attn: {fam: dict(zip(OPS_FIELDS, v, strict=True)) for fam, v in t.items()}
                 for attn, t in (("sdpa", _OPS_SDPA), ("eager", _OPS_EAGER))}  # fmt: skip
-# Seconds per dispatched operation (Python, the dispatcher, autograd, the launch) [fitted: 6.35e-6; this
+# Seconds per dispatched operation (Python, the dispatcher, autograd, the launch) [fitted: 6.23e-6; this
 # project's CPU pays 6.6-7.8 us an operation for the same models with kernels that do almost nothing:
 # ``python benchmarks/host_overhead.py``].
-PER_OP_S = 6.4e-6
-# Seconds per quantized weight per pass to dequantize it for the matmul, by backend [fitted]:
-# "nf4" bitsandbytes / torchao NF4, "gptq" auto-gptq's CUDA kernels (exllama off, as Qwen's recipe runs).
-DEQUANT_S_PER_PARAM = {"nf4": 3.4e-11, "gptq": 8.3e-12}
+PER_OP_S = 6.2e-6
+# Bytes moved per quantized weight per pass to dequantize it for the matmul, at the GPU's memory bandwidth x
+# BANDWIDTH_SHARE, by backend [fitted: 20.4 and 13.5]: "nf4" bitsandbytes / torchao NF4, "gptq" auto-gptq's CUDA
+# kernels (exllama off, as Qwen's recipe runs). Reading 4 bits and writing a 16-bit copy is about 2.6 B; the fitted
+# figures are several times that, so they carry what else a 4-bit layer costs a pass in the published stacks
+# (the casts around it, kernels below the bandwidth). A stream, so a slower memory pays more: until 2026-12-06 this
+# was seconds per weight (3.4e-11 nf4, 8.3e-12 GPTQ), the same on every GPU.
+DEQUANT_BYTES_PER_PARAM = {"nf4": 20.4, "gptq": 13.5}
 DEFAULT_QUANT = "nf4"
 # The Trainer's own time around one micro-batch (the collator, moving the batch, the loss's scaling, the NaN check),
 # beyond the model's operations, and around one optimizer step (scheduler, callbacks, zero_grad, fetching the
@@ -389,8 +393,13 @@ def step_update_time(arch: Arch, workload: Workload, candidate: Candidate, gpu: 
     shard = max(c.world_size, 1) if c.zero_stage > 0 else 1
     params = _trainable(arch, workload) / shard
     per_param = CLIP_BYTES_PER_PARAM + OPTIMIZER_BYTES_PER_PARAM.get(c.optim, OPTIMIZER_BYTES_PER_PARAM["adamw_torch"])
-    rate = gpu.memory_bandwidth_gbs * 1e9 * BANDWIDTH_SHARE if gpu.memory_bandwidth_gbs else OPTIMIZER_BYTES_PER_S
-    return params * per_param / rate + _trainable_tensors(arch, workload) / shard * PER_TENSOR_S + TRAINER_STEP_S
+    return params * per_param / _stream_rate(gpu) + _trainable_tensors(arch, workload) / shard * PER_TENSOR_S + TRAINER_STEP_S
+
+
+def _stream_rate(gpu: GPU) -> float:
+    """Bytes/s a memory-bound stream reaches: the data-sheet bandwidth x BANDWIDTH_SHARE, OPTIMIZER_BYTES_PER_S
+    where the catalog has none."""
+    return gpu.memory_bandwidth_gbs * 1e9 * BANDWIDTH_SHARE if gpu.memory_bandwidth_gbs else OPTIMIZER_BYTES_PER_S
 
 
 def _adapted_linears(arch: Arch, workload: Workload) -> int:
@@ -415,7 +424,7 @@ def predict_speed(
     (``.step_time_s``; :func:`predict_step_time` returns it alone).
 
     ``efficiency`` is the base share of peak (from :func:`calibrate`); default the GPU's catalog
-    figure, else DEFAULT_EFFICIENCY. ``quant``: QLoRA's 4-bit backend (``DEQUANT_S_PER_PARAM``;
+    figure, else DEFAULT_EFFICIENCY. ``quant``: QLoRA's 4-bit backend (``DEQUANT_BYTES_PER_PARAM``;
     default ``DEFAULT_QUANT``).
     """
     c, w = candidate, workload
@@ -436,9 +445,9 @@ def predict_speed(
     dequant_mb = 0.0
     if w.mode == "qlora":
         backend = quant or DEFAULT_QUANT
-        if backend not in DEQUANT_S_PER_PARAM:
-            raise SpecError(f"quant must be one of {', '.join(DEQUANT_S_PER_PARAM)}; got {backend!r}")
-        dequant_mb = passes * arch.params_linear_total * DEQUANT_S_PER_PARAM[backend]
+        if backend not in DEQUANT_BYTES_PER_PARAM:
+            raise SpecError(f"quant must be one of {', '.join(DEQUANT_BYTES_PER_PARAM)}; got {backend!r}")
+        dequant_mb = passes * arch.params_linear_total * DEQUANT_BYTES_PER_PARAM[backend] / _stream_rate(gpu)
     # ZeRO-Offload steps the optimizer on the host (``offload_s`` below); the Trainer's own step stays here
     optimizer_s = TRAINER_STEP_S if c.offload != "none" else step_update_time(arch, w, c, gpu)
     compute_s = c.grad_accum * compute_mb

@@ -101,8 +101,8 @@ __all__ = [
 # in benchmarks/published_runs.json and scored on the other half (``python benchmarks/estimator_vs_published.py
 # --fit`` refits them; the tests pin them). A step of a small LoRA run is tens of milliseconds, so no constant
 # here may stand for what a long step spends: each is per layer, per micro-batch or per trainable parameter.
-# Refitted 2026-12-06 on the 27 + 17 fit runs of both sets with the dispatch term (held out: 24 runs, median
-# 0.98; short steps 16 runs, median 1.03; docs/plan.md).
+# Refitted 2026-12-06 on the 27 + 17 fit runs of both sets with the dispatch term and dequantization priced by
+# the bandwidth (held out: 24 runs, median 0.95; short steps 16 runs, median 1.05; docs/plan.md).
 # Share of peak 16-bit FLOP/s reached by large GEMMs in an HF Trainer fine-tune [fitted: 0.537].
 DEFAULT_EFFICIENCY = 0.54
 # Tokens per micro-batch at which GEMM efficiency is half of DEFAULT_EFFICIENCY's [fitted: 51.7]: a few hundred

@@ -561,7 +561,28 @@ def predicted_tokens_per_s(doc: dict[str, Any], run: dict[str, Any]) -> float:
     a, wl, c, g = run_setup(doc, run)
     g = dataclasses.replace(g, efficiency=None)  # the fitted default, not a catalog figure
     eff = speed_model.DEFAULT_EFFICIENCY * STACK_FACTOR.get(run["source"], 1.0)
-    return predict_speed(a, wl, c, g, efficiency=eff, quant=run.get("quant")).tokens_per_s_per_gpu
+    sp = predict_speed(a, wl, c, g, efficiency=eff, quant=run.get("quant"))
+    return sp.tokens_per_s_per_gpu if FORM is None else _as_form(sp, g, run.get("quant"), c)
+
+
+# --forms: the other forms of the step-time model the shipped one was chosen against, as a post-processing of the
+# shipped model's terms. ``None``: the shipped form. Otherwise {"p": how the dispatch combines with the GPU's work
+# (1: added, inf: the longer of the two), "dequant_s": seconds per weight per pass by backend (None: a stream at the
+# bandwidth, as shipped)}.
+FORM: dict[str, Any] | None = None
+
+
+def _as_form(sp: Any, gpu: GPU, quant: str | None, c: Candidate) -> float:
+    assert FORM is not None
+    dequant = sp.dequant_time_s
+    if FORM["dequant_s"] is not None and dequant:
+        backend = quant or speed_model.DEFAULT_QUANT
+        rate = gpu.memory_bandwidth_gbs * 1e9 * speed_model.BANDWIDTH_SHARE
+        dequant = dequant * rate / speed_model.DEQUANT_BYTES_PER_PARAM[backend] * FORM["dequant_s"][backend]
+    gpu_s, host_s, p = sp.compute_time_s + dequant, sp.dispatch_time_s, FORM["p"]
+    both = gpu_s + host_s if p == 1 else max(gpu_s, host_s) if math.isinf(p) else (gpu_s**p + host_s**p) ** (1 / p)
+    step = sp.step_time_s - sp.compute_time_s - sp.dequant_time_s - host_s + both
+    return sp.tokens_per_s_per_gpu * sp.step_time_s / step
 
 
 def implied_hfu(doc: dict[str, Any], run: dict[str, Any]) -> float | None:
@@ -619,7 +640,6 @@ def split_summary(rs: list[Row]) -> dict[str, float]:
             "outside_0.6_1.6": sum(1 for x in q if x < 0.6 or x > 1.6)}  # fmt: skip
 
 
-# the constants --fit adjusts (log-space Nelder-Mead on the squared log ratios of the fit half)
 # the constants --fit adjusts (log-space Nelder-Mead on the squared log ratios of the fit half); the Trainer's own
 # times (MICROBATCH_OVERHEAD_S, TRAINER_STEP_S) are measured by benchmarks/host_overhead.py, not fitted: several
 # published stacks are not the Trainer, and a fitted constant took their costs for its own
@@ -689,6 +709,81 @@ def fit_speed(doc: dict[str, Any] | None = None, start: list[float] | None = Non
     return dict(zip(FIT_PARAMS, x, strict=False))
 
 
+# (label, the constants fitted, the form: p and whether dequantization is seconds per weight)
+FORMS = (
+    ("a fixed time per micro-batch, fitted; dequantization seconds per weight", ("MICROBATCH_OVERHEAD_S",
+     "TRAINER_STEP_S"), 1.0, True, 0.0),
+    ("dispatch added, every constant fitted; dequantization seconds per weight", ("PER_OP_S", "MICROBATCH_OVERHEAD_S",
+     "TRAINER_STEP_S"), 1.0, True, None),
+    ("dispatch overlapped (the longer of it and the GPU's work), the Trainer's times measured; seconds per weight",
+     ("PER_OP_S",), math.inf, True, None),
+    ("dispatch added, the Trainer's times measured; seconds per weight", ("PER_OP_S",), 1.0, True, None),
+    ("the same, dequantization a stream at the bandwidth (shipped)", ("PER_OP_S",), 1.0, False, None),
+    ("the same, dispatch and GPU work combined as a p-norm, p fitted", ("PER_OP_S", "p"), 2.0, False, None),
+)  # fmt: skip
+
+
+def _sum_sq(runs: list[tuple[dict[str, Any], dict[str, Any]]]) -> float:
+    return sum(math.log(predicted_tokens_per_s(d, r) / published_tokens_per_s(r)) ** 2 for d, r in runs)
+
+
+def fit_form(label: str, extra: tuple[str, ...], p: float, per_weight: bool, per_op: float | None) -> dict[str, Any]:
+    """Fit one form on both sets' fit halves (efficiency, saturation, dequantization and torchtune's factor always;
+    ``extra`` besides) and score it: summed squared log ratios of the fit and held-out halves, the held-out short
+    steps and the fresh GPT-2 rows. Leaves the shipped constants as they were."""
+    global FORM
+    names = ("DEFAULT_EFFICIENCY", "SATURATION_TOKENS", "PER_OP_S", "MICROBATCH_OVERHEAD_S", "TRAINER_STEP_S",
+             "DEQUANT_BYTES_PER_PARAM")  # fmt: skip
+    saved = {n: getattr(speed_model, n) for n in names} | {"torchtune": STACK_FACTOR["torchtune"]}
+    doc, short = load_runs(), load_short_steps()
+    fit = [(d, r) for d in (doc, short) for r in d["runs"] if r["split"] == "fit"]
+    held = [(d, r) for d in (doc, short) for r in d["runs"] if r["split"] != "fit"]
+    keys = ["DEFAULT_EFFICIENCY", "SATURATION_TOKENS", "nf4", "gptq", "torchtune", *extra]
+    x0 = [0.55, 60.0, 3e-11 if per_weight else 20.0, 1e-11 if per_weight else 13.0, 1.9]
+    x0 += [{"PER_OP_S": 6e-6, "MICROBATCH_OVERHEAD_S": 0.05, "TRAINER_STEP_S": 0.01, "p": p}[k] for k in extra]
+
+    def apply(x: list[float]) -> None:
+        global FORM
+        v = dict(zip(keys, x, strict=True))
+        speed_model.DEFAULT_EFFICIENCY, speed_model.SATURATION_TOKENS = min(v["DEFAULT_EFFICIENCY"], 1.0), v["SATURATION_TOKENS"]
+        STACK_FACTOR["torchtune"] = v["torchtune"]
+        for k in ("PER_OP_S", "MICROBATCH_OVERHEAD_S", "TRAINER_STEP_S"):
+            if k in v:
+                setattr(speed_model, k, v[k])
+        if per_op is not None:
+            speed_model.PER_OP_S = per_op
+        dq = {"nf4": v["nf4"], "gptq": v["gptq"]}
+        FORM = {"p": 1.0 + v["p"] if "p" in v else p, "dequant_s": dq if per_weight else None}
+        if not per_weight:
+            speed_model.DEQUANT_BYTES_PER_PARAM = dq
+
+    def loss(lx: list[float]) -> float:
+        apply([math.exp(t) for t in lx])
+        return _sum_sq(fit)
+
+    try:
+        best, _ = _nelder_mead(loss, [math.log(v) for v in x0], 0.5)
+        best, _ = _nelder_mead(loss, best, 0.2)
+        x = [math.exp(t) for t in best]
+        apply(x)
+        shorts = [r for r in speed_rows(short, "s") if r.group == "s (held out)"]
+        gpt2 = [r for r in fresh_rows() if r.group == "speed, short steps, fresh (held out)"]
+        return {"form": label, "fit": _sum_sq(fit), "held_out": _sum_sq(held), "short": split_summary(shorts),
+                "gpt2": split_summary(gpt2), "constants": dict(zip(keys, x, strict=True))}
+    finally:
+        FORM = None
+        for n, v in saved.items():
+            if n == "torchtune":
+                STACK_FACTOR["torchtune"] = v
+            else:
+                setattr(speed_model, n, v)
+
+
+def compare_forms() -> list[dict[str, Any]]:
+    """Every form of ``FORMS`` fitted and scored (about a minute)."""
+    return [fit_form(*f) for f in FORMS]
+
+
 def rows() -> list[Row]:
     ds, _ = _deepspeed_rows()
     doc = load_runs()
@@ -747,7 +842,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--markdown", action="store_true", help="print the markdown table only")
     ap.add_argument("--fit", action="store_true", help="refit the speed constants on the fit half first, print them")
+    ap.add_argument("--forms", action="store_true", help="fit and score the forms of the step-time model compared")
     a = ap.parse_args(argv)
+    if a.forms:
+        print("| form | fit | held out | short steps, held out | GPT-2 (fresh) | constants |\n|---|---|---|---|---|---|")
+        for f in compare_forms():
+            c = ", ".join(f"{k} {v:.3g}" for k, v in f["constants"].items())
+            print(f"| {f['form']} | {f['fit']:.2f} | {f['held_out']:.2f} | {f['short']['median']:.2f}, "
+                  f"{f['short']['outside_0.6_1.6']} | {f['gpt2']['median']:.2f}, {f['gpt2']['outside_0.6_1.6']} | {c} |")  # fmt: skip
+        return 0
     if a.fit:
         fitted = fit_speed()
         print("fitted on the fit half: " + ", ".join(f"{k} {v:.3g}" for k, v in fitted.items()))

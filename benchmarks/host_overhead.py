@@ -14,7 +14,11 @@ Two figures the speed model takes as measured rather than fitted:
    (AdamW, clipping at 1.0) stepped by ``transformers.Trainer`` and by a plain loop over the same micro-batches;
    the difference, at accumulation 1 and 8, splits into a cost per micro-batch (the collator, moving the batch,
    the loss's scaling and the NaN check) and a cost per optimizer step (the scheduler, callbacks, zero_grad,
-   fetching the accumulation window's batches).
+   fetching the accumulation window's batches). The Trainer's step is timed from one step's start to the next
+   (so the next window's batch fetching is inside it); each side gets a fresh model; the loop's AdamW has the
+   Trainer's weight decay (0). What a CPU cannot show: on a GPU the Trainer's NaN check on the loss
+   synchronises the device every micro-batch, and the batch's copy to the device is a transfer of its own, so
+   the GPU figures are these and more.
 
 Timings on a shared 2-core machine are noisy: every figure is the median over steps with the spread over
 ``--repeats`` runs; run it alone.
@@ -81,10 +85,10 @@ def _trainer_step(model: Any, accum: int, steps: int) -> float:
             self.t0 = 0.0
 
         def on_step_begin(self, *a: Any, **k: Any) -> None:
-            self.t0 = time.perf_counter()
-
-        def on_step_end(self, *a: Any, **k: Any) -> None:
-            self.times.append(time.perf_counter() - self.t0)
+            now = time.perf_counter()
+            if self.t0:
+                self.times.append(now - self.t0)  # from one step's start to the next: batch fetching included
+            self.t0 = now
 
     rows = [[5] * SEQ] * (steps * accum + accum)
     clock = Clock()
@@ -101,7 +105,7 @@ def _loop_step(model: Any, accum: int, steps: int) -> float:
     """Median seconds of the same optimizer step in a plain loop."""
     import torch
 
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], weight_decay=0.0)
     x = torch.full((1, SEQ), 5)
     times = []
     for _ in range(steps):
@@ -121,9 +125,8 @@ def trainer_overhead(steps: int = 60) -> dict[str, float]:
     """The Trainer's time beyond a plain loop, per micro-batch and per optimizer step (from accumulation 1 and 8)."""
     extra = {}
     for accum in (1, 8):
-        model = _model("llama", None)
-        loop = _loop_step(model, accum, steps)
-        trainer = _trainer_step(model, accum, steps)
+        loop = _loop_step(_model("llama", None), accum, steps)
+        trainer = _trainer_step(_model("llama", None), accum, steps)
         extra[accum] = {"trainer_s": trainer, "loop_s": loop, "extra_s": trainer - loop}
     per_mb = (extra[8]["extra_s"] - extra[1]["extra_s"]) / 7
     return {"per_micro_batch_s": per_mb, "per_step_s": extra[1]["extra_s"] - per_mb,

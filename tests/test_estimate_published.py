@@ -221,7 +221,7 @@ def test_short_steps_set_and_the_per_step_terms() -> None:
     five rows 0.63-0.86, the held-out half 16 rows, median 0.87 (0.52-1.92), 4 outside 0.6-1.6. With the dispatch
     term (an operation count per layer and per adapted linear x PER_OP_S, 2026-12-06): PEFT's rows 0.69-1.13, the
     held-out half median 1.03 (0.57-2.01), 3 outside; with dequantisation a stream at the GPU's bandwidth (the same
-    day): median 1.05 (0.67-1.97), 2 outside (litgpt's Phi-3 and Gemma-2 LoRA, whose tokens/s were derived from a
+    day): median 1.06 (0.67-1.98), 2 outside (litgpt's Phi-3 and Gemma-2 LoRA, whose tokens/s were derived from a
     runtime that includes validation and a token count read off a histogram, +-20 %): 14 of 16 within."""
     bench = _bench()
     doc = bench.load_short_steps()
@@ -365,7 +365,7 @@ def test_fresh_set_from_projects_not_used_before_scored_once() -> None:
     5 outside 0.6-1.6: the fixed cost per micro-batch fitted on 1.8-9B models over-states a 124M model's step.
     Scored again 2026-12-06 after the dispatch term replaced that cost (a change this miss prompted, so no longer a
     blind score): short steps median 0.90 (0.80-1.10), none outside 0.6-1.6; long steps median 0.89 (0.55-0.96); with
-    dequantisation a stream at the GPU's bandwidth, short 0.89 (0.80-1.11), long 0.85 (0.79-0.95), none outside."""
+    dequantisation a stream at the GPU's bandwidth, short 0.92 (0.82-1.17), long 0.85 (0.79-0.96), none outside."""
     bench = _bench()
     doc = bench.load_fresh()
     assert {r["source"] for r in doc["runs"]} == {"fms-acceleration", "transformers-issue-9371"}
@@ -383,7 +383,7 @@ def test_fresh_set_from_projects_not_used_before_scored_once() -> None:
         elif run["method"] == "qlora" and not run.get("quant"):
             assert r.ratio > 1.45, r.what
     long = bench.split_summary([r for r in rows if r.group == "speed, long steps, fresh (held out)"])
-    assert long["n"] == 22 and 0.8 <= long["median"] <= 0.95 and long["min"] > 0.5 and long["max"] < 1.0, long
+    assert long["n"] == 22 and 0.8 <= long["median"] <= 0.95 and long["min"] > 0.75 and long["max"] < 1.0, long
     short_rows = [r for r in rows if r.group == "speed, short steps, fresh (held out)"]
     short = bench.split_summary(short_rows)
     assert short["n"] == 11 and 0.85 <= short["median"] <= 1.0 and short["outside_0.6_1.6"] == 0, short
@@ -401,7 +401,7 @@ def test_blind_short_steps_scored_once() -> None:
     0.66 (0.20-1.03), 14 outside. LoRA and GPTQ on the A100 are 0.69-1.03; the misses are this stack's pure-fp16
     full fine-tuning (0.59-0.63: fp16 optimizer states where the plan assumes fp32 ones), its bitsandbytes 4-bit
     rows (0.20-0.69: FP4 in fp16 without peft's k-bit preparation, which the plan's fitted dequantisation cost
-    comes from) and GPTQ on the RTX 4090 (0.46-0.48; 0.62 before the bandwidth change)."""
+    comes from) and GPTQ on the RTX 4090 (0.46-0.49; 0.62 before the bandwidth change)."""
     bench = _bench()
     doc = bench.load_blind_short()
     assert {r["source"] for r in doc["runs"]} == {"optimum-benchmark"} and len(doc["runs"]) == 32
@@ -416,3 +416,25 @@ def test_blind_short_steps_scored_once() -> None:
             assert 0.65 <= r.ratio <= 1.1, r.what
         elif run.get("quant") == "nf4":
             assert r.ratio < 0.7, r.what
+
+
+def test_the_shipped_step_time_form_is_what_the_fit_halves_choose() -> None:
+    """`estimator_vs_published.py --forms` (docs/plan.md's table of forms): the shipped form (the dispatch added to
+    the GPU's work, the Trainer's times as measured, dequantization a stream at the bandwidth), refitted on both
+    sets' fit halves, gives the constants autotune/estimate/speed.py ships, and fits the fit halves better than the
+    dispatch overlapped with the GPU's work; fitted freely, the dispatch goes to nothing and a constant per
+    micro-batch of about 0.1 s takes its place, which is why the Trainer's times are held at their measurements."""
+    from autotune.estimate import speed
+
+    bench = _bench()
+    forms = {f[0]: f for f in bench.FORMS}
+    shipped = bench.fit_form(*forms["the same, dequantization a stream at the bandwidth (shipped)"])
+    k = shipped["constants"]
+    assert round(k["DEFAULT_EFFICIENCY"], 2) == speed.DEFAULT_EFFICIENCY and round(k["PER_OP_S"], 7) == speed.PER_OP_S
+    assert round(k["SATURATION_TOKENS"]) == speed.SATURATION_TOKENS
+    assert {q: round(k[q], 1) for q in ("nf4", "gptq")} == speed.DEQUANT_BYTES_PER_PARAM
+    assert speed.DEFAULT_EFFICIENCY == bench.speed_model.DEFAULT_EFFICIENCY  # the fit leaves the shipped constants
+    overlapped = bench.fit_form(*next(f for f in bench.FORMS if f[0].startswith("dispatch overlapped")))
+    assert shipped["fit"] < overlapped["fit"] - 0.5
+    free = bench.fit_form(*next(f for f in bench.FORMS if f[0].startswith("dispatch added, every constant")))
+    assert free["constants"]["PER_OP_S"] < 1e-6 and 0.05 < free["constants"]["MICROBATCH_OVERHEAD_S"] < 0.15

@@ -17,8 +17,9 @@ FLOP convention (stated, because conventions differ by 10–20% at long sequence
 Predicted step time (``predict_speed(...).step_time_s``, or :func:`predict_step_time`) = the compute
 part (FLOPs / (peak FLOP/s x efficiency), efficiency = base (calibrated from probes on that GPU when
 given, else the catalog's figure for the GPU, else ``DEFAULT_EFFICIENCY``) x the lever factors) plus
-fixed times per layer and pass, per optimizer step, for the optimizer update and for QLoRA's
-dequantization; multi-GPU runs lose a stated share to communication. Tokens/s = real tokens per step /
+the host's dispatch of every operation the step runs (counted per layer and per adapted linear), the
+Trainer's own time, the optimizer update and gradient clipping, and QLoRA's dequantization (streams at
+the GPU's memory bandwidth); multi-GPU runs lose a stated share to communication. Tokens/s = real tokens per step /
 step time. With variable lengths (``Workload.lengths``) the compute counts every token slot the probe's layout
 holds (padding to a micro-batch's longest sequence, or packed rows padded to the longest row, or one flat row
 with FlashAttention/flex) with attention at its row's width (:func:`batch_layout_of`), so packing against
@@ -29,10 +30,12 @@ The constants are fitted on published runs (below).
 from __future__ import annotations
 
 import functools
+import json
 import random
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any
 
 from autotune.errors import SpecError
@@ -87,9 +90,9 @@ __all__ = [
 #   + passes x quantized weights x DEQUANT_BYTES_PER_PARAM[backend] / bandwidth   (QLoRA: dequantize every pass)
 #   + operations dispatched x PER_OP_S           (the host's dispatch and launch of each operation: OPS_PER_STEP)
 #   + MICROBATCH_OVERHEAD_S                                              (the Trainer around one micro-batch)
-# The dispatch is added, not overlapped with the arithmetic: the fit prefers it (a sum of squared log ratios
-# of 1.92 on the fit half, against 2.52 for the longer of the two), as a step of many small kernels waits on
-# each one's launch whether or not the host runs ahead.
+# The dispatch is added, not overlapped with the arithmetic: the fit prefers it to the longer of the two and to a
+# partial overlap (the forms compared in docs/plan.md), as a step of many small kernels waits on each one's
+# launch whether or not the host runs ahead.
 # plus, once per optimizer step, what scales with the trainable parameters and nothing else:
 #   trainable params x (CLIP_BYTES_PER_PARAM + OPTIMIZER_BYTES_PER_PARAM[optim]) / memory bandwidth
 #   + trainable tensors x PER_TENSOR_S + TRAINER_STEP_S
@@ -105,51 +108,41 @@ __all__ = [
 # the bandwidth (held out: 24 runs, median 0.95; short steps 16 runs, median 1.05; docs/plan.md).
 # Share of peak 16-bit FLOP/s reached by large GEMMs in an HF Trainer fine-tune [fitted: 0.537].
 DEFAULT_EFFICIENCY = 0.54
-# Tokens per micro-batch at which GEMM efficiency is half of DEFAULT_EFFICIENCY's [fitted: 51.7]: a few hundred
+# Tokens per micro-batch at which GEMM efficiency is half of DEFAULT_EFFICIENCY's [fitted: 52.4]: a few hundred
 # tokens make matrices too thin to fill the GPU.
 SATURATION_TOKENS = 52
-# Operations one training step dispatches, by attention implementation and family (measured by
-# ``python benchmarks/op_counts.py`` with torch 2.13.0 and transformers 5.25.0, which checks this table): per decoder
-# layer forward, its backward with every weight's gradient (full) or with the base frozen (LoRA), per LoRA-adapted
-# linear forward and backward, and the rest of a step (embedding, final norm, head, loss). bf16 autocast's casts
-# and views count: each costs the host a dispatch. FlashAttention-2 and flex count as sdpa; a family not listed
-# counts as llama.
-OPS_FIELDS = ("layer_forward", "layer_backward_full", "layer_backward_frozen", "lora_module_forward",
-              "lora_module_backward", "fixed")  # fmt: skip
-_OPS_SDPA = {
-    "llama": (91, 162, 113, 13, 22, 72), "mistral": (94, 162, 113, 13, 22, 72), "qwen2": (94, 174, 113, 13, 22, 72),
-    "qwen3": (109, 200, 143, 13, 22, 72), "gemma": (93, 162, 113, 13, 22, 75), "gemma2": (143, 231, 172, 13, 24, 135),
-    "gemma3_text": (133, 242, 177, 13, 22, 75), "phi3": (86, 142, 109, 14, 24, 72), "granite": (93, 164, 115, 13, 22, 76),
-    "olmo2": (113, 206, 149, 13, 22, 72), "gpt2": (91, 115, 79, 13, 23, 56),
-}  # fmt: skip
-_OPS_EAGER = {
-    "llama": (116, 187, 136, 13, 24, 95), "mistral": (119, 187, 136, 13, 24, 100), "qwen2": (119, 199, 136, 13, 24, 95),
-    "qwen3": (134, 225, 166, 13, 24, 95), "gemma": (118, 187, 136, 13, 24, 98), "gemma2": (143, 231, 172, 13, 24, 135),
-    "gemma3_text": (158, 267, 200, 13, 24, 126), "phi3": (109, 167, 134, 14, 24, 95), "granite": (118, 189, 138, 13, 24, 99),
-    "olmo2": (138, 231, 172, 13, 24, 95), "gpt2": (80, 111, 75, 13, 23, 79),
-}  # fmt: skip
-OPS_PER_STEP = {attn: {fam: dict(zip(OPS_FIELDS, v, strict=True)) for fam, v in t.items()}
-                for attn, t in (("sdpa", _OPS_SDPA), ("eager", _OPS_EAGER))}  # fmt: skip
-# Seconds per dispatched operation (Python, the dispatcher, autograd, the launch) [fitted: 6.23e-6; this
-# project's CPU pays 6.6-7.8 us an operation for the same models with kernels that do almost nothing:
+# Operations one training step dispatches (``op_counts.json`` next to this module, written by
+# ``python benchmarks/op_counts.py --write``, which counts them with torch's dispatcher and checks this table): by
+# table ("sdpa" or "eager", and " fp32" for a step without autocast) and family, per decoder layer its forward, its
+# backward with every weight's gradient (full) or with the base frozen (LoRA), per LoRA-adapted linear its
+# forward and backward, and the rest of a step (embedding, final norm, head, loss) for full fine-tuning ("fixed")
+# and with the base frozen ("fixed_frozen"). autocast's casts and views count: each costs the host a dispatch.
+# FlashAttention-2 and flex count as sdpa; a family not listed counts as llama; a torch.compile step is counted as
+# eager (compile's effect is not modelled: COMPILE_FACTOR).
+OPS_PER_STEP: dict[str, dict[str, dict[str, int]]] = json.loads(
+    resources.files("autotune.estimate").joinpath("op_counts.json").read_text(encoding="utf-8"))["counts"]
+# Seconds per dispatched operation (Python, the dispatcher, autograd, the launch) [fitted: 6.32e-6; this
+# project's CPU pays 6.9-9.8 us an operation for the same models with kernels that do almost nothing:
 # ``python benchmarks/host_overhead.py``].
-PER_OP_S = 6.2e-6
+PER_OP_S = 6.3e-6
 # Bytes moved per quantized weight per pass to dequantize it for the matmul, at the GPU's memory bandwidth x
-# BANDWIDTH_SHARE, by backend [fitted: 20.4 and 13.5]: "nf4" bitsandbytes / torchao NF4, "gptq" auto-gptq's CUDA
+# BANDWIDTH_SHARE, by backend [fitted: 20.5 and 13.4]: "nf4" bitsandbytes / torchao NF4, "gptq" auto-gptq's CUDA
 # kernels (exllama off, as Qwen's recipe runs). Reading 4 bits and writing a 16-bit copy is about 2.6 B; the fitted
 # figures are several times that, so they carry what else a 4-bit layer costs a pass in the published stacks
 # (the casts around it, kernels below the bandwidth). A stream, so a slower memory pays more: until 2026-12-06 this
 # was seconds per weight (3.4e-11 nf4, 8.3e-12 GPTQ), the same on every GPU.
-DEQUANT_BYTES_PER_PARAM = {"nf4": 20.4, "gptq": 13.5}
+DEQUANT_BYTES_PER_PARAM = {"nf4": 20.5, "gptq": 13.4}
 DEFAULT_QUANT = "nf4"
 # The Trainer's own time around one micro-batch (the collator, moving the batch, the loss's scaling, the NaN check),
 # beyond the model's operations, and around one optimizer step (scheduler, callbacks, zero_grad, fetching the
-# accumulation window) [measured: ``python benchmarks/host_overhead.py``, a Trainer against a plain loop over the
-# same micro-batches on this project's 2-core CPU, 2026-12-06: 0.78 ms (-0.23-0.94 over 3 runs) and 1.81 ms
-# (1.33-2.08)]. The constant 0.099 s per micro-batch these replace was fitted when the model had no dispatch term,
-# and took the host's dispatch of a 1-14B model's operations for the Trainer's own time.
-MICROBATCH_OVERHEAD_S = 0.0008
-TRAINER_STEP_S = 0.0018
+# accumulation window) [measured: ``python benchmarks/host_overhead.py --repeats 5``, a Trainer against a plain
+# loop over the same micro-batches on this project's 2-core CPU, 2026-12-06: medians 0.19 ms (-0.53-3.74 over 5
+# runs) and 1.02 ms (-1.93-3.34): a few milliseconds at most, under what the method resolves]. On a GPU the NaN
+# check also waits for the device every micro-batch; that is not measured here. The constant 0.099 s per
+# micro-batch these replace was fitted when the model had no dispatch term, and took the host's dispatch of a
+# 1-14B model's operations for the Trainer's own time.
+MICROBATCH_OVERHEAD_S = 0.0002
+TRAINER_STEP_S = 0.001
 # Gradient clipping (the Trainer's max_grad_norm, 1.0 by default): a norm reads every trainable fp32 gradient
 # once, the scale reads and writes it: 12 bytes per trainable parameter [stated].
 CLIP_BYTES_PER_PARAM = 12
@@ -481,16 +474,17 @@ def predict_speed(
 
 
 def ops_per_micro_batch(arch: Arch, workload: Workload, candidate: Candidate) -> float:
-    """Operations the host dispatches for one micro-batch (``OPS_PER_STEP``): per layer its forward, the recomputed
-    share of it, and its backward (every weight's gradient for full fine-tuning, the frozen base's otherwise), per
-    LoRA-adapted linear the same, and the embedding, head and loss once."""
-    table = OPS_PER_STEP["eager" if candidate.attn == "eager" else "sdpa"]
-    ops = table.get(arch.model_type, table["llama"])
+    """Operations the host dispatches for one micro-batch (``OPS_PER_STEP``, the fp32 table for an fp32 candidate):
+    per layer its forward, the recomputed share of it, and its backward (every weight's gradient for full
+    fine-tuning, the frozen base's otherwise), per LoRA-adapted linear the same, and the embedding, head and loss
+    once."""
+    key = ("eager" if candidate.attn == "eager" else "sdpa") + (" fp32" if candidate.precision == "fp32" else "")
+    ops = OPS_PER_STEP[key].get(arch.model_type, OPS_PER_STEP[key]["llama"])
     forwards = 1.0 + recomputed(arch, candidate)
     full = workload.mode == "full"
     layer = ops["layer_forward"] * forwards + ops["layer_backward_full" if full else "layer_backward_frozen"]
     module = ops["lora_module_forward"] * forwards + ops["lora_module_backward"]
-    return arch.layers * layer + _adapted_linears(arch, workload) * module + ops["fixed"]
+    return arch.layers * layer + _adapted_linears(arch, workload) * module + ops["fixed" if full else "fixed_frozen"]
 
 
 def predict_step_time(
@@ -518,7 +512,7 @@ def ideal_tokens_per_s(arch: Arch, workload: Workload, candidate: Candidate, gpu
 def compute_only_tokens_per_s(
     measured_tokens_per_s_per_gpu: float, arch: Arch, workload: Workload, candidate: Candidate, gpu: GPU
 ) -> float | None:
-    """A measured tokens/s per GPU with the model's fixed overheads (per layer, per adapter, per step,
+    """A measured tokens/s per GPU with the model's fixed overheads (the dispatch, the Trainer's own time,
     optimizer, dequantization, offload) taken out of its step time: what :func:`calibrate` compares
     with :func:`ideal_tokens_per_s`. None when the measured step is no longer than those overheads."""
     if not measured_tokens_per_s_per_gpu or measured_tokens_per_s_per_gpu <= 0:

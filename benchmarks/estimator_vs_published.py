@@ -510,7 +510,7 @@ def fit_varlen(doc: dict[str, Any] | None = None) -> float:
         memory_model.VARLEN_RESERVE_GROWTH = g
         return sum(math.log(r.ratio) ** 2 for r in varlen_memory_rows(doc) if r.group.endswith("(fit)"))
 
-    best = min((loss(i / 20), i / 20) for i in range(0, 81))[1]
+    best = min((loss(i / 20), i / 20) for i in range(0, 121))[1]
     memory_model.VARLEN_RESERVE_GROWTH = best
     return best
 

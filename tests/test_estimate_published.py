@@ -244,18 +244,21 @@ def test_reserved_with_variable_lengths_against_ms_swifts_table() -> None:
     512-8,192 tokens; benchmarks/published_large_vocab.json, split before the fit). The fixed-length reserved figure
     was 0.82 of it on the held-out half (39 % of rows within 15 %); the variable-length figure, its one constant
     fitted on the fit half, is 1.00 (70 % within 15 %). Recorded 2026-12-04; goal 80 % within 15 %: missed (the two
-    rows without checkpointing are 1.40 and 2.01: the growth is fitted on checkpointed runs)."""
+    rows without checkpointing are 1.40 and 2.01: the growth is fitted on checkpointed runs). 2026-12-06: the growth
+    applied to the transient tensors only, not to the saved activations (the allocator replay without checkpointing
+    grows about as much as with it), refitted 1.85: median 0.99 (0.75-1.30), 78 % within 15 % (18 of 23), the two
+    rows without checkpointing 0.97 and 1.05; still short of 80 % by one row."""
     from autotune.estimate import memory
 
     bench = _bench()
     doc = bench.load_large_vocab()
     assert len(doc["runs"]) == 47 and all(r["memory_reports"] == "reserved" for r in doc["runs"])
     assert all(r["split"] == ("fit" if i % 2 == 0 else "heldout") for i, r in enumerate(doc["runs"]))
-    assert memory.VARLEN_RESERVE_GROWTH == 1.65
+    assert memory.VARLEN_RESERVE_GROWTH == 1.85
     held = [r for r in bench.varlen_memory_rows(doc) if r.group.endswith("(held out)")]
     before = [r for r in bench.varlen_memory_rows(doc, fixed=True) if r.group.endswith("(held out)")]
     q, b = bench.split_summary(held), bench.split_summary(before)
-    assert q["n"] == 23 and 0.95 <= q["median"] <= 1.05 and bench.within(held) >= 0.69, q
+    assert q["n"] == 23 and 0.95 <= q["median"] <= 1.05 and bench.within(held) >= 0.78 and q["max"] < 1.35, q
     assert b["median"] < 0.85 and bench.within(before) < 0.45, b
 
 

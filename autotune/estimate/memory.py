@@ -115,10 +115,15 @@ ALLOCATOR_RESERVE = 0.15
 # reaches 1.5-4.2x its allocated peak over 300 steps). Before it runs out, the allocator returns the wholly
 # free cached segments to the device and retries, so the run still fits in about the fixed-length reserved figure
 # (the replay: 0.94-1.01x it), more slowly; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True keeps the reserve within
-# 4-14 % of allocated. VARLEN_RESERVE_GROWTH x the dynamic part (allocated less STATIC_TERMS) on top of allocated
-# is what a roomy card reports: fitted on the fit half of ms-swift's published max_memory_reserved table
-# (benchmarks/published_large_vocab.json; `python benchmarks/estimator_vs_published.py --fit` refits it).
-VARLEN_RESERVE_GROWTH = 1.65
+# 4-14 % of allocated. The growth follows the transient tensors (the logits and the loss's copies, the recomputed
+# layer), not the activations saved for the backward: the replay of Qwen2.5-7B LoRA at 2,048 tokens grows the reserve
+# by 18.3 GiB over 300 uniform-length steps with checkpointing (4.0 GiB of dynamic tensors) and by 21.2 GiB without
+# (25.0 GiB: 21 more of saved activations; benchmarks/results/allocator_replay-qwen2.5-7b-nockpt.json).
+# VARLEN_RESERVE_GROWTH x the dynamic part less the saved activations (allocated less STATIC_TERMS and
+# "activations") on top of allocated is what a roomy card reports: fitted on the fit half of ms-swift's published
+# max_memory_reserved table (benchmarks/published_large_vocab.json; `python benchmarks/estimator_vs_published.py
+# --fit` refits it): 1.85 (1.65 when the saved activations grew too).
+VARLEN_RESERVE_GROWTH = 1.85
 # What a CPU probe's RSS growth holds besides tensors (fp32, torch 2.13 / transformers 5.24, 2 threads,
 # MALLOC_MMAP_THRESHOLD_=65536), measured 2026-11-30 by reading /proc/self/status around each stage of
 # the probe (tiny-llama, smollm2-135m, gpt2) and fitted on the ``fit`` split of
@@ -234,9 +239,10 @@ class MemoryBreakdown:
     @property
     def reserved_variable_lengths(self) -> int:
         """What ``torch.cuda.max_memory_reserved`` grows to on a card with room when the batches' lengths vary and
-        the allocator is the default one (``VARLEN_RESERVE_GROWTH``). Not what the run needs: it still fits in
-        ``reserved``, the allocator freeing cached segments and retrying when it runs out."""
-        static = sum(self.terms.get(k, 0) for k in STATIC_TERMS)
+        the allocator is the default one (``VARLEN_RESERVE_GROWTH`` x the transient tensors: the dynamic part less
+        the saved activations). Not what the run needs: it still fits in ``reserved``, the allocator freeing cached
+        segments and retrying when it runs out."""
+        static = sum(self.terms.get(k, 0) for k in STATIC_TERMS) + self.terms.get("activations", 0)
         return self.allocated + int(VARLEN_RESERVE_GROWTH * max(0, self.allocated - static))
 
     @property

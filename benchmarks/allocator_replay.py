@@ -555,10 +555,9 @@ def main(argv: list[str] | None = None) -> int:
         doc = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "transformers": transformers.__version__,
                "command": "python benchmarks/allocator_replay.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                "rows": rows}  # fmt: skip
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = a.out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(doc, indent=2) + "\n")
-        tmp.replace(a.out)
+        from autotune.store import write_json_atomic
+
+        write_json_atomic(a.out, doc)
     return 0
 
 

@@ -27,7 +27,6 @@ Timings on a shared 2-core machine are noisy: every figure is the median over st
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -167,9 +166,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Trainer beyond a plain loop, {key[4:-2].replace('_', ' ')}: {s['median'] * 1e3:.2f} ms "
               f"({s['min'] * 1e3:.2f}-{s['max'] * 1e3:.2f})")  # fmt: skip
     if args.out:
-        tmp = args.out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(doc, indent=1) + "\n")
-        tmp.replace(args.out)
+        from autotune.store import write_json_atomic
+
+        write_json_atomic(args.out, doc, indent=1)
     return 0
 
 

@@ -25,8 +25,6 @@ sdpa (one fused call). The counts have not been repeated on a GPU.
 from __future__ import annotations
 
 import argparse
-import collections
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -70,22 +68,19 @@ def small_config(family: str, layers: int, attn: str) -> Any:
     return cfg
 
 
-class _Count:
-    """A TorchDispatchMode counting the aten operations it sees (built lazily: torch is imported in main)."""
+def _counting_mode() -> Any:
+    """A TorchDispatchMode counting the aten operations that reach the dispatcher while it is active (torch is
+    imported here, not at the module's import)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
 
-    def __new__(cls) -> Any:
-        from torch.utils._python_dispatch import TorchDispatchMode
+    class Count(TorchDispatchMode):
+        n = 0
 
-        class Count(TorchDispatchMode):
-            def __init__(self) -> None:
-                super().__init__()
-                self.ops: collections.Counter[str] = collections.Counter()
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            self.n += 1
+            return func(*args, **(kwargs or {}))
 
-            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-                self.ops[func.overloadpacket.__name__] += 1
-                return func(*args, **(kwargs or {}))
-
-        return Count()
+    return Count()
 
 
 def count_step(family: str, layers: int, *, attn: str = "sdpa", lora: list[str] | None = None,
@@ -114,12 +109,12 @@ def count_step(family: str, layers: int, *, attn: str = "sdpa", lora: list[str] 
 
     with cast():
         model(input_ids=x, labels=x)  # a first step outside the count: lazy initialisation is not per step
-    fwd, bwd = _Count(), _Count()
+    fwd, bwd = _counting_mode(), _counting_mode()
     with cast(), fwd:
         loss = model(input_ids=x, labels=x).loss
     with bwd:
         loss.backward()
-    return sum(fwd.ops.values()), sum(bwd.ops.values())
+    return fwd.n, bwd.n
 
 
 def family_counts(family: str, attn: str = "sdpa", *, autocast: bool = True) -> dict[str, int]:
@@ -181,10 +176,9 @@ def main(argv: list[str] | None = None) -> int:
                          "fixed_frozen": "the rest of a step with the base frozen: the head and the loss, less what the "
                                          "first layer's backward does not run (no input gradient for a frozen embedding)"},
                "counts": got}  # fmt: skip
-        out = ROOT / "autotune" / "estimate" / "op_counts.json"
-        tmp = out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(doc, indent=1) + "\n")
-        tmp.replace(out)
+        from autotune.store import write_json_atomic
+
+        out = write_json_atomic(ROOT / "autotune" / "estimate" / "op_counts.json", doc, indent=1)
         print(f"wrote {out.relative_to(ROOT)}")
     return 0
 

@@ -577,7 +577,7 @@ def _as_form(sp: Any, gpu: GPU, quant: str | None, c: Candidate) -> float:
     dequant = sp.dequant_time_s
     if FORM["dequant_s"] is not None and dequant:
         backend = quant or speed_model.DEFAULT_QUANT
-        rate = gpu.memory_bandwidth_gbs * 1e9 * speed_model.BANDWIDTH_SHARE
+        rate = speed_model.stream_rate(gpu)
         dequant = dequant * rate / speed_model.DEQUANT_BYTES_PER_PARAM[backend] * FORM["dequant_s"][backend]
     gpu_s, host_s, p = sp.compute_time_s + dequant, sp.dispatch_time_s, FORM["p"]
     both = gpu_s + host_s if p == 1 else max(gpu_s, host_s) if math.isinf(p) else (gpu_s**p + host_s**p) ** (1 / p)
@@ -640,20 +640,6 @@ def split_summary(rs: list[Row]) -> dict[str, float]:
             "outside_0.6_1.6": sum(1 for x in q if x < 0.6 or x > 1.6)}  # fmt: skip
 
 
-# the constants --fit adjusts (log-space Nelder-Mead on the squared log ratios of the fit half); the Trainer's own
-# times (MICROBATCH_OVERHEAD_S, TRAINER_STEP_S) are measured by benchmarks/host_overhead.py, not fitted: several
-# published stacks are not the Trainer, and a fitted constant took their costs for its own
-FIT_PARAMS = ("DEFAULT_EFFICIENCY", "SATURATION_TOKENS", "PER_OP_S", "DEQUANT_nf4", "DEQUANT_gptq", "STACK_torchtune")
-
-
-def _set_params(x: list[float]) -> None:
-    speed_model.DEFAULT_EFFICIENCY = min(x[0], 1.0)
-    speed_model.SATURATION_TOKENS = x[1]
-    speed_model.PER_OP_S = x[2]
-    speed_model.DEQUANT_BYTES_PER_PARAM = {"nf4": x[3], "gptq": x[4]}
-    STACK_FACTOR["torchtune"] = x[5]
-
-
 def _nelder_mead(f: Any, x0: list[float], step: float, iters: int = 3000) -> tuple[list[float], float]:
     n = len(x0)
     pts = [list(x0)] + [[x0[j] + (step if j == i else 0.0) for j in range(n)] for i in range(n)]
@@ -684,31 +670,6 @@ def _nelder_mead(f: Any, x0: list[float], step: float, iters: int = 3000) -> tup
     return pts[i], vals[i]
 
 
-def fit_speed(doc: dict[str, Any] | None = None, start: list[float] | None = None,
-              short: dict[str, Any] | None = None) -> dict[str, float]:  # fmt: skip
-    """Refit the speed constants on the fit halves of both sets (published_runs.json and the short steps; from
-    ``start``, default the constants in autotune/estimate/speed.py, a zero replaced by a small positive value).
-    Leaves them set."""
-    doc = doc or load_runs()
-    short = short or load_short_steps()
-    fit_runs = [(d, r) for d in (doc, short) for r in d["runs"] if r["split"] == "fit"]
-    start = start or [speed_model.DEFAULT_EFFICIENCY, speed_model.SATURATION_TOKENS, speed_model.PER_OP_S,
-                      speed_model.DEQUANT_BYTES_PER_PARAM["nf4"], speed_model.DEQUANT_BYTES_PER_PARAM["gptq"],
-                      STACK_FACTOR["torchtune"]]  # fmt: skip
-    floor = [0.3, 64, 1e-6, 1.0, 1.0, 1.0]
-    x0 = [math.log(v if v > 0 else f) for v, f in zip(start, floor, strict=False)]
-
-    def loss(lx: list[float]) -> float:
-        _set_params([math.exp(v) for v in lx])
-        return sum(math.log(predicted_tokens_per_s(d, r) / published_tokens_per_s(r)) ** 2 for d, r in fit_runs)
-
-    best, _ = _nelder_mead(loss, x0, 0.5)
-    best, _ = _nelder_mead(loss, best, 0.2)
-    x = [math.exp(v) for v in best]
-    _set_params(x)
-    return dict(zip(FIT_PARAMS, x, strict=False))
-
-
 # (label, the constants fitted, the form: p and whether dequantization is seconds per weight)
 FORMS = (
     ("a fixed time per micro-batch, fitted; dequantization seconds per weight", ("MICROBATCH_OVERHEAD_S",
@@ -727,10 +688,12 @@ def _sum_sq(runs: list[tuple[dict[str, Any], dict[str, Any]]]) -> float:
     return sum(math.log(predicted_tokens_per_s(d, r) / published_tokens_per_s(r)) ** 2 for d, r in runs)
 
 
-def fit_form(label: str, extra: tuple[str, ...], p: float, per_weight: bool, per_op: float | None) -> dict[str, Any]:
-    """Fit one form on both sets' fit halves (efficiency, saturation, dequantization and torchtune's factor always;
-    ``extra`` besides) and score it: summed squared log ratios of the fit and held-out halves, the held-out short
-    steps and the fresh GPT-2 rows. Leaves the shipped constants as they were."""
+def fit_form(label: str, extra: tuple[str, ...], p: float, per_weight: bool, per_op: float | None, *,
+             keep: bool = False) -> dict[str, Any]:  # fmt: skip
+    """Fit one form on both sets' fit halves (log-space Nelder-Mead on the squared log ratios; efficiency,
+    saturation, dequantization and torchtune's factor always, ``extra`` besides) and score it: summed squared log
+    ratios of the fit and held-out halves, the held-out short steps and the fresh GPT-2 rows. Leaves the shipped
+    constants as they were, or (``keep``, the shipped form only) the fitted ones."""
     global FORM
     names = ("DEFAULT_EFFICIENCY", "SATURATION_TOKENS", "PER_OP_S", "MICROBATCH_OVERHEAD_S", "TRAINER_STEP_S",
              "DEQUANT_BYTES_PER_PARAM")  # fmt: skip
@@ -772,11 +735,19 @@ def fit_form(label: str, extra: tuple[str, ...], p: float, per_weight: bool, per
                 "gpt2": split_summary(gpt2), "constants": dict(zip(keys, x, strict=True))}
     finally:
         FORM = None
-        for n, v in saved.items():
+        for n, v in saved.items() if not keep else ():
             if n == "torchtune":
                 STACK_FACTOR["torchtune"] = v
             else:
                 setattr(speed_model, n, v)
+
+
+def fit_speed() -> dict[str, float]:
+    """Refit the shipped form's constants on the fit halves of both sets (published_runs.json and the short steps)
+    and leave them set (``--fit``); the Trainer's own times (MICROBATCH_OVERHEAD_S, TRAINER_STEP_S) are measured by
+    benchmarks/host_overhead.py, not fitted: several published stacks are not the Trainer, and a fitted constant
+    took their costs for its own."""
+    return fit_form(*next(f for f in FORMS if f[0].endswith("(shipped)")), keep=True)["constants"]
 
 
 def compare_forms() -> list[dict[str, Any]]:

@@ -68,6 +68,7 @@ __all__ = [
     "SCALING_FACTOR",
     "TRAINER_STEP_S",
     "step_update_time",
+    "stream_rate",
     "SpeedEstimate",
     "attention_flops_per_token",
     "calibrate",
@@ -386,10 +387,10 @@ def step_update_time(arch: Arch, workload: Workload, candidate: Candidate, gpu: 
     shard = max(c.world_size, 1) if c.zero_stage > 0 else 1
     params = _trainable(arch, workload) / shard
     per_param = CLIP_BYTES_PER_PARAM + OPTIMIZER_BYTES_PER_PARAM.get(c.optim, OPTIMIZER_BYTES_PER_PARAM["adamw_torch"])
-    return params * per_param / _stream_rate(gpu) + _trainable_tensors(arch, workload) / shard * PER_TENSOR_S + TRAINER_STEP_S
+    return params * per_param / stream_rate(gpu) + _trainable_tensors(arch, workload) / shard * PER_TENSOR_S + TRAINER_STEP_S
 
 
-def _stream_rate(gpu: GPU) -> float:
+def stream_rate(gpu: GPU) -> float:
     """Bytes/s a memory-bound stream reaches: the data-sheet bandwidth x BANDWIDTH_SHARE, OPTIMIZER_BYTES_PER_S
     where the catalog has none."""
     return gpu.memory_bandwidth_gbs * 1e9 * BANDWIDTH_SHARE if gpu.memory_bandwidth_gbs else OPTIMIZER_BYTES_PER_S
@@ -440,7 +441,7 @@ def predict_speed(
         backend = quant or DEFAULT_QUANT
         if backend not in DEQUANT_BYTES_PER_PARAM:
             raise SpecError(f"quant must be one of {', '.join(DEQUANT_BYTES_PER_PARAM)}; got {backend!r}")
-        dequant_mb = passes * arch.params_linear_total * DEQUANT_BYTES_PER_PARAM[backend] / _stream_rate(gpu)
+        dequant_mb = passes * arch.params_linear_total * DEQUANT_BYTES_PER_PARAM[backend] / stream_rate(gpu)
     # ZeRO-Offload steps the optimizer on the host (``offload_s`` below); the Trainer's own step stays here
     optimizer_s = TRAINER_STEP_S if c.offload != "none" else step_update_time(arch, w, c, gpu)
     compute_s = c.grad_accum * compute_mb

@@ -8,11 +8,19 @@ at the model's real size and without a GPU.
 arithmetic), set up as the probe sets it up (the dtype ``autotune.formats.model_dtype`` picks, the emitted LoRA
 configuration, non-reentrant gradient checkpointing), and one forward, loss and backward run through a dispatch
 mode that records, in order, every storage an aten operation allocates and the moment it is freed (its weak
-reference expires). Two things a meta run would do otherwise than a GPU are set as the GPU does them: autocast
-(``torch.autocast`` is CUDA-only: a function mode casts the inputs of linear, matmul and attention to the 16-bit
-type where they are not already, once per use: each cast is what the op saves for its backward) and attention (the flash-attention
-op with its output and log-sum-exp, where a meta run would take the math path and materialise the s x s scores).
+reference expires). Three things a meta run would do otherwise than a GPU are set as the GPU does them: autocast
+(``torch.autocast`` is CUDA-only: ``F.linear``, GPT-2's ``torch.addmm`` and attention get their inputs cast to the
+16-bit type where they are not already, once per use: each cast is what the op saves for its backward), attention
+(the flash-attention op with its output and log-sum-exp, where a meta run would take the math path and materialise
+the s x s scores) and dropout (CUDA's fused kernel saves a bool mask, where a meta or CPU run saves a noise tensor
+of the input's dtype: LoRA's dropout on every adapted linear's fp32 input would count 4 B for 1).
 A trace takes a second or two for an 8B model at 4,096 tokens.
+
+``--per-layer`` traces the step at one and two layers instead and reports what one layer keeps for its backward
+(the bytes live at the end of the forward), beside the estimator's ``activations`` and ``weight_copies`` for one
+layer::
+
+    python benchmarks/allocator_replay.py --per-layer --model qwen2.5-7b --micro-batch 1 --max-len 2048 --no-grad-ckpt
 
 **Replay.** A model of PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp): requests rounded up
 to 512 B; requests up to 1 MiB served from a small pool of 2 MiB segments, larger ones from a large pool whose
@@ -233,12 +241,24 @@ class Trace:
     """One training step's storage allocations in order: ``events`` holds (+id, bytes) for an allocation and
     (-id, 0) for a free; ``static`` the weights' and buffers' storages, allocated before the first step;
     ``states`` the optimizer's (two fp32 tensors per trainable parameter); ``kept`` the ids still live after the
-    backward (the gradients, freed after the optimizer step)."""
+    backward (the gradients, freed after the optimizer step); ``forward_end`` the number of events up to the end of
+    the forward and loss (what is live there is what the backward will read: ``saved_bytes``)."""
 
     static: list[int]
     states: list[int]
     events: list[tuple[int, int]]
     kept: list[int]
+    forward_end: int = 0
+
+    def saved_bytes(self) -> int:
+        """The bytes the step has allocated and not freed at the end of the forward and loss."""
+        live: dict[int, int] = {}
+        for i, n in self.events[: self.forward_end]:
+            if i > 0:
+                live[i] = n
+            else:
+                live.pop(-i, None)
+        return sum(live.values())
 
 
 def _config(model: str) -> dict[str, Any]:
@@ -323,6 +343,7 @@ def trace_step(config: dict[str, Any], batch: int, length: int, *, mode: str = "
             self.live: dict[int, tuple[int, Any]] = {}
             self.known: set[int] = set()  # storages made before the step (weights, buffers, the batch): views of them
             self.n = 0
+            self.forward_end = 0
 
         def _track(self, t: Any) -> None:
             st = t.untyped_storage()
@@ -353,25 +374,33 @@ def trace_step(config: dict[str, Any], batch: int, length: int, *, mode: str = "
     # transformers looks at position ids for packed rows (.item() on them: not on meta); the rows here are not packed.
     # Autocast runs F.linear in the 16-bit type: patched for the trace (in every thread: checkpointing's recompute
     # runs in the backward's)
+    # Dropout on a meta (or CPU) tensor multiplies by a noise tensor of the input's dtype and saves it; CUDA's fused
+    # kernel saves a bool mask: the trace takes CUDA's op (LoRA's dropout on each adapted linear's input)
     F = torch.nn.functional
-    packed, linear = mu.find_packed_sequence_indices, F.linear
+    packed, linear, dropout, addmm = mu.find_packed_sequence_indices, F.linear, F.dropout, torch.addmm
     mu.find_packed_sequence_indices = lambda *a, **k: None
+    F.dropout = lambda x, p=0.5, training=True, inplace=False: (
+        torch.native_dropout(x, p, True)[0] if training and p > 0 else x)  # fmt: skip
     if half is not None:
         F.linear = lambda x, w, b=None: linear(to_half(x), to_half(w), to_half(b))
+        torch.addmm = lambda b, x, w, **kw: addmm(to_half(b), to_half(x), to_half(w), **kw)  # GPT-2's Conv1D
     try:
         _run(model, ids, rec)
     finally:
-        mu.find_packed_sequence_indices, F.linear = packed, linear
+        mu.find_packed_sequence_indices, F.linear, F.dropout, torch.addmm = packed, linear, dropout, addmm
     import gc
 
     gc.collect()
     rec.sweep()
-    return Trace(static=static, states=states, events=rec.events, kept=[i for i, _ in rec.live.values()])
+    return Trace(static=static, states=states, events=rec.events, kept=[i for i, _ in rec.live.values()],
+                 forward_end=rec.forward_end)  # fmt: skip
 
 
 def _run(model: Any, ids: Any, rec: Any) -> None:
     with rec:
         loss = model(input_ids=ids, labels=ids).loss
+        rec.sweep()
+        rec.forward_end = len(rec.events)
         loss.backward()
         del loss
         rec.sweep()
@@ -397,7 +426,8 @@ class TraceFamily:
         f = (length - self.len_a) / (self.len_b - self.len_a)
         events = [(i, max(0, round(sa + (sb - sa) * f)) if i > 0 else 0)
                   for (i, sa), (_, sb) in zip(self.a.events, self.b.events, strict=True)]  # fmt: skip
-        return Trace(static=self.a.static, states=self.a.states, events=events, kept=self.a.kept)
+        return Trace(static=self.a.static, states=self.a.states, events=events, kept=self.a.kept,
+                     forward_end=self.a.forward_end)  # fmt: skip
 
 
 def trace_family(config: dict[str, Any], batch: int, max_len: int, **kw: Any) -> TraceFamily:
@@ -475,6 +505,38 @@ def draw_lengths(kind: str, max_len: int, batch: int, steps: int, seed: int) -> 
     return [max(row() for _ in range(batch)) for _ in range(steps)]
 
 
+def _with_layers(config: dict[str, Any], n: int) -> dict[str, Any]:
+    key = "n_layer" if "n_layer" in config else "num_hidden_layers"
+    return {**config, key: n, **({"layer_types": config["layer_types"][:n]} if "layer_types" in config else {})}
+
+
+def saved_per_layer(model: str, batch: int, length: int, *, mode: str = "lora", grad_ckpt: bool = False,
+                    precision: str = "bf16", lora_r: int = 16,
+                    lora_targets: tuple[str, ...] = ("all-linear",)) -> dict[str, Any]:  # fmt: skip
+    """What one more layer adds to the bytes live at the end of the forward (what its backward reads), traced at one
+    and two layers, beside the same difference in the estimator's ``activations`` and ``weight_copies`` terms."""
+    from autotune.estimate import arch_from_config, estimate_memory
+    from autotune.spec.probe_request import Candidate, Workload
+
+    config = _config(model)
+    kw = {"mode": mode, "lora_r": lora_r, "lora_targets": lora_targets, "grad_ckpt": grad_ckpt, "precision": precision}
+    traced = [trace_step(_with_layers(config, n), batch, length, **kw).saved_bytes() for n in (1, 2)]
+    wl = Workload("m", seq_len=length, mode=mode, lora_r=lora_r, lora_targets=lora_targets)
+    cand = Candidate(micro_batch=batch, grad_ckpt=grad_ckpt, precision=precision, attn="sdpa", optim="adamw_torch_fused")
+    # what a layer keeps for its backward: its saved activations and (fp32 weights under autocast) its 16-bit weight copies
+    per_layer = ("activations", "weight_copies")
+    est = [sum(estimate_memory(arch_from_config(_with_layers(config, n)), wl, cand).phase_terms["backward_start"].get(k, 0)
+               for k in per_layer) for n in (1, 2)]  # fmt: skip
+    tokens = batch * length
+    out = {"model": model, "mode": mode, "micro_batch": batch, "length": length, "grad_ckpt": grad_ckpt,
+           "precision": precision, "lora_r": lora_r, "lora_targets": list(lora_targets),
+           "traced_bytes_per_token": (traced[1] - traced[0]) / tokens,
+           "estimator_bytes_per_token": (est[1] - est[0]) / tokens}  # fmt: skip
+    out["traced_gib_per_layer"] = (traced[1] - traced[0]) / GiB
+    out["estimator_ratio"] = out["estimator_bytes_per_token"] / out["traced_bytes_per_token"]
+    return out
+
+
 def run_case(model: str, mode: str, batch: int, max_len: int, lengths: str, steps: int, seed: int,
              grad_ckpt: bool = True, precision: str = "bf16", lora_r: int = 16, lora_targets: tuple[str, ...] = ("all-linear",),
              needed: bool = True) -> dict[str, Any]:  # fmt: skip
@@ -527,6 +589,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lora-r", type=int, default=16)
     ap.add_argument("--lora-targets", default="all-linear", help="comma-separated module names, or all-linear")
     ap.add_argument("--no-needed", action="store_true", help="skip the search for the least memory the run fits in")
+    ap.add_argument("--per-layer", action="store_true",
+                    help="instead of replaying: the activations one layer saves, traced and estimated")  # fmt: skip
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
     for kind in a.lengths.split(","):  # a bad distribution is refused before any tracing
@@ -537,6 +601,14 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for b in (int(x) for x in a.micro_batch.split(",")):
         for m in (int(x) for x in a.max_len.split(",")):
+            if a.per_layer:
+                r = saved_per_layer(a.model, b, m, mode=a.mode, grad_ckpt=not a.no_grad_ckpt, lora_r=a.lora_r,
+                                    lora_targets=tuple(a.lora_targets.split(",")))  # fmt: skip
+                rows.append(r)
+                print(f"{a.model} {a.mode} mb {b} len {m:5d}: one layer saves {r['traced_bytes_per_token']:9.0f} B a "
+                      f"token ({r['traced_gib_per_layer']:.3f} GiB), estimator {r['estimator_bytes_per_token']:9.0f} "
+                      f"({r['estimator_ratio']:.3f}x)", flush=True)  # fmt: skip
+                continue
             for kind in a.lengths.split(","):
                 r = run_case(a.model, a.mode, b, m, kind, a.steps if kind != "fixed" else 2, a.seed,
                              grad_ckpt=not a.no_grad_ckpt, lora_r=a.lora_r, lora_targets=tuple(a.lora_targets.split(",")),

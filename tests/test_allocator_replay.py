@@ -110,3 +110,20 @@ def test_two_traces_give_every_length_exactly_and_a_lora_step_keeps_its_gradient
     assert len(real.kept) >= 7 * 2 * 4  # the adapters' gradients, freed after the optimizer step
     r = ar.replay([fam.at(n) for n in (128, 256, 200)], expandable=False)
     assert r["peak_reserved"] >= r["peak_allocated"] > sum(real.static)
+
+
+@pytest.mark.parametrize(
+    ("model", "mode", "why"),
+    [
+        ("qwen2.5-0.5b", "lora", "LoRA's dropout on each adapted linear: a bool mask, as CUDA's fused kernel saves"),
+        ("llama-3.2-1b", "full", "fp32 weights under autocast: each linear's 16-bit weight copy"),
+        ("phi-3-mini", "lora", "a fused qkv_proj with rotary embeddings: its output stays live beside rotated q, k"),
+        ("gpt2", "full", "GPT-2's Conv1D (addmm) under autocast"),
+    ],
+)
+def test_one_layers_saved_activations_match_the_estimator(model: str, mode: str, why: str) -> None:
+    """What one layer keeps for its backward without checkpointing, traced as a GPU runs it (bool dropout masks,
+    autocast's casts), is what the estimator's per-layer terms say, within 2 %."""
+    pytest.importorskip("peft")
+    r = ar.saved_per_layer(model, 1, 256, mode=mode, grad_ckpt=False)
+    assert 0.98 <= r["estimator_ratio"] <= 1.02, (why, r)

@@ -223,7 +223,10 @@ def test_lora_and_qlora_weights() -> None:
     linear = LLAMA8.params_linear_total
     # peft's prepare_model_for_kbit_training casts what bitsandbytes left unquantized to fp32
     assert q.terms["weights"] == round(QLORA_BYTES_PER_PARAM * linear + 4 * (N8 - linear))
-    assert q.terms["weight_copies"] == 2 * LLAMA8.vocab * LLAMA8.hidden  # autocast's bf16 lm_head
+    # autocast's bf16 copies of the fp32 lm_head and (without checkpointing) of the fp32 adapters
+    assert q.terms["weight_copies"] == 2 * LLAMA8.vocab * LLAMA8.hidden + 2 * q.trainable_params
+    assert m.terms["weight_copies"] == 2 * n_lora
+    assert "weight_copies" not in estimate_memory(LLAMA8, wl, Candidate(grad_ckpt=True)).terms
     assert 0.51 < QLORA_BYTES_PER_PARAM < 0.53
     with pytest.raises(SpecError, match="QLoRA.*GPU"):
         estimate_memory(LLAMA8, Workload("m", mode="qlora"), Candidate(precision="fp32"), device="cpu")

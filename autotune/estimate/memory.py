@@ -124,6 +124,8 @@ ALLOCATOR_RESERVE = 0.15
 # max_memory_reserved table (benchmarks/published_large_vocab.json; `python benchmarks/estimator_vs_published.py
 # --fit` refits it): 1.85 (1.65 when the saved activations grew too).
 VARLEN_RESERVE_GROWTH = 1.85
+# The transients whose size follows the batch's length, freed and requested again within each step
+VARLEN_TERMS = ("logits_loss", "recompute_working_set")
 # What a CPU probe's RSS growth holds besides tensors (fp32, torch 2.13 / transformers 5.24, 2 threads,
 # MALLOC_MMAP_THRESHOLD_=65536), measured 2026-11-30 by reading /proc/self/status around each stage of
 # the probe (tiny-llama, smollm2-135m, gpt2) and fitted on the ``fit`` split of
@@ -242,8 +244,8 @@ class MemoryBreakdown:
         the allocator is the default one (``VARLEN_RESERVE_GROWTH`` x the transient tensors: the dynamic part less
         the saved activations). Not what the run needs: it still fits in ``reserved``, the allocator freeing cached
         segments and retrying when it runs out."""
-        static = sum(self.terms.get(k, 0) for k in STATIC_TERMS) + self.terms.get("activations", 0)
-        return self.allocated + int(VARLEN_RESERVE_GROWTH * max(0, self.allocated - static))
+        bwd = self.phase_terms.get("backward_start", self.terms)
+        return self.allocated + int(VARLEN_RESERVE_GROWTH * sum(bwd.get(k, 0) for k in VARLEN_TERMS))
 
     @property
     def model_states(self) -> int:
@@ -410,12 +412,16 @@ def _linear_inputs_bytes(
 def _attention_saved_bytes(arch: Arch, s: int, cb: int, attn: str, device: str, masked: bool) -> float:
     """Per token: what the attention core saves (fused kernel, or eager's s² scores)."""
     qw, kvw, a = arch.q_width, arch.kv_width, arch.heads
+    # one fused q/k/v projection with rotary embeddings (Phi-3's qkv_proj): v, a view of the projection's output, is
+    # saved, so the whole output stays live beside the rotated q and k (measured by the meta trace,
+    # `python benchmarks/allocator_replay.py --per-layer --model phi-3-mini`)
+    fused_qkv = cb * (qw + kvw) if any(n == "qkv_proj" for n, _, _ in arch.linears) else 0
     fused = attn in ("sdpa", "flash_attention_2", "flex_attention")
     if fused and not (device == "cpu" and arch.attn_dropout > 0):
         kv_saved = qw if masked else kvw  # repeat_kv: transformers uses sdpa's GQA only without a mask
-        return cb * (qw + 2 * kv_saved) + cb * qw + 4 * a
+        return cb * (qw + 2 * kv_saved) + cb * qw + 4 * a + fused_qkv
     # eager (or the math fallback): repeat_kv copies, s² scores, fp32 softmax and its cast
-    total = cb * 3 * qw + cb * qw
+    total = cb * 3 * qw + cb * qw + fused_qkv
     if arch.attn_dropout > 0:
         # softmax saves its fp32 output; dropout saves its mask and the matmul with v the dropped
         # probabilities (16-bit under autocast: the cast feeds dropout and is not saved itself).
@@ -608,6 +614,11 @@ def _lora_states(arch: Arch, w: Workload, c: Candidate, k: _Setup, backend: str)
         offloaded += t["gradients"]
         t["gradients"] = 0
     t["optimizer_states"] = st
+    if k.half and not k.ds:
+        # autocast's 16-bit copies of the fp32 adapters, saved by their matmuls in every layer not checkpointed
+        # (DeepSpeed casts the adapters to 16-bit itself)
+        kept = 1 - checkpointed_layers(arch, c) / arch.layers if arch.layers else 0.0
+        t["weight_copies"] = t.get("weight_copies", 0.0) + 2 * trainable * kept
     if c.world_size > 1 and c.zero_stage == 0:
         t["ddp_buckets"] = 4 * trainable
     persistent_grads = c.grad_accum > 1 or c.zero_stage > 0 or c.world_size > 1
@@ -657,6 +668,11 @@ def _optimizer_step_terms(
     else:
         temp = 0.0
     step["optimizer_temp"] = temp
+    if k.full and arch.tied and not (k.ds or k.fsdp):
+        # tied input and output embeddings: the embedding's gradient arrives last, beside every other gradient, and
+        # is then added into the lm_head's (the meta trace of Llama-3.2-1B's full step: 0.90x the estimate without
+        # it, 1.00x untied). It and the optimizer's temporaries are not live together: the larger counts
+        step["tied_embedding_grad"] = max(0.0, 4 * arch.vocab * arch.hidden - temp)
     if k.ds and k.half and not k.off_opt:
         # the fp32 gradient partition built for the step; ZeRO-3 builds it one optimizer sub-group
         # at a time (DeepSpeed's estimator leaves it out for ZeRO-3: a stated difference)

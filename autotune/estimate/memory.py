@@ -10,7 +10,10 @@ training step (from the second step on, once optimizer states exist):
   HF Trainer frees them (``zero_grad(set_to_none=True)``) after each optimizer step.
 * ``optimizer_step``: weights, all gradients, optimizer states and the optimizer's temporaries
   (torch's foreach AdamW on CUDA allocates one fp32 copy of the parameters for ``sqrt(v)``; the
-  single-tensor CPU path only per tensor; fused AdamW none).
+  single-tensor CPU path only per tensor; fused AdamW none). Full fine-tuning with tied embeddings
+  reaches the same bytes plus the embedding's gradient at the end of the backward (it is computed last,
+  beside every other gradient, then added into the lm_head's): ``tied_embedding_grad``, where it is
+  larger than the optimizer's temporaries.
 
 Conventions (autotune's, see ``autotune/formats/model.py::model_dtype``):
 
@@ -26,11 +29,15 @@ Conventions (autotune's, see ``autotune/formats/model.py::model_dtype``):
 * LoRA/QLoRA hold the frozen base in the 16-bit type (2 B/param) or NF4 (QLoRA ≈ 0.516 B/param for
   the blocks' linears; embeddings, ``lm_head`` and norms are cast to fp32 by peft's
   ``prepare_model_for_kbit_training``, so the residual stream is fp32 too); adapters are fp32 with fp32 grads and
-  states (16 B per adapter param). A GPTQ base (``quant="gptq"``: peft skips the fp32 cast) and DeepSpeed
+  states (16 B per adapter param), and autocast saves a 16-bit copy of each adapter for its backward
+  (2 B per adapter param, in ``weight_copies``, in the layers not checkpointed). A GPTQ base (``quant="gptq"``: peft skips the fp32 cast) and DeepSpeed
   with 16-bit precision (its engine casts the module) keep those parameters and the residual stream 16-bit.
 * Activations are counted tensor by tensor for HF's Llama-style blocks (RMSNorm computed in fp32,
   autocast casts per consuming linear, fused attention keeping q, k, v, output and the fp32
-  log-sum-exp; eager attention adds the s² scores: fp32 softmax plus its 16-bit cast). This refines
+  log-sum-exp; eager attention adds the s² scores: fp32 softmax plus its 16-bit cast; a fused
+  ``qkv_proj`` with rotary embeddings keeps its whole output live beside the rotated q and k; LoRA's
+  dropout keeps a bool mask per adapted linear on CUDA). A meta-device trace of one training step checks
+  what one layer keeps against these terms: ``python benchmarks/allocator_replay.py --per-layer``. This refines
   Korthikanti et al. (arXiv:2205.05198), whose ``s·b·h·(34 + 5·a·s/h)`` assumes 16-bit everything.
   Checkpointing keeps each layer's input (``s·b·h`` in the residual dtype) plus one layer's full
   activations during its recompute.
@@ -114,18 +121,18 @@ ALLOCATOR_RESERVE = 0.15
 # (benchmarks/allocator_replay.py replays a traced step's allocations through a model of the allocator: a 7B LoRA
 # reaches 1.5-4.2x its allocated peak over 300 steps). Before it runs out, the allocator returns the wholly
 # free cached segments to the device and retries, so the run still fits in about the fixed-length reserved figure
-# (the replay: 0.94-1.01x it), more slowly; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True keeps the reserve within
-# 4-14 % of allocated. The growth follows the transient tensors (the logits and the loss's copies, the recomputed
-# layer), not the activations saved for the backward: the replay of Qwen2.5-7B LoRA at 2,048 tokens grows the reserve
-# by 18.3 GiB over 300 uniform-length steps with checkpointing (4.0 GiB of dynamic tensors) and by 21.2 GiB without
-# (25.0 GiB: 21 more of saved activations; benchmarks/results/allocator_replay-qwen2.5-7b-nockpt.json).
-# VARLEN_RESERVE_GROWTH x the dynamic part less the saved activations (allocated less STATIC_TERMS and
-# "activations") on top of allocated is what a roomy card reports: fitted on the fit half of ms-swift's published
+# (the replay: 0.93-1.01x it), more slowly; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True keeps the reserve within
+# 5-12 % of allocated. The growth follows the transient tensors (the logits and the loss's copies, the recomputed
+# layer), not what the forward saves for the backward: the replay of Qwen2.5-7B LoRA at 2,048 tokens grows the
+# reserve by 18.2 GiB over 300 uniform-length steps with checkpointing (4.0 GiB of dynamic tensors) and by 19.3 GiB
+# without (18.6 GiB: 15 more of saved activations; benchmarks/results/allocator_replay-qwen2.5-7b-nockpt.json).
+# VARLEN_RESERVE_GROWTH x the dynamic part less what is saved for the backward (allocated less STATIC_TERMS and
+# SAVED_FOR_BACKWARD_TERMS) on top of allocated is what a roomy card reports: fitted on the fit half of ms-swift's published
 # max_memory_reserved table (benchmarks/published_large_vocab.json; `python benchmarks/estimator_vs_published.py
 # --fit` refits it): 1.85 (1.65 when the saved activations grew too).
 VARLEN_RESERVE_GROWTH = 1.85
-# The transients whose size follows the batch's length, freed and requested again within each step
-VARLEN_TERMS = ("logits_loss", "recompute_working_set")
+# What the forward saves for the backward, allocated and freed in the same order every step: the growth leaves it out
+SAVED_FOR_BACKWARD_TERMS = ("activations", "weight_copies")
 # What a CPU probe's RSS growth holds besides tensors (fp32, torch 2.13 / transformers 5.24, 2 threads,
 # MALLOC_MMAP_THRESHOLD_=65536), measured 2026-11-30 by reading /proc/self/status around each stage of
 # the probe (tiny-llama, smollm2-135m, gpt2) and fitted on the ``fit`` split of
@@ -242,10 +249,10 @@ class MemoryBreakdown:
     def reserved_variable_lengths(self) -> int:
         """What ``torch.cuda.max_memory_reserved`` grows to on a card with room when the batches' lengths vary and
         the allocator is the default one (``VARLEN_RESERVE_GROWTH`` x the transient tensors: the dynamic part less
-        the saved activations). Not what the run needs: it still fits in ``reserved``, the allocator freeing cached
+        what the forward saves for the backward, ``SAVED_FOR_BACKWARD_TERMS``). Not what the run needs: it still fits in ``reserved``, the allocator freeing cached
         segments and retrying when it runs out."""
-        bwd = self.phase_terms.get("backward_start", self.terms)
-        return self.allocated + int(VARLEN_RESERVE_GROWTH * sum(bwd.get(k, 0) for k in VARLEN_TERMS))
+        kept = sum(self.terms.get(k, 0) for k in (*STATIC_TERMS, *SAVED_FOR_BACKWARD_TERMS))
+        return self.allocated + int(VARLEN_RESERVE_GROWTH * max(0, self.allocated - kept))
 
     @property
     def model_states(self) -> int:

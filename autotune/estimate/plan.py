@@ -76,6 +76,7 @@ LEVER_FOR_TERM = {
     "master_weights": "ZeRO sharding over more GPUs, or ZeRO-Offload",
     "optimizer_states": "an 8-bit or paged optimizer, ZeRO sharding, or ZeRO-Offload",
     "optimizer_temp": "fused AdamW (adamw_torch_fused) has no foreach temporary",
+    "tied_embedding_grad": "ZeRO-2 (sharded gradients), or LoRA (the embedding frozen)",
     "activations": "gradient checkpointing or a smaller micro-batch",
     "logits_loss": "Liger's fused linear+cross-entropy, or a smaller micro-batch / sequence",
     "recompute_working_set": "a smaller micro-batch",

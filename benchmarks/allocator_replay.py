@@ -10,9 +10,10 @@ configuration, non-reentrant gradient checkpointing), and one forward, loss and 
 mode that records, in order, every storage an aten operation allocates and the moment it is freed (its weak
 reference expires). Three things a meta run would do otherwise than a GPU are set as the GPU does them: autocast
 (``torch.autocast`` is CUDA-only: ``F.linear``, GPT-2's ``torch.addmm`` and attention get their inputs cast to the
-16-bit type where they are not already, once per use: each cast is what the op saves for its backward), attention
-(the flash-attention op with its output and log-sum-exp, where a meta run would take the math path and materialise
-the s x s scores) and dropout (CUDA's fused kernel saves a bool mask, where a meta or CPU run saves a noise tensor
+16-bit type where they are not already, once per use: each cast is what the op saves for its backward; and
+``F.layer_norm``, on autocast's fp32 list, gets them cast to fp32), attention (the flash-attention op with its output,
+laid out (batch, length, heads, dim) as the kernels write it, and log-sum-exp, where a meta run would take the math
+path and materialise the s x s scores) and dropout (CUDA's fused kernel saves a bool mask, where a meta or CPU run saves a noise tensor
 of the input's dtype: LoRA's dropout on every adapted linear's fp32 input would count 4 B for 1).
 A trace takes a second or two for an 8B model at 4,096 tokens.
 
@@ -291,6 +292,9 @@ def trace_step(config: dict[str, Any], batch: int, length: int, *, mode: str = "
             return x
         return x.to(half)
 
+    def to_fp32(x: Any) -> Any:
+        return x.float() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+
     class Flash(torch.autograd.Function):
         """FlashAttention-2's memory, as its kernels allocate it: the forward writes the output and the log-sum-exp
         per row and head (fp32) and saves q, k, v, both; the backward allocates dq, dk, dv, an fp32 dq accumulator
@@ -299,7 +303,10 @@ def trace_step(config: dict[str, Any], batch: int, length: int, *, mode: str = "
 
         @staticmethod
         def forward(ctx: Any, q: Any, k: Any, v: Any) -> Any:
-            out = torch.empty_like(q)
+            # the kernels write (batch, length, heads, dim): the (batch, length, hidden) view the output projection
+            # reads needs no copy
+            b, h, n, d = q.shape
+            out = torch.empty((b, n, h, d), dtype=q.dtype, device=q.device).transpose(1, 2)
             lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
             ctx.save_for_backward(q, k, v, out, lse)
             return out
@@ -377,17 +384,22 @@ def trace_step(config: dict[str, Any], batch: int, length: int, *, mode: str = "
     # Dropout on a meta (or CPU) tensor multiplies by a noise tensor of the input's dtype and saves it; CUDA's fused
     # kernel saves a bool mask: the trace takes CUDA's op (LoRA's dropout on each adapted linear's input)
     F = torch.nn.functional
-    packed, linear, dropout, addmm = mu.find_packed_sequence_indices, F.linear, F.dropout, torch.addmm
+    packed, linear, dropout, addmm, layer_norm = (mu.find_packed_sequence_indices, F.linear, F.dropout, torch.addmm,
+                                                  F.layer_norm)  # fmt: skip
     mu.find_packed_sequence_indices = lambda *a, **k: None
     F.dropout = lambda x, p=0.5, training=True, inplace=False: (
         torch.native_dropout(x, p, True)[0] if training and p > 0 else x)  # fmt: skip
     if half is not None:
         F.linear = lambda x, w, b=None: linear(to_half(x), to_half(w), to_half(b))
         torch.addmm = lambda b, x, w, **kw: addmm(to_half(b), to_half(x), to_half(w), **kw)  # GPT-2's Conv1D
+        # autocast runs layer_norm in fp32 (its fp32 list): a 16-bit input is cast up, and the fp32 copy is saved
+        F.layer_norm = lambda x, shape, w=None, b=None, eps=1e-5: layer_norm(
+            to_fp32(x), shape, to_fp32(w), to_fp32(b), eps)  # fmt: skip
     try:
         _run(model, ids, rec)
     finally:
-        mu.find_packed_sequence_indices, F.linear, F.dropout, torch.addmm = packed, linear, dropout, addmm
+        mu.find_packed_sequence_indices, F.linear, F.dropout, torch.addmm, F.layer_norm = (
+            packed, linear, dropout, addmm, layer_norm)  # fmt: skip
     import gc
 
     gc.collect()

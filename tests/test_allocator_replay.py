@@ -119,6 +119,7 @@ def test_two_traces_give_every_length_exactly_and_a_lora_step_keeps_its_gradient
         ("llama-3.2-1b", "full", "fp32 weights under autocast: each linear's 16-bit weight copy"),
         ("phi-3-mini", "lora", "a fused qkv_proj with rotary embeddings: its output stays live beside rotated q, k"),
         ("gpt2", "full", "GPT-2's Conv1D (addmm) under autocast"),
+        ("gpt2", "lora", "LayerNorm on autocast's fp32 list: a 16-bit residual stream's fp32 copy is saved"),
     ],
 )
 def test_one_layers_saved_activations_match_the_estimator(model: str, mode: str, why: str) -> None:

@@ -270,8 +270,9 @@ def _config(model: str) -> dict[str, Any]:
 
 def trace_step(config: dict[str, Any], batch: int, length: int, *, mode: str = "lora", lora_r: int = 16,
                lora_targets: tuple[str, ...] = ("all-linear",), grad_ckpt: bool = True,
-               precision: str = "bf16") -> Trace:  # fmt: skip
-    """The allocations of one step of ``batch`` rows of ``length`` tokens (module docstring)."""
+               precision: str = "bf16", trainer: str = "hf") -> Trace:  # fmt: skip
+    """The allocations of one step of ``batch`` rows of ``length`` tokens (module docstring). ``trainer="trl"``: the
+    loss as TRL's SFTTrainer computes it, through its fused LM head (tiled log-probabilities, no full logits)."""
     import torch
     import transformers
     from torch.multiprocessing.reductions import StorageWeakRef
@@ -330,6 +331,10 @@ def trace_step(config: dict[str, Any], batch: int, length: int, *, mode: str = "
     transformers.AttentionInterface.register("autotune_trace", attention)
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="autotune_trace")
+    if trainer == "trl":  # as SFTTrainer patches it (the outputs its metrics read)
+        from trl.trainer.utils import add_fused_lm_head
+
+        add_fused_lm_head(model, outputs=("log_probs", "entropy", "is_top1"))
     if mode != "full":
         import peft
 
@@ -386,6 +391,10 @@ def trace_step(config: dict[str, Any], batch: int, length: int, *, mode: str = "
     F = torch.nn.functional
     packed, linear, dropout, addmm, layer_norm = (mu.find_packed_sequence_indices, F.linear, F.dropout, torch.addmm,
                                                   F.layer_norm)  # fmt: skip
+    # TRL's kernel asks autocast for its compute dtype; the meta device has no autocast: answer as CUDA's would
+    autocast_on, autocast_dtype = torch.is_autocast_enabled, torch.get_autocast_dtype
+    torch.is_autocast_enabled = lambda *a: half is not None if a and str(a[0]) == "meta" else autocast_on(*a)
+    torch.get_autocast_dtype = lambda *a: half if a and str(a[0]) == "meta" and half else autocast_dtype(*a)
     mu.find_packed_sequence_indices = lambda *a, **k: None
     F.dropout = lambda x, p=0.5, training=True, inplace=False: (
         torch.native_dropout(x, p, True)[0] if training and p > 0 else x)  # fmt: skip
@@ -396,10 +405,11 @@ def trace_step(config: dict[str, Any], batch: int, length: int, *, mode: str = "
         F.layer_norm = lambda x, shape, w=None, b=None, eps=1e-5: layer_norm(
             to_fp32(x), shape, to_fp32(w), to_fp32(b), eps)  # fmt: skip
     try:
-        _run(model, ids, rec)
+        _run(model, ids, rec, trainer)
     finally:
         mu.find_packed_sequence_indices, F.linear, F.dropout, torch.addmm, F.layer_norm = (
             packed, linear, dropout, addmm, layer_norm)  # fmt: skip
+        torch.is_autocast_enabled, torch.get_autocast_dtype = autocast_on, autocast_dtype
     import gc
 
     gc.collect()
@@ -408,9 +418,14 @@ def trace_step(config: dict[str, Any], batch: int, length: int, *, mode: str = "
                  forward_end=rec.forward_end)  # fmt: skip
 
 
-def _run(model: Any, ids: Any, rec: Any) -> None:
+def _run(model: Any, ids: Any, rec: Any, trainer: str = "hf") -> None:
     with rec:
-        loss = model(input_ids=ids, labels=ids).loss
+        if trainer == "trl":  # SFTTrainer's loss: the mean negative log-probability of the labelled tokens
+            out = model(input_ids=ids, labels=ids, fused_lm_head=True)
+            loss = -out.log_probs.sum() / out.label_mask.sum()
+            del out
+        else:
+            loss = model(input_ids=ids, labels=ids).loss
         rec.sweep()
         rec.forward_end = len(rec.events)
         loss.backward()
@@ -549,6 +564,36 @@ def saved_per_layer(model: str, batch: int, length: int, *, mode: str = "lora", 
     return out
 
 
+def step_peak(model: str, batch: int, length: int, *, trainer: str = "trl", mode: str = "lora",
+              precision: str = "bf16", lora_r: int = 16, lora_targets: tuple[str, ...] = ("all-linear",)) -> dict[str, Any]:  # fmt: skip
+    """The peak of what one step of a one-layer model allocates beyond its weights and optimizer states (activations,
+    the loss path, weight copies), traced, beside the estimator's same terms for the path the trace takes: a meta
+    run takes TRL's torch-op kernels, as a CPU does (not CUDA's Triton ones), so the estimator is asked for a CPU.
+    The estimator's terms are those at the start of the backward, where the loss path peaks; full fine-tuning of a
+    short sequence peaks later, when every gradient is live (the trace counts them, the comparison does not)."""
+    from autotune.estimate import arch_from_config, estimate_memory
+    from autotune.spec.probe_request import Candidate, Workload
+
+    config = _with_layers(_config(model), 1)
+    t = trace_step(config, batch, length, mode=mode, lora_r=lora_r, lora_targets=lora_targets, grad_ckpt=True,
+                   precision=precision, trainer=trainer)  # fmt: skip
+    live: dict[int, int] = {}
+    cur = peak = 0
+    for i, n in t.events:
+        if i > 0:
+            live[i] = n
+            cur += n
+        elif -i in live:
+            cur -= live.pop(-i)
+        peak = max(peak, cur)
+    wl = Workload("m", seq_len=length, mode=mode, lora_r=lora_r, lora_targets=lora_targets, trainer=trainer)
+    cand = Candidate(micro_batch=batch, grad_ckpt=True, precision=precision, attn="sdpa", optim="adamw_torch_fused")
+    terms = estimate_memory(arch_from_config(config), wl, cand, device="cpu").phase_terms["backward_start"]
+    est = sum(terms.get(k, 0) for k in ("activations", "logits_loss", "recompute_working_set", "weight_copies"))
+    return {"model": model, "trainer": trainer, "mode": mode, "precision": precision, "micro_batch": batch,
+            "length": length, "traced_mib": peak / MiB, "estimator_mib": est / MiB, "estimator_ratio": est / peak}
+
+
 def run_case(model: str, mode: str, batch: int, max_len: int, lengths: str, steps: int, seed: int,
              grad_ckpt: bool = True, precision: str = "bf16", lora_r: int = 16, lora_targets: tuple[str, ...] = ("all-linear",),
              needed: bool = True) -> dict[str, Any]:  # fmt: skip
@@ -601,6 +646,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lora-r", type=int, default=16)
     ap.add_argument("--lora-targets", default="all-linear", help="comma-separated module names, or all-linear")
     ap.add_argument("--no-needed", action="store_true", help="skip the search for the least memory the run fits in")
+    ap.add_argument("--trainer", default="hf", choices=("hf", "trl"), help="the loss path: transformers' or TRL's")
+    ap.add_argument("--step-peak", action="store_true",
+                    help="instead of replaying: one step's peak beyond the model states, one layer, traced and estimated")
+    ap.add_argument("--precision", default="bf16", choices=("bf16", "fp32"))
     ap.add_argument("--per-layer", action="store_true",
                     help="instead of replaying: the activations one layer saves, traced and estimated")  # fmt: skip
     ap.add_argument("--out", type=Path)
@@ -613,6 +662,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for b in (int(x) for x in a.micro_batch.split(",")):
         for m in (int(x) for x in a.max_len.split(",")):
+            if a.step_peak:
+                r = step_peak(a.model, b, m, trainer=a.trainer, mode=a.mode, precision=a.precision, lora_r=a.lora_r,
+                              lora_targets=tuple(a.lora_targets.split(",")))  # fmt: skip
+                rows.append(r)
+                print(f"{a.model} {a.mode} {a.trainer} {a.precision} mb {b} len {m:5d}: step peak {r['traced_mib']:9.1f} "
+                      f"MiB traced, estimator {r['estimator_mib']:9.1f} ({r['estimator_ratio']:.3f}x)", flush=True)  # fmt: skip
+                continue
             if a.per_layer:
                 r = saved_per_layer(a.model, b, m, mode=a.mode, grad_ckpt=not a.no_grad_ckpt, lora_r=a.lora_r,
                                     lora_targets=tuple(a.lora_targets.split(",")))  # fmt: skip

@@ -128,3 +128,14 @@ def test_one_layers_saved_activations_match_the_estimator(model: str, mode: str,
     pytest.importorskip("peft")
     r = ar.saved_per_layer(model, 1, 256, mode=mode, grad_ckpt=False)
     assert 0.98 <= r["estimator_ratio"] <= 1.02, (why, r)
+
+
+@pytest.mark.parametrize(("mode", "precision", "length"), [("lora", "bf16", 1024), ("lora", "fp32", 512), ("full", "bf16", 1024)])
+def test_trls_fused_head_peak_matches_the_estimator(mode: str, precision: str, length: int) -> None:
+    """TRL's SFTTrainer scores tokens through its own fused LM head (tiles of the logits, never the whole): one
+    step's peak beyond the model states, traced on the path a CPU takes, is the estimator's within 2 %."""
+    pytest.importorskip("trl")
+    if mode == "lora":
+        pytest.importorskip("peft")
+    r = ar.step_peak("qwen2.5-0.5b", 1, length, trainer="trl", mode=mode, precision=precision)
+    assert 0.98 <= r["estimator_ratio"] <= 1.02, r

@@ -523,6 +523,36 @@ def test_a_tied_embeddings_last_gradient_sits_beside_all_the_others() -> None:
     assert "tied_embedding_grad" not in step and step["optimizer_temp"] > 4 * LLAMA1B.vocab * LLAMA1B.hidden
 
 
+def test_trls_fused_head_replaces_the_logits_term() -> None:
+    """TRL's SFTTrainer (trainer="trl") never materialises the logits: its tiles, the hidden states' fp32 gradient
+    and per-token statistics instead of 12-14 B per logit; on a CPU its torch-op kernels add fp32 temporaries per
+    tile element; an fp32 head is cast a vocabulary chunk at a time (no whole 16-bit copy)."""
+    from autotune.estimate import memory
+
+    wl = Workload("m", seq_len=4096, mode="lora", lora_targets=("all-linear",), trainer="trl")
+    c = Candidate(micro_batch=2, grad_ckpt=True)
+    trl = estimate_memory(LLAMA8, wl, c)
+    hf = estimate_memory(LLAMA8, replace(wl, trainer="hf"), c)
+    tokens, h = 2 * 4096, LLAMA8.hidden
+    tile = memory.TRL_TOKEN_CHUNK * memory.TRL_VOCAB_CHUNK
+    assert memory.trl_head_bytes(LLAMA8, tokens, wb=2, cb=2, head_trained=False, device="cuda") == (
+        tile * 2 + tokens * (h * 6 + memory.TRL_PER_TOKEN_BYTES))
+    assert memory.trl_head_bytes(LLAMA8, tokens, wb=2, cb=2, head_trained=False, device="cpu") == (
+        tile * (2 + memory.TRL_TILE_TEMP_BYTES) + tokens * (h * 6 + memory.TRL_PER_TOKEN_BYTES))
+    assert hf.terms["logits_loss"] > 20 * memory.trl_head_bytes(LLAMA8, tokens, wb=2, cb=2, head_trained=False,
+                                                                 device="cuda")
+    # story 1 on an A10G: without Liger, LoRA at micro-batch 2 fits under TRL as it does with Liger's loss
+    liger = estimate_memory(LLAMA8, replace(wl, trainer="hf"), replace(c, liger=True))
+    assert trl.total < find_gpu("A10G").memory_bytes < hf.total
+    assert abs(trl.total - liger.total) < 0.05 * liger.total
+    # full fine-tuning with checkpointing: no whole 16-bit copy of the fp32 head, and the head's fp32 gradient is
+    # live with the tiles
+    full = Workload("m", seq_len=2048, mode="full")
+    ckpt = Candidate(grad_ckpt=True, optim="adamw_torch_fused")
+    assert "weight_copies" not in estimate_memory(LLAMA1B, replace(full, trainer="trl"), ckpt).terms
+    assert estimate_memory(LLAMA1B, full, ckpt).phase_terms["backward_start"]["weight_copies"] > 0
+
+
 def test_builtin_catalog() -> None:
     names = {g.name for g in builtin_catalog()}
     for n in ("T4", "L4", "A10G", "RTX-4090", "A100-40GB", "A100-80GB", "H100-SXM", "H100-PCIe", "H200", "B200",

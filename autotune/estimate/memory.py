@@ -45,6 +45,8 @@ Conventions (autotune's, see ``autotune/formats/model.py::model_dtype``):
   backward the saved log-probabilities, the nll gradient and the log_softmax gradient are live:
   ``LOGITS_BYTES_PER_ELEMENT`` (12) x s·b·V. A fused linear+cross-entropy (Liger) keeps O(s·b·h). A model's
   own loss in its 16-bit dtype without autocast (``loss_dtype="model"``) keeps ``LOGITS_MODEL_DTYPE_BYTES`` (8).
+  TRL's SFTTrainer (``Workload.trainer == "trl"``) scores through its own fused LM head, a tile of the logits at
+  a time (``trl_head_bytes``).
 * ZeRO-Offload (DeepSpeed's own estimators, checked in tests/test_estimate_published.py): the fp32
   master weights, optimizer states and (stage 2/3) gradient partitions go to the host; ``host_bytes``
   is the host RAM per node. ``MemoryBreakdown.model_states`` is what those estimators count.
@@ -98,9 +100,14 @@ __all__ = [
     "QUANT_BACKENDS",
     "OVERLAP_COMM_FACTOR",
     "QLORA_BYTES_PER_PARAM",
+    "TRL_PER_TOKEN_BYTES",
+    "TRL_TILE_TEMP_BYTES",
+    "TRL_TOKEN_CHUNK",
+    "TRL_VOCAB_CHUNK",
     "MemoryBreakdown",
     "estimate_memory",
     "logits_bytes",
+    "trl_head_bytes",
     "optimizer_state_bytes_per_param",
 ]
 
@@ -188,6 +195,30 @@ LOGITS_16BIT_BYTES = 2
 # allocator's own events: benchmarks/logits_memory.py --families gemma2; it was 8 B, unmeasured, before).
 def _softcap_bytes(cb: int) -> int:
     return cb
+# TRL's SFTTrainer (``Workload.trainer == "trl"``, trl >= 1.16) scores the tokens through its own fused LM head
+# (trl/kernels/chunked_logprob.py): log-probabilities from TRL_TOKEN_CHUNK x TRL_VOCAB_CHUNK tiles of the logits in
+# the compute dtype, never the whole logits (it turns Liger's fused cross-entropy off). At its peak, in its backward:
+# the tile, an fp32 gradient of the hidden states beside the hidden states it saved, fp32 statistics per token
+# (TRL_PER_TOKEN_BYTES), a 16-bit copy of each vocabulary chunk of a head kept in fp32, and, when the head is
+# trained, its fp32 gradient. With Triton (CUDA) the tile becomes the logits' gradient in place; elsewhere torch ops
+# make TRL_TILE_TEMP_BYTES of fp32 and bool temporaries per tile element (the meta trace of a TRL step, which takes
+# the same path as a CPU: `python benchmarks/allocator_replay.py --per-layer --trainer trl ...`).
+TRL_TOKEN_CHUNK = 4096
+TRL_VOCAB_CHUNK = 32768
+TRL_TILE_TEMP_BYTES = 33
+TRL_PER_TOKEN_BYTES = 40
+
+
+def trl_head_bytes(arch: Arch, tokens: int, *, wb: int, cb: int, head_trained: bool, device: str) -> int:
+    """TRL's fused LM head at its peak for ``tokens`` tokens (``wb``: the hidden states' and the head's dtype
+    bytes, ``cb``: the compute dtype's; above)."""
+    rows, cols = min(tokens, TRL_TOKEN_CHUNK), min(arch.vocab, TRL_VOCAB_CHUNK)
+    tile = rows * cols * (cb + (0 if device == "cuda" else TRL_TILE_TEMP_BYTES))
+    chunk_cast = cols * arch.hidden * cb if wb != cb else 0
+    head_grad = 4 * arch.vocab * arch.hidden if head_trained else 0
+    return int(tile + chunk_cast + head_grad + tokens * (arch.hidden * (wb + 4) + TRL_PER_TOKEN_BYTES))
+
+
 # Host RAM per offloaded byte: DeepSpeed's estimators' ``additional_buffer_factor`` (pinned buffers).
 HOST_BUFFER_FACTOR = 1.5
 # The terms of the step's forward and backward working set (live at the start of backward only).
@@ -750,7 +781,10 @@ def _activation_terms(
     elif c.attn == "eager" and c.grad_ckpt:
         # transformers materialises the causal mask for eager attention; checkpointed layers keep it
         t["attention_mask"] = wb * b * s * s
-    logits = logits_bytes(arch, tokens, c.liger, cb, loss)
+    if w.trainer == "trl":
+        logits = trl_head_bytes(arch, tokens, wb=wb, cb=cb, head_trained=full, device=device)
+    else:
+        logits = logits_bytes(arch, tokens, c.liger, cb, loss)
     saved: float
     working: float
     if c.grad_ckpt:
@@ -843,6 +877,9 @@ def estimate_memory(
         # communication buffers of DeepSpeed ZeRO, and ZeRO-3's gathered parameters
         ms = _with_zero_buffers(arch, c, k, ms, bucket_elements)
     t = dict(ms.terms)
+    if w.trainer == "trl" and ms.wb == 4 and t.get("weight_copies"):
+        # TRL's fused head casts the fp32 head a vocabulary chunk at a time (in its logits term), not whole
+        t["weight_copies"] = max(0.0, t["weight_copies"] - 2 * arch.vocab * arch.hidden)
     step = _optimizer_step_terms(arch, w, c, k, device, ms.trainable)
     if OPTIMIZERS[c.optim][2] and "optimizer_states" in t:
         # paged: evicted to host RAM under pressure during forward/backward, paged in for the step

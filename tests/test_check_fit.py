@@ -76,6 +76,19 @@ def test_a_micro_batch_that_cannot_fit_fails_and_the_fix_keeps_the_effective_bat
     assert r.by_id("batch") == []  # no second, contradicting, token-count advice
 
 
+def test_an_sft_config_is_priced_with_trls_fused_head_not_transformers_logits(_check, tmp_path: Path):
+    """An SFTConfig trains through TRL's SFTTrainer, whose fused LM head never holds the logits: story 1 at
+    micro-batch 2 without Liger fits an A10G; the same levers as transformers' TrainingArguments do not."""
+    text = STORY_1.format(mb=2, acc=16).replace("use_liger_kernel: true\n", "")
+    r = _check(text, _target("meta-llama/Llama-3.1-8B"))
+    assert _one(r, "fit").status == "pass", _one(r, "fit").message
+    ta = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 16, "gradient_checkpointing": True,
+          "bf16": True, "seed": 1}
+    hf = _check(json.dumps(ta), _target("meta-llama/Llama-3.1-8B", seq_len=4096, mode="lora"),
+                name="training_args.json")
+    assert _one(hf, "fit").status == "fail", _one(hf, "fit").message
+
+
 def test_a_small_model_at_short_sequences_is_told_which_larger_micro_batch_fits(_check):
     text = STORY_1.format(mb=1, acc=32).replace("max_length: 4096", "max_length: 512")
     r = _check(text, _target("qwen2.5-0.5b"))

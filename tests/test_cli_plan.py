@@ -294,6 +294,22 @@ def test_an_answer_that_needs_liger_says_so_and_what_it_is_without() -> None:
     assert "A10G: assumes Liger's fused linear+cross-entropy (pip install 'autotune[gpu]')" in run(*args).output
 
 
+def test_under_trls_trainer_story_1_fits_without_liger() -> None:
+    """--trainer trl prices TRL's SFTTrainer, whose fused LM head never holds the whole logits: 8B LoRA at 4,096
+    tokens fits an A10G without Liger (which TRL turns off), where transformers' loss needs Liger or QLoRA."""
+    args = ["--model", "llama-3.1-8b", "--gpu", "A10G", "--mode", "lora", "--seq-len", "4096",
+            "--effective-batch", "32", "--gpus-per-node", "1", "--no-liger"]
+    trl = json.loads(run(*args, "--trainer", "trl", "--json").output)
+    hf = json.loads(run(*args, "--json").output)
+    assert trl["trainer"] == "trl" and hf["trainer"] == "hf"
+    g, h = trl["gpus"][0], hf["gpus"][0]
+    assert g["fits"] and g["mode"] == "lora" and g["option"]["candidate"]["micro_batch"] >= 2
+    assert h["mode"] != "lora" or h["option"]["candidate"]["micro_batch"] < g["option"]["candidate"]["micro_batch"]
+    assert "TRL's SFTTrainer" in run(*args, "--trainer", "trl").output
+    bad = run(*args, "--trainer", "deepspeed")
+    assert bad.exit_code == 2 and "trainer must be one of hf, trl" in bad.output
+
+
 def test_a_one_gpu_question_gets_a_one_gpu_answer_unless_told_otherwise() -> None:
     """The default plans one card (a node of eight answered a one-card question before); a pinned world size
     or --gpus-per-node widens it."""

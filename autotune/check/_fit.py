@@ -14,7 +14,16 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from autotune.errors import SpecError
-from autotune.estimate import GPU, HEADROOM, Arch, PlanLora, estimate_memory, plan, predict_speed
+from autotune.estimate import (
+    GPU,
+    HEADROOM,
+    Arch,
+    PlanLora,
+    PlanWorkload,
+    estimate_memory,
+    plan,
+    predict_speed,
+)
 from autotune.spec.levers import LEVERS
 from autotune.spec.probe_request import Candidate, Workload, parse_lora_targets
 
@@ -52,6 +61,7 @@ class FileLevers:
     lora_r: int
     lora_targets: tuple[str, ...]
     assumed: tuple[str, ...] = ()  # what the file leaves unsaid and was assumed (said in the item)
+    trainer: str = "hf"  # "trl": an SFTConfig, trained by TRL's SFTTrainer (its fused LM head)
 
 
 def _gib(n: float) -> str:
@@ -65,7 +75,8 @@ def _workload(target: FitTarget, f: FileLevers) -> tuple[Workload, list[str]]:
         seq = DEFAULT_FIT_SEQ_LEN
         assumed.append(f"{seq:,} tokens per sequence, the file states none (--seq-len)")
     mode = target.mode or f.mode
-    return Workload(model=target.model, seq_len=seq, mode=mode, lora_r=f.lora_r, lora_targets=f.lora_targets), assumed
+    return Workload(model=target.model, seq_len=seq, mode=mode, lora_r=f.lora_r, lora_targets=f.lora_targets,
+                    trainer=f.trainer), assumed
 
 
 def _pins(c: Candidate) -> dict[str, Any]:
@@ -122,7 +133,8 @@ def _fastest(target: FitTarget, f: FileLevers, wl: Workload) -> Any:
     try:
         result = plan(target.arch, gpus=[target.gpu], gpus_per_node=c.world_size, seq_len=wl.seq_len,
                       effective_batch=c.micro_batch * c.grad_accum * c.world_size, mode=wl.mode,
-                      model_name=target.model, lora=PlanLora(f.lora_r, tuple(f.lora_targets)), pin=_pins(c))
+                      model_name=target.model, lora=PlanLora(f.lora_r, tuple(f.lora_targets)), pin=_pins(c),
+                      workload=PlanWorkload(trainer=f.trainer))
     except SpecError:
         return None
     option = result.rows[0].option
@@ -184,7 +196,7 @@ def _next_micro_batch(target: FitTarget, wl: Workload, c: Candidate) -> str:
 
 
 def file_levers(req: Mapping[str, Any], ta: Mapping[str, Any], *, mode: str, world: int, precision: str | None,
-                offload: str) -> FileLevers:
+                offload: str, trainer: str = "hf") -> FileLevers:
     """The file's configuration from its request fields (``formats.<fmt>.to_request``) and its
     TrainingArguments view; what it leaves unsaid takes the HF stack's default, as training would."""
     assumed: list[str] = []
@@ -203,4 +215,4 @@ def file_levers(req: Mapping[str, Any], ta: Mapping[str, Any], *, mode: str, wor
     )  # fmt: skip
     return FileLevers(candidate=cand, mode=mode, seq_len=req.get("seq_len"), lora_r=int(req.get("lora_r", 16)),
                       lora_targets=parse_lora_targets(targets) if isinstance(targets, str) else tuple(targets),
-                      assumed=tuple(assumed))
+                      assumed=tuple(assumed), trainer=trainer)

@@ -472,7 +472,8 @@ def _fit_levers(c: _Ctx, req: dict[str, Any]) -> FileLevers:
             mode = "full"
             if c.mk is None and not (c.target and c.target.mode):
                 assumed.append("full fine-tuning, the file names no PEFT (--mode)")
-    f = file_levers(req, c.ta, mode=mode, world=_world(c) or 1, precision=c.precision()[0], offload=_offload(c))
+    f = file_levers(req, c.ta, mode=mode, world=_world(c) or 1, precision=c.precision()[0], offload=_offload(c),
+                    trainer="trl" if c.b.fmt == "trl" else "hf")  # an SFTConfig trains through TRL's fused LM head
     return dataclasses.replace(f, assumed=(*assumed, *f.assumed))
 
 

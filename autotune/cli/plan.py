@@ -21,7 +21,15 @@ from autotune.cli._levers import lever_options
 from autotune.cli.render import dumps_json
 from autotune.errors import SpecError
 from autotune.estimate.catalog import GPU, catalog_paths_from_env, find_gpus, load_catalog
-from autotune.estimate.plan import PIN_FIELDS, PlanLora, PlanResult, breakdown, parse_tokens, plan
+from autotune.estimate.plan import (
+    PIN_FIELDS,
+    PlanLora,
+    PlanResult,
+    PlanWorkload,
+    breakdown,
+    parse_tokens,
+    plan,
+)
 from autotune.spec.budget import format_bytes
 from autotune.spec.probe_request import MODE_CHOICES, parse_lora_targets
 
@@ -50,6 +58,7 @@ class PlanQuery:
     lora_targets: str = "attn"
     pin: Mapping[str, Any] | None = None
     lengths: str = "fixed"
+    trainer: str = "hf"
 
 
 @dataclass(frozen=True)
@@ -93,7 +102,8 @@ def gather(query: PlanQuery, sources: PlanSources | None = None) -> PlanResult:
     result = plan(
         arch, gpus=gpus, gpus_per_node=query.gpus_per_node, seq_len=seq_len,
         effective_batch=query.effective_batch, mode=query.mode, tokens=n_tokens, model_name=resolved.name,
-        lora=PlanLora(query.lora_r, tuple(targets)), pin=pinned, efficiency=efficiency, lengths=query.lengths,
+        lora=PlanLora(query.lora_r, tuple(targets)), pin=pinned, efficiency=efficiency,
+        workload=PlanWorkload(query.lengths, query.trainer),
     )  # fmt: skip
     extra = [default_note] if default_note else []
     extra += list(resolved.notes)
@@ -205,7 +215,8 @@ def render(result: PlanResult, *, width: int = 160, color: bool = False) -> str:
     con = Console(file=buf, width=width, no_color=not color, highlight=False, soft_wrap=False)
     title = (
         f"{result.model}: {_count(a.params_total)} params, {result.mode}, seq {result.seq_len}"
-        + (f" ({result.lengths})" if result.lengths != "fixed" else "") + ", "
+        + (f" ({result.lengths})" if result.lengths != "fixed" else "")
+        + (", TRL's SFTTrainer" if result.trainer == "trl" else "") + ", "
         f"effective batch {result.effective_batch}, up to {result.gpus_per_node} "
         + ("GPU" if result.gpus_per_node == 1 else "GPUs")
         + (f", {_count(result.tokens)} tokens" if result.tokens else "")
@@ -323,6 +334,7 @@ def command(
              "(lognormal:4.0,1.0, uniform:32-512, histogram:FILE.json): the speed counts the padding and packing is searched.",
     ),
     mode: str = typer.Option("full", "--mode", help="full | lora | qlora"),
+    trainer: str = typer.Option("hf", "--trainer", help="hf | trl: transformers.Trainer's loss (the full logits), or TRL's SFTTrainer's fused LM head (tiles of the logits, never the whole)."),
     tokens: str | None = typer.Option(
         None, "--tokens", help="Training tokens for time and cost: 1B, 500M, 2e9."
     ),
@@ -347,6 +359,7 @@ def command(
         gpus_per_node=gpus_per_node if gpus_per_node is not None else max(1, pin["world_size"] or 1),
         seq_len=seq_len, effective_batch=effective_batch,
         mode=mode, tokens=tokens, lora_r=lora_r, lora_targets=lora_targets, pin=pin, lengths=lengths,
+        trainer=trainer,
     )  # fmt: skip
     result = gather(query, PlanSources(catalog=catalog, calibrate_from=calibrate, hub=_hub_access(offline)))
     if as_json:

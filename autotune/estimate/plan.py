@@ -27,6 +27,7 @@ from autotune.spec.levers import LEVERS, ZERO_STAGES, or_list, rule_problems, va
 from autotune.spec.probe_request import (
     MODE_CHOICES,
     OFFLOAD_CHOICES,
+    TRAINER_CHOICES,
     Candidate,
     Workload,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "GPUPlan",
     "PlanOption",
     "PlanLora",
+    "PlanWorkload",
     "PlanResult",
     "breakdown",
     "fits",
@@ -206,6 +208,7 @@ class PlanResult:
     notes: tuple[str, ...] = field(default=())
     pinned: dict[str, Any] = field(default_factory=dict)
     lengths: str = "fixed"
+    trainer: str = "hf"
 
     def to_dict(self) -> dict[str, Any]:
         a = self.arch
@@ -220,6 +223,7 @@ class PlanResult:
             "mode": self.mode,
             "seq_len": self.seq_len,
             "lengths": self.lengths,
+            "trainer": self.trainer,
             "effective_batch": self.effective_batch,
             "gpus_per_node": self.gpus_per_node,
             "tokens": self.tokens,
@@ -418,6 +422,16 @@ class PlanLora:
     targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
+@dataclass(frozen=True)
+class PlanWorkload:
+    """What the run trains on and with, beyond the model and the sequence length: the sequences' length distribution
+    (``autotune.spec.lengths``: ``fixed`` is ``seq_len`` each; ``lognormal:MU,SIGMA``, ...) and the trainer (``hf``:
+    transformers' Trainer; ``trl``: TRL's SFTTrainer, whose fused LM head never materialises the logits)."""
+
+    lengths: str = "fixed"
+    trainer: str = "hf"
+
+
 def plan(
     arch_or_config: Arch | Mapping[str, Any],
     *,
@@ -431,7 +445,7 @@ def plan(
     lora: PlanLora | None = None,
     efficiency: Mapping[str, float] | None = None,
     pin: Mapping[str, Any] | None = None,
-    lengths: str = "fixed",
+    workload: PlanWorkload | None = None,
 ) -> PlanResult:
     """Plan ``mode`` fine-tuning of a model (Arch or config.json dict) on each of ``gpus``.
 
@@ -439,34 +453,39 @@ def plan(
     ``efficiency`` maps GPU names to a calibrated base efficiency (from :func:`speed.calibrate`);
     others use the catalog default. ``tokens`` (training tokens) gives hours and cost. ``pin`` fixes
     Candidate fields (``PIN_FIELDS``: micro_batch, grad_ckpt, zero_stage, world_size, offload, optim,
-    precision, attn, packing); what is pinned is not searched. ``lengths``: the training sequences' length
-    distribution (``autotune.spec.lengths``: ``fixed`` is ``seq_len`` each; ``lognormal:MU,SIGMA``, ...): with
-    variable lengths the speed counts the padding each configuration computes and packing is searched. A
+    precision, attn, packing); what is pinned is not searched. ``workload``: the lengths (with variable lengths
+    the speed counts the padding each configuration computes and packing is searched) and the trainer. A
     sequence longer than a learned-position model's ``max_position_embeddings`` (GPT-2) is refused; RoPE
     models get a note.
     """
     pin = dict(pin or {})
     lora = lora if lora is not None else PlanLora()
+    workload = workload if workload is not None else PlanWorkload()
     problems = _plan_problems(mode, gpus, gpus_per_node, seq_len, effective_batch, lora.r, tokens, pin)
+    lengths = workload.lengths
     try:
         lengths = "fixed" if parse_lengths(lengths).kind == "fixed" else lengths.strip()
     except SpecError as e:
         problems.append(str(e))
+    if workload.trainer not in TRAINER_CHOICES:
+        problems.append(f"trainer must be one of {', '.join(TRAINER_CHOICES)}; got {workload.trainer!r}")
     if problems:
         raise SpecError(problems)
     arch = _arch(arch_or_config)
     model = model_name or arch.model_type
     notes = _position_notes(arch, seq_len, model)
+    if workload.trainer == "trl" and pin.get("liger"):
+        notes.append("TRL's SFTTrainer turns Liger's fused cross-entropy off: its own fused LM head computes the loss")
     req = _Request(
         mode=mode, model=model, seq_len=seq_len, effective_batch=effective_batch, gpus_per_node=gpus_per_node,
         lora_r=lora.r, lora_targets=tuple(lora.targets), tokens=tokens, efficiency=efficiency, pin=pin,
-        lengths=lengths,
+        lengths=lengths, trainer=workload.trainer,
     )  # fmt: skip
     rows = [_plan_gpu(arch, gpu, req) for gpu in gpus]
     return PlanResult(
         model=model, arch=arch, mode=mode, seq_len=seq_len,
         effective_batch=effective_batch, gpus_per_node=gpus_per_node, tokens=tokens, rows=tuple(rows),
-        notes=tuple(notes), pinned=pin, lengths=lengths,
+        notes=tuple(notes), pinned=pin, lengths=lengths, trainer=workload.trainer,
     )  # fmt: skip
 
 
@@ -533,6 +552,7 @@ class _Request:
     efficiency: Mapping[str, float] | None
     pin: dict[str, Any]
     lengths: str = "fixed"
+    trainer: str = "hf"
 
 
 @dataclass(frozen=True)
@@ -580,7 +600,7 @@ def _first_fit(
     host_notes: list[str] = []
     for m in modes:
         wl = Workload(model=req.model, seq_len=req.seq_len, mode=m, lora_r=req.lora_r,
-                      lora_targets=req.lora_targets, lengths=req.lengths)  # fmt: skip
+                      lora_targets=req.lora_targets, lengths=req.lengths, trainer=req.trainer)  # fmt: skip
         option, min_gpus, host_note, least = _search(
             arch, wl, gpu, usable=usable, gpus_per_node=req.gpus_per_node, effective_batch=req.effective_batch,
             efficiency=eff, pin=req.pin,

@@ -551,6 +551,12 @@ def test_trls_fused_head_replaces_the_logits_term() -> None:
     ckpt = Candidate(grad_ckpt=True, optim="adamw_torch_fused")
     assert "weight_copies" not in estimate_memory(LLAMA1B, replace(full, trainer="trl"), ckpt).terms
     assert estimate_memory(LLAMA1B, full, ckpt).phase_terms["backward_start"]["weight_copies"] > 0
+    # speed: the head's logit tiles are computed again in TRL's backward, 2 x vocabulary x hidden FLOPs a token
+    g = find_gpu("A10G")
+    hf_s, trl_s = predict_speed(LLAMA8, replace(wl, trainer="hf"), c, g), predict_speed(LLAMA8, wl, c, g)
+    # (about 2 % of story 1's step: 2 x 128,256 x 4,096 = 1.05 GFLOPs a token against 54 with checkpointing)
+    assert trl_s.compute_time_s > hf_s.compute_time_s and trl_s.dispatch_time_s == hf_s.dispatch_time_s
+    assert 0.95 < trl_s.tokens_per_s / hf_s.tokens_per_s < 0.99
 
 
 def test_builtin_catalog() -> None:

@@ -434,6 +434,8 @@ def predict_speed(
     tokens_step = tokens_mb * c.grad_accum * c.world_size
     compute_mb = (tokens_mb * lay.slots_per_token * _compute_flops_per_token(arch, lay.attention_width, w.mode, share, c.attn)
                   / (peak * eff))
+    if w.trainer == "trl":  # TRL's fused LM head computes its logit tiles again in its backward (real tokens only)
+        compute_mb += tokens_mb * 2.0 * arch.vocab * arch.hidden / (peak * eff)
     passes = 2 + share  # forward, backward, and the recomputed share of the forward
     dispatch_mb = ops_per_micro_batch(arch, w, c) * PER_OP_S
     dequant_mb = 0.0

@@ -564,7 +564,7 @@ def saved_per_layer(model: str, batch: int, length: int, *, mode: str = "lora", 
     return out
 
 
-def step_peak(model: str, batch: int, length: int, *, trainer: str = "trl", mode: str = "lora",
+def step_peak(model: str, batch: int, length: int, *, trainer: str = "trl", mode: str = "lora", grad_ckpt: bool = True,
               precision: str = "bf16", lora_r: int = 16, lora_targets: tuple[str, ...] = ("all-linear",)) -> dict[str, Any]:  # fmt: skip
     """The peak of what one step of a one-layer model allocates beyond its weights and optimizer states (activations,
     the loss path, weight copies), traced, beside the estimator's same terms for the path the trace takes: a meta
@@ -575,7 +575,7 @@ def step_peak(model: str, batch: int, length: int, *, trainer: str = "trl", mode
     from autotune.spec.probe_request import Candidate, Workload
 
     config = _with_layers(_config(model), 1)
-    t = trace_step(config, batch, length, mode=mode, lora_r=lora_r, lora_targets=lora_targets, grad_ckpt=True,
+    t = trace_step(config, batch, length, mode=mode, lora_r=lora_r, lora_targets=lora_targets, grad_ckpt=grad_ckpt,
                    precision=precision, trainer=trainer)  # fmt: skip
     live: dict[int, int] = {}
     cur = peak = 0
@@ -587,16 +587,16 @@ def step_peak(model: str, batch: int, length: int, *, trainer: str = "trl", mode
             cur -= live.pop(-i)
         peak = max(peak, cur)
     wl = Workload("m", seq_len=length, mode=mode, lora_r=lora_r, lora_targets=lora_targets, trainer=trainer)
-    cand = Candidate(micro_batch=batch, grad_ckpt=True, precision=precision, attn="sdpa", optim="adamw_torch_fused")
+    cand = Candidate(micro_batch=batch, grad_ckpt=grad_ckpt, precision=precision, attn="sdpa", optim="adamw_torch_fused")
     terms = estimate_memory(arch_from_config(config), wl, cand, device="cpu").phase_terms["backward_start"]
     est = sum(terms.get(k, 0) for k in ("activations", "logits_loss", "recompute_working_set", "weight_copies"))
     return {"model": model, "trainer": trainer, "mode": mode, "precision": precision, "micro_batch": batch,
-            "length": length, "traced_mib": peak / MiB, "estimator_mib": est / MiB, "estimator_ratio": est / peak}
+            "grad_ckpt": grad_ckpt, "length": length, "traced_mib": peak / MiB, "estimator_mib": est / MiB, "estimator_ratio": est / peak}
 
 
 def run_case(model: str, mode: str, batch: int, max_len: int, lengths: str, steps: int, seed: int,
              grad_ckpt: bool = True, precision: str = "bf16", lora_r: int = 16, lora_targets: tuple[str, ...] = ("all-linear",),
-             needed: bool = True) -> dict[str, Any]:  # fmt: skip
+             needed: bool = True, trainer: str = "hf") -> dict[str, Any]:  # fmt: skip
     """Trace the distinct lengths, replay the steps both ways, and set the estimator's figures beside them."""
     from autotune.estimate import arch_from_config, estimate_memory
     from autotune.spec.probe_request import Candidate, Workload
@@ -605,7 +605,7 @@ def run_case(model: str, mode: str, batch: int, max_len: int, lengths: str, step
     seq = draw_lengths(lengths, max_len, batch, steps, seed)
     t0 = time.perf_counter()
     fam = trace_family(config, batch, max_len, mode=mode, lora_r=lora_r, lora_targets=lora_targets, grad_ckpt=grad_ckpt,
-                       precision=precision)  # fmt: skip
+                       precision=precision, trainer=trainer)  # fmt: skip
     traced_s = time.perf_counter() - t0
     cache = {n: fam.at(n) for n in set(seq)}  # one interpolated trace per distinct length
     traces = [cache[n] for n in seq]
@@ -614,13 +614,13 @@ def run_case(model: str, mode: str, batch: int, max_len: int, lengths: str, step
     need = needed_capacity(traces, expandable=False) if needed else None
     tight = replay(traces, expandable=False, capacity=need) if need else {"retries": None}
     arch = arch_from_config(config)
-    wl = Workload("m", seq_len=max_len, mode=mode, lora_r=lora_r, lora_targets=lora_targets)
+    wl = Workload("m", seq_len=max_len, mode=mode, lora_r=lora_r, lora_targets=lora_targets, trainer=trainer)
     br = estimate_memory(arch, wl, Candidate(micro_batch=batch, grad_ckpt=grad_ckpt, precision=precision,
                                              attn="sdpa", optim="adamw_torch_fused"))  # fmt: skip
     out = {"model": model, "mode": mode, "micro_batch": batch, "max_len": max_len, "lengths": lengths,
            "steps": steps, "seed": seed, "distinct_lengths": len(cache), "mean_len": statistics.mean(seq),
            "longest_first_at": seq.index(max(seq)),
-           "grad_ckpt": grad_ckpt, "precision": precision, "vocab": arch.vocab,
+           "grad_ckpt": grad_ckpt, "precision": precision, "trainer": trainer, "vocab": arch.vocab,
            "peak_allocated_gib": default["peak_allocated"] / GiB,
            "peak_reserved_gib": default["peak_reserved"] / GiB,
            "peak_reserved_expandable_gib": expandable["peak_reserved"] / GiB,
@@ -654,6 +654,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="instead of replaying: the activations one layer saves, traced and estimated")  # fmt: skip
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
+    if a.per_layer and a.step_peak:
+        ap.error("--per-layer and --step-peak are two different measurements: give one")
+    if a.trainer == "trl" and not (a.per_layer or a.step_peak):
+        ap.error("--trainer trl replays TRL's torch-op kernels (a CPU's), not the Triton ones a GPU runs in place: "
+                 "no GPU's allocator would see them; use --step-peak (which compares the CPU form)")
     for kind in a.lengths.split(","):  # a bad distribution is refused before any tracing
         try:
             draw_lengths(kind, 1024, 1, 1, 0)
@@ -663,15 +668,15 @@ def main(argv: list[str] | None = None) -> int:
     for b in (int(x) for x in a.micro_batch.split(",")):
         for m in (int(x) for x in a.max_len.split(",")):
             if a.step_peak:
-                r = step_peak(a.model, b, m, trainer=a.trainer, mode=a.mode, precision=a.precision, lora_r=a.lora_r,
-                              lora_targets=tuple(a.lora_targets.split(",")))  # fmt: skip
+                r = step_peak(a.model, b, m, trainer=a.trainer, mode=a.mode, grad_ckpt=not a.no_grad_ckpt,
+                              precision=a.precision, lora_r=a.lora_r, lora_targets=tuple(a.lora_targets.split(",")))  # fmt: skip
                 rows.append(r)
                 print(f"{a.model} {a.mode} {a.trainer} {a.precision} mb {b} len {m:5d}: step peak {r['traced_mib']:9.1f} "
                       f"MiB traced, estimator {r['estimator_mib']:9.1f} ({r['estimator_ratio']:.3f}x)", flush=True)  # fmt: skip
                 continue
             if a.per_layer:
-                r = saved_per_layer(a.model, b, m, mode=a.mode, grad_ckpt=not a.no_grad_ckpt, lora_r=a.lora_r,
-                                    lora_targets=tuple(a.lora_targets.split(",")))  # fmt: skip
+                r = saved_per_layer(a.model, b, m, mode=a.mode, grad_ckpt=not a.no_grad_ckpt, precision=a.precision,
+                                    lora_r=a.lora_r, lora_targets=tuple(a.lora_targets.split(",")))  # fmt: skip
                 rows.append(r)
                 print(f"{a.model} {a.mode} mb {b} len {m:5d}: one layer saves {r['traced_bytes_per_token']:9.0f} B a "
                       f"token ({r['traced_gib_per_layer']:.3f} GiB), estimator {r['estimator_bytes_per_token']:9.0f} "
@@ -679,8 +684,9 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             for kind in a.lengths.split(","):
                 r = run_case(a.model, a.mode, b, m, kind, a.steps if kind != "fixed" else 2, a.seed,
-                             grad_ckpt=not a.no_grad_ckpt, lora_r=a.lora_r, lora_targets=tuple(a.lora_targets.split(",")),
-                             needed=not a.no_needed)  # fmt: skip
+                             grad_ckpt=not a.no_grad_ckpt, precision=a.precision, lora_r=a.lora_r,
+                             lora_targets=tuple(a.lora_targets.split(",")), needed=not a.no_needed,
+                             trainer=a.trainer)  # fmt: skip
                 rows.append(r)
                 print(f"{a.model} {a.mode} mb {b} max {m:5d} {kind:8s}: allocated {r['peak_allocated_gib']:6.2f} GiB, "
                       f"reserved {r['peak_reserved_gib']:6.2f} ({r['reserved_over_allocated']:.2f}x), expandable "

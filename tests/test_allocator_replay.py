@@ -130,12 +130,17 @@ def test_one_layers_saved_activations_match_the_estimator(model: str, mode: str,
     assert 0.98 <= r["estimator_ratio"] <= 1.02, (why, r)
 
 
-@pytest.mark.parametrize(("mode", "precision", "length"), [("lora", "bf16", 1024), ("lora", "fp32", 512), ("full", "bf16", 1024)])
-def test_trls_fused_head_peak_matches_the_estimator(mode: str, precision: str, length: int) -> None:
+@pytest.mark.parametrize(
+    ("model", "mode", "precision", "length"),
+    [("qwen2.5-0.5b", "lora", "bf16", 1024), ("qwen2.5-0.5b", "lora", "fp32", 512),
+     ("qwen2.5-0.5b", "full", "bf16", 1024), ("gemma-2-2b", "lora", "bf16", 1024)],  # fmt: skip
+)
+def test_trls_fused_head_peak_matches_the_estimator(model: str, mode: str, precision: str, length: int) -> None:
     """TRL's SFTTrainer scores tokens through its own fused LM head (tiles of the logits, never the whole): one
-    step's peak beyond the model states, traced on the path a CPU takes, is the estimator's within 2 %."""
+    step's peak beyond the model states, traced on the path a CPU takes, is the estimator's within 2 % (Gemma-2:
+    its final soft-capping keeps one more temporary per tile element)."""
     pytest.importorskip("trl")
     if mode == "lora":
         pytest.importorskip("peft")
-    r = ar.step_peak("qwen2.5-0.5b", 1, length, trainer="trl", mode=mode, precision=precision)
+    r = ar.step_peak(model, 1, length, trainer="trl", mode=mode, precision=precision)
     assert 0.98 <= r["estimator_ratio"] <= 1.02, r

@@ -87,6 +87,11 @@ def test_an_sft_config_is_priced_with_trls_fused_head_not_transformers_logits(_c
     hf = _check(json.dumps(ta), _target("meta-llama/Llama-3.1-8B", seq_len=4096, mode="lora"),
                 name="training_args.json")
     assert _one(hf, "fit").status == "fail", _one(hf, "fit").message
+    # where nothing fits with the file's levers, the plan it points to is TRL's, and Liger is not offered
+    nockpt = _check(text.replace("activation_checkpointing: true", "activation_checkpointing: false"),
+                    _target("meta-llama/Llama-3.1-8B"))
+    fix = _one(nockpt, "fit").fix
+    assert "--trainer trl" in fix and "Liger" not in fix, fix
 
 
 def test_a_small_model_at_short_sequences_is_told_which_larger_micro_batch_fits(_check):

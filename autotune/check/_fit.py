@@ -147,12 +147,13 @@ def _fix_over(target: FitTarget, wl: Workload, c: Candidate, best: Any) -> str:
         return (f"micro-batch {b.micro_batch} x accumulation {b.grad_accum} keeps the effective batch and is predicted "
                 f"at {_gib(best.memory.total)} (~{best.speed.tokens_per_s:,.0f} tok/s)")
     eb = c.micro_batch * c.grad_accum * c.world_size
-    unused = [name for name, used in (("checkpointing", c.grad_ckpt and c.ckpt_every == 1), ("Liger", c.liger),
+    trl = wl.trainer == "trl"  # TRL's own fused LM head: Liger's fused loss is off under it, nothing to offer
+    unused = [name for name, used in (("checkpointing", c.grad_ckpt and c.ckpt_every == 1), ("Liger", c.liger or trl),
                                       ("LoRA", wl.mode != "full"), ("QLoRA", wl.mode == "qlora"),
                                       ("ZeRO-3", c.zero_stage == 3)) if not used]
     return (f"no micro-batch fits with these levers: `autotune plan --model {target.model} --gpu {target.gpu.name} "
-            f"--mode {wl.mode} --seq-len {wl.seq_len} --effective-batch {eb}` names the levers that do"
-            + (f" ({', '.join(unused)} not in use here)" if unused else ""))
+            f"--mode {wl.mode} --seq-len {wl.seq_len} --effective-batch {eb}{' --trainer trl' if trl else ''}` names "
+            "the levers that do" + (f" ({', '.join(unused)} not in use here)" if unused else ""))
 
 
 def _advised(best: Any, c: Candidate) -> dict[str, Any]:

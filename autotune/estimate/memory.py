@@ -101,6 +101,7 @@ __all__ = [
     "OVERLAP_COMM_FACTOR",
     "QLORA_BYTES_PER_PARAM",
     "TRL_PER_TOKEN_BYTES",
+    "TRL_SOFTCAP_TEMP_BYTES",
     "TRL_TILE_TEMP_BYTES",
     "TRL_TOKEN_CHUNK",
     "TRL_VOCAB_CHUNK",
@@ -206,6 +207,7 @@ def _softcap_bytes(cb: int) -> int:
 TRL_TOKEN_CHUNK = 4096
 TRL_VOCAB_CHUNK = 32768
 TRL_TILE_TEMP_BYTES = 33
+TRL_SOFTCAP_TEMP_BYTES = 4  # Gemma-2's final soft-capping (tanh of the tile) keeps one more fp32 temporary
 TRL_PER_TOKEN_BYTES = 40
 
 
@@ -213,7 +215,8 @@ def trl_head_bytes(arch: Arch, tokens: int, *, wb: int, cb: int, head_trained: b
     """TRL's fused LM head at its peak for ``tokens`` tokens (``wb``: the hidden states' and the head's dtype
     bytes, ``cb``: the compute dtype's; above)."""
     rows, cols = min(tokens, TRL_TOKEN_CHUNK), min(arch.vocab, TRL_VOCAB_CHUNK)
-    tile = rows * cols * (cb + (0 if device == "cuda" else TRL_TILE_TEMP_BYTES))
+    temporaries = TRL_TILE_TEMP_BYTES + (TRL_SOFTCAP_TEMP_BYTES if arch.logit_softcap else 0)
+    tile = rows * cols * (cb + (0 if device == "cuda" else temporaries))
     chunk_cast = cols * arch.hidden * cb if wb != cb else 0
     head_grad = 4 * arch.vocab * arch.hidden if head_trained else 0
     return int(tile + chunk_cast + head_grad + tokens * (arch.hidden * (wb + 4) + TRL_PER_TOKEN_BYTES))

@@ -92,6 +92,14 @@ def test_an_sft_config_is_priced_with_trls_fused_head_not_transformers_logits(_c
                     _target("meta-llama/Llama-3.1-8B"))
     fix = _one(nockpt, "fit").fix
     assert "--trainer trl" in fix and "Liger" not in fix, fix
+    # a file without max_length (its ModelConfig keys still say TRL) is priced at SFTConfig's own default length
+    nomax = _check(text.replace("max_length: 4096\n", ""), _target("meta-llama/Llama-3.1-8B"))
+    trl = pytest.importorskip("trl")
+    import dataclasses
+
+    default = {f.name: f.default for f in dataclasses.fields(trl.SFTConfig)}["max_length"]
+    assert f"{default:,} tokens per sequence, TRL's default max_length" in _one(nomax, "fit").message
+    assert all(i.status != "fail" for i in nomax.by_id("names")), nomax.by_id("names")  # not read as TrainingArguments
 
 
 def test_a_small_model_at_short_sequences_is_told_which_larger_micro_batch_fits(_check):

@@ -31,6 +31,7 @@ __all__ = ["DEFAULT_FIT_SEQ_LEN", "FitTarget", "FileLevers", "fit_items", "GAIN_
 
 # the sequence length assumed where neither the file nor --seq-len states one (the planner's default)
 DEFAULT_FIT_SEQ_LEN = 2048
+TRL_DEFAULT_MAX_LENGTH = 1024  # SFTConfig's max_length default (trl 1.16; tests/test_check_fit.py reads it from TRL)
 # a larger micro-batch is advised when the speed model predicts at least this gain (its own error is larger
 # than a few percent: smaller gains are not worth a config change)
 GAIN_WORTH_SAYING = 0.10
@@ -71,6 +72,9 @@ def _gib(n: float) -> str:
 def _workload(target: FitTarget, f: FileLevers) -> tuple[Workload, list[str]]:
     assumed = list(f.assumed)
     seq = target.seq_len or f.seq_len
+    if seq is None and f.trainer == "trl":  # SFTConfig truncates to its own default when the file states none
+        seq = TRL_DEFAULT_MAX_LENGTH
+        assumed.append(f"{seq:,} tokens per sequence, TRL's default max_length (--seq-len)")
     if seq is None:
         seq = DEFAULT_FIT_SEQ_LEN
         assumed.append(f"{seq:,} tokens per sequence, the file states none (--seq-len)")

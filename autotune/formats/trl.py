@@ -45,6 +45,8 @@ MARKERS = frozenset({
     "max_length", "packing", "padding_free", "packing_strategy", "dataset_text_field", "completion_only_loss",
     "assistant_only_loss", "model_init_kwargs", "dataset_num_proc", "eval_packing", "pad_to_multiple_of",
     "chat_template_path", "activation_offloading", "dataset_kwargs", "truncation_mode", "shuffle_dataset",
+    # a `trl sft --config` file's ModelConfig keys, and SFTConfig's renamed max_seq_length (no other format's)
+    "use_peft", "lora_target_modules", "max_seq_length",
 })  # fmt: skip
 DEFAULTS = {**_ta.DEFAULTS, "packing": False, "padding_free": False, "packing_strategy": "bfd"}
 

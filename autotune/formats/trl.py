@@ -142,9 +142,9 @@ def to_request(cfg: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(cfg.get("max_length"), int):
         req["seq_len"] = cfg["max_length"]
     req["packing"] = bool(cfg.get("packing") or cfg.get("padding_free"))
-    mik = cfg.get("model_init_kwargs")
-    if isinstance(mik, Mapping) and isinstance(mik.get("attn_implementation"), str):
-        req["attn"] = mik["attn_implementation"]
+    attn = _attn_implementation(cfg)
+    if attn is not None:
+        req["attn"] = attn
     ds = local_dataset(cfg.get("dataset_name"))
     if ds:
         req["dataset"] = ds
@@ -173,11 +173,24 @@ def _model_request(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _attn_implementation(cfg: Mapping[str, Any]) -> str | None:
+    """The attention a config asks for: a ``trl sft --config`` file's ModelConfig ``attn_implementation`` (what the
+    script builds the model with), else SFTConfig's ``model_init_kwargs``."""
+    mik = cfg.get("model_init_kwargs")
+    for value in (cfg.get("attn_implementation"), mik.get("attn_implementation") if isinstance(mik, Mapping) else None):
+        if isinstance(value, str):
+            return value
+    return None
+
+
 def to_checklist(cfg: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {"training_args": dict(cfg)}
     mik = cfg.get("model_init_kwargs")
     if isinstance(mik, Mapping):
         out["model_kwargs"] = dict(mik)
+    attn = _attn_implementation(cfg)
+    if attn is not None:
+        out.setdefault("model_kwargs", {})["attn_implementation"] = attn
     model = _model_request(cfg)  # a trl sft config's adapters (ModelConfig), the valid values only
     if model.get("mode") in ("lora", "qlora"):
         out["lora"] = {"r": model.get("lora_r", 16), "lora_alpha": model.get("lora_alpha"),

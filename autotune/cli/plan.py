@@ -296,7 +296,7 @@ def _breakdown_lines(row: Any) -> list[str]:
     if o.memory.device == "cuda":
         out.insert(1, f"  as torch counts it: max_memory_allocated {format_bytes(o.memory.allocated)}, "
                       f"max_memory_reserved {format_bytes(o.memory.reserved)}; the rest is the CUDA context.")
-        if not c.packing:
+        if not c.packing and o.memory.reserved_variable_lengths > o.memory.reserved:
             out.insert(2, f"  with real variable-length batches the reserved figure grows to about "
                           f"{format_bytes(o.memory.reserved_variable_lengths)} on a card with room (cached blocks a longer "
                           "batch cannot reuse); where that is more than the card, the allocator frees them and retries, "

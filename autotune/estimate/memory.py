@@ -286,7 +286,8 @@ class MemoryBreakdown:
         what the forward saves for the backward, ``SAVED_FOR_BACKWARD_TERMS``). Not what the run needs: it still fits in ``reserved``, the allocator freeing cached
         segments and retrying when it runs out."""
         kept = sum(self.terms.get(k, 0) for k in (*STATIC_TERMS, *SAVED_FOR_BACKWARD_TERMS))
-        return self.allocated + int(VARLEN_RESERVE_GROWTH * max(0, self.allocated - kept))
+        grown = self.allocated + int(VARLEN_RESERVE_GROWTH * max(0, self.allocated - kept))
+        return max(grown, self.reserved)  # never under the fixed-length figure: the longest batch alone reaches it
 
     @property
     def model_states(self) -> int:

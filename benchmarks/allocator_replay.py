@@ -659,6 +659,16 @@ def main(argv: list[str] | None = None) -> int:
     if a.trainer == "trl" and not (a.per_layer or a.step_peak):
         ap.error("--trainer trl replays TRL's torch-op kernels (a CPU's), not the Triton ones a GPU runs in place: "
                  "no GPU's allocator would see them; use --step-peak (which compares the CPU form)")
+    try:  # a model that cannot be read, or sizes that are not positive whole numbers, are refused before any tracing
+        _config(a.model)
+    except (OSError, ValueError) as exc:
+        ap.error(f"--model {a.model}: no readable config.json there ({type(exc).__name__}); give a preset name, a "
+                 "folder with config.json, or the file")
+    for flag, text in (("--micro-batch", a.micro_batch), ("--max-len", a.max_len)):
+        if not all(x.strip().isdigit() and int(x) > 0 for x in text.split(",")):
+            ap.error(f"{flag} takes comma-separated whole numbers above 0; got {text!r}")
+    if min(int(x) for x in a.max_len.split(",")) < 8:
+        ap.error("--max-len must be 8 or more (the estimator's shortest sequence)")
     for kind in a.lengths.split(","):  # a bad distribution is refused before any tracing
         try:
             draw_lengths(kind, 1024, 1, 1, 0)

@@ -144,3 +144,15 @@ def test_trls_fused_head_peak_matches_the_estimator(model: str, mode: str, preci
         pytest.importorskip("peft")
     r = ar.step_peak(model, 1, length, trainer="trl", mode=mode, precision=precision)
     assert 0.98 <= r["estimator_ratio"] <= 1.02, r
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [(["--model", "/nonexistent"], "no readable config.json"), (["--micro-batch", "0"], "whole numbers above 0"),
+     (["--max-len", "abc"], "whole numbers above 0"), (["--max-len", "4"], "8 or more"),
+     (["--per-layer", "--step-peak"], "give one"), (["--trainer", "trl"], "use --step-peak")],  # fmt: skip
+)
+def test_bad_input_is_refused_before_any_tracing(args: list[str], says: str, capsys) -> None:  # noqa: ANN001
+    with pytest.raises(SystemExit) as exc:
+        ar.main(args)
+    assert exc.value.code == 2 and says in capsys.readouterr().err

@@ -984,7 +984,9 @@ def _names_verdict(c: _Ctx, missing: tuple[str, str] | None, unknown: list[str],
             "names",
             "argument names",
             "pass",
-            f"{len(c.ta)} arguments, known to {_names_version(c)}",
+            f"{len(c.ta)} arguments, known to "
+            f"{'the installed trl (SFTConfig, ModelConfig, ScriptArguments) and ' if c.b.fmt == 'trl' else ''}"
+            f"{_names_version(c)}",
             source=c.src("training_args"),
         )
 

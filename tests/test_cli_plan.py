@@ -172,6 +172,17 @@ def test_liger_pin_on_and_off() -> None:
     assert "liger=False" in text
 
 
+def test_a_full_precision_plan_runs_sdpa_not_flashattention() -> None:
+    """FlashAttention-2 takes fp16/bf16 only: a plan pinned to fp32 (or tf32) picks sdpa where the GPU has FA2, and a
+    pinned FA2 with fp32 is said not to run, in one line (the emitted config would fail when the model loads)."""
+    base = ["--model", "qwen2.5-0.5b", "--gpu", "A10G", "--mode", "full", "--gpus-per-node", "1"]
+    half = json.loads(run(*base, "--json").output)["gpus"][0]["option"]["candidate"]
+    fp32 = json.loads(run(*base, "--precision", "fp32", "--json").output)["gpus"][0]["option"]["candidate"]
+    assert half["attn"] == "flash_attention_2" and (fp32["precision"], fp32["attn"]) == ("fp32", "sdpa")
+    both = json.loads(run(*base, "--precision", "fp32", "--attn", "flash_attention_2", "--json").output)["gpus"][0]
+    assert not both["fits"] and "fp16 or bf16 only" in both["note"]
+
+
 def test_bad_pins_exit_2_with_one_line() -> None:
     assert "offload=params needs zero_stage 3" in _one_line_error(
         run("--model", "gpt2", "--seq-len", "512", "--zero-stage", "2", "--offload", "params")

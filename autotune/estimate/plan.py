@@ -334,7 +334,9 @@ def _search(
     ruled offload out (empty when it did not), and the configuration with the smallest GPU footprint (what
     "nothing fits" is measured against)."""
     precision = pin.get("precision", gpu.half_precision)
-    attn = pin.get("attn", "flash_attention_2" if gpu.flash_attention_2 else "sdpa")
+    # FlashAttention-2 takes fp16/bf16 only: a pinned fp32 or tf32 plan runs sdpa
+    fa2 = gpu.flash_attention_2 and precision in ("bf16", "fp16")
+    attn = pin.get("attn", "flash_attention_2" if fa2 else "sdpa")
     host_per_gpu = gpu.host_memory_bytes_per_gpu
     best: tuple[tuple[float, int, int], PlanOption] | None = None
     smallest: tuple[Candidate, MemoryBreakdown] | None = None
@@ -657,6 +659,8 @@ def _unsupported(gpu: GPU, pin: Mapping[str, Any]) -> str:
         return f"{gpu.name} has no bf16 (pinned precision); use fp16"
     if pin.get("attn") == "flash_attention_2" and not gpu.flash_attention_2:
         return f"{gpu.name} cannot run FlashAttention-2 (pinned attn); use sdpa"
+    if pin.get("attn") == "flash_attention_2" and pin.get("precision") in ("fp32", "tf32"):
+        return f"FlashAttention-2 runs in fp16 or bf16 only, not {pin['precision']} (pinned); use sdpa"
     return ""
 
 

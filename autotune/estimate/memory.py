@@ -69,7 +69,7 @@ from typing import Any
 from autotune.errors import SpecError
 from autotune.estimate.arch import Arch, peft_lora_modules, peft_lora_param_count
 from autotune.estimate.catalog import GPU
-from autotune.estimate.speed import checkpointed_layers
+from autotune.estimate.speed import checkpointed_layers, recomputed
 from autotune.formats.model import LORA_DROPOUT
 from autotune.spec.probe_request import FLATTEN_ATTN, Candidate, Workload
 
@@ -204,7 +204,7 @@ def _softcap_bytes(cb: int) -> int:
 # (TRL_PER_TOKEN_BYTES), a 16-bit copy of each vocabulary chunk of a head kept in fp32, and, when the head is
 # trained, its fp32 gradient. With Triton (CUDA) the tile becomes the logits' gradient in place; elsewhere torch ops
 # make TRL_TILE_TEMP_BYTES of fp32 and bool temporaries per tile element (the meta trace of a TRL step, which takes
-# the same path as a CPU: `python benchmarks/allocator_replay.py --per-layer --trainer trl ...`).
+# the same path as a CPU: `python benchmarks/allocator_replay.py --step-peak --trainer trl ...`).
 TRL_TOKEN_CHUNK = 4096
 TRL_VOCAB_CHUNK = 32768
 TRL_TILE_TEMP_BYTES = 33
@@ -504,6 +504,7 @@ class _Setup:
     off_opt: bool  # optimizer states offloaded (offload optimizer or params)
     off_par: bool  # parameters offloaded
     grads_off: bool  # gradient partitions offloaded
+    fused_head: bool = False  # TRL's fused LM head scores the tokens: the head is never run as an autocast linear
 
 
 @dataclass(frozen=True)
@@ -561,6 +562,7 @@ def _setup(arch: Arch, w: Workload, c: Candidate) -> _Setup:
         # are reduced bucket by bucket and copied out (DeepSpeed's own estimators count 2Ψ on the GPU
         # for ZeRO-2 and 2Ψ/N for ZeRO-3 with the optimizer offloaded). ZeRO-1 keeps whole gradients.
         grads_off=off_opt and c.zero_stage >= 2,
+        fused_head=w.trainer == "trl",
     )
 
 
@@ -603,9 +605,11 @@ def _full_states(arch: Arch, c: Candidate, k: _Setup) -> _ModelStates:
         t["gradients"] = 4 * psi
         t["optimizer_states"] = states
         if k.half:
-            # autocast's 16-bit weight copies, saved for backward (recomputed with checkpointing)
-            head = arch.vocab * arch.hidden
-            t["weight_copies"] = 2 * (head if c.grad_ckpt else arch.params_matmul)
+            # autocast's 16-bit weight copies, saved for backward (recomputed with checkpointing); TRL's fused
+            # head casts the head a vocabulary chunk at a time instead (in its logits term), never whole
+            head = 0 if k.fused_head else arch.vocab * arch.hidden
+            body = arch.params_matmul - arch.vocab * arch.hidden
+            t["weight_copies"] = 2 * (head if c.grad_ckpt else body + head)
         if c.world_size > 1:
             t["ddp_buckets"] = 4 * psi
         persistent_grads = c.grad_accum > 1
@@ -626,7 +630,7 @@ def _qlora_base(arch: Arch, k: _Setup, backend: str, base_div: int) -> tuple[dic
     t["weights"] = (bpp * linear + rest * (k.psi - linear)) / base_div
     largest_linear = max((i * o for _, i, o in arch.linears), default=0)
     t["qlora_dequant"] = 2 * 2 * largest_linear
-    if k.half and rest == 4:
+    if k.half and rest == 4 and not k.fused_head:
         t["weight_copies"] = 2 * arch.vocab * arch.hidden
     return t, rest
 
@@ -660,8 +664,7 @@ def _lora_states(arch: Arch, w: Workload, c: Candidate, k: _Setup, backend: str)
     if k.half and not k.ds:
         # autocast's 16-bit copies of the fp32 adapters, saved by their matmuls in every layer not checkpointed
         # (DeepSpeed casts the adapters to 16-bit itself)
-        kept = 1 - checkpointed_layers(arch, c) / arch.layers if arch.layers else 0.0
-        t["weight_copies"] = t.get("weight_copies", 0.0) + 2 * trainable * kept
+        t["weight_copies"] = t.get("weight_copies", 0.0) + 2 * trainable * (1 - recomputed(arch, c))
     if c.world_size > 1 and c.zero_stage == 0:
         t["ddp_buckets"] = 4 * trainable
     persistent_grads = c.grad_accum > 1 or c.zero_stage > 0 or c.world_size > 1
@@ -882,9 +885,6 @@ def estimate_memory(
         # communication buffers of DeepSpeed ZeRO, and ZeRO-3's gathered parameters
         ms = _with_zero_buffers(arch, c, k, ms, bucket_elements)
     t = dict(ms.terms)
-    if w.trainer == "trl" and ms.wb == 4 and t.get("weight_copies"):
-        # TRL's fused head casts the fp32 head a vocabulary chunk at a time (in its logits term), not whole
-        t["weight_copies"] = max(0.0, t["weight_copies"] - 2 * arch.vocab * arch.hidden)
     step = _optimizer_step_terms(arch, w, c, k, device, ms.trainable)
     if OPTIMIZERS[c.optim][2] and "optimizer_states" in t:
         # paged: evicted to host RAM under pressure during forward/backward, paged in for the step

@@ -251,15 +251,22 @@ class Trace:
     kept: list[int]
     forward_end: int = 0
 
+    def live_bytes(self, until: int | None = None) -> list[int]:
+        """The bytes the step holds (allocated, not yet freed) after each of its first ``until`` events."""
+        sizes: dict[int, int] = {}
+        cur, out = 0, []
+        for i, n in self.events[:until]:
+            if i > 0:
+                sizes[i] = n
+                cur += n
+            else:
+                cur -= sizes.pop(-i, 0)
+            out.append(cur)
+        return out
+
     def saved_bytes(self) -> int:
         """The bytes the step has allocated and not freed at the end of the forward and loss."""
-        live: dict[int, int] = {}
-        for i, n in self.events[: self.forward_end]:
-            if i > 0:
-                live[i] = n
-            else:
-                live.pop(-i, None)
-        return sum(live.values())
+        return (self.live_bytes(self.forward_end) or [0])[-1]
 
 
 def _config(model: str) -> dict[str, Any]:
@@ -577,15 +584,7 @@ def step_peak(model: str, batch: int, length: int, *, trainer: str = "trl", mode
     config = _with_layers(_config(model), 1)
     t = trace_step(config, batch, length, mode=mode, lora_r=lora_r, lora_targets=lora_targets, grad_ckpt=grad_ckpt,
                    precision=precision, trainer=trainer)  # fmt: skip
-    live: dict[int, int] = {}
-    cur = peak = 0
-    for i, n in t.events:
-        if i > 0:
-            live[i] = n
-            cur += n
-        elif -i in live:
-            cur -= live.pop(-i)
-        peak = max(peak, cur)
+    peak = max(t.live_bytes(), default=0)
     wl = Workload("m", seq_len=length, mode=mode, lora_r=lora_r, lora_targets=lora_targets, trainer=trainer)
     cand = Candidate(micro_batch=batch, grad_ckpt=grad_ckpt, precision=precision, attn="sdpa", optim="adamw_torch_fused")
     terms = estimate_memory(arch_from_config(config), wl, cand, device="cpu").phase_terms["backward_start"]

@@ -632,6 +632,33 @@ def run_case(model: str, mode: str, batch: int, max_len: int, lengths: str, step
     return out
 
 
+def expandable_table(paths: list[Path]) -> list[dict[str, Any]]:
+    """Recorded replays (``--out`` files) read back: per row, the reserve with and without expandable segments
+    over the allocated peak, and the estimator's ``reserved`` over the reserve with them (what a GPU probe,
+    run with ``expandable_segments:True``, holds). Prints one line a row and the range per mode."""
+    rows = []
+    for path in paths:
+        for r in json.loads(path.read_text())["rows"]:
+            if r.get("peak_reserved_expandable_gib") is None:
+                continue
+            a, res, exp = r["peak_allocated_gib"], r["peak_reserved_gib"], r["peak_reserved_expandable_gib"]
+            row = {"file": path.name, "model": r["model"], "mode": r["mode"], "micro_batch": r["micro_batch"],
+                   "max_len": r["max_len"], "lengths": r["lengths"], "reserved_over_allocated": res / a,
+                   "expandable_over_allocated": exp / a, "estimator_over_expandable": r["estimator_reserved_gib"] / exp}
+            rows.append(row)
+            print(f"{r['model']:>12s} {r['mode']:4s} mb {r['micro_batch']} max {r['max_len']:5d} {r['lengths']:20.20s}: "
+                  f"reserved {row['reserved_over_allocated']:.2f}x allocated, with expandable segments "
+                  f"{row['expandable_over_allocated']:.2f}x; estimator reserved / expandable "
+                  f"{row['estimator_over_expandable']:.2f}")  # fmt: skip
+    for mode in sorted({r["mode"] for r in rows}):
+        mine = [r for r in rows if r["mode"] == mode]
+        print(f"{mode}: {len(mine)} rows; expandable / allocated "
+              f"{min(r['expandable_over_allocated'] for r in mine):.2f}-{max(r['expandable_over_allocated'] for r in mine):.2f}; "
+              f"estimator reserved / expandable {min(r['estimator_over_expandable'] for r in mine):.2f}-"
+              f"{max(r['estimator_over_expandable'] for r in mine):.2f}")  # fmt: skip
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen2.5-7b", help="a preset name, a folder with config.json, or the file")
@@ -652,7 +679,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-layer", action="store_true",
                     help="instead of replaying: the activations one layer saves, traced and estimated")  # fmt: skip
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--expandable", nargs="+", type=Path, metavar="RESULTS.json",
+                    help="instead of replaying: read recorded replays and set the estimator's reserved beside the "
+                         "reserve with expandable segments")
     a = ap.parse_args(argv)
+    if a.expandable:
+        unreadable = [str(p) for p in a.expandable if not p.is_file()]
+        if unreadable:
+            ap.error(f"--expandable: no such file {', '.join(unreadable)}")
+        expandable_table(a.expandable)
+        return 0
     if a.per_layer and a.step_peak:
         ap.error("--per-layer and --step-peak are two different measurements: give one")
     if a.trainer == "trl" and not (a.per_layer or a.step_peak):

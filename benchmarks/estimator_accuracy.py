@@ -52,7 +52,7 @@ if str(ROOT) not in sys.path:
 
 from autotune.estimate import arch_from_config, estimate_memory  # noqa: E402
 from autotune.estimate.memory import CPU_OVERHEAD_TERMS  # noqa: E402
-from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload  # noqa: E402
+from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload, cuda_alloc_conf  # noqa: E402
 
 # The estimator's CPU figure is live tensors plus a fitted runtime overhead (estimate/memory.py), fitted
 # with glibc returning blocks >= 64 KiB to the OS at once, so that RSS follows the live tensors. Since
@@ -91,7 +91,8 @@ class Config:
         precision = "fp32" if device == "cpu" else "bf16"
         cand = Candidate(precision=precision, **self.candidate)
         settings = ProbeSettings(
-            device=device, warmup_steps=1, steps=2, timeout_s=timeout_s, cpu_threads=threads
+            device=device, warmup_steps=1, steps=2, timeout_s=timeout_s, cpu_threads=threads,
+            cuda_alloc_conf=cuda_alloc_conf(device, os.environ),  # as autotune run's probes
         )
         return ProbeRequest(wl, cand, settings).validate()
 

@@ -125,12 +125,13 @@ def _forked_probe(a: argparse.Namespace, warm: Any) -> dict[str, Any]:
     from autotune.cli.probe import build_probe_request
     from autotune.executors.local import run_probe_process
     from autotune.models import HubAccess
-    from autotune.spec.probe_request import Candidate, ProbeSettings, Workload
+    from autotune.spec.probe_request import Candidate, ProbeSettings, Workload, cuda_alloc_conf
 
     workload = Workload(model=a.model, seq_len=a.seq_len, lengths=a.lengths, lora_r=16, lora_alpha=32)
     candidate = Candidate(micro_batch=a.micro_batch, grad_accum=a.grad_accum, precision=a.precision, attn=a.attn,
                           packing=a.packing, grad_ckpt=bool(a.ckpt_every), ckpt_every=a.ckpt_every or 1)
-    settings = ProbeSettings(device=a.device, warmup_steps=a.warmup_steps, steps=a.steps, timeout_s=a.timeout)
+    settings = ProbeSettings(device=a.device, warmup_steps=a.warmup_steps, steps=a.steps, timeout_s=a.timeout,
+                             cuda_alloc_conf=cuda_alloc_conf(a.device, os.environ))  # as autotune run's probes
     req = build_probe_request(workload, candidate, settings, hub=HubAccess.from_env(offline=True), notes=[])
     result = run_probe_process(req, warm=warm)
     if result.status != "ok" or result.env.get("start") != "forked":

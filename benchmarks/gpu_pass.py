@@ -27,6 +27,7 @@ import argparse
 import dataclasses
 import importlib.util
 import json
+import os
 import statistics
 import sys
 import time
@@ -37,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload  # noqa: E402
+from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload, cuda_alloc_conf  # noqa: E402
 
 # metrics copied into each row (the rest of a probe's metrics stay out of the JSONL)
 ROW_METRICS = (
@@ -92,7 +93,7 @@ class Pass:
         self.t0 = time.monotonic()
         self.settings = ProbeSettings(
             device=a.device, warmup_steps=a.warmup, steps=a.steps, timeout_s=a.timeout,
-            cpu_threads=a.threads or None,
+            cpu_threads=a.threads or None, cuda_alloc_conf=cuda_alloc_conf(a.device, os.environ),
         )  # fmt: skip
 
     def workload(self, lengths: str = "fixed", mode: str = "full") -> Workload:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import platform
 import sys
 import time
@@ -36,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from autotune.executors.local import run_probe_process  # noqa: E402
 from autotune.probe.launch import fsdp_stand_in  # noqa: E402
-from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload  # noqa: E402
+from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload, cuda_alloc_conf  # noqa: E402
 from autotune.store.atomic import write_json_atomic  # noqa: E402
 
 # (zero stage, offload): every stage plain, then each offload where it is defined
@@ -120,6 +121,7 @@ def _request(cfg: dict[str, Any], candidate: Candidate) -> ProbeRequest:
             warmup_steps=cfg["warmup_steps"],
             steps=cfg["steps"],
             timeout_s=cfg["timeout_s"],
+            cuda_alloc_conf=cuda_alloc_conf(cfg["device"], os.environ),  # as autotune run's probes
         ),
     ).validate()
 

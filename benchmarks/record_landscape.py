@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import statistics
 import sys
 import time
@@ -44,7 +45,7 @@ from autotune.search import (  # noqa: E402
     usable_micro_batches,
 )
 from autotune.spec.budget import parse_budget, parse_size  # noqa: E402
-from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload  # noqa: E402
+from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload, cuda_alloc_conf  # noqa: E402
 from autotune.spec.space import SearchSpace, load_space  # noqa: E402
 
 __all__ = ["grid", "landscape_path", "entry_status", "relabel", "record", "main", "median_budget_text"]
@@ -167,7 +168,7 @@ def record(a: argparse.Namespace, *, log: Any = print) -> dict[str, Any]:
                         mode=a.mode)
     settings = ProbeSettings(device=a.device, budget_bytes=probe_budget, budget_text=a.probe_budget,
                              warmup_steps=a.warmup, steps=a.steps, timeout_s=a.timeout,
-                             cpu_threads=a.threads or None)
+                             cpu_threads=a.threads or None, cuda_alloc_conf=cuda_alloc_conf(a.device, os.environ))
     cands = grid(space, a.effective_batch)
     if a.shuffle:  # a recording cut short by --time-box is then a random sample, not one corner
         import random

@@ -328,3 +328,33 @@ def test_axolotl_and_llamafactory_files_of_a_built_in_test_model_say_it_has_no_w
             assert (note in files[name]) is noted, name
             if noted:
                 assert f"set {key} to your model's folder or Hub id" in files[name]
+
+
+def test_a_gpu_answer_sets_the_cuda_allocator_it_was_measured_with(fields, monkeypatch):
+    """GPU probes run with a PYTORCH_CUDA_ALLOC_CONF (expandable segments unless the user set their own): the
+    emitted scripts set the same before torch is imported, a value already in the environment winning, and
+    the Axolotl / LLaMA-Factory launch lines carry it. A CPU answer sets nothing."""
+    from autotune.spec.probe_request import CUDA_ALLOC_CONF_DEFAULT
+
+    cpu = result_for(Candidate(micro_batch=2, grad_accum=2), mode="lora")
+    req = cpu.probe_request()
+    gpu_req = dataclasses.replace(req, settings=dataclasses.replace(req.settings, device="cuda",
+                                                                    cuda_alloc_conf=CUDA_ALLOC_CONF_DEFAULT))
+    gpu = dataclasses.replace(cpu, request=gpu_req.to_dict())
+    launch = f"Train with: PYTORCH_CUDA_ALLOC_CONF={CUDA_ALLOC_CONF_DEFAULT} "
+    for best, device, conf in ((gpu, "cuda", CUDA_ALLOC_CONF_DEFAULT), (cpu, "cpu", None)):
+        files = build_files(best, fields=fields, device=device)
+        assert (launch in files["axolotl.yaml"].splitlines()[0]) is (conf is not None)
+        assert (launch in files["llamafactory.yaml"].splitlines()[0]) is (conf is not None)
+        for script in ("train.py", "train_sft.py"):
+            text = files[script]
+            head = text[: text.index("\ndef ")]  # the module's top: what runs on import, before any torch import
+            assert "import torch" not in head
+            for preset in (None, "garbage_collection_threshold:0.6"):
+                if preset is None:
+                    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+                else:
+                    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", preset)
+                exec(compile(head, script, "exec"), {"__name__": "emitted", "__file__": "/x/" + script})
+                assert os.environ.get("PYTORCH_CUDA_ALLOC_CONF") == (preset or conf), (script, device, preset)
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)

@@ -222,3 +222,27 @@ def test_a_cpu_probe_runs_with_the_threads_the_emitted_train_py_gets(monkeypatch
     train_py_threads = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
                                       capture_output=True, text=True, check=True).stdout.strip()
     assert r.env["torch_threads"] == int(train_py_threads) == 1
+
+
+def test_a_gpu_probe_runs_with_the_cuda_allocator_setting_of_its_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ProbeSettings.cuda_alloc_conf`` is what the probe process gets (the run resolves it from the user's
+    environment: theirs, else expandable segments); None leaves the environment as it is. The setting is part
+    of the cache key only when set, so a CPU run's key is unchanged."""
+    from autotune.executors.local import worker_env
+    from autotune.spec.probe_request import CUDA_ALLOC_CONF_DEFAULT, cuda_alloc_conf
+    from autotune.store import probe_fields
+
+    assert cuda_alloc_conf("cuda", {}) == CUDA_ALLOC_CONF_DEFAULT == "expandable_segments:True"
+    assert cuda_alloc_conf("cuda", {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}) == "max_split_size_mb:512"
+    assert cuda_alloc_conf("cpu", {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}) is None
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")
+    req = tiny_request(seq_len=32, steps=2)
+    assert worker_env(req, 0.0)["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512"  # passed through
+    assert "cuda_alloc_conf" not in probe_fields(req.settings)
+    gpu = dataclasses.replace(req.settings, device="cuda", cuda_alloc_conf=CUDA_ALLOC_CONF_DEFAULT)
+    assert worker_env(dataclasses.replace(req, settings=gpu), 0.0)["PYTORCH_CUDA_ALLOC_CONF"] == CUDA_ALLOC_CONF_DEFAULT
+    assert probe_fields(gpu)["cuda_alloc_conf"] == CUDA_ALLOC_CONF_DEFAULT
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in worker_env(req, 0.0)
+    bad = dataclasses.replace(req.settings, cuda_alloc_conf=3)
+    assert any("cuda_alloc_conf" in p for p in bad.problems())

@@ -92,9 +92,17 @@ def test_the_plan_holds_every_resolved_default(tmp_path: Path, monkeypatch: pyte
     assert plan.budget_bytes == 10 * GiB == plan.settings.budget_bytes
     assert (plan.max_world, plan.confirm_steps, plan.prune, plan.load_monitor) == (1, 8, False, False)
     assert plan.rule is not None and plan.settings.timeout_s == plan.rule.unpredicted_s
+    assert plan.settings.cuda_alloc_conf is None  # a CPU run sets no CUDA allocator
     mixed_machine(monkeypatch)
-    gpu = plan_search(read_request(_args(tmp_path, device="cuda", space=None, executor=None, load_monitor=None)))
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    gpu_args = _args(tmp_path, device="cuda", space=None, executor=None, load_monitor=None)
+    gpu = plan_search(read_request(gpu_args))
     assert (gpu.prune, gpu.load_monitor, gpu.max_world) == (True, True, 2)
+    # GPU probes (and the scripts the run writes) get expandable segments, unless the user set their own
+    assert gpu.settings.cuda_alloc_conf == "expandable_segments:True"
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:256")
+    own = plan_search(read_request(gpu_args))
+    assert own.settings.cuda_alloc_conf == "max_split_size_mb:256" and own.key != gpu.key
 
 
 def test_the_cache_key_and_the_run_read_the_same_plan(tmp_path: Path) -> None:

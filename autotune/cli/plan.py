@@ -300,8 +300,9 @@ def _breakdown_lines(row: Any) -> list[str]:
             out.insert(2, f"  with real variable-length batches the reserved figure grows to about "
                           f"{format_bytes(o.memory.reserved_variable_lengths)} on a card with room (cached blocks a longer "
                           "batch cannot reuse); where that is more than the card, the allocator frees them and retries, "
-                          "which slows steps but still fits: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True avoids "
-                          "the growth.")
+                          "which slows steps but still fits. PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True keeps "
+                          "the reserve near the fixed-length figure; autotune run's GPU probes and the train.py it "
+                          "writes set it.")
     if o.memory.host_bytes:
         host = row.gpu.host_memory_bytes_per_gpu
         avail = (

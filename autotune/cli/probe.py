@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from typing import Any
 
@@ -13,7 +14,7 @@ from autotune.cli.render import console, dumps_json, render_probe_result
 from autotune.errors import SpecError
 from autotune.spec.budget import parse_budget, resolve_budget
 from autotune.spec.levers import LEVERS
-from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload
+from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload, cuda_alloc_conf
 from autotune.spec.result import ProbeResult
 
 __all__ = ["command", "build_probe_request", "PROBE_EXIT_CODES"]
@@ -170,7 +171,8 @@ def command(
     )  # fmt: skip
     candidate = Candidate(**(levers or {}), precision=precision)
     settings = ProbeSettings(device=device, budget_text=gpu_budget, headroom=headroom,
-                             warmup_steps=warmup_steps, steps=steps, timeout_s=timeout, window=window)
+                             warmup_steps=warmup_steps, steps=steps, timeout_s=timeout, window=window,
+                             cuda_alloc_conf=cuda_alloc_conf(device, os.environ))
     req = build_probe_request(workload, candidate, settings, hub=HubAccess.from_env(offline=offline),
                               config_name=config_name, sample_rows=sample_rows, notes=notes)
     for note in notes:

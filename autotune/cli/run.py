@@ -197,6 +197,10 @@ def render_summary(summary: dict[str, Any], con: Console) -> None:
     vl = summary.get("verify_loss")
     if vl:
         con.print(f"verify-loss: {vl.get('verdict')}", highlight=False)
+    conf = summary.get("cuda_alloc_conf")
+    if conf and summary.get("best"):
+        con.print(f"measured with PYTORCH_CUDA_ALLOC_CONF={conf}: train.py and train_sft.py set it; launch your own "
+                  "script, Axolotl or LLaMA-Factory with it too", highlight=False)
     con.print(answer_line(summary), highlight=False)
 
 

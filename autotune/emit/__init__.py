@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +160,7 @@ def _train_script(req: ProbeRequest, local: dict[str, str]) -> str:
         "tokenizer": local.get("tokenizer", wl.tokenizer),
         "worst_case_first": req.settings.usable_bytes() is not None,  # as the probe (worker.py)
         "precision": cand.precision,
+        "cuda_alloc_conf": req.settings.cuda_alloc_conf,
     }
     return render_train_script(seq_len=wl.seq_len, packing=cand.packing, measured=measured)
 
@@ -185,6 +187,7 @@ def _trl_files(
                 "dataset": local.get("dataset", wl.dataset),
                 "split": wl.split,
                 "tokenizer": local.get("tokenizer", wl.tokenizer),
+                "cuda_alloc_conf": req.settings.cuda_alloc_conf,
             }
         ),
     }
@@ -215,16 +218,24 @@ def _trainer_cli_files(
         dataset_type=_AXOLOTL_DATASET_TYPES.get(str(column)),
     )
     ax_notes += _test_model_note(wl.model, "base_model")
-    files = {"axolotl.yaml": _yaml_with_notes("Train with: axolotl train axolotl.yaml", ax_notes, ax)}
+    env = _launch_env(req)
+    files = {"axolotl.yaml": _yaml_with_notes(f"Train with: {env}axolotl train axolotl.yaml", ax_notes, ax)}
     lf, lf_notes = llamafactory_config(
         req, fields=fields, device=device, mean_seq_len=mean_len, deepspeed_path=ds_path,
         dataset_column=None if column is None else str(column),
     )
     lf_notes += _test_model_note(wl.model, "model_name_or_path")
     files["llamafactory.yaml"] = _yaml_with_notes(
-        "Train with: llamafactory-cli train llamafactory.yaml", lf_notes, lf
+        f"Train with: {env}llamafactory-cli train llamafactory.yaml", lf_notes, lf
     )
     return files
+
+
+def _launch_env(req: ProbeRequest) -> str:
+    """The environment a launch line carries for what the probes measured (the CUDA allocator's setting;
+    ``train.py`` and ``train_sft.py`` set it themselves), "" when none."""
+    conf = req.settings.cuda_alloc_conf
+    return f"PYTORCH_CUDA_ALLOC_CONF={shlex.quote(conf)} " if conf else ""
 
 
 def _test_model_note(model: str, key: str) -> list[str]:

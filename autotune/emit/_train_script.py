@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -49,6 +50,13 @@ SEQ_LEN = __SEQ_LEN__
 PACKING = __PACKING__
 # How the probe built its data (seed, synthetic lengths, dataset, worst case first, precision)
 MEASURED = json.loads(__MEASURED__)
+
+# The CUDA caching allocator's setting the probes measured with, set before torch is imported (a
+# PYTORCH_CUDA_ALLOC_CONF of your own wins): expandable segments keep the reserve of a long run with
+# variable-length batches where the probe measured it, instead of growing with cached blocks a longer
+# batch cannot reuse.
+if MEASURED.get("cuda_alloc_conf"):
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", MEASURED["cuda_alloc_conf"])
 
 
 def _imports():
@@ -188,7 +196,8 @@ def render_train_script(*, seq_len: int, packing: bool, measured: dict[str, Any]
     """The text of ``train.py`` for a configuration measured at ``seq_len`` with/without packing.
 
     ``measured``: how the probe built its data -- ``seed``, ``lengths`` (the synthetic length
-    spec), ``dataset``, ``split`` and ``tokenizer`` (paths or None), ``worst_case_first``, ``precision``.
+    spec), ``dataset``, ``split`` and ``tokenizer`` (paths or None), ``worst_case_first``, ``precision`` --
+    and ``cuda_alloc_conf``, the PYTORCH_CUDA_ALLOC_CONF it ran with (None: none set).
     """
     note = (
         "each micro-batch's sequences are packed whole into rows (per-sequence attention, no cross-talk)"
@@ -196,7 +205,7 @@ def render_train_script(*, seq_len: int, packing: bool, measured: dict[str, Any]
         else "off; each micro-batch is padded to its longest sequence"
     )
     m = {"seed": 42, "lengths": "fixed", "dataset": None, "split": None, "tokenizer": None, "worst_case_first": True,
-         "precision": "fp32", **(measured or {})}  # fmt: skip
+         "precision": "fp32", "cuda_alloc_conf": None, **(measured or {})}  # fmt: skip
     return (
         _TEMPLATE.replace("__SEQ_LEN__", str(int(seq_len)))
         .replace("__PACKING__", "True" if packing else "False")

@@ -32,12 +32,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 # What autotune measured on (defaults for the command line)
 MEASURED = json.loads(__MEASURED__)
+
+# The CUDA caching allocator's setting the probes measured with, set before torch is imported (a
+# PYTORCH_CUDA_ALLOC_CONF of your own wins): expandable segments keep the reserve of a long run with
+# variable-length batches where the probe measured it, instead of growing with cached blocks a longer
+# batch cannot reuse.
+if MEASURED.get("cuda_alloc_conf"):
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", MEASURED["cuda_alloc_conf"])
 
 
 def load_data(path, split="train"):
@@ -165,6 +173,7 @@ if __name__ == "__main__":
 
 
 def render_train_sft_script(*, measured: dict[str, Any] | None = None) -> str:
-    """The text of ``train_sft.py``. ``measured``: model, dataset, split, tokenizer the probe used."""
-    m = {"model": None, "dataset": None, "split": None, "tokenizer": None, **(measured or {})}
+    """The text of ``train_sft.py``. ``measured``: model, dataset, split, tokenizer the probe used, and
+    ``cuda_alloc_conf``, the PYTORCH_CUDA_ALLOC_CONF it ran with (None: none set)."""
+    m = {"model": None, "dataset": None, "split": None, "tokenizer": None, "cuda_alloc_conf": None, **(measured or {})}
     return _TEMPLATE.replace("__MEASURED__", repr(json.dumps(m, sort_keys=True)))

@@ -40,7 +40,7 @@ _KILL_GRACE_S = 3.0
 
 
 def worker_env(request: ProbeRequest, launch_time: float) -> dict[str, str]:
-    """The probe's environment: offline hub, no telemetry, threads for CPU probes."""
+    """The probe's environment: offline hub, no telemetry, threads for CPU probes, the CUDA allocator's setting."""
     env = dict(os.environ)
     env.update(
         {
@@ -64,7 +64,10 @@ def worker_env(request: ProbeRequest, launch_time: float) -> dict[str, str]:
         # runs with torch's default (the user's OMP_NUM_THREADS, else the cores this process may use),
         # as the emitted train.py does.
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // request.candidate.world_size)))
-    # No allocator tuning: the probe's timed window must run with the allocator the user's training
+    if request.settings.cuda_alloc_conf is not None:
+        # the CUDA caching allocator the emitted scripts set too (autotune.spec.probe_request.cuda_alloc_conf)
+        env["PYTORCH_CUDA_ALLOC_CONF"] = request.settings.cuda_alloc_conf
+    # No host-allocator tuning: the probe's timed window must run with the allocator the user's training
     # will have. (MALLOC_MMAP_THRESHOLD_=65536, set here before, made RSS follow the live tensors but
     # slowed CPU steps 1.7x and not alike for every candidate: STACK-NOTES "Allocator and CPU
     # throughput".) Peak memory on CPU is the peak RSS growth under glibc's defaults, which is what

@@ -1178,6 +1178,8 @@ def _record_memory(metrics: dict[str, Any], device: str, sampler: Any, nvml: Any
 
     reserved = int(torch.cuda.max_memory_reserved())
     metrics["mem_torch_reserved_bytes"] = reserved
+    # the caching allocator's setting this process ran with (the emitted scripts set the same)
+    metrics["cuda_alloc_conf"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
     metrics["mem_torch_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
     if nvml is not None:
         nvml.sample_once()

@@ -48,7 +48,7 @@ _SUMMARY_TYPES: dict[str, type | tuple[type, ...]] = {
     "budget_bytes": int, "usable_bytes": int, "seq_len": int, "effective_batch": int,
     "wall_s": (int, float), "speedup_vs_baseline": (int, float), "headroom": (int, float),
     "status": str, "model": str, "model_name": str, "run_id": str, "mode": str, "device": str,
-    "gpu_budget": str, "message": str, "stop_reason": str, "trainer": str,
+    "gpu_budget": str, "message": str, "stop_reason": str, "trainer": str, "cuda_alloc_conf": str,
 }
 
 

@@ -217,6 +217,7 @@ def _header_section(summary: dict[str, Any]) -> list[str]:
         ("seq_len", "sequence length"),
         ("gpu_budget", "budget"),
         ("device", "device"),
+        ("cuda_alloc_conf", "PYTORCH_CUDA_ALLOC_CONF"),
     ):
         if summary.get(key) not in (None, ""):
             facts.append(f"{label} {_esc(summary[key])}")

@@ -6,6 +6,7 @@ default resolved once, the pre-flight checks, the forecast of the time to answer
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +17,7 @@ from autotune.spec.probe_request import (
     Candidate,
     ProbeSettings,
     Workload,
+    cuda_alloc_conf,
 )
 from autotune.spec.space import SearchSpace, load_space
 
@@ -138,9 +140,11 @@ def _probe_settings(r: Request, dev: str, gpu_infos: list[dict[str, Any]]) -> tu
     rule = DeadlineRule.for_device(dev, r.probe_timeout_s)
     # the run-level timeout: the fixed one, else what an unpredictable probe gets (each probe's own
     # deadline is set when it is submitted: search.Deadlines)
+    # a GPU run's probes, and the scripts it emits, run with expandable segments unless the user set their own
     settings = ProbeSettings(device=dev, budget_bytes=budget_bytes, budget_text=r.budget.text,
                              warmup_steps=a.warmup_steps, steps=a.steps,
-                             timeout_s=rule.fixed_s if rule.fixed_s is not None else rule.unpredicted_s)
+                             timeout_s=rule.fixed_s if rule.fixed_s is not None else rule.unpredicted_s,
+                             cuda_alloc_conf=cuda_alloc_conf(dev, os.environ))
     return settings, rule
 
 

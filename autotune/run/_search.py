@@ -69,6 +69,8 @@ def start_run(r: Request, plan: SearchPlan, run_dir: Any, resumed: bool) -> RunS
         "budget_bytes": plan.settings.budget_bytes,
         "usable_bytes": plan.usable,
         "headroom": plan.settings.headroom,
+        # the CUDA allocator's setting the probes ran with and the emitted scripts set (None: none set)
+        "cuda_alloc_conf": plan.settings.cuda_alloc_conf,
         "seed": a.seed,
         "space": {"name": space.name, "source": space.source, "dimensions": space.to_dict()},
         "dropped_choices": [d.to_dict() for d in plan.dropped],

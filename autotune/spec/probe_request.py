@@ -8,6 +8,7 @@ collects every problem into one SpecError.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,8 @@ __all__ = [
     "Workload",
     "ProbeSettings",
     "ProbeRequest",
+    "CUDA_ALLOC_CONF_DEFAULT",
+    "cuda_alloc_conf",
     "ATTN_TARGETS",
     "parse_lora_targets",
 ]
@@ -155,6 +158,8 @@ class ProbeSettings:
     timeout_s: float = 300.0
     cpu_threads: int | None = None
     window: str = "adaptive"
+    # PYTORCH_CUDA_ALLOC_CONF the probe process runs with (``cuda_alloc_conf``); None: the environment's as it is
+    cuda_alloc_conf: str | None = None
 
     def problems(self) -> list[str]:
         p: list[str] = []
@@ -168,6 +173,8 @@ class ProbeSettings:
             p.append(f"headroom must be in [0, 1); got {self.headroom!r}")
         if self.budget_bytes is not None and self.budget_bytes <= 0:
             p.append(f"gpu budget must be positive; got {self.budget_bytes!r} bytes")
+        if self.cuda_alloc_conf is not None and not isinstance(self.cuda_alloc_conf, str):
+            p.append(f"cuda_alloc_conf must be a PYTORCH_CUDA_ALLOC_CONF string; got {self.cuda_alloc_conf!r}")
         return p
 
     def usable_bytes(self) -> int | None:
@@ -175,6 +182,26 @@ class ProbeSettings:
         if self.budget_bytes is None:
             return None
         return int(self.budget_bytes * (1.0 - self.headroom))
+
+
+# The CUDA caching allocator's setting a GPU probe runs with, and the emitted scripts set, unless the user's
+# environment sets PYTORCH_CUDA_ALLOC_CONF itself. With variable-length batches the default allocator caches
+# blocks a longer batch cannot reuse: over a few hundred steps the reserve grows to 1.5-4.2x the live tensors
+# (20 of 21 variable-length replays), or, on a card without that room, it frees and retries (stalled steps, and
+# an out-of-memory error where the retry fails). A probe runs a few steps and does not see that growth.
+# Expandable segments grow a freed block in place: the replays hold the reserve at 1.01-1.18x allocated whatever
+# the lengths (``python benchmarks/allocator_replay.py --expandable benchmarks/results/allocator_replay-*.json``;
+# docs/plan.md), so what the probe measures is what a long run holds.
+CUDA_ALLOC_CONF_DEFAULT = "expandable_segments:True"
+
+
+def cuda_alloc_conf(device: str, environ: Mapping[str, str]) -> str | None:
+    """The allocator setting a probe on ``device`` (cpu, cuda or auto) and the scripts emitted from it run with
+    (``ProbeSettings.cuda_alloc_conf``): ``PYTORCH_CUDA_ALLOC_CONF`` from ``environ`` when it is set (the
+    user's own wins), else ``CUDA_ALLOC_CONF_DEFAULT``; None on a CPU, where there is no CUDA allocator."""
+    if device == "cpu":
+        return None
+    return environ.get("PYTORCH_CUDA_ALLOC_CONF") or CUDA_ALLOC_CONF_DEFAULT
 
 
 @dataclass(frozen=True)

@@ -199,6 +199,8 @@ class RunSummary(_Closed):
     budget_bytes: int
     usable_bytes: int | None
     headroom: float
+    cuda_alloc_conf: str | None = Field(None, description="the PYTORCH_CUDA_ALLOC_CONF the GPU probes ran with and the "
+                                        "emitted train.py / train_sft.py set (None: a CPU run, none set)")
     seed: int
     space: SpaceInfo
     dropped_choices: list[dict[str, Any]]

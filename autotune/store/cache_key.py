@@ -121,8 +121,12 @@ def workload_fields(workload: Workload) -> dict[str, Any]:
 
 
 def probe_fields(settings: ProbeSettings) -> dict[str, Any]:
-    """How a probe measures: steps, warm-up, timeout, headroom, CPU threads."""
-    return {k: v for k, v in dataclasses.asdict(settings).items() if k not in _SETTINGS_KEYED_ELSEWHERE}
+    """How a probe measures: steps, warm-up, timeout, headroom, CPU threads, the CUDA allocator's setting
+    (keyed only when set: a CPU run's key is what it was before the setting existed)."""
+    fields = {k: v for k, v in dataclasses.asdict(settings).items() if k not in _SETTINGS_KEYED_ELSEWHERE}
+    if fields.get("cuda_alloc_conf") is None:
+        fields.pop("cuda_alloc_conf", None)
+    return fields
 
 
 @dataclass(frozen=True)

@@ -214,3 +214,16 @@ def test_a_mode_given_on_the_command_line_is_not_also_said_to_be_assumed(_check)
     ta = json.dumps({"per_device_train_batch_size": 1, "gradient_accumulation_steps": 8, "bf16": True})
     fit = _one(_check(ta, _target("qwen2.5-0.5b", mode="lora"), name="training_args.json"), "fit")
     assert ", lora," in fit.message and "full fine-tuning" not in fit.message
+
+
+def test_a_file_whose_variable_length_reserve_would_outgrow_the_card_is_told_the_allocator_setting(_check):
+    """Story 1 at micro-batch 2 fits an A10G at the fixed-length reserve, but with variable-length batches the
+    default allocator's reserve grows past the card: an info item names the setting that holds it (the file cannot
+    say how the run is launched or how long its sequences are, so it does not fail). Micro-batch 1 has room."""
+    two = _check(STORY_1.format(mb=2, acc=16), _target("meta-llama/Llama-3.1-8B"))
+    assert _one(two, "fit").status == "pass"
+    info = _one(two, "allocator")
+    assert info.status == "info" and "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in info.message
+    assert info.figures["reserved_variable_lengths_bytes"] > info.figures["usable_bytes"]
+    one = _check(STORY_1.format(mb=1, acc=32), _target("meta-llama/Llama-3.1-8B"))
+    assert one.by_id("allocator") == []

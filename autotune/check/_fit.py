@@ -25,7 +25,7 @@ from autotune.estimate import (
     predict_speed,
 )
 from autotune.spec.levers import LEVERS
-from autotune.spec.probe_request import Candidate, Workload, parse_lora_targets
+from autotune.spec.probe_request import CUDA_ALLOC_CONF_DEFAULT, Candidate, Workload, parse_lora_targets
 
 __all__ = ["DEFAULT_FIT_SEQ_LEN", "FitTarget", "FileLevers", "fit_items", "GAIN_WORTH_SAYING", "OPTIM_ALIASES"]
 
@@ -126,8 +126,25 @@ def fit_items(target: FitTarget, f: FileLevers) -> list[Item]:
                  fix, {**figures, **_advised(best, cand)})]
     items: list[Item] = [("fit", title, "pass", f"{what}: predicted peak {_gib(mem.total)} of {_gib(usable)} usable, "
                           f"~{own.tokens_per_s:,.0f} tok/s{said}", "", figures)]
+    items += _allocator_item(mem, cand, gpu, usable)
     items.append(_batch_item(target, wl, cand, own.tokens_per_s, best))
     return items
+
+
+def _allocator_item(mem: Any, cand: Candidate, gpu: GPU, usable: int) -> list[Item]:
+    """Where variable-length batches would grow the default allocator's reserve past the card: the setting that
+    keeps it at the fixed-length figure (the file cannot say how the run is launched, nor how long its data's
+    sequences are, so this informs rather than fails)."""
+    context = mem.terms.get("cuda_context", 0)
+    grown = mem.reserved_variable_lengths + context
+    if cand.packing or grown <= usable:
+        return []
+    return [("allocator", "CUDA allocator with variable lengths", "info",
+             f"if your sequences vary in length, the default caching allocator's reserve grows to about {_gib(grown)} "
+             f"(cached blocks a longer batch cannot reuse), past the {_gib(usable)} usable on {gpu.name}: it then frees "
+             f"and retries, stalling steps; launch with PYTORCH_CUDA_ALLOC_CONF={CUDA_ALLOC_CONF_DEFAULT}, which keeps "
+             f"it near the predicted {_gib(mem.total)}",
+             "", {"reserved_variable_lengths_bytes": grown, "usable_bytes": usable})]
 
 
 def _fastest(target: FitTarget, f: FileLevers, wl: Workload) -> Any:

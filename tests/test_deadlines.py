@@ -159,6 +159,20 @@ def test_the_forecast_counts_search_and_confirmation_probes_over_the_slots() -> 
     assert fc["time_to_answer_s"] == (6 * 50 + 8 * 100) / 2
 
 
+def test_a_search_that_stops_by_itself_is_forecast_as_a_bound() -> None:
+    """The model strategy and ``--stop-when-converged`` end when more probes cannot change the answer: their
+    forecast is ``--max-trials``' time as an upper bound, said as one; the walk's is the count."""
+    from autotune.run import forecast_line
+
+    fc = {"time_to_answer_s": 600.0, "search_probes": 40, "confirm_probes": 4, "slots": 1, "probe_s": 14.0}
+    walk = forecast_line(fc)
+    assert walk.startswith("predicted time to answer: ~10 min (40 search") and "at most" not in walk
+    model = forecast_line({**fc, "stops_early": True})
+    assert model.startswith("predicted time to answer: at most ~10 min (up to 40 search")
+    assert "stops sooner once no unprobed configuration can change the answer" in model
+    assert "of up to 40 search probes done" in forecast_line({**fc, "stops_early": True}, done=5)
+
+
 # ---------------------------------------------------------------------------------- through tune
 
 

@@ -151,10 +151,15 @@ def forecast_line(fc: dict[str, Any], done: int = 0) -> str:
     if done:
         seconds = (left * fc["probe_s"] + fc["confirm_probes"] * (fc.get("confirm_probe_s") or fc["probe_s"])) \
             / max(1, slots)
-    head = (f"predicted time left: ~{duration_text(seconds)} ({done} of {fc['search_probes']} search probes done; "
-            f"{left} search" if done else f"predicted time to answer: ~{duration_text(seconds)} ({left} search")
+    bound = "at most " if fc.get("stops_early") else ""
+    upto = "up to " if fc.get("stops_early") else ""
+    head = (f"predicted time left: {bound}~{duration_text(seconds)} ({done} of {upto}{fc['search_probes']} search probes "
+            f"done; {upto}{left} search" if done else
+            f"predicted time to answer: {bound}~{duration_text(seconds)} ({upto}{left} search")
     text = (f"{head} + {fc['confirm_probes']} confirmation probes x ~{duration_text(fc['probe_s'])} each"
             + (f" / {slots} at a time" if slots > 1 else "") + ")")
+    if fc.get("stops_early"):
+        text += "; the search stops sooner once no unprobed configuration can change the answer"
     if fc.get("probes_in_budget") is not None:
         text += f"; the --time-budget buys about {fc['probes_in_budget']} probe(s)"
     return text

@@ -217,6 +217,9 @@ def _predict(r: Request, plan: SearchPlan) -> tuple[Any, dict]:
                   max_world=plan.max_world, count=count, fits=fits)
     fc["deadline_text"] = rule.text() if fc.get("time_to_answer_s") is not None or rule.fixed_s is not None \
         else f"{rule.unpredicted_s:g} s"
+    # the model strategy, and the walk with --stop-when-converged, end their search when more probes cannot
+    # change the answer: --max-trials is then a bound, not the count
+    fc["stops_early"] = a.strategy == "model" or bool(a.stop_when_converged)
     return Deadlines(rule=rule, predictor=predictor), fc
 
 

@@ -12,7 +12,8 @@ probe     ``autotune probe ... --json``: its tokens/s (real tokens over the time
 train.py  the files ``autotune`` emits for that probe (``emit_all``: training_args.json,
           model_kwargs.json, train.py, ...) run as a user runs them: ``python train.py --model DIR
           --synthetic --max-steps W+S+1 --log-batches F`` in a fresh process with the user's
-          environment (no allocator variables), the model saved once with random weights. Its
+          environment (no host-allocator variables; the CUDA allocator's setting train.py sets for
+          itself, set before the wrapper below imports torch), the model saved once with random weights. Its
           tokens/s is the real tokens of steps W+1..W+S over the time from the start of step W+1 to
           the start of step W+S+1 (``--log-batches`` records when each step starts fetching its
           data), the probe's own window. Its peak memory is taken the probe's way by a wrapper that
@@ -98,6 +99,21 @@ def _env() -> dict[str, str]:
     return env
 
 
+def _train_env(script: Path) -> dict[str, str]:
+    """The user's environment as ``train.py`` makes it for itself before importing torch (the CUDA allocator's
+    setting the probe ran with: its ``MEASURED["cuda_alloc_conf"]``), set before the wrapper imports torch."""
+    import ast
+    import re
+
+    from autotune.spec.probe_request import alloc_conf_env
+
+    env = _env()
+    m = re.search(r"^MEASURED = json\.loads\((.*)\)$", script.read_text(), re.M)
+    measured = json.loads(ast.literal_eval(m.group(1))) if m else {}
+    env.update(alloc_conf_env(measured.get("cuda_alloc_conf"), env))
+    return env
+
+
 def probe_cmd(a: argparse.Namespace) -> list[str]:
     cmd = [sys.executable, "-m", "autotune", "probe", "--model", a.model, "--device", a.device,
            "--seq-len", str(a.seq_len), "--micro-batch", str(a.micro_batch), "--grad-accum", str(a.grad_accum),
@@ -167,7 +183,7 @@ def run_train(a: argparse.Namespace, best: Path, model_dir: Path, work: Path, i:
            "--output-dir", str(work / f"out{i}"), "--config-dir", str(best), "--report-to", "none"]
     if a.device == "cpu":
         cmd.append("--use-cpu")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=a.timeout)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_train_env(best / "train.py"), timeout=a.timeout)
     if proc.returncode != 0:
         raise SystemExit(f"train.py failed (exit {proc.returncode}): {proc.stderr[-1500:]}")
     steps = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]

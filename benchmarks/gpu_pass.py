@@ -46,7 +46,7 @@ ROW_METRICS = (
     "overhead_s", "process_wall_s", "mem_torch_allocated_bytes", "mem_torch_reserved_bytes",
     "cuda_context_bytes", "mem_nvml_process_bytes", "non_torch_bytes", "nvml_process_visible",
     "memory_source", "gpu_util_mean", "cpu_util_mean", "recompiles_in_window", "warnings", "distributed_type",
-    "param_type", "port_attempts",
+    "param_type", "port_attempts", "cuda_alloc_conf",
 )  # fmt: skip
 # the long-tailed length distribution of the packing rows (median ~150 tokens, a tail to seq_len)
 LONG_TAIL = "lognormal:5.0,1.0"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -28,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from autotune.executors.local import run_probe_process, worker_env  # noqa: E402
-from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload  # noqa: E402
+from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload, cuda_alloc_conf  # noqa: E402
 
 
 def plain_loop(req: ProbeRequest) -> dict[str, Any]:
@@ -138,7 +139,8 @@ def main() -> int:
     req = ProbeRequest(
         Workload(model=resolved.name, model_path=resolved.path, seq_len=a.seq_len),
         Candidate(micro_batch=a.micro_batch, precision=a.precision),
-        ProbeSettings(device=a.device, warmup_steps=a.warmup_steps, steps=a.steps, timeout_s=a.timeout),
+        ProbeSettings(device=a.device, warmup_steps=a.warmup_steps, steps=a.steps, timeout_s=a.timeout,
+                      cuda_alloc_conf=cuda_alloc_conf(a.device, os.environ)),
     ).validate()
     command = "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
     probes: list[dict[str, Any]] = []

@@ -1,7 +1,7 @@
 """How long `autotune run` takes to answer: on paper for the target workloads' GPUs, measured on a tiny model.
 
     python benchmarks/time_to_answer.py paper [--json OUT]
-    python benchmarks/time_to_answer.py simulate [--draws 30] [--costless] [--keep-packing] [--json OUT]
+    python benchmarks/time_to_answer.py simulate [--draws 30] [--costless] [--keep-packing] [--interactions X] [--json OUT]
     python benchmarks/time_to_answer.py measure [--model tiny-llama] [--batches 8,32,128] [--json OUT]
 
 ``paper``: for each workload, the planner's configuration (``autotune plan``'s choice: micro-batch,
@@ -32,7 +32,9 @@ landscape's ``timed_steps``, as ``paper`` counts it). Then the real ``Searcher``
 through the replay executor, with the ``model`` strategy (``--strategy model``, the estimator's prior), with
 the default walk (``--max-trials`` 40) and with the walk stopped once it has settled
 (``--stop-when-converged``), ``--draws`` landscapes each (the baseline and a top-2 confirmation for all; the
-model strategy weighs each probe by the run's own probe-time prediction, ``--costless``: every probe the same). Printed: probes,
+model strategy weighs each probe by the run's own probe-time prediction, ``--costless``: every probe the same;
+``--interactions X``: each pair of values of two searched levers multiplies tok/s by one more factor in 1 +- X, effects
+that do not multiply as the model strategy's additive model assumes). Printed: probes,
 time to answer (the probes' predicted times, one GPU) and best found / the landscape's optimum, median and
 worst draw.
 
@@ -172,10 +174,12 @@ MONOTONE_MEMORY = ("micro_batch", "ckpt_every")
 
 
 def simulated_landscape(model: str, gpu_name: str, mode: str, seq: int, eb: int, draw: int, *,
-                        keep_packing: bool = False) -> dict[str, Any]:
+                        keep_packing: bool = False, interactions: float = 0.0) -> dict[str, Any]:
     """A story's space on one GPU as the planner predicts it, each lever value's effect perturbed (``simulate``).
     ``keep_packing``: the space with packing searched on the fixed-length story too (``--keep-packing``: the
-    situation's space before it left packing out), for an A/B on the same draws."""
+    situation's space before it left packing out), for an A/B on the same draws. ``interactions``: each pair of
+    values of two searched levers also multiplies tok/s by a factor drawn in 1 +- it (``--interactions``), drawn
+    after the per-value factors, so the per-value factors of a draw stay what they were without it."""
     import random
 
     sys.path.insert(0, str(REPO / "benchmarks"))
@@ -206,6 +210,11 @@ def simulated_landscape(model: str, gpu_name: str, mode: str, seq: int, eb: int,
         values = sorted(space.choices(d))
         for v, f in zip(values, sorted(mem_fx[(d, v)] for v in values), strict=True):
             mem_fx[(d, v)] = f
+    # two levers' joint effect beyond their separate ones (the effects of a real GPU need not multiply)
+    searched = [d for d in DIMENSIONS if len(named.choices(d)) > 1]
+    pair_fx = {((d1, v1), (d2, v2)): rng.uniform(1 - interactions, 1 + interactions)
+               for i, d1 in enumerate(searched) for d2 in searched[i + 1:]
+               for v1 in named.choices(d1) for v2 in named.choices(d2)} if interactions else {}
     settings = ProbeSettings(device="cuda", warmup_steps=WARMUP, steps=MIN_TIMED_STEPS)
     entries = []
     for c in grid(space, eb):
@@ -215,6 +224,9 @@ def simulated_landscape(model: str, gpu_name: str, mode: str, seq: int, eb: int,
         for key in values:
             tps *= speed_fx.get(key, 1.0)
             peak *= mem_fx.get(key, 1.0)
+        for i, a in enumerate(values):
+            for b in values[i + 1:]:
+                tps *= pair_fx.get((a, b), 1.0)
         probe_s = predict_probe_time(arch, wl, c, settings, device="cuda", gpu=gpu)
         # the window runs at the configuration's simulated speed, not the planner's
         window_s = None if probe_s is None else probe_s.window_s * planned / tps
@@ -234,7 +246,8 @@ def simulated_landscape(model: str, gpu_name: str, mode: str, seq: int, eb: int,
             "name": f"{model} {mode} on {gpu_name}, draw {draw}"}
 
 
-def simulate(draws: int, *, costless: bool = False, keep_packing: bool = False) -> list[dict[str, Any]]:
+def simulate(draws: int, *, costless: bool = False, keep_packing: bool = False,
+             interactions: float = 0.0) -> list[dict[str, Any]]:
     import statistics
 
     sys.path.insert(0, str(REPO / "benchmarks"))
@@ -250,7 +263,8 @@ def simulate(draws: int, *, costless: bool = False, keep_packing: bool = False) 
         nothing_fits = 0
         for draw in range(draws):
             try:
-                p = sq.problem(simulated_landscape(model, gpu_name, mode, seq, eb, draw, keep_packing=keep_packing))
+                p = sq.problem(simulated_landscape(model, gpu_name, mode, seq, eb, draw, keep_packing=keep_packing,
+                                                   interactions=interactions))
             except SystemExit:  # the draw's memory factors put every configuration over the budget
                 nothing_fits += 1
                 continue
@@ -332,6 +346,9 @@ def main() -> int:
     sim.add_argument("--keep-packing", action="store_true",
                      help="search packing on the fixed-length story too, as the situation's space did before it left "
                           "packing out (the same draws: for an A/B of that rule)")
+    sim.add_argument("--interactions", type=float, default=0.0, metavar="X",
+                     help="also multiply tok/s by a factor in 1 +- X per pair of searched lever values (0 <= X < 1): "
+                          "effects that do not multiply, as a real GPU's need not")
     sim.add_argument("--json", default=None)
     m = sub.add_parser("measure")
     m.add_argument("--model", default="tiny-llama")
@@ -346,7 +363,9 @@ def main() -> int:
         out: Any = rows
         ok = all(r.get("goal_met") is not False for r in rows)
     elif a.mode == "simulate":
-        rows = simulate(a.draws, costless=a.costless, keep_packing=a.keep_packing)
+        if not 0.0 <= a.interactions < 1.0:
+            ap.error(f"--interactions takes a number in [0, 1); got {a.interactions}")
+        rows = simulate(a.draws, costless=a.costless, keep_packing=a.keep_packing, interactions=a.interactions)
         print_simulate(rows)
         out = rows
         ok = all(r["goal_met"] is not False for r in rows if r["strategy"] == "model")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -34,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 from autotune.executors.local import run_probe_process  # noqa: E402
 from autotune.executors.warm import WarmStarter  # noqa: E402
 from autotune.models import resolve_model  # noqa: E402
-from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload  # noqa: E402
+from autotune.spec.probe_request import Candidate, ProbeRequest, ProbeSettings, Workload, cuda_alloc_conf  # noqa: E402
 
 
 def _request(args: argparse.Namespace) -> ProbeRequest:
@@ -43,7 +44,7 @@ def _request(args: argparse.Namespace) -> ProbeRequest:
         Workload(model=m.name, model_path=m.path, seq_len=args.seq_len),
         Candidate(micro_batch=args.micro_batch, precision=args.precision, attn="sdpa"),
         ProbeSettings(device=args.device, warmup_steps=args.warmup, steps=args.steps, window="whole",
-                      timeout_s=args.timeout),
+                      timeout_s=args.timeout, cuda_alloc_conf=cuda_alloc_conf(args.device, os.environ)),
     )
 
 

@@ -334,7 +334,7 @@ def test_a_gpu_answer_sets_the_cuda_allocator_it_was_measured_with(fields, monke
     """GPU probes run with a PYTORCH_CUDA_ALLOC_CONF (expandable segments unless the user set their own): the
     emitted scripts set the same before torch is imported, a value already in the environment winning, and
     the Axolotl / LLaMA-Factory launch lines carry it. A CPU answer sets nothing."""
-    from autotune.spec.probe_request import CUDA_ALLOC_CONF_DEFAULT
+    from autotune.spec.probe_request import ALLOC_CONF_VARS, CUDA_ALLOC_CONF_DEFAULT
 
     cpu = result_for(Candidate(micro_batch=2, grad_accum=2), mode="lora")
     req = cpu.probe_request()
@@ -350,11 +350,16 @@ def test_a_gpu_answer_sets_the_cuda_allocator_it_was_measured_with(fields, monke
             text = files[script]
             head = text[: text.index("\ndef ")]  # the module's top: what runs on import, before any torch import
             assert "import torch" not in head
-            for preset in (None, "garbage_collection_threshold:0.6"):
-                if preset is None:
-                    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
-                else:
-                    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", preset)
-                exec(compile(head, script, "exec"), {"__name__": "emitted", "__file__": "/x/" + script})
-                assert os.environ.get("PYTORCH_CUDA_ALLOC_CONF") == (preset or conf), (script, device, preset)
-    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+            for var, preset in ((None, None), *((v, "garbage_collection_threshold:0.6") for v in ALLOC_CONF_VARS)):
+                for v in ALLOC_CONF_VARS:
+                    monkeypatch.delenv(v, raising=False)
+                if var is not None:
+                    monkeypatch.setenv(var, preset)
+                space: dict = {"__name__": "emitted", "__file__": "/x/" + script}
+                exec(compile(head, script, "exec"), space)
+                assert space["_ALLOC_CONF_VARS"] == ALLOC_CONF_VARS  # the script's copy of the names torch reads
+                # the user's own (under any name) is left alone; else the measured one is set
+                expected = {var: preset} if var else ({"PYTORCH_CUDA_ALLOC_CONF": conf} if conf else {})
+                assert {v: os.environ[v] for v in ALLOC_CONF_VARS if v in os.environ} == expected, (script, var)
+    for v in ALLOC_CONF_VARS:
+        monkeypatch.delenv(v, raising=False)

@@ -226,23 +226,29 @@ def test_a_cpu_probe_runs_with_the_threads_the_emitted_train_py_gets(monkeypatch
 
 def test_a_gpu_probe_runs_with_the_cuda_allocator_setting_of_its_request(monkeypatch: pytest.MonkeyPatch) -> None:
     """``ProbeSettings.cuda_alloc_conf`` is what the probe process gets (the run resolves it from the user's
-    environment: theirs, else expandable segments); None leaves the environment as it is. The setting is part
-    of the cache key only when set, so a CPU run's key is unchanged."""
+    environment: theirs, under any of the names torch reads, else expandable segments); a setting already in the
+    probe's environment is left as it is; None adds nothing. It is part of the cache key only when set, so a CPU
+    run's key is unchanged."""
     from autotune.executors.local import worker_env
-    from autotune.spec.probe_request import CUDA_ALLOC_CONF_DEFAULT, cuda_alloc_conf
+    from autotune.spec.probe_request import ALLOC_CONF_VARS, CUDA_ALLOC_CONF_DEFAULT, cuda_alloc_conf
     from autotune.store import probe_fields
 
     assert cuda_alloc_conf("cuda", {}) == CUDA_ALLOC_CONF_DEFAULT == "expandable_segments:True"
-    assert cuda_alloc_conf("cuda", {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}) == "max_split_size_mb:512"
+    for var in ALLOC_CONF_VARS:  # the deprecated name, the accelerator-neutral one, ROCm's: the user's own wins
+        assert cuda_alloc_conf("cuda", {var: "max_split_size_mb:512"}) == "max_split_size_mb:512"
+    assert cuda_alloc_conf("cuda", {"PYTORCH_CUDA_ALLOC_CONF": ""}) == CUDA_ALLOC_CONF_DEFAULT  # empty: unset
     assert cuda_alloc_conf("cpu", {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}) is None
-    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")
+    for var in ALLOC_CONF_VARS:
+        monkeypatch.delenv(var, raising=False)
     req = tiny_request(seq_len=32, steps=2)
-    assert worker_env(req, 0.0)["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512"  # passed through
     assert "cuda_alloc_conf" not in probe_fields(req.settings)
-    gpu = dataclasses.replace(req.settings, device="cuda", cuda_alloc_conf=CUDA_ALLOC_CONF_DEFAULT)
-    assert worker_env(dataclasses.replace(req, settings=gpu), 0.0)["PYTORCH_CUDA_ALLOC_CONF"] == CUDA_ALLOC_CONF_DEFAULT
-    assert probe_fields(gpu)["cuda_alloc_conf"] == CUDA_ALLOC_CONF_DEFAULT
-    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
-    assert "PYTORCH_CUDA_ALLOC_CONF" not in worker_env(req, 0.0)
-    bad = dataclasses.replace(req.settings, cuda_alloc_conf=3)
-    assert any("cuda_alloc_conf" in p for p in bad.problems())
+    assert not any(v in worker_env(req, 0.0) for v in ALLOC_CONF_VARS)  # a CPU request adds none
+    gpu = dataclasses.replace(req, settings=dataclasses.replace(req.settings, device="cuda",
+                                                                cuda_alloc_conf=CUDA_ALLOC_CONF_DEFAULT))
+    assert worker_env(gpu, 0.0)["PYTORCH_CUDA_ALLOC_CONF"] == CUDA_ALLOC_CONF_DEFAULT
+    assert probe_fields(gpu.settings)["cuda_alloc_conf"] == CUDA_ALLOC_CONF_DEFAULT
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "max_split_size_mb:512")  # e.g. a Ray node's own
+    env = worker_env(gpu, 0.0)
+    assert env["PYTORCH_ALLOC_CONF"] == "max_split_size_mb:512" and "PYTORCH_CUDA_ALLOC_CONF" not in env
+    for bad in (3, "", "x\ny: z"):  # a value that is not one printable line (it goes into YAML comments)
+        assert any("cuda_alloc_conf" in p for p in dataclasses.replace(req.settings, cuda_alloc_conf=bad).problems())

@@ -162,7 +162,8 @@ def test_each_readme_block_runs_as_written(fixture: dict[str, Path], target: str
             ran.append("python block")
             continue
         for cmd in commands(body):
-            exe = shlex.split(cmd)[0]
+            # the command's program: past any leading VAR=value assignments (the allocator's setting)
+            exe = next(w for w in shlex.split(cmd) if not re.match(r"^[A-Z_][A-Z0-9_]*=", w))
             if exe in NOT_INSTALLED and shutil.which(exe) is None:
                 skipped.append(exe)  # its YAML is checked against the published keys instead
                 continue

@@ -172,7 +172,7 @@ def command(
     candidate = Candidate(**(levers or {}), precision=precision)
     settings = ProbeSettings(device=device, budget_text=gpu_budget, headroom=headroom,
                              warmup_steps=warmup_steps, steps=steps, timeout_s=timeout, window=window,
-                             cuda_alloc_conf=cuda_alloc_conf(device, os.environ))
+                             cuda_alloc_conf=cuda_alloc_conf(_probe_device(device), os.environ))
     req = build_probe_request(workload, candidate, settings, hub=HubAccess.from_env(offline=offline),
                               config_name=config_name, sample_rows=sample_rows, notes=notes)
     for note in notes:

@@ -52,11 +52,12 @@ PACKING = __PACKING__
 MEASURED = json.loads(__MEASURED__)
 
 # The CUDA caching allocator's setting the probes measured with, set before torch is imported (a
-# PYTORCH_CUDA_ALLOC_CONF of your own wins): expandable segments keep the reserve of a long run with
+# PYTORCH_CUDA_ALLOC_CONF or PYTORCH_ALLOC_CONF of your own wins): expandable segments keep the reserve of a long run with
 # variable-length batches where the probe measured it, instead of growing with cached blocks a longer
 # batch cannot reuse.
-if MEASURED.get("cuda_alloc_conf"):
-    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", MEASURED["cuda_alloc_conf"])
+_ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
+if MEASURED.get("cuda_alloc_conf") and not any(os.environ.get(v) for v in _ALLOC_CONF_VARS):
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = MEASURED["cuda_alloc_conf"]
 
 
 def _imports():

@@ -130,8 +130,8 @@ ALLOCATOR_RESERVE = 0.15
 # (benchmarks/allocator_replay.py replays a traced step's allocations through a model of the allocator: a 7B LoRA
 # reaches 1.5-4.2x its allocated peak over 300 steps). Before it runs out, the allocator returns the wholly
 # free cached segments to the device and retries, so the run still fits in about the fixed-length reserved figure
-# (the replay: 0.93-1.01x it), more slowly; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True keeps the reserve within
-# 5-12 % of allocated. The growth follows the transient tensors (the logits and the loss's copies, the recomputed
+# (the replay: 0.93-1.01x it), more slowly; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (what autotune run's GPU
+# probes and emitted scripts set) keeps the reserve at 1.01-1.18x allocated (allocator_replay.py --expandable). The growth follows the transient tensors (the logits and the loss's copies, the recomputed
 # layer), not what the forward saves for the backward: the replay of Qwen2.5-7B LoRA at 2,048 tokens grows the
 # reserve by 18.2 GiB over 300 uniform-length steps with checkpointing (4.0 GiB of dynamic tensors) and by 19.3 GiB
 # without (18.6 GiB: 15 more of saved activations; benchmarks/results/allocator_replay-qwen2.5-7b-nockpt.json).

@@ -29,7 +29,7 @@ from typing import Any
 
 from autotune.env import tail_lines
 from autotune.executors.warm import ForkedProbe, WarmStarter
-from autotune.spec.probe_request import ProbeRequest
+from autotune.spec.probe_request import ProbeRequest, alloc_conf_env
 from autotune.spec.result import ProbeResult
 
 __all__ = ["run_probe_process", "LocalExecutor", "worker_env"]
@@ -64,9 +64,9 @@ def worker_env(request: ProbeRequest, launch_time: float) -> dict[str, str]:
         # runs with torch's default (the user's OMP_NUM_THREADS, else the cores this process may use),
         # as the emitted train.py does.
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // request.candidate.world_size)))
-    if request.settings.cuda_alloc_conf is not None:
-        # the CUDA caching allocator the emitted scripts set too (autotune.spec.probe_request.cuda_alloc_conf)
-        env["PYTORCH_CUDA_ALLOC_CONF"] = request.settings.cuda_alloc_conf
+    # the CUDA caching allocator's setting the emitted scripts set too (autotune.spec.probe_request.cuda_alloc_conf),
+    # unless this environment sets one already
+    env.update(alloc_conf_env(request.settings.cuda_alloc_conf, env))
     # No host-allocator tuning: the probe's timed window must run with the allocator the user's training
     # will have. (MALLOC_MMAP_THRESHOLD_=65536, set here before, made RSS follow the live tensors but
     # slowed CPU steps 1.7x and not alike for every candidate: STACK-NOTES "Allocator and CPU
@@ -162,8 +162,8 @@ def run_probe_process(
     deadline, and, if waiting for it is interrupted (Ctrl-C, a SIGTERM turned into an exception),
     its whole process group is killed before the exception goes on. ``live`` (optional) holds the
     running probe while it runs, so an executor can kill it on close. ``extra_env`` is added to the
-    probe's environment (benchmarks only: e.g. an allocator setting the estimator was fitted under;
-    ``autotune probe``/``run`` never set one, so a probe runs as the user's training will).
+    probe's environment (benchmarks only: e.g. an allocator setting the estimator was fitted under; a run's
+    probes take the CUDA allocator's setting from their request, ``ProbeSettings.cuda_alloc_conf``).
     ``warm``: fork a single-process probe on one of its devices (CPU unless the caller opted in) from this
     warm server (``autotune.executors.warm``) instead of starting a fresh interpreter, where it can; the
     result's ``env.start`` says which.

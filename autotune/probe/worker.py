@@ -42,7 +42,7 @@ from typing import Any, NoReturn
 
 from autotune.probe.failure import classify_exception
 from autotune.spec.budget import format_bytes
-from autotune.spec.probe_request import ProbeRequest
+from autotune.spec.probe_request import ALLOC_CONF_VARS, ProbeRequest
 from autotune.spec.probe_window import ProbeWindow, probe_window
 from autotune.spec.result import ProbeResult
 from autotune.store.atomic import write_json_atomic
@@ -1179,7 +1179,7 @@ def _record_memory(metrics: dict[str, Any], device: str, sampler: Any, nvml: Any
     reserved = int(torch.cuda.max_memory_reserved())
     metrics["mem_torch_reserved_bytes"] = reserved
     # the caching allocator's setting this process ran with (the emitted scripts set the same)
-    metrics["cuda_alloc_conf"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    metrics["cuda_alloc_conf"] = {v: os.environ[v] for v in ALLOC_CONF_VARS if os.environ.get(v)}
     metrics["mem_torch_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
     if nvml is not None:
         nvml.sample_once()

@@ -240,7 +240,8 @@ def _facts(model: ReportModel) -> str:
     s = model.summary
     facts = []
     for key, label in (("model", "model"), ("mode", "mode"), ("seq_len", "sequence length"),
-                       ("effective_batch", "effective batch"), ("gpu_budget", "budget"), ("device", "device")):  # fmt: skip
+                       ("effective_batch", "effective batch"), ("gpu_budget", "budget"), ("device", "device"),
+                       ("cuda_alloc_conf", "PYTORCH_CUDA_ALLOC_CONF")):  # fmt: skip
         if s.get(key) not in (None, ""):
             facts.append(f"{label} <b>{_e(s[key])}</b>")
     if model.device_name:

@@ -31,7 +31,9 @@ __all__ = [
     "Workload",
     "ProbeSettings",
     "ProbeRequest",
+    "ALLOC_CONF_VARS",
     "CUDA_ALLOC_CONF_DEFAULT",
+    "alloc_conf_env",
     "cuda_alloc_conf",
     "ATTN_TARGETS",
     "parse_lora_targets",
@@ -173,8 +175,10 @@ class ProbeSettings:
             p.append(f"headroom must be in [0, 1); got {self.headroom!r}")
         if self.budget_bytes is not None and self.budget_bytes <= 0:
             p.append(f"gpu budget must be positive; got {self.budget_bytes!r} bytes")
-        if self.cuda_alloc_conf is not None and not isinstance(self.cuda_alloc_conf, str):
-            p.append(f"cuda_alloc_conf must be a PYTORCH_CUDA_ALLOC_CONF string; got {self.cuda_alloc_conf!r}")
+        if self.cuda_alloc_conf is not None and (not isinstance(self.cuda_alloc_conf, str) or not self.cuda_alloc_conf
+                                                 or not self.cuda_alloc_conf.isprintable()):
+            p.append(f"cuda_alloc_conf must be a PYTORCH_CUDA_ALLOC_CONF value (printable, on one line); got "
+                     f"{self.cuda_alloc_conf!r}")
         return p
 
     def usable_bytes(self) -> int | None:
@@ -185,7 +189,7 @@ class ProbeSettings:
 
 
 # The CUDA caching allocator's setting a GPU probe runs with, and the emitted scripts set, unless the user's
-# environment sets PYTORCH_CUDA_ALLOC_CONF itself. With variable-length batches the default allocator caches
+# environment sets one of ALLOC_CONF_VARS itself. With variable-length batches the default allocator caches
 # blocks a longer batch cannot reuse: over a few hundred steps the reserve grows to 1.5-4.2x the live tensors
 # (20 of 21 variable-length replays), or, on a card without that room, it frees and retries (stalled steps, and
 # an out-of-memory error where the retry fails). A probe runs a few steps and does not see that growth.
@@ -193,15 +197,29 @@ class ProbeSettings:
 # the lengths (``python benchmarks/allocator_replay.py --expandable benchmarks/results/allocator_replay-*.json``;
 # docs/plan.md), so what the probe measures is what a long run holds.
 CUDA_ALLOC_CONF_DEFAULT = "expandable_segments:True"
+# where torch reads the allocator's setting: the name it has had since 1.x (the one set when none is, as torch>=2.4
+# reads it), the accelerator-neutral name newer torch prefers, and ROCm's
+ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
 
 
 def cuda_alloc_conf(device: str, environ: Mapping[str, str]) -> str | None:
-    """The allocator setting a probe on ``device`` (cpu, cuda or auto) and the scripts emitted from it run with
-    (``ProbeSettings.cuda_alloc_conf``): ``PYTORCH_CUDA_ALLOC_CONF`` from ``environ`` when it is set (the
-    user's own wins), else ``CUDA_ALLOC_CONF_DEFAULT``; None on a CPU, where there is no CUDA allocator."""
+    """The allocator setting a probe on ``device`` (the run's resolved cpu or cuda) and the scripts emitted from it
+    run with (``ProbeSettings.cuda_alloc_conf``): the user's own where ``environ`` sets one of ``ALLOC_CONF_VARS``
+    (non-empty; the first in that order), else ``CUDA_ALLOC_CONF_DEFAULT``; None on a CPU, where there is no
+    CUDA allocator."""
     if device == "cpu":
         return None
-    return environ.get("PYTORCH_CUDA_ALLOC_CONF") or CUDA_ALLOC_CONF_DEFAULT
+    own = next((environ[v] for v in ALLOC_CONF_VARS if environ.get(v)), None)
+    return own or CUDA_ALLOC_CONF_DEFAULT
+
+
+def alloc_conf_env(conf: str | None, environ: Mapping[str, str]) -> dict[str, str]:
+    """What a process started from ``environ`` must add to run with ``conf``: ``PYTORCH_CUDA_ALLOC_CONF`` when
+    ``conf`` is set and none of ``ALLOC_CONF_VARS`` is (a value already there, the user's or a node's own, is
+    left as it is); nothing otherwise. The emitted scripts apply the same rule to their own environment."""
+    if conf is None or any(environ.get(v) for v in ALLOC_CONF_VARS):
+        return {}
+    return {"PYTORCH_CUDA_ALLOC_CONF": conf}
 
 
 @dataclass(frozen=True)

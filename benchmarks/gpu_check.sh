@@ -54,7 +54,7 @@ PLAN=(
     "warm|40|35|30|fresh vs forked probe processes of tiny-llama, pairs until the cap (warm_start.py) -> rows.jsonl"
     "composition|40|35|30|short probe vs whole steps at accumulation 8: composed tok/s and peak (composition.py) -> rows.jsonl"
     "zero|40|40|45|ZeRO-2/3 and offload under DeepSpeed and FSDP, by value, until the cap -> rows.jsonl"
-    "levers|65|65|55|sdpa vs eager (+ flash-attn), packing on long-tail lengths, liger, QLoRA, MFU -> rows.jsonl"
+    "levers|65|65|55|sdpa vs eager (+ flash-attn), packing on long-tail lengths, the default CUDA allocator, liger, QLoRA, MFU -> rows.jsonl"
     "tuned|45|40|40|the fastest config measured in this pass vs the HF default at the same precision"
     "landscape|15|15|30|a shuffled bounded landscape of landscape-gpu-1b (a random sample) -> landscape.json"
     "pytest|35|35|30|the GPU test tier, pytest -m gpu, over the files that hold gpu-marked tests"

@@ -13,7 +13,9 @@ cut short keeps every finished row. ``--time-box S`` stops starting probes after
   drift hits both; ``spread.json`` holds each one's tok/s and relative spread ((max - min) /
   median), rewritten after every probe: the tolerance of repeat agreement is set from it.
 * ``levers``: sdpa vs eager (and flash_attention_2 when flash-attn is installed), packing off/on on
-  a long-tailed length distribution, Liger and QLoRA when their packages are installed (a row with
+  a long-tailed length distribution, the unpacked one again under the default CUDA allocator
+  (``expandable_segments:False``, against the run's ``expandable_segments:True``: its speed and its
+  reserved / allocated memory), Liger and QLoRA when their packages are installed (a row with
   status ``skipped`` and the reason otherwise: no probe spent on a refusal), MFU on every row.
 * ``tuned``: the fastest configuration measured so far in this pass on the main workload (read
   back from ``--jsonl``), then it and the HF default (``hf_default_candidate``) at the *same
@@ -114,14 +116,16 @@ class Pass:
                 "model": self.model.name, "seq_len": wl.seq_len, "lengths": wl.lengths, "mode": wl.mode,
                 "device": self.device, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **extra}  # fmt: skip
 
-    def probe(self, step: str, name: str, cand: Candidate, wl: Workload | None = None) -> dict[str, Any]:
-        """Probe one configuration, append its row to the JSONL, return the row."""
+    def probe(self, step: str, name: str, cand: Candidate, wl: Workload | None = None,
+              settings: ProbeSettings | None = None) -> dict[str, Any]:
+        """Probe one configuration (with the pass's settings, or ``settings``), append its row to the JSONL,
+        return the row."""
         from autotune.diagnose import probe_mfu
         from autotune.executors.local import run_probe_process
 
         wl = wl or self.workload()
         t = time.monotonic()
-        res = run_probe_process(ProbeRequest(workload=wl, candidate=cand, settings=self.settings))
+        res = run_probe_process(ProbeRequest(workload=wl, candidate=cand, settings=settings or self.settings))
         row = self.row(step, name, cand, wl, status=res.status, reason=res.reason[:400],
                        tokens_per_s=res.tokens_per_s, peak_mem_bytes=res.peak_mem_bytes,
                        mfu=probe_mfu(res, self.model.config) if res.status == "ok" else None,
@@ -244,6 +248,10 @@ def cmd_spread(a: argparse.Namespace) -> int:
 # --- levers ------------------------------------------------------------------------------------
 
 
+# the CUDA caching allocator without expandable segments (a run's probes have them: autotune.spec.probe_request)
+DEFAULT_ALLOCATOR = "expandable_segments:False"
+
+
 def cmd_levers(a: argparse.Namespace) -> int:
     p = Pass(a)
     fixed, tail = p.workload(), p.workload(lengths=a.lengths)
@@ -255,6 +263,8 @@ def cmd_levers(a: argparse.Namespace) -> int:
          None if has["flash_attn"] else "flash-attn is not installed (PyPI has no wheel of it to carry)"),
         (f"no packing, {a.lengths}", p.base(), tail, None),
         (f"packing, {a.lengths}", p.base(packing=True), tail, None),
+        (f"no packing, {a.lengths}, {DEFAULT_ALLOCATOR}", p.base(), tail,
+         None if a.device != "cpu" else "the CUDA allocator's setting needs a CUDA GPU"),
         ("liger", p.base(liger=True), fixed, None if has["liger_kernel"] else "liger-kernel is not installed"),
         ("qlora", p.base(), p.workload(mode="qlora"),
          None if has["bitsandbytes"] else "bitsandbytes is not installed"),
@@ -269,6 +279,8 @@ def cmd_levers(a: argparse.Namespace) -> int:
             return 0
         if why is not None:
             p.skip("levers", name, cand, wl, why)
+        elif name.endswith(DEFAULT_ALLOCATOR):  # as the row before it, but without expandable segments
+            p.probe("levers", name, cand, wl, dataclasses.replace(p.settings, cuda_alloc_conf=DEFAULT_ALLOCATOR))
         else:
             p.probe("levers", name, cand, wl)
     return 0

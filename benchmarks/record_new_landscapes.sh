@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Record landscapes F, G, H and (last) I for benchmarks/search_quality.py, and J, K, L, then M, N, O, then P, Q, R,
-# then S, T, U: the model strategy's held-out sets (each recorded after its last change, scored once:
+# then S, T, U, then V, W, X: the model strategy's held-out sets (each recorded after its last change, scored once:
 # score_new_landscapes.sh --model-held-out for J K L, --model-held-out-2 for M N O, --model-held-out-3 for P Q R,
-# --model-held-out-4 for S T U, held out for the CPU memory model's retained heap).
+# --model-held-out-4 for S T U, held out for the CPU memory model's retained heap, --model-held-out-5 for V W X,
+# held out for the strategy as it stands after the memory model's per-layer terms).
 #
 #   bash benchmarks/record_new_landscapes.sh [F G H I]     # default: F G H I, I last
 #   bash benchmarks/record_new_landscapes.sh J K L
 #   bash benchmarks/record_new_landscapes.sh M N O
 #   bash benchmarks/record_new_landscapes.sh P Q R
 #   bash benchmarks/record_new_landscapes.sh S T U
+#   bash benchmarks/record_new_landscapes.sh V W X
 #
 # Run it on a QUIET machine (nothing else on the cores: CPU timings under other load are noise),
 # from the repository root, with autotune's venv active (or PY=/path/to/python). Each landscape
@@ -55,6 +57,12 @@
 #      eager/sdpa, packing                                                   (24)
 #   U  tiny-gpt2, 512-token fixed-length sequences, effective batch 8, micro-batch 2..8, checkpointing,
 #      fp32/bf16, AdamW plain/fused                                          (24)
+#   V  tiny-mistral, LoRA, 512-token fixed-length sequences, effective batch 16, micro-batch 1..4,
+#      checkpointing, eager/sdpa, AdamW plain/fused                          (24)
+#   W  tiny-qwen2, lognormal(4.8, 0.8) lengths up to 512, effective batch 16, micro-batch 2..8,
+#      checkpointing, eager/sdpa, packing                                    (24)
+#   X  tiny-gpt2, LoRA, uniform 64-256 lengths, effective batch 32, micro-batch 4..16, checkpointing,
+#      fp32/bf16, packing                                                    (24)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python}
@@ -99,6 +107,9 @@ for n in "${todo[@]}"; do
         S) record S tiny-qwen2 384 fixed 16 lora 5 ;;
         T) record T tiny-llama 384 uniform:64-384 16 full 5 ;;
         U) record U tiny-gpt2 512 fixed 8 full 5 ;;
-        *) echo "unknown landscape $n (F to U)" >&2; exit 2 ;;
+        V) record V tiny-mistral 512 fixed 16 lora 5 ;;
+        W) record W tiny-qwen2 512 lognormal:4.8,0.8 16 full 5 ;;
+        X) record X tiny-gpt2 256 uniform:64-256 32 lora 5 ;;
+        *) echo "unknown landscape $n (F to X)" >&2; exit 2 ;;
     esac
 done

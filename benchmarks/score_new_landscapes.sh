@@ -8,6 +8,7 @@
 #   bash benchmarks/score_new_landscapes.sh --model-held-out-2 # M, N, O: ONCE, after the padding-aware speed prior
 #   bash benchmarks/score_new_landscapes.sh --model-held-out-3 # P, Q, R: ONCE, after the cost per probe
 #   bash benchmarks/score_new_landscapes.sh --model-held-out-4 # S, T, U: ONCE, after the CPU retained heap
+#   bash benchmarks/score_new_landscapes.sh --model-held-out-5 # V, W, X: ONCE, after the per-layer memory terms
 #
 # search_quality.py runs every strategy on each landscape at 15 % of the grid's probes, 30 seeds:
 # autotune (--strategy walk), tpe, seed-only, random, largest-micro-batch (largest-fits), deepspeed,
@@ -38,6 +39,10 @@ elif [ "${1:-}" = "--model-held-out-4" ]; then
     files=("$L/cpu-tiny-qwen2-landscape-cpu-s.json" "$L/cpu-tiny-llama-landscape-cpu-t.json"
            "$L/cpu-tiny-gpt2-landscape-cpu-u.json")
     tag=heldout-stu
+elif [ "${1:-}" = "--model-held-out-5" ]; then
+    files=("$L/cpu-tiny-mistral-landscape-cpu-v.json" "$L/cpu-tiny-qwen2-landscape-cpu-w.json"
+           "$L/cpu-tiny-gpt2-landscape-cpu-x.json")
+    tag=heldout-vwx
 else
     files=("$L/cpu-tiny-llama-landscape-cpu-f.json" "$L/cpu-tiny-qwen2-landscape-cpu-g.json"
            "$L/cpu-tiny-qwen2-landscape-cpu-h.json")
@@ -48,7 +53,7 @@ for f in "${files[@]}"; do
 done
 "$PY" benchmarks/search_quality.py "${files[@]}" --seeds 30 --share 0.15 \
     --json "benchmarks/results/search_quality-$tag.json" | tee "benchmarks/results/search_quality-$tag.txt"
-if [ "$tag" = heldout-mno ] || [ "$tag" = heldout-pqr ] || [ "$tag" = heldout-stu ]; then  # and the model after the run's first three probes, on the same landscapes
+if [ "$tag" = heldout-mno ] || [ "$tag" = heldout-pqr ] || [ "$tag" = heldout-stu ] || [ "$tag" = heldout-vwx ]; then  # and the model after the run's first three probes, on the same landscapes
     "$PY" benchmarks/calibration.py "${files[@]}" --seeds 30 --json "benchmarks/results/calibration-$tag.json" \
         | tee "benchmarks/results/calibration-$tag.txt"
 fi

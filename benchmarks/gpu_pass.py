@@ -256,33 +256,35 @@ def cmd_levers(a: argparse.Namespace) -> int:
     p = Pass(a)
     fixed, tail = p.workload(), p.workload(lengths=a.lengths)
     has = {m: importlib.util.find_spec(m) is not None for m in ("flash_attn", "liger_kernel", "bitsandbytes")}
-    plan: list[tuple[str, Candidate, Workload, str | None]] = [
-        ("sdpa", p.base(attn="sdpa"), fixed, None),
-        ("eager", p.base(attn="eager"), fixed, None),
+    # (name, candidate, workload, why it is skipped or None, settings other than the pass's or None)
+    no_expandable = dataclasses.replace(p.settings, cuda_alloc_conf=DEFAULT_ALLOCATOR)
+    plan: list[tuple[str, Candidate, Workload, str | None, ProbeSettings | None]] = [
+        ("sdpa", p.base(attn="sdpa"), fixed, None, None),
+        ("eager", p.base(attn="eager"), fixed, None, None),
         ("flash_attention_2", p.base(attn="flash_attention_2"), fixed,
-         None if has["flash_attn"] else "flash-attn is not installed (PyPI has no wheel of it to carry)"),
-        (f"no packing, {a.lengths}", p.base(), tail, None),
-        (f"packing, {a.lengths}", p.base(packing=True), tail, None),
-        (f"no packing, {a.lengths}, {DEFAULT_ALLOCATOR}", p.base(), tail,
-         None if a.device != "cpu" else "the CUDA allocator's setting needs a CUDA GPU"),
-        ("liger", p.base(liger=True), fixed, None if has["liger_kernel"] else "liger-kernel is not installed"),
+         None if has["flash_attn"] else "flash-attn is not installed (PyPI has no wheel of it to carry)", None),
+        (f"no packing, {a.lengths}", p.base(), tail, None, None),
+        (f"packing, {a.lengths}", p.base(packing=True), tail, None, None),
+        # as the unpacked row, without expandable segments (a run's probes have them)
+        (f"no packing, {a.lengths}, {DEFAULT_ALLOCATOR}", p.base(), tail, None, no_expandable),
+        ("liger", p.base(liger=True), fixed, None if has["liger_kernel"] else "liger-kernel is not installed", None),
         ("qlora", p.base(), p.workload(mode="qlora"),
-         None if has["bitsandbytes"] else "bitsandbytes is not installed"),
+         None if has["bitsandbytes"] else "bitsandbytes is not installed", None),
     ]  # fmt: skip
     if a.device == "cpu":  # what cannot run on a CPU is refused by the probe's precheck: spare the process
-        for i, (name, cand, wl, why) in enumerate(plan):
-            if why is None and name in ("flash_attention_2", "liger", "qlora"):
-                plan[i] = (name, cand, wl, f"{name} needs a CUDA GPU")
-    for name, cand, wl, why in plan:
+        for i, (name, cand, wl, why, settings) in enumerate(plan):
+            if why is None and settings is not None:
+                plan[i] = (name, cand, wl, "the CUDA allocator's setting needs a CUDA GPU", settings)
+            elif why is None and name in ("flash_attention_2", "liger", "qlora"):
+                plan[i] = (name, cand, wl, f"{name} needs a CUDA GPU", settings)
+    for name, cand, wl, why, settings in plan:
         if p.out_of_time():
             print("[levers] time box reached", flush=True)
             return 0
         if why is not None:
             p.skip("levers", name, cand, wl, why)
-        elif name.endswith(DEFAULT_ALLOCATOR):  # as the row before it, but without expandable segments
-            p.probe("levers", name, cand, wl, dataclasses.replace(p.settings, cuda_alloc_conf=DEFAULT_ALLOCATOR))
         else:
-            p.probe("levers", name, cand, wl)
+            p.probe("levers", name, cand, wl, settings)
     return 0
 
 

@@ -132,16 +132,17 @@ def fit_items(target: FitTarget, f: FileLevers) -> list[Item]:
 
 
 def _allocator_item(mem: Any, cand: Candidate, gpu: GPU, usable: int) -> list[Item]:
-    """Where variable-length batches would grow the default allocator's reserve past the card: the setting that
-    keeps it at the fixed-length figure (the file cannot say how the run is launched, nor how long its data's
+    """Where variable-length batches would grow the default allocator's reserve (with the CUDA context, the peak the
+    fit item states) past the card: the setting that keeps it at the fixed-length figure (the file cannot say how the run is launched, nor how long its data's
     sequences are, so this informs rather than fails)."""
     context = mem.terms.get("cuda_context", 0)
     grown = mem.reserved_variable_lengths + context
     if cand.packing or grown <= usable:
         return []
     return [("allocator", "CUDA allocator with variable lengths", "info",
-             f"if your sequences vary in length, the default caching allocator's reserve grows to about {_gib(grown)} "
-             f"(cached blocks a longer batch cannot reuse), past the {_gib(usable)} usable on {gpu.name}: it then frees "
+             f"if your sequences vary in length, the default caching allocator grows the peak to about {_gib(grown)} "
+             f"(cached blocks a longer batch cannot reuse; the CUDA context included, as in the predicted peak), past "
+             f"the {_gib(usable)} usable on {gpu.name}: it then frees "
              f"and retries, stalling steps; launch with PYTORCH_CUDA_ALLOC_CONF={CUDA_ALLOC_CONF_DEFAULT}, which keeps "
              f"it near the predicted {_gib(mem.total)}",
              "", {"reserved_variable_lengths_bytes": grown, "usable_bytes": usable})]

@@ -13,7 +13,21 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["render_train_script"]
+from autotune.spec.probe_request import ALLOC_CONF_VARS
+
+__all__ = ["render_train_script", "ALLOC_CONF_BLOCK"]
+
+# train.py's and train_sft.py's first statements after MEASURED: autotune.spec.probe_request.alloc_conf_env's rule
+# (a script cannot import autotune before this runs: autotune's imports would bring torch in first)
+ALLOC_CONF_BLOCK = f"""\
+# The CUDA caching allocator's setting the probes measured with, set before torch is imported (a
+# PYTORCH_CUDA_ALLOC_CONF or PYTORCH_ALLOC_CONF of your own wins): expandable segments keep the reserve of a long run with
+# variable-length batches where the probe measured it, instead of growing with cached blocks a longer
+# batch cannot reuse.
+_ALLOC_CONF_VARS = {ALLOC_CONF_VARS!r}
+if MEASURED.get("cuda_alloc_conf") and not any(os.environ.get(v) for v in _ALLOC_CONF_VARS):
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = MEASURED["cuda_alloc_conf"]
+"""
 
 _TEMPLATE = '''\
 #!/usr/bin/env python
@@ -51,14 +65,7 @@ PACKING = __PACKING__
 # How the probe built its data (seed, synthetic lengths, dataset, worst case first, precision)
 MEASURED = json.loads(__MEASURED__)
 
-# The CUDA caching allocator's setting the probes measured with, set before torch is imported (a
-# PYTORCH_CUDA_ALLOC_CONF or PYTORCH_ALLOC_CONF of your own wins): expandable segments keep the reserve of a long run with
-# variable-length batches where the probe measured it, instead of growing with cached blocks a longer
-# batch cannot reuse.
-_ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
-if MEASURED.get("cuda_alloc_conf") and not any(os.environ.get(v) for v in _ALLOC_CONF_VARS):
-    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = MEASURED["cuda_alloc_conf"]
-
+__ALLOC_CONF__
 
 def _imports():
     try:
@@ -212,4 +219,5 @@ def render_train_script(*, seq_len: int, packing: bool, measured: dict[str, Any]
         .replace("__PACKING__", "True" if packing else "False")
         .replace("__PACKING_NOTE__", note)
         .replace("__MEASURED__", repr(json.dumps(m, sort_keys=True)))
+        .replace("__ALLOC_CONF__", ALLOC_CONF_BLOCK)
     )

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from autotune.emit._train_script import ALLOC_CONF_BLOCK
+
 __all__ = ["render_train_sft_script"]
 
 _TEMPLATE = '''\
@@ -40,14 +42,7 @@ HERE = Path(__file__).resolve().parent
 # What autotune measured on (defaults for the command line)
 MEASURED = json.loads(__MEASURED__)
 
-# The CUDA caching allocator's setting the probes measured with, set before torch is imported (a
-# PYTORCH_CUDA_ALLOC_CONF or PYTORCH_ALLOC_CONF of your own wins): expandable segments keep the reserve of a long run with
-# variable-length batches where the probe measured it, instead of growing with cached blocks a longer
-# batch cannot reuse.
-_ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
-if MEASURED.get("cuda_alloc_conf") and not any(os.environ.get(v) for v in _ALLOC_CONF_VARS):
-    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = MEASURED["cuda_alloc_conf"]
-
+__ALLOC_CONF__
 
 def load_data(path, split="train"):
     """A datasets.Dataset from a save_to_disk directory, a .jsonl/.json/.parquet file or a Hub id."""
@@ -177,4 +172,5 @@ def render_train_sft_script(*, measured: dict[str, Any] | None = None) -> str:
     """The text of ``train_sft.py``. ``measured``: model, dataset, split, tokenizer the probe used, and
     ``cuda_alloc_conf``, the PYTORCH_CUDA_ALLOC_CONF it ran with (None: none set)."""
     m = {"model": None, "dataset": None, "split": None, "tokenizer": None, "cuda_alloc_conf": None, **(measured or {})}
-    return _TEMPLATE.replace("__MEASURED__", repr(json.dumps(m, sort_keys=True)))
+    return (_TEMPLATE.replace("__MEASURED__", repr(json.dumps(m, sort_keys=True)))
+            .replace("__ALLOC_CONF__", ALLOC_CONF_BLOCK))

@@ -367,6 +367,9 @@ FRESH_FILE = ROOT / "benchmarks" / "published_fresh.json"
 # Gathered on 2026-12-06 (evening) after the dispatch term was final, from projects none of the files above use:
 # short steps only, every row held out, scored once when the file was complete: the blind test of that term
 BLIND_SHORT_FILE = ROOT / "benchmarks" / "published_short_blind.json"
+# Gathered on 2026-12-07 from a project whose memory figures no file above uses (huggingface/peft's method comparison):
+# max_memory_reserved with real variable-length batches at a 128k vocabulary, every row held out, scored once
+BLIND_MEMORY_FILE = ROOT / "benchmarks" / "published_memory_blind.json"
 # Per-stack efficiency multiplier for trainers other than the HF Trainer the planner models, fitted with
 # the speed constants on the fit half (the same role as ``plan --calibrate``: a measured efficiency for a
 # stack): torchtune's compiled single-device recipes. Runs of other sources use 1.0.
@@ -395,6 +398,25 @@ def load_fresh() -> dict[str, Any]:
 
 def load_blind_short() -> dict[str, Any]:
     return json.loads(BLIND_SHORT_FILE.read_text())
+
+
+def load_blind_memory() -> dict[str, Any]:
+    return json.loads(BLIND_MEMORY_FILE.read_text())
+
+
+def blind_memory_rows(doc: dict[str, Any] | None = None, *, figure: str = "published") -> list[Row]:
+    """The blind memory set (``published_memory_blind.json``): each published peak against the plan's figure for what
+    it reports (``_published_figure``: with variable-length batches, ``reserved_variable_lengths``), or against the
+    plan's ``reserved`` or ``allocated`` figure (``figure``), shown beside it."""
+    doc = doc or load_blind_memory()
+    out = []
+    for run in doc["runs"]:
+        a, wl, c = run_workload(doc, run)
+        br = estimate_memory(a, wl, c)
+        got = _published_figure(br, run) if figure == "published" else getattr(br, figure)
+        out.append(Row("memory, variable lengths, blind (held out)", _run_label(run), run["published_memory_gib"],
+                       got / GiB, "GiB", run["cite"], run.get("ambiguity", "")))  # fmt: skip
+    return out
 
 
 def _fixed_length_breakdown(doc: dict[str, Any], run: dict[str, Any]) -> MemoryBreakdown:
@@ -772,6 +794,7 @@ def rows() -> list[Row]:
         + fixed_length_memory_rows()
         + (fresh_rows() if FRESH_FILE.exists() else [])
         + (speed_rows(load_blind_short(), "speed, short steps, blind") if BLIND_SHORT_FILE.exists() else [])
+        + (blind_memory_rows() if BLIND_MEMORY_FILE.exists() else [])
     )
 
 
@@ -846,7 +869,8 @@ def main(argv: list[str] | None = None) -> int:
                   "peak memory (published runs)", "reserved, variable lengths (fit)",
                   "reserved, variable lengths (held out)", "reserved, fixed lengths (held out)",
                   "speed, short steps, fresh (held out)", "speed, long steps, fresh (held out)",
-                  "memory, large vocabularies, fresh (held out)", "speed, short steps, blind (held out)"):  # fmt: skip
+                  "memory, large vocabularies, fresh (held out)", "speed, short steps, blind (held out)",
+                  "memory, variable lengths, blind (held out)"):  # fmt: skip
         sel = [r for r in rs if r.group == group]
         if sel:
             q = split_summary(sel)
@@ -871,6 +895,12 @@ def main(argv: list[str] | None = None) -> int:
     q = split_summary(sel)
     print(f"reserved, fixed lengths (held out), the allocated figure instead: median {q['median']:.2f}, "
           f"min {q['min']:.2f}, max {q['max']:.2f}, {100 * within(sel):.0f}% within 15%")  # fmt: skip
+    if BLIND_MEMORY_FILE.exists():
+        for figure in ("reserved", "allocated"):
+            sel = blind_memory_rows(figure=figure)
+            q = split_summary(sel)
+            print(f"memory, variable lengths, blind (held out), the {figure} figure instead: median {q['median']:.2f}, "
+                  f"min {q['min']:.2f}, max {q['max']:.2f}, {100 * within(sel):.0f}% within 15%")  # fmt: skip
     if over:
         print("published rates above the GPU's dense peak in the FLOPs of their stated configuration "
               "(shown, not a target): " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in over.items()))  # fmt: skip

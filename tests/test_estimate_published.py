@@ -421,6 +421,25 @@ def test_blind_short_steps_scored_once() -> None:
             assert r.ratio < 0.7, r.what
 
 
+def test_blind_variable_length_memory_scored_once() -> None:
+    """benchmarks/published_memory_blind.json: huggingface/peft's method comparison (Llama-3.2-3B LoRA, vocabulary
+    128,256, MetaMathQA up to 768 tokens x micro-batch 4, no checkpointing, one L40S, torch 2.13 / transformers 5.13),
+    whose memory figures no other set uses, every row held out. Scored once with the estimator of cdd892b
+    (2026-12-07): against ``reserved_variable_lengths`` (the figure for max_memory_reserved with variable-length
+    batches) 1.37-1.42, none within 15 %: on the safe side, and PEFT's loop empties the CUDA cache every 10 steps,
+    which holds back the growth that figure is for (said in the file's ambiguity before the score). The fixed-length
+    ``reserved`` figure is 1.06 on all four, ``allocated`` 0.95-0.96."""
+    bench = _bench()
+    doc = bench.load_blind_memory()
+    assert {r["source"] for r in doc["runs"]} == {"peft"} and len(doc["runs"]) == 4
+    assert all(r["split"] == "held out" and r["memory_reports"] == "reserved" and r["length_distribution"] == "variable"
+               and "empty_cache" in r["ambiguity"] for r in doc["runs"])
+    grown = [r.ratio for r in bench.blind_memory_rows(doc)]
+    assert all(1.3 <= x <= 1.5 for x in grown), grown
+    assert all(1.0 <= r.ratio <= 1.1 for r in bench.blind_memory_rows(doc, figure="reserved"))
+    assert all(0.9 <= r.ratio <= 1.0 for r in bench.blind_memory_rows(doc, figure="allocated"))
+
+
 def test_the_shipped_step_time_form_is_what_the_fit_halves_choose() -> None:
     """`estimator_vs_published.py --forms` (docs/plan.md's table of forms): the shipped form (the dispatch added to
     the GPU's work, the Trainer's times as measured, dequantization a stream at the bandwidth), refitted on both

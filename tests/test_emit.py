@@ -350,16 +350,23 @@ def test_a_gpu_answer_sets_the_cuda_allocator_it_was_measured_with(fields, monke
             text = files[script]
             head = text[: text.index("\ndef ")]  # the module's top: what runs on import, before any torch import
             assert "import torch" not in head
-            for var, preset in ((None, None), *((v, "garbage_collection_threshold:0.6") for v in ALLOC_CONF_VARS)):
+            own = "garbage_collection_threshold:0.6"
+            cases = [({}, None), *(({v: own}, own) for v in ALLOC_CONF_VARS),
+                     # an empty variable torch would read first (as the default allocator) is set over
+                     ({"PYTORCH_CUDA_ALLOC_CONF": ""}, conf), ({"PYTORCH_HIP_ALLOC_CONF": "", "PYTORCH_ALLOC_CONF": own}, conf)]
+            for preset, user in cases:
                 for v in ALLOC_CONF_VARS:
                     monkeypatch.delenv(v, raising=False)
-                if var is not None:
-                    monkeypatch.setenv(var, preset)
+                for v, value in preset.items():
+                    monkeypatch.setenv(v, value)
                 space: dict = {"__name__": "emitted", "__file__": "/x/" + script}
                 exec(compile(head, script, "exec"), space)
                 assert space["_ALLOC_CONF_VARS"] == ALLOC_CONF_VARS  # the script's copy of the names torch reads
-                # the user's own (under any name) is left alone; else the measured one is set
-                expected = {var: preset} if var else ({"PYTORCH_CUDA_ALLOC_CONF": conf} if conf else {})
-                assert {v: os.environ[v] for v in ALLOC_CONF_VARS if v in os.environ} == expected, (script, var)
+                # what torch reads first: the user's own value where they set one; else the measured one (GPU)
+                held = {v: os.environ[v] for v in ALLOC_CONF_VARS if v in os.environ}
+                if conf:
+                    assert next(iter(held.values())) == (user or conf), (script, preset, held)
+                else:  # a CPU answer leaves the environment as it is
+                    assert held == preset, (script, preset, held)
     for v in ALLOC_CONF_VARS:
         monkeypatch.delenv(v, raising=False)

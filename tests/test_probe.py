@@ -230,13 +230,27 @@ def test_a_gpu_probe_runs_with_the_cuda_allocator_setting_of_its_request(monkeyp
     probe's environment is left as it is; None adds nothing. It is part of the cache key only when set, so a CPU
     run's key is unchanged."""
     from autotune.executors.local import worker_env
-    from autotune.spec.probe_request import ALLOC_CONF_VARS, CUDA_ALLOC_CONF_DEFAULT, cuda_alloc_conf
+    from autotune.spec.probe_request import (
+        ALLOC_CONF_VARS,
+        CUDA_ALLOC_CONF_DEFAULT,
+        alloc_conf_env,
+        cuda_alloc_conf,
+    )
     from autotune.store import probe_fields
 
     assert cuda_alloc_conf("cuda", {}) == CUDA_ALLOC_CONF_DEFAULT == "expandable_segments:True"
-    for var in ALLOC_CONF_VARS:  # the deprecated name, the accelerator-neutral one, ROCm's: the user's own wins
+    for var in ALLOC_CONF_VARS:  # the name torch has always read, ROCm's, the accelerator-neutral one: the user's wins
         assert cuda_alloc_conf("cuda", {var: "max_split_size_mb:512"}) == "max_split_size_mb:512"
-    assert cuda_alloc_conf("cuda", {"PYTORCH_CUDA_ALLOC_CONF": ""}) == CUDA_ALLOC_CONF_DEFAULT  # empty: unset
+    assert cuda_alloc_conf("cuda", {"PYTORCH_CUDA_ALLOC_CONF": ""}) == CUDA_ALLOC_CONF_DEFAULT  # empty: not a setting
+    # torch reads the first of its names the environment holds, even an empty one (then the default allocator):
+    # the recorded setting is what torch will read once alloc_conf_env's additions are made
+    for env in ({}, {"PYTORCH_CUDA_ALLOC_CONF": "", "PYTORCH_ALLOC_CONF": "max_split_size_mb:512"},
+                {"PYTORCH_HIP_ALLOC_CONF": "", "PYTORCH_ALLOC_CONF": "b:2"}, {"PYTORCH_ALLOC_CONF": "", "PYTORCH_HIP_ALLOC_CONF": "c:3"},
+                {"PYTORCH_ALLOC_CONF": "b:2", "PYTORCH_HIP_ALLOC_CONF": "c:3"}, {"PYTORCH_CUDA_ALLOC_CONF": "a:1", "PYTORCH_ALLOC_CONF": "b:2"},
+                {"PYTORCH_ALLOC_CONF": ""}):
+        conf = cuda_alloc_conf("cuda", env)
+        full = {**env, **alloc_conf_env(conf, env)}
+        assert full[next(v for v in ALLOC_CONF_VARS if v in full)] == conf, env
     assert cuda_alloc_conf("cpu", {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}) is None
     for var in ALLOC_CONF_VARS:
         monkeypatch.delenv(var, raising=False)
@@ -251,4 +265,5 @@ def test_a_gpu_probe_runs_with_the_cuda_allocator_setting_of_its_request(monkeyp
     env = worker_env(gpu, 0.0)
     assert env["PYTORCH_ALLOC_CONF"] == "max_split_size_mb:512" and "PYTORCH_CUDA_ALLOC_CONF" not in env
     for bad in (3, "", "x\ny: z"):  # a value that is not one printable line (it goes into YAML comments)
-        assert any("cuda_alloc_conf" in p for p in dataclasses.replace(req.settings, cuda_alloc_conf=bad).problems())
+        assert any("PYTORCH_CUDA_ALLOC_CONF" in p and "one line" in p
+                   for p in dataclasses.replace(req.settings, cuda_alloc_conf=bad).problems())

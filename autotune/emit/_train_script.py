@@ -20,12 +20,13 @@ __all__ = ["render_train_script", "ALLOC_CONF_BLOCK"]
 # train.py's and train_sft.py's first statements after MEASURED: autotune.spec.probe_request.alloc_conf_env's rule
 # (a script cannot import autotune before this runs: autotune's imports would bring torch in first)
 ALLOC_CONF_BLOCK = f"""\
-# The CUDA caching allocator's setting the probes measured with, set before torch is imported (a
-# PYTORCH_CUDA_ALLOC_CONF or PYTORCH_ALLOC_CONF of your own wins): expandable segments keep the reserve of a long run with
-# variable-length batches where the probe measured it, instead of growing with cached blocks a longer
-# batch cannot reuse.
+# The CUDA caching allocator's setting the probes measured with, set before torch is imported: expandable
+# segments keep the reserve of a long run with variable-length batches where the probe measured it, instead of
+# growing with cached blocks a longer batch cannot reuse. A value of your own in the variable torch reads first
+# ({", ".join(ALLOC_CONF_VARS)}, in torch's order) wins; an empty one is set over.
 _ALLOC_CONF_VARS = {ALLOC_CONF_VARS!r}
-if MEASURED.get("cuda_alloc_conf") and not any(os.environ.get(v) for v in _ALLOC_CONF_VARS):
+_FIRST = next((v for v in _ALLOC_CONF_VARS if v in os.environ), None)
+if MEASURED.get("cuda_alloc_conf") and not (_FIRST and os.environ[_FIRST]):
     os.environ["PYTORCH_CUDA_ALLOC_CONF"] = MEASURED["cuda_alloc_conf"]
 """
 

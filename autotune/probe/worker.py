@@ -1178,8 +1178,9 @@ def _record_memory(metrics: dict[str, Any], device: str, sampler: Any, nvml: Any
 
     reserved = int(torch.cuda.max_memory_reserved())
     metrics["mem_torch_reserved_bytes"] = reserved
-    # the caching allocator's setting this process ran with (the emitted scripts set the same)
-    metrics["cuda_alloc_conf"] = {v: os.environ[v] for v in ALLOC_CONF_VARS if os.environ.get(v)}
+    # the caching allocator's setting this process ran with (the emitted scripts set the same): the variables torch
+    # reads, in its order, as the environment held them (the first one held is the one torch used, empty or not)
+    metrics["cuda_alloc_conf"] = {v: os.environ[v] for v in ALLOC_CONF_VARS if v in os.environ}
     metrics["mem_torch_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
     if nvml is not None:
         nvml.sample_once()

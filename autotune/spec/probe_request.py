@@ -177,8 +177,8 @@ class ProbeSettings:
             p.append(f"gpu budget must be positive; got {self.budget_bytes!r} bytes")
         if self.cuda_alloc_conf is not None and (not isinstance(self.cuda_alloc_conf, str) or not self.cuda_alloc_conf
                                                  or not self.cuda_alloc_conf.isprintable()):
-            p.append(f"cuda_alloc_conf must be a PYTORCH_CUDA_ALLOC_CONF value (printable, on one line); got "
-                     f"{self.cuda_alloc_conf!r}")
+            p.append(f"the CUDA allocator setting ({'/'.join(ALLOC_CONF_VARS)}) must be printable and on one line; "
+                     f"got {self.cuda_alloc_conf!r}: put the value on one line, or unset the variable")
         return p
 
     def usable_bytes(self) -> int | None:
@@ -197,16 +197,17 @@ class ProbeSettings:
 # the lengths (``python benchmarks/allocator_replay.py --expandable benchmarks/results/allocator_replay-*.json``;
 # docs/plan.md), so what the probe measures is what a long run holds.
 CUDA_ALLOC_CONF_DEFAULT = "expandable_segments:True"
-# where torch reads the allocator's setting: the name it has had since 1.x (the one set when none is, as torch>=2.4
-# reads it), the accelerator-neutral name newer torch prefers, and ROCm's
-ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
+# where torch reads the allocator's setting, in the order it reads them: the first of these the environment holds
+# decides, even an empty one (torch then runs the default allocator). The name torch has read since 1.x, ROCm's, and
+# the accelerator-neutral one newer torch prefers (torch 2.13: ``torch._C._accelerator_getAllocatorSettings()``)
+ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 
 
 def cuda_alloc_conf(device: str, environ: Mapping[str, str]) -> str | None:
     """The allocator setting a probe on ``device`` (the run's resolved cpu or cuda) and the scripts emitted from it
-    run with (``ProbeSettings.cuda_alloc_conf``): the user's own where ``environ`` sets one of ``ALLOC_CONF_VARS``
-    (non-empty; the first in that order), else ``CUDA_ALLOC_CONF_DEFAULT``; None on a CPU, where there is no
-    CUDA allocator."""
+    run with (``ProbeSettings.cuda_alloc_conf``): the user's own, the first non-empty one of ``ALLOC_CONF_VARS`` in
+    ``environ``, else ``CUDA_ALLOC_CONF_DEFAULT``; None on a CPU, where there is no CUDA allocator. An empty variable
+    is not a setting: :func:`alloc_conf_env` sets the one torch reads first over it."""
     if device == "cpu":
         return None
     own = next((environ[v] for v in ALLOC_CONF_VARS if environ.get(v)), None)
@@ -214,10 +215,13 @@ def cuda_alloc_conf(device: str, environ: Mapping[str, str]) -> str | None:
 
 
 def alloc_conf_env(conf: str | None, environ: Mapping[str, str]) -> dict[str, str]:
-    """What a process started from ``environ`` must add to run with ``conf``: ``PYTORCH_CUDA_ALLOC_CONF`` when
-    ``conf`` is set and none of ``ALLOC_CONF_VARS`` is (a value already there, the user's or a node's own, is
-    left as it is); nothing otherwise. The emitted scripts apply the same rule to their own environment."""
-    if conf is None or any(environ.get(v) for v in ALLOC_CONF_VARS):
+    """What a process started from ``environ`` must add so that torch reads ``conf``: nothing when ``conf`` is None
+    or the variable torch reads first (the first of ``ALLOC_CONF_VARS`` that ``environ`` holds) has a value, the
+    user's or a node's own, which is left as it is; otherwise (none held, or the first held is empty, which torch
+    would read as the default allocator) ``PYTORCH_CUDA_ALLOC_CONF``, the name torch reads first. The emitted
+    scripts apply the same rule to their own environment."""
+    first = next((v for v in ALLOC_CONF_VARS if v in environ), None)
+    if conf is None or (first is not None and environ[first]):
         return {}
     return {"PYTORCH_CUDA_ALLOC_CONF": conf}
 

@@ -473,3 +473,28 @@ def test_a_row_with_one_value_shows_no_spread_rather_than_zero() -> None:
     render_summary({"top": top, "best": {"label": "mb16x1"}}, con)
     text = out.getvalue()
     assert "- (1 value)" in text and "22.2%" in text and "0.0%" not in text
+
+
+def test_square_brackets_in_paths_and_values_are_text_not_styles(tmp_path, monkeypatch, capsys) -> None:  # noqa: ANN001
+    """The console prints paths, model names and the user's values with Rich markup off: a model folder named
+    ``exp[/old]`` or an allocator value ending in ``[/]`` is printed as it is (it used to crash the command with a
+    markup error, after summary.json was written, or to vanish from the line)."""
+    import shutil
+
+    from autotune.cli.render import console
+    from autotune.cli.run import render_summary
+    from autotune.models import resolve_model
+
+    monkeypatch.setenv("COLUMNS", "200")
+    render_summary({"top": [], "best": {"label": "mb2x8 [bold]x"}, "cuda_alloc_conf": "expandable_segments:True[/]",
+                    "run_dir": "results/exp[/old]", "quality_notes": ["[red]not a style"]}, console())
+    out = capsys.readouterr().out
+    for part in ("PYTORCH_CUDA_ALLOC_CONF='expandable_segments:True[/]'", "mb2x8 [bold]x", "results/exp[/old]/best/",
+                 "quality note: [red]not a style"):
+        assert part in out, out
+    for name in ("exp[/old]", "ckpt[v2]"):
+        folder = tmp_path / name
+        folder.mkdir(parents=True)
+        shutil.copy(resolve_model("tiny-llama").config_path, folder / "config.json")
+        res = CliRunner().invoke(app, ["plan", "--model", str(folder), "--gpu", "A10G"])
+        assert res.exit_code == 0 and f"{folder}: " in res.output, res.output

@@ -207,12 +207,12 @@ def _count(n: float) -> str:
 def render(result: PlanResult, *, width: int = 160, color: bool = False) -> str:
     """The plan as a table plus the assumptions it rests on."""
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
 
     a = result.arch
     buf = io.StringIO()
-    con = Console(file=buf, width=width, no_color=not color, highlight=False, soft_wrap=False)
+    # markup off: the model (a path the user gives), the levers ("[fp16, sdpa]") are text, not styles
+    con = Console(file=buf, width=width, no_color=not color, highlight=False, soft_wrap=False, markup=False)
     title = (
         f"{result.model}: {_count(a.params_total)} params, {result.mode}, seq {result.seq_len}"
         + (f" ({result.lengths})" if result.lengths != "fixed" else "")
@@ -238,7 +238,7 @@ def render(result: PlanResult, *, width: int = 160, color: bool = False) -> str:
         fits = "yes" if row.fits else f"no -> {o.mode}"
         levers = ", ".join(o.levers) or "none"
         if c.precision != "bf16" or c.attn != "flash_attention_2":
-            levers += escape(f" [{c.precision}, {c.attn}]")
+            levers += f" [{c.precision}, {c.attn}]"
         table.add_row(
             row.gpu.name, fits, levers, f"{c.micro_batch} x {c.grad_accum} x {c.world_size}",
             f"{format_bytes(o.memory.total)} / {format_bytes(row.capacity_bytes)}",
@@ -273,7 +273,7 @@ def render(result: PlanResult, *, width: int = 160, color: bool = False) -> str:
             lines.extend(_breakdown_lines(r))
     lines.extend(result.notes)
     for line in lines:
-        con.print(line, markup=False)  # plain text: "autotune[gpu]" is a package name, not a style
+        con.print(line)
     return buf.getvalue()
 
 

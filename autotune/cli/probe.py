@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 import typer
+from rich.text import Text
 
 from autotune.cli._levers import lever_options
 from autotune.cli.render import console, dumps_json, render_probe_result
@@ -176,9 +177,9 @@ def command(
     req = build_probe_request(workload, candidate, settings, hub=HubAccess.from_env(offline=offline),
                               config_name=config_name, sample_rows=sample_rows, notes=notes)
     for note in notes:
-        console(stderr=True).print(f"[yellow]note:[/yellow] {note}", highlight=False, markup=True)
+        console(stderr=True).print(Text.assemble(("note:", "yellow"), f" {note}"))
     if not as_json:
-        console(stderr=True).print(f"[dim]probing {req.workload.model} ({req.workload.model_path}) ...[/dim]")
+        console(stderr=True).print(f"probing {req.workload.model} ({req.workload.model_path}) ...", style="dim")
     result: ProbeResult = run_probe_process(req)
     if as_json:
         sys.stdout.write(dumps_json(result.to_dict(), indent=2) + "\n")

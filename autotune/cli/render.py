@@ -8,6 +8,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from autotune.spec.budget import format_bytes
 from autotune.spec.result import ProbeResult
@@ -52,6 +53,7 @@ def console(*, stderr: bool = False) -> Console:
         file=stream,
         no_color=bool(os.environ.get("NO_COLOR")) or not tty,
         highlight=False,
+        markup=False,  # text holds paths, model names and the user's values: "[...]" in them is text, not a style
         width=None if tty else 200,  # logs and pipes: no wrapping at 80 columns
     )
 
@@ -145,5 +147,5 @@ def render_probe_result(result: ProbeResult, con: Console) -> None:
     table.add_column()
     for label, value in probe_table_rows(result):
         style = STATUS_STYLE.get(result.status, "") if label == "status" else ""
-        table.add_row(label, f"[{style}]{value}[/{style}]" if style else value)
+        table.add_row(label, Text(value, style=style) if style else value)
     con.print(table)

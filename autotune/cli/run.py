@@ -8,6 +8,7 @@ a terminal); the final table and one-line answer go to stdout, or with ``--json`
 
 from __future__ import annotations
 
+import shlex
 import sys
 import time
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from autotune.cli.render import STATUS_STYLE, console, dumps_json
 from autotune.spec.budget import format_bytes
@@ -66,27 +68,24 @@ class ProgressPrinter:
         if event == "run_dir":
             self.run_dir = str(data["run_dir"])
             what = f"resuming ({data['restored']} records from the journal)" if data.get("resumed") else "run"
-            con.print(f"[dim]{what}: {data['run_dir']}[/dim]")
+            con.print(f"{what}: {data['run_dir']}", style="dim")
         elif event == "cached":
-            con.print(f"[dim]answered from the stored run {data['run_dir']} (use --fresh to search again)[/dim]")
+            con.print(f"answered from the stored run {data['run_dir']} (use --fresh to search again)", style="dim")
         elif event == "source":
-            con.print(f"[dim]from {data['name']} ({data['label']}): model {data['model']}, mode {data['mode']}, "
-                      f"seq-len {data['seq_len']}, effective batch {data['effective_batch']}[/dim]", highlight=False)
+            con.print(f"from {data['name']} ({data['label']}): model {data['model']}, mode {data['mode']}, "
+                      f"seq-len {data['seq_len']}, effective batch {data['effective_batch']}", style="dim")
         elif event == "write_back":
-            con.print(f"[dim]wrote {data['path']} ({data['label']}): {data['changed']} key(s) changed[/dim]",
-                      highlight=False)
+            con.print(f"wrote {data['path']} ({data['label']}): {data['changed']} key(s) changed", style="dim")
             if data.get("diff"):
-                con.print(data["diff"], highlight=False, markup=False, end="")
+                con.print(data["diff"], end="")
         elif event == "note":
-            con.print(f"[yellow]note:[/yellow] {data['text']}")
+            con.print(Text.assemble(("note:", "yellow"), f" {data['text']}"))
         elif event == "start":
             n = data.get("distinct")
-            con.print(
-                f"[dim]searching up to {data['max_trials']} probes, {data['slots']} at a time"
-                + (f", over {n} distinct configurations" if n else "") + "[/dim]"
-            )
+            con.print(f"searching up to {data['max_trials']} probes, {data['slots']} at a time"
+                      + (f", over {n} distinct configurations" if n else ""), style="dim")
             for reason in data.get("skipped_choices") or []:
-                con.print(f"[dim]  {reason}[/dim]")
+                con.print(f"  {reason}", style="dim")
             if con.is_terminal and self.status is None:
                 self.status = con.status("starting probes ...")
                 self.status.start()
@@ -95,11 +94,11 @@ class ProgressPrinter:
             self.time_left = data.get("time_left", self.time_left)
             self._refresh()
         elif event == "confirm":
-            con.print(f"[dim]confirmation round {data.get('round', 1)} (of at most {data.get('max_rounds', 1)}): "
+            con.print(f"confirmation round {data.get('round', 1)} (of at most {data.get('max_rounds', 1)}): "
                       f"re-measuring {data['count']} configuration(s) side by side, {data['steps']} timed steps "
-                      f"each ...[/dim]")
+                      "each ...", style="dim")
         elif event == "warning":
-            con.print(f"[yellow]warning:[/yellow] {data.get('message')}", highlight=False)
+            con.print(Text.assemble(("warning:", "yellow"), f" {data.get('message')}"))
         elif event == "record":
             rec = data["record"]
             self.in_flight = max(0, self.in_flight - (0 if rec.inferred or rec.status == "skipped" else 1))
@@ -114,8 +113,8 @@ class ProgressPrinter:
             elapsed = _fmt_s(time.monotonic() - self.t0)
             label = rec.label or rec.key
             count = self._count(data)
-            con.print(f"[dim]{elapsed:>6}{count}[/dim] {phase}[{style}]{tag:<12}[/{style}] {label}{tps}{mem}{reason}",
-                      markup=True, highlight=False)
+            con.print(Text.assemble((f"{elapsed:>6}{count}", "dim"), f" {phase}", (f"{tag:<12}", style),
+                                    f" {label}{tps}{mem}{reason}"))
             best = data.get("best")
             if best is not None:
                 self.best_line = f"{best.label} {_tps(best.tokens_per_s)} tok/s"
@@ -128,9 +127,9 @@ class ProgressPrinter:
             self.close()
             counts = data.get("counts", {})
             con.print(
-                f"[dim]search and confirmation done in {_fmt_s(data.get('wall_s'))}: {counts.get('probed', 0)} probed, "
+                f"search and confirmation done in {_fmt_s(data.get('wall_s'))}: {counts.get('probed', 0)} probed, "
                 f"{counts.get('inferred', 0)} inferred, {counts.get('skipped', 0)} skipped, "
-                f"{counts.get('failed', 0)} failed; {data.get('stop_reason') or 'finished'}[/dim]"
+                f"{counts.get('failed', 0)} failed; {data.get('stop_reason') or 'finished'}", style="dim"
             )
 
     def close(self) -> None:
@@ -189,18 +188,18 @@ def render_summary(summary: dict[str, Any], con: Console) -> None:
                   "fewer numerics-changing levers, then less memory)")
     trust = summary.get("trust") or {}
     if trust.get("doubtful"):
-        con.print(f"[yellow]doubtful answer:[/yellow] {'; '.join(trust.get('reasons') or [])}", highlight=False)
+        con.print(Text.assemble(("doubtful answer:", "yellow"), f" {'; '.join(trust.get('reasons') or [])}"))
     if summary.get("from_cache"):
         con.print(f"(from the stored run {summary.get('run_dir')}; --fresh searches again)")
     for note in summary.get("quality_notes") or []:
-        con.print(f"[yellow]quality note:[/yellow] {note}", highlight=False)
+        con.print(Text.assemble(("quality note:", "yellow"), f" {note}"))
     vl = summary.get("verify_loss")
     if vl:
         con.print(f"verify-loss: {vl.get('verdict')}", highlight=False)
     conf = summary.get("cuda_alloc_conf")
     if conf and summary.get("best"):
-        con.print(f"measured with PYTORCH_CUDA_ALLOC_CONF={conf}: train.py and train_sft.py set it; launch your own "
-                  "script, Axolotl or LLaMA-Factory with it too", highlight=False)
+        con.print(f"measured with PYTORCH_CUDA_ALLOC_CONF={shlex.quote(conf)}: train.py and train_sft.py set it; launch "
+                  "your own script, Axolotl or LLaMA-Factory with it too")
     con.print(answer_line(summary), highlight=False)
 
 

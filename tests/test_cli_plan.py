@@ -85,6 +85,12 @@ def test_bad_tokens_gpu_mode_model_exit_2_with_one_line() -> None:
     line = _one_line_error(run("--model", "gpt2", "--ckpt-every", "2", "--no-grad-ckpt"))
     assert "ckpt_every 2 acts only with grad_ckpt" in line
     assert "zipf" in _one_line_error(run("--model", "gpt2", "--lengths", "zipf:1"))
+    # LoRA target names that match no linear of the model would plan (and measure) all-linear instead: refused,
+    # with the model's names; the default attn on GPT-2 (c_attn, c_proj) still falls back as the probe does
+    line = _one_line_error(run("--model", "llama-3.1-8b", "--mode", "lora", "--lora-targets", "bogus_proj"))
+    assert "match no linear layer" in line and "q_proj" in line
+    assert run("--model", "llama-3.1-8b", "--mode", "lora", "--lora-targets", "q_proj,bogus").exit_code == 0
+    assert run("--model", "gpt2", "--mode", "lora").exit_code == 0
 
 
 def test_variable_lengths_count_padding_and_search_packing() -> None:

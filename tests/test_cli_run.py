@@ -171,6 +171,7 @@ def test_bad_input_exits_2_with_every_problem(tmp_path: Path, fake) -> None:
         (["--gpus-per-trial", "0"], "gpus per trial"),
         (["--space", "/nonexistent/space.yaml"], "does not exist"),
         (["--dataset", "/nonexistent/data.jsonl"], "dataset"),
+        (["--mode", "lora", "--lora-targets", "bogus_proj"], "match no linear layer"),
     ],
 )
 def test_each_bad_flag_is_exit_2(tmp_path: Path, fake, extra: list[str], needle: str) -> None:

@@ -79,6 +79,7 @@ class PlanSources:
 def gather(query: PlanQuery, sources: PlanSources | None = None) -> PlanResult:
     """Validate the flags, resolve the model and plan. Raises SpecError with one line."""
     from autotune.estimate import arch_from_config
+    from autotune.estimate.arch import lora_targets_problem
     from autotune.models import resolve_model
 
     sources = sources if sources is not None else PlanSources()
@@ -90,6 +91,9 @@ def gather(query: PlanQuery, sources: PlanSources | None = None) -> PlanResult:
         efficiency, calibration_notes = calibration_from_run(sources.calibrate_from, catalog)
     resolved = resolve_model(query.model, hub=sources.hub)
     arch = arch_from_config(resolved.config)
+    unmatched = lora_targets_problem(arch, targets) if query.mode != "full" else None
+    if unmatched:
+        raise SpecError(unmatched)
     seq_len, default_note = query.seq_len, ""
     if seq_len is None:
         seq_len = DEFAULT_SEQ_LEN

@@ -21,6 +21,7 @@ __all__ = [
     "arch_from_config",
     "lora_modules",
     "lora_param_count",
+    "lora_targets_problem",
     "peft_lora_modules",
     "peft_lora_param_count",
 ]
@@ -304,6 +305,24 @@ def peft_lora_modules(arch: Arch, targets: tuple[str, ...] | list[str]) -> froze
     if chosen == "all-linear":
         return frozenset(leaf)
     return frozenset(n for n, lf in leaf.items() if lf in chosen)
+
+
+def lora_targets_problem(arch: Arch, targets: tuple[str, ...] | list[str]) -> str | None:
+    """One line when module names the user listed match no linear of the model, else None.
+
+    The probe adapts every linear when none of the requested names is a module of the model (the default
+    ``attn`` on GPT-2, whose projections have other names: ``lora_target_modules``); for names the user typed
+    that would plan and measure something else than asked, so it is bad input. ``attn`` and ``all-linear``
+    are never a problem."""
+    from autotune.spec.probe_request import ATTN_TARGETS
+
+    if tuple(targets) in (ATTN_TARGETS, ("all-linear",)) or not arch.linears:
+        return None
+    leaves = sorted({n.rsplit(".", 1)[-1] for n, _, _ in arch.linears})
+    if any(t in leaves for t in targets):
+        return None
+    return (f"--lora-targets {','.join(targets)} match no linear layer of this {arch.model_type} model (its "
+            f"linears: {', '.join(leaves)}): name some of those, or give attn or all-linear")
 
 
 def peft_lora_param_count(arch: Arch, r: int, targets: tuple[str, ...] | list[str]) -> int:

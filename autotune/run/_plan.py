@@ -72,7 +72,7 @@ def plan_search(r: Request) -> SearchPlan:
     if a.gpus_per_trial is not None:
         space_obj = dataclasses.replace(space_obj, gpus_per_trial=(a.gpus_per_trial,))
     settings, rule = _probe_settings(r, dev, gpu_infos)
-    problems = workload.problems() + settings.problems()
+    problems = workload.problems() + settings.problems() + _lora_target_problems(r, workload)
     if not problems:
         from autotune.probe.trl_probe import trainer_problems
 
@@ -146,6 +146,21 @@ def _probe_settings(r: Request, dev: str, gpu_infos: list[dict[str, Any]]) -> tu
                              timeout_s=rule.fixed_s if rule.fixed_s is not None else rule.unpredicted_s,
                              cuda_alloc_conf=cuda_alloc_conf(dev, os.environ))
     return settings, rule
+
+
+def _lora_target_problems(r: Request, workload: Workload) -> list[str]:
+    """LoRA target names the user listed that match no linear of the model (an architecture the estimator
+    cannot read is not checked here: the probe reports it)."""
+    if workload.mode == "full":
+        return []
+    from autotune.estimate.arch import arch_from_config, lora_targets_problem
+
+    try:
+        arch = arch_from_config(r.resolved.config)
+    except Exception:  # noqa: BLE001 - an architecture the estimator does not know
+        return []
+    problem = lora_targets_problem(arch, workload.lora_targets)
+    return [problem] if problem else []
 
 
 def _workload(r: Request) -> Workload:

@@ -606,6 +606,11 @@ def test_catalog_validation_reports_every_problem() -> None:
                  "bf16 must be true or false", "X2: missing field(s) price_per_hour_usd"):  # fmt: skip
         assert part in msg, msg
     assert len(e.value.problems) >= 5
+    # a number without its unit is bytes: 0, -1 or a bare 24 is refused, not a GPU of 24 bytes
+    for memory in (0, -1, 24):
+        entry = {**bad["gpus"][1], "memory": memory, "price_per_hour_usd": None}
+        with pytest.raises(SpecError, match="give it with its unit"):
+            parse_catalog({"gpus": [entry]}, source="mine.yaml")
 
 
 def test_user_catalog_extends_and_overrides(tmp_path: Path) -> None:

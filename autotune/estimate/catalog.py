@@ -207,10 +207,15 @@ def _parse_gpu(entry: Mapping[str, Any], where: str, seen: dict[str, str], probl
     )  # fmt: skip
 
 
+# a catalog size under this many bytes is a number written without its unit (``memory: 24`` for 24 GB)
+_MIN_CATALOG_BYTES = 2**30
+
+
 def _size(problems: list[str], where: str, key: str, value: Any) -> int | None:
-    """A byte count: an int as is, anything else read by ``parse_size`` (``80GB``); None on a problem."""
+    """A byte count: an int as is, anything else read by ``parse_size`` (``80GB``); None on a problem (a size
+    under ``_MIN_CATALOG_BYTES``, zero or negative included, is one: a number written without its unit)."""
     try:
-        return (
+        n = (
             int(value)
             if isinstance(value, int) and not isinstance(value, bool)
             else parse_size(str(value), what=f"{where}: {key}")
@@ -218,6 +223,10 @@ def _size(problems: list[str], where: str, key: str, value: Any) -> int | None:
     except SpecError as exc:
         problems.append(str(exc))
         return None
+    if n < _MIN_CATALOG_BYTES:
+        problems.append(f"{where}: {key} {value!r} is {n} bytes, under 1 GiB: give it with its unit, e.g. 24GB")
+        return None
+    return n
 
 
 def _check_price_efficiency(problems: list[str], where: str, entry: Mapping[str, Any]) -> tuple[Any, Any]:

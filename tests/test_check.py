@@ -219,6 +219,17 @@ def test_cli_unreadable_input_exits_2_with_one_line(app, tmp_path, content):
     assert len(err) == 1 and err[0].startswith("autotune: error:")
 
 
+def test_an_empty_yaml_file_is_named_empty_and_a_json_byte_order_mark_is_not_content(app, tmp_path):
+    empty = tmp_path / "args.yaml"
+    empty.write_text("")
+    res = CliRunner().invoke(app, ["check", str(empty)])
+    assert res.exit_code == 2 and "args.yaml is empty" in res.stderr and "NoneType" not in res.stderr
+    bom = tmp_path / "args.json"
+    bom.write_bytes(b"\xef\xbb\xbf" + json.dumps({"per_device_train_batch_size": 4, "bf16": True}).encode())
+    res = CliRunner().invoke(app, ["check", str(bom), "--json"])
+    assert res.exit_code in (0, 1) and json.loads(res.stdout)["items"], res.output
+
+
 def test_cli_empty_directory_exits_2(app, tmp_path):
     res = CliRunner().invoke(app, ["check", str(tmp_path)])
     assert res.exit_code == 2

@@ -1055,7 +1055,7 @@ def _typed(bundle: ConfigBundle) -> tuple[ConfigBundle, list[CheckItem]]:
     from autotune.formats import type_problems
 
     items: list[CheckItem] = [CheckItem(id="types", title="value types", status="fail", message=m,
-                                        fix="give the key the type named", source=bundle.target)
+                                        fix="give the key a value of the type or range named", source=bundle.target)
                               for m in bundle.problems]
     data = dict(bundle.data)
     for kind, content in bundle.data.items():
@@ -1065,7 +1065,7 @@ def _typed(bundle: ConfigBundle) -> tuple[ConfigBundle, list[CheckItem]]:
         content = copy.deepcopy(content)
         for dotted, message in problems:
             items.append(CheckItem(id="types", title="value types", status="fail", message=message,
-                                   fix=f"give {dotted} the type named (the other checks ignored it)",
+                                   fix=f"give {dotted} a value of the type or range named (the other checks ignored it)",
                                    source=bundle.sources.get(kind, "")))
             *parents, last = dotted.split(".")
             node = content

@@ -147,7 +147,7 @@ def fit_target(bundle: ConfigBundle, gpu: str | None, ask: FitAsk) -> tuple[FitT
     except SpecError as exc:
         if ask.model:
             raise
-        return None, f"its model {name!r} could not be read ({' '.join(str(exc).split())[:160]})"
+        return None, f"its model {name!r} could not be read ({' '.join(str(exc).split())})"  # whole: it holds the fix
     return FitTarget(model=resolved.name, arch=arch, gpu=find_gpu(gpu), seq_len=ask.seq_len or run.get("seq_len"),
                      mode=ask.mode or run.get("mode")), ""
 

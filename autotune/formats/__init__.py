@@ -101,6 +101,8 @@ def parse_text(name: str, text: str) -> dict[str, Any]:
     from autotune.spec.files import load_json, load_yaml
 
     data = load_yaml(text, what=name) if is_yaml_name(name) else load_json(text, what=name)
+    if data is None:
+        raise SpecError(f"{name} is empty: it must hold the settings (key: value lines)")
     if not isinstance(data, dict):
         raise SpecError(f"{name} must hold a mapping of settings, got {type(data).__name__}")
     return data

@@ -226,8 +226,8 @@ def load_json(text: str, *, what: str) -> Any:
             return found[-1]
         return value
 
-    try:
-        data = json.loads(text, parse_int=parse_int, parse_float=parse_float)
+    try:  # a byte-order mark (editors on Windows write one) is not content
+        data = json.loads(text.removeprefix("\ufeff"), parse_int=parse_int, parse_float=parse_float)
     except json.JSONDecodeError as exc:
         raise SpecError(f"{what}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except RecursionError:

@@ -78,6 +78,16 @@ def test_plan_search_is_deterministic_and_picks_the_hf_default(tmp_path: Path) -
     assert plan_search(read_request(args(tmp_path, baseline=False))).baseline is None
 
 
+def test_a_cpu_run_that_may_pick_bf16_on_variable_lengths_says_its_peak_is_a_lower_bound(tmp_path: Path) -> None:
+    """oneDNN keeps bf16 buffers per batch width (benchmarks/cpu_bf16_shapes.py): a CPU search with bf16 in its
+    space and variable-length batches notes that a bf16 answer's peak is a lower bound; fixed lengths do not."""
+    from autotune.run._plan import CPU_BF16_WIDTHS_NOTE
+
+    varied = plan_search(read_request(args(tmp_path, lengths="uniform:16-64")))
+    assert "bf16" in varied.space.precision and CPU_BF16_WIDTHS_NOTE in varied.notes
+    assert CPU_BF16_WIDTHS_NOTE not in plan_search(read_request(args(tmp_path))).notes
+
+
 def test_the_stages_in_order_give_tunes_answer(tmp_path: Path) -> None:
     r = read_request(args(tmp_path))
     plan = plan_search(r)

@@ -238,6 +238,15 @@ def _predict(r: Request, plan: SearchPlan) -> tuple[Any, dict]:
     return Deadlines(rule=rule, predictor=predictor), fc
 
 
+# bf16 matmuls on a CPU run through oneDNN, which keeps buffers per batch width: with variable-length batches a
+# long run's peak grows with every width it meets (``python benchmarks/cpu_bf16_shapes.py``: flat in fp32 and with
+# fixed widths, growing with each new width in bf16), while a short probe meets a few dozen
+CPU_BF16_WIDTHS_NOTE = (
+    "bf16 on a CPU with variable-length batches: oneDNN keeps buffers for every batch width it meets, so a long "
+    "run's peak memory keeps growing past what a short probe measures; a bf16 answer's peak here is a lower "
+    "bound (fp32, or batches of one fixed width, keep it flat)")
+
+
 def _preflight(r: Request, plan: SearchPlan) -> list[str]:
     """Before anything is written: the CPU probe time, the batch, the weights, --ray-address, the dataset.
 
@@ -255,6 +264,8 @@ def _preflight(r: Request, plan: SearchPlan) -> list[str]:
         if cpu_s is not None and rule.fixed_s is not None and cpu_s > rule.fixed_s:
             notes.append(f"one probe is predicted to take at least {cpu_s:,.0f} s on this CPU, past the "
                          f"{rule.fixed_s:g} s probe timeout (--probe-timeout)")
+        if "bf16" in plan.space.precision and plan.workload.variable_lengths:
+            notes.append(CPU_BF16_WIDTHS_NOTE)
     preflight(config=r.resolved.config, name=r.resolved.name, workload=plan.workload, space=plan.space,
               effective_batch=a.effective_batch, device=plan.device, budget_text=r.budget.text,
               budget_bytes=plan.budget_bytes, max_world=plan.max_world, ray_address=a.ray_address)  # fmt: skip

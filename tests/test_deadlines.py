@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import sys
@@ -157,6 +158,10 @@ def test_the_forecast_counts_search_and_confirmation_probes_over_the_slots() -> 
     assert fc["search_probes"] == 6 and fc["confirm_probes"] == (3 + 1) * 2
     assert fc["probe_s"] == 50.0 and fc["confirm_probe_s"] == 100.0
     assert fc["time_to_answer_s"] == (6 * 50 + 8 * 100) / 2
+    # the confirmation re-measures what the search measured: one search probe (the baseline) is one configuration
+    one = forecast(lambda c, s: 10.0 * s.steps, space=space, settings=ProbeSettings(device="cpu", steps=5),
+                   effective_batch=8, max_world=1, count=dataclasses.replace(count, max_trials=1))
+    assert one["search_probes"] == 1 and one["confirm_probes"] == 1 * 2
 
 
 def test_a_search_that_stops_by_itself_is_forecast_as_a_bound() -> None:

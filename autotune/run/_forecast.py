@@ -119,7 +119,7 @@ def forecast(
     preds = [p for p in (predictor(c, settings) for c in cands) if p] if predictor else []
     confirm_preds = [p for p in (predictor(c, confirm_settings) for c in cands) if p] if predictor else []
     search_probes = min(max_trials, distinct) if distinct else max_trials
-    confirm_probes = confirmation_probes(top_k, baseline is not None, count.confirm_rounds)
+    confirm_probes = confirmation_probes(top_k, baseline is not None, count.confirm_rounds, search_probes=search_probes)
     out: dict[str, Any] = {"search_probes": search_probes, "confirm_probes": confirm_probes, "slots": slots,
                            "probe_s": None, "min_probe_s": None, "confirm_probe_s": None, "baseline_probe_s": None,
                            "time_to_answer_s": None, "sampled": len(cands),

@@ -108,10 +108,16 @@ class ConfirmPolicy:
         return dataclasses.asdict(self)
 
 
-def confirmation_probes(top_k: int, baseline: bool, rounds: int) -> int:
+def confirmation_probes(top_k: int, baseline: bool, rounds: int, *, search_probes: int | None = None) -> int:
     """Probes the confirmation makes at least: the top-k and the HF-default baseline, each once per round for
-    ``rounds`` rounds (``ConfirmPolicy.rounds_for(top_k)``; none without a top-k)."""
-    return (top_k + (1 if baseline else 0)) * rounds if top_k else 0
+    ``rounds`` rounds (``ConfirmPolicy.rounds_for(top_k)``; none without a top-k). It re-measures configurations
+    the search measured, so never more of them than ``search_probes`` (the baseline among them)."""
+    if not top_k:
+        return 0
+    configurations = top_k + (1 if baseline else 0)
+    if search_probes is not None:
+        configurations = min(configurations, max(0, search_probes))
+    return configurations * rounds
 
 
 def measured_range(values: Sequence[float]) -> tuple[float, float] | None:

@@ -730,7 +730,8 @@ class Searcher:
         at the median wall of the probes measured so far, over the slots (None before any has landed)."""
         per = self._median_probe_wall() if self._durations else None
         left = max(0, self._probe_budget() - loop.probes)
-        confirm = confirmation_probes(self.top_k, self.baseline is not None, self.confirm.rounds_for(self.top_k))
+        confirm = confirmation_probes(self.top_k, self.baseline is not None, self.confirm.rounds_for(self.top_k),
+                                      search_probes=self._probe_budget())
         eta = None if per is None else per * (left + confirm) / max(1, self.executor.slots)
         return {"probes": loop.probes, "probe_budget": self._probe_budget(), "eta_s": eta}
 

@@ -79,6 +79,7 @@ def test_bad_tokens_gpu_mode_model_exit_2_with_one_line() -> None:
     assert "unknown GPU(s) 'V100'" in line and "H100-SXM" in line
     assert "--mode" in _one_line_error(run("--model", "gpt2", "--mode", "dora"))
     assert "--seq-len" in _one_line_error(run("--model", "gpt2", "--seq-len", "0"))
+    assert "--seq-len must be an integer >= 8" in _one_line_error(run("--model", "gpt2", "--seq-len", "1"))
     _one_line_error(run("--model", "no-such-model-anywhere"))
     # a pinned GPU count is named as the flag it came from, and a pin that cannot act is refused, not kept
     assert "--world-size must be an integer >= 1" in _one_line_error(run("--model", "gpt2", "--world-size", "-1"))

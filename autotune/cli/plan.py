@@ -131,9 +131,10 @@ def _checked(
                         f"got {query.lora_targets!r}")
     if query.mode not in MODE_CHOICES:
         problems.append(f"--mode must be one of {', '.join(MODE_CHOICES)}; got {query.mode!r}")
-    seq_len = 1 if query.seq_len is None else query.seq_len
-    for flag, v in (("--gpus-per-node", query.gpus_per_node), ("--seq-len", seq_len),
-                    ("--effective-batch", query.effective_batch), ("--lora-r", query.lora_r)):  # fmt: skip
+    if query.seq_len is not None and query.seq_len < 8:  # the least Workload takes
+        problems.append(f"--seq-len must be an integer >= 8; got {query.seq_len}")
+    for flag, v in (("--gpus-per-node", query.gpus_per_node), ("--effective-batch", query.effective_batch),
+                    ("--lora-r", query.lora_r)):  # fmt: skip
         if v < 1:
             problems.append(f"{flag} must be a positive integer; got {v}")
     n_tokens: int | None = None

@@ -204,11 +204,24 @@ def run_autotune(p: Problem, seed: int, budget: int, *, strategy: str = "walk") 
     return (out.best_record.candidate_obj() if out.best_record else None), ex
 
 
+def _known_model(p: Problem) -> bool:
+    """Whether the landscape's model resolves (a synthetic landscape's ``synthetic`` does not: its strategies then
+    run without the estimator's prior, deadlines or pruner, as with ``--flat-prior --costless``)."""
+    from autotune.errors import ModelNotFoundError
+    from autotune.models import resolve_model
+
+    try:
+        resolve_model(p.workload.model)
+    except ModelNotFoundError:
+        return False
+    return True
+
+
 def run_deadlines(p: Problem) -> Any:
     """The probe-time predictor ``autotune run`` gives its probes' deadlines (and the model strategy's cost per
     probe): the landscape's model, workload and device (a GPU landscape's catalog GPU; a CPU one's recorded threads,
     probes forked from the warm server as the run's local pool does). The replay ignores the deadlines."""
-    if COSTLESS:
+    if COSTLESS or not _known_model(p):
         return None
     from autotune.estimate import DeadlineRule, Deadlines, find_gpu, make_predictor
     from autotune.models import resolve_model
@@ -233,7 +246,7 @@ def run_pruner(p: Problem) -> Any:
     from autotune.run import EstimatePruner
     from autotune.spec import prune_default
 
-    if not prune_default(None, p.settings.device):
+    if not prune_default(None, p.settings.device) or not _known_model(p):
         return None
     return EstimatePruner(resolve_model(p.workload.model).config, p.workload, p.settings.device,
                           p.settings.budget_bytes)
@@ -242,7 +255,7 @@ def run_pruner(p: Problem) -> Any:
 def model_prior(p: Problem) -> Any:
     """The estimator's prior for the landscape's model, as ``autotune run --strategy model`` builds it (None
     with ``--flat-prior``: the model starts from nothing)."""
-    if FLAT_PRIOR:
+    if FLAT_PRIOR or not _known_model(p):
         return None
     from autotune.estimate import CostPrior, find_gpu
     from autotune.models import resolve_model

@@ -80,7 +80,7 @@ def test_with_a_write_back_summary_json_the_json_output_and_the_result_are_one_d
     run_dir = Path(printed["run_dir"])
     on_disk = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
     assert printed == on_disk and on_disk["write_back"]["path"] == str(target) and target.read_text() != AXOLOTL
-    assert "best/ax.yaml.diff" in on_disk["files"] and (run_dir / "best" / "ax.yaml.diff").exists()
+    assert "best/tuned/ax.yaml.diff" in on_disk["files"] and (run_dir / "best" / "tuned" / "ax.yaml.diff").exists()
     validate(on_disk)
     # the same request from Python: RunRequest.from_file, tune(request) -> RunResult
     request = autotune.run.RunRequest.from_file(src, gpu_budget="10GiB", device="cpu", space="cpu", max_trials=8,
@@ -88,8 +88,8 @@ def test_with_a_write_back_summary_json_the_json_output_and_the_result_are_one_d
     assert (request.model, request.seq_len, request.effective_batch) == ("tiny-llama", 512, 16)
     result = autotune.run.tune(request)
     stored = json.loads((result.run_dir / "summary.json").read_text(encoding="utf-8"))
-    assert result.summary == stored and stored["write_back"]["path"] == str(result.run_dir / "best" / "ax.yaml")
-    assert (result.run_dir / "best" / "ax.yaml").read_text() != AXOLOTL and src.read_text() == AXOLOTL
+    assert result.summary == stored and stored["write_back"]["path"] == str(result.run_dir / "best" / "tuned" / "ax.yaml")
+    assert (result.run_dir / "best" / "tuned" / "ax.yaml").read_text() != AXOLOTL and src.read_text() == AXOLOTL
 
 
 def test_a_nothing_fits_summary_validates(tmp_path: Path) -> None:
@@ -129,3 +129,17 @@ def test_a_model_strategy_run_says_how_each_lever_was_decided(tmp_path: Path, fa
     assert summary["stop_reason"].startswith("the model rules out"), summary["stop_reason"]
     report = (Path(summary["run_dir"]) / "report.md").read_text(encoding="utf-8")
     assert "## How each lever was decided" in report
+
+
+def test_a_from_file_named_like_an_emitted_file_does_not_replace_it(tmp_path: Path) -> None:
+    """The tuned copy of a --from file (without --write-back) goes to best/tuned/: a file called axolotl.yaml (or
+    training_args.json) used to replace the emitted one of the same name, which best/train.py reads."""
+    src = tmp_path / "axolotl.yaml"
+    src.write_text(AXOLOTL)
+    request = autotune.run.RunRequest.from_file(src, gpu_budget="10GiB", device="cpu", space="cpu", max_trials=4,
+                                                out=tmp_path / "api", executor=FakeExecutor())
+    result = autotune.run.tune(request)
+    best = result.run_dir / "best"
+    assert result.summary["write_back"]["path"] == str(best / "tuned" / "axolotl.yaml")
+    assert (best / "tuned" / "axolotl.yaml").read_text() != AXOLOTL
+    assert (best / "axolotl.yaml").read_text().startswith("# Written by autotune")  # the emitted one, kept

@@ -254,15 +254,20 @@ def write_answer(r: Request, run_dir: Any, summary: dict[str, Any], searched: Se
     return RunResult(best=best, summary=summary, run_dir=run_dir.path, records=outcome.records)
 
 
+# where the tuned copy of a --from file goes without --write-back, and its diff: a folder of its own, so that a
+# file named like one autotune emits (training_args.json, axolotl.yaml, ...) never replaces the emitted one
+TUNED_DIR = ("best", "tuned")
+
+
 def _diff_path(run_path: Path, source: Any) -> Path:
-    """Where the write-back's diff goes: ``best/<the file's name>.diff``."""
-    return run_path / "best" / (source.name + ".diff")
+    """Where the write-back's diff goes: ``best/tuned/<the file's name>.diff``."""
+    return run_path.joinpath(*TUNED_DIR) / (source.name + ".diff")
 
 
 def write_back(plan: WriteBackPlan, source: Any, best: ProbeResult, run_path: Path,
                progress: ProgressFn | None) -> dict[str, Any]:
     """The user's ``--from`` file with the tuned keys changed (nothing else), at the target checked before
-    the search (default ``best/<its name>``), and its diff beside the answer (``best/<name>.diff``).
+    the search (default ``best/tuned/<its name>``), and its diff beside it (``best/tuned/<name>.diff``).
 
     A target whose content changed during the search (the user edited it) is not overwritten: the tuned
     file goes beside it, and the entry says so (``set_aside``; the run then exits 2)."""
@@ -273,7 +278,7 @@ def write_back(plan: WriteBackPlan, source: Any, best: ProbeResult, run_path: Pa
     text, updates = tuned_file(source, cand, fields=plan.fields, best=best)
     diff = unified_diff(source.name, source.text, text)
     write_text_atomic(_diff_path(run_path, source), diff)
-    target = plan.target or run_path / "best" / source.name
+    target = plan.target or run_path.joinpath(*TUNED_DIR) / source.name
     entry: dict[str, Any] = {"path": str(target), "format": source.format, "changed": updates, "diff": diff}
     if plan.target is not None:
         check_write_target(target, what="--write-back")

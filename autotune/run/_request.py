@@ -159,7 +159,7 @@ def read_source(path: str | Path, fmt: str | None, *, effective_batch_given: boo
 
 @dataclass(frozen=True)
 class WriteBackPlan:
-    """The write-back, checked before the search: the target (None: ``best/<name>``), a hash of what it
+    """The write-back, checked before the search: the target (None: ``best/tuned/<name>``), a hash of what it
     held then (an edit during the search is not overwritten), the installed field names."""
 
     target: Path | None

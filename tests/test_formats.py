@@ -248,3 +248,24 @@ def test_one_key_record_serves_the_checklist_and_the_emitters() -> None:
     assert lf is not None and {"temperature", "cutoff_len", "learning_rate", "predict_with_generate"} <= lf
     assert not any(k.startswith("_") for k in lf)
     assert not (schemas.parent.parent / "formats" / "keys.json").exists()
+
+
+def test_an_axolotl_batch_size_is_the_effective_batch_and_stays_the_one_key() -> None:
+    """Axolotl's ``batch_size`` (per device) with ``micro_batch_size`` and no ``gradient_accumulation_steps``: the
+    accumulation is batch_size // micro_batch_size, as Axolotl derives it, so the effective batch held is the
+    file's; a write-back changes batch_size (micro-batch x accumulation), never adds the accumulation key beside
+    it (Axolotl refuses a file that sets both)."""
+    import dataclasses
+
+    from autotune.formats import read_config, tuned_file
+    from autotune.spec.probe_request import Candidate
+
+    text = "base_model: tiny-llama\nsequence_len: 128\nmicro_batch_size: 2\nbatch_size: 32\n"
+    cfg = read_config("ax.yaml", text)
+    req = cfg.module.to_request(cfg.data)
+    assert (req["micro_batch"], req["grad_accum"], req["effective_batch"]) == (2, 16, 32)
+    out, updates = tuned_file(cfg, dataclasses.asdict(Candidate(micro_batch=4, grad_accum=8)))
+    assert "gradient_accumulation_steps" not in out and "batch_size: 32" in out and updates["micro_batch_size"] == 4
+    out, updates = tuned_file(read_config("ax.yaml", text.replace("32", "8")),
+                              dataclasses.asdict(Candidate(micro_batch=1, grad_accum=4)))  # the file's 8 -> 4
+    assert "gradient_accumulation_steps" not in out and updates.get("batch_size") == 4 and "micro_batch_size: 1" in out

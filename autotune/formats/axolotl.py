@@ -76,7 +76,7 @@ _LIGER_KEYS = ("liger_rms_norm", "liger_glu_activation", "liger_fused_linear_cro
 # autotune lever -> the Axolotl key(s) that carry it
 LEVER_KEYS: dict[str, tuple[str, ...]] = {
     "micro_batch": ("micro_batch_size",),
-    "grad_accum": ("gradient_accumulation_steps",),
+    "grad_accum": ("gradient_accumulation_steps", "batch_size"),  # batch_size: per device, mb x accumulation
     "grad_ckpt": ("gradient_checkpointing", "gradient_checkpointing_kwargs"),
     "attn": ("attn_implementation",),
     "precision": ("bf16", "fp16", "tf32"),
@@ -141,9 +141,18 @@ def _report_to(cfg: Mapping[str, Any]) -> list[str]:
     return names
 
 
+def _grad_accum(cfg: Mapping[str, Any]) -> Any:
+    """The file's accumulation: ``gradient_accumulation_steps``, or, when it states ``batch_size`` (per device)
+    instead, ``batch_size // micro_batch_size`` as Axolotl derives it (it refuses a file that sets both)."""
+    mb, bs = cfg.get("micro_batch_size", 1), cfg.get("batch_size")
+    if cfg.get("gradient_accumulation_steps") is None and isinstance(bs, int) and isinstance(mb, int) and mb > 0:
+        return max(1, bs // mb)
+    return cfg.get("gradient_accumulation_steps", 1)
+
+
 def to_request(cfg: Mapping[str, Any]) -> dict[str, Any]:
     mb = cfg.get("micro_batch_size", 1)
-    acc = cfg.get("gradient_accumulation_steps", 1)
+    acc = _grad_accum(cfg)
     req: dict[str, Any] = {"mode": _mode(cfg), "micro_batch": mb, "grad_accum": acc,
                            "precision": precision_of(cfg.get("bf16"), cfg.get("fp16"), cfg.get("tf32")),
                            "packing": bool(cfg.get("sample_packing")),
@@ -178,7 +187,7 @@ def to_request(cfg: Mapping[str, Any]) -> dict[str, Any]:
 def to_checklist(cfg: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     ta: dict[str, Any] = {
         "per_device_train_batch_size": cfg.get("micro_batch_size", 1),
-        "gradient_accumulation_steps": cfg.get("gradient_accumulation_steps", 1),
+        "gradient_accumulation_steps": _grad_accum(cfg),
         "report_to": _report_to(cfg) or "none",
     }
     for key in ("bf16", "fp16", "tf32", "gradient_checkpointing", "dataloader_num_workers", "dataloader_pin_memory",
@@ -348,6 +357,9 @@ def tuned_keys(
         wanted.pop("gradient_checkpointing_kwargs", None)  # a mapping: the file's own (not editable in place)
     if not c.packing and cfg.get("pad_to_sequence_len"):
         wanted["pad_to_sequence_len"] = False
+    if cfg.get("gradient_accumulation_steps") is None and isinstance(cfg.get("batch_size"), int):
+        # the file states batch_size (per device) instead: it stays the one key, micro-batch x accumulation
+        wanted["batch_size"] = wanted["micro_batch_size"] * wanted.pop("gradient_accumulation_steps")
     if c.liger:
         if isinstance(cfg.get("plugins"), list):
             wanted.pop("plugins")  # a list: the file's own (not editable in place)

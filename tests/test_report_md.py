@@ -57,18 +57,22 @@ def test_top_configs_baseline_and_counts():
 
 
 def test_every_table_shows_one_figure_per_configuration_the_re_measured_one_first():
+    import dataclasses
+
     from autotune.report._model import build_model
     from autotune.report.diagnosis import render_diagnosis_md
-    from autotune.spec.trial import candidate_id
+    from autotune.spec.summary import RankingEntry
 
     # the search figure of `noise` was the highest (1,429), but its re-measured median is 5,423; `fast`
     # was never re-measured: its search figure is shown as one, after the re-measured configurations
     winner = res(Candidate(micro_batch=4, grad_accum=8, packing=True), tok=1429.0)
     second = res(Candidate(micro_batch=2, grad_accum=16), tok=1300.0)
     fast = res(Candidate(micro_batch=8, grad_accum=4), tok=6000.0)
-    top = [{"key": candidate_id(candidate_of_res(r)), "label": "x", "status": "confirmed",
+    # as summary.json holds them (RankingEntry: the candidate, no key of its own)
+    top = [{"candidate": dataclasses.asdict(candidate_of_res(r)), "label": "x", "status": "confirmed",
             "median_tokens_per_s": med, "measurements": [med - 10, med, med + 10]}
            for r, med in ((winner, 5423.0), (second, 5000.0))]
+    assert all(set(e) <= set(RankingEntry.model_fields) for e in top)
     summary = {**SUMMARY, "top": top, "best": {"tokens_per_s": 5423.0}}
     md = render_report_md(summary, [fast, second, winner], best=winner, baseline=None)
     rows = [ln for ln in md.split("## Top configurations")[1].split("##")[0].splitlines() if ln[:3] in ("| 1", "| 2", "| 3")]

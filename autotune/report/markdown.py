@@ -102,6 +102,20 @@ def _tok_s(r: ProbeResult) -> str:
 SEARCH_PROBE = "search probe"
 
 
+def _entry_key(e: dict[str, Any]) -> str | None:
+    """The configuration id of an entry of ``summary["top"]``: from its candidate (summary.json's entries carry no
+    key of their own; they were matched by one, so a report never found a re-measured median)."""
+    if e.get("key"):
+        return str(e["key"])
+    cand = e.get("candidate")
+    if not isinstance(cand, dict):
+        return None
+    try:
+        return candidate_id(Candidate(**cand))
+    except (TypeError, ValueError):
+        return None
+
+
 def one_figure(r: ProbeResult, summary: dict[str, Any]) -> tuple[float | None, str]:
     """The one tok/s figure every table of a report shows for a configuration, and where it comes from:
     its median re-measured in the confirmation rounds where the run has one (``summary["top"]``), else its
@@ -110,7 +124,7 @@ def one_figure(r: ProbeResult, summary: dict[str, Any]) -> tuple[float | None, s
     if c is not None:
         key = candidate_id(c)
         for e in summary.get("top") or []:
-            if isinstance(e, dict) and e.get("key") == key and isinstance(e.get("median_tokens_per_s"), (int, float)):
+            if isinstance(e, dict) and _entry_key(e) == key and isinstance(e.get("median_tokens_per_s"), (int, float)):
                 n = len(e.get("measurements") or [])
                 status = str(e.get("status") or "confirmed")
                 return float(e["median_tokens_per_s"]), f"{status}: median of {n} re-measurements" if n else status

@@ -269,3 +269,26 @@ def test_an_axolotl_batch_size_is_the_effective_batch_and_stays_the_one_key() ->
     out, updates = tuned_file(read_config("ax.yaml", text.replace("32", "8")),
                               dataclasses.asdict(Candidate(micro_batch=1, grad_accum=4)))  # the file's 8 -> 4
     assert "gradient_accumulation_steps" not in out and updates.get("batch_size") == 4 and "micro_batch_size: 1" in out
+
+
+@pytest.mark.parametrize(("name", "text", "key"), [
+    ("ax.yaml", "base_model: tiny-llama\nadapter: lora\nload_in_8bit: true\nmicro_batch_size: 2\n", "load_in_8bit"),
+    ("ax.yaml", "base_model: tiny-llama\nadapter: ia3\nmicro_batch_size: 2\n", "adapter"),
+    ("ax.yaml", "base_model: tiny-llama\nadapter: lora\npeft_use_dora: true\nmicro_batch_size: 2\n", "peft_use_dora"),
+    ("ax.yaml", "base_model: tiny-llama\nrl: dpo\nmicro_batch_size: 2\n", "rl"),
+    ("lf.yaml", "model_name_or_path: tiny-llama\nstage: dpo\nfinetuning_type: lora\ncutoff_len: 64\n", "stage"),
+    ("lf.yaml", "model_name_or_path: tiny-llama\nstage: sft\nfinetuning_type: freeze\ncutoff_len: 64\n", "finetuning_type"),
+    ("lf.yaml", "model_name_or_path: tiny-llama\nstage: sft\nquantization_bit: 8\ncutoff_len: 64\n", "quantization_bit"),
+    ("lf.yaml", "model_name_or_path: tiny-llama\nstage: sft\nuse_dora: true\ncutoff_len: 64\n", "use_dora"),
+])
+def test_a_from_file_that_trains_what_the_probes_do_not_measure_is_refused(tmp_path: Path, name: str, text: str,
+                                                                           key: str) -> None:
+    """An 8-bit base, an adapter other than LoRA, DoRA, freeze fine-tuning, a preference-training stage: the
+    search would measure another set-up than the file trains and write its levers back into it, so --from
+    refuses the file before anything runs, naming the key (they were read as 16-bit LoRA or full SFT)."""
+    from autotune.run._request import read_source
+
+    src = tmp_path / name
+    src.write_text(text)
+    with pytest.raises(SpecError, match=f"{key}: .* autotune cannot measure it"):
+        read_source(src, None, effective_batch_given=True)

@@ -28,7 +28,7 @@ from typing import Any
 from autotune.errors import SpecError
 from autotune.formats import accelerate, axolotl, deepspeed, llamafactory, training_args, trl
 from autotune.formats._common import REQUEST_FIELDS, Measured
-from autotune.formats._inputs import value_problems
+from autotune.formats._inputs import unmeasured_problems, value_problems
 from autotune.formats._types import type_problems
 from autotune.formats._writeback import is_yaml_name, uneditable, write_back_text
 from autotune.formats.training_args import checkpointed_every, stated_checkpointing_kwargs
@@ -57,6 +57,7 @@ __all__ = [
     "uneditable",
     "unexpressed_levers",
     "unified_diff",
+    "unmeasured_problems",
     "writable_keys",
     "value_problems",
     "write_back_text",

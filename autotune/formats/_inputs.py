@@ -13,7 +13,7 @@ from typing import Any
 
 from autotune.spec.files import short_repr
 
-__all__ = ["value_problems"]
+__all__ = ["unmeasured_problems", "value_problems"]
 
 # key -> smallest allowed integer, per format (only keys whose value becomes part of the request)
 _BATCH = {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 1, "dataloader_num_workers": 0}
@@ -78,3 +78,34 @@ def value_problems(fmt: str, cfg: Mapping[str, Any], label: str) -> list[str]:
 
 
 _MODEL_KEYS: dict[str, tuple[str, ...]] = {"axolotl": ("base_model",), "llamafactory": ("model_name_or_path",)}
+
+
+# settings under which the file trains something the probes do not measure: (format, key) -> (the values that are
+# fine, what the file would train instead). A --from file with one of them is refused (exit 2): the search would
+# measure another training set-up than the file's, and write its levers back into it.
+_UNMEASURED: dict[tuple[str, str], tuple[tuple[Any, ...], str]] = {
+    ("axolotl", "load_in_8bit"): ((None, False), "an 8-bit base (autotune measures 16-bit LoRA and 4-bit QLoRA)"),
+    ("trl", "load_in_8bit"): ((None, False), "an 8-bit base (autotune measures 16-bit LoRA and 4-bit QLoRA)"),
+    ("llamafactory", "quantization_bit"): ((None, 4), "an 8-bit (or other non-4-bit) base (autotune measures "
+                                                      "16-bit LoRA and 4-bit QLoRA)"),
+    ("axolotl", "adapter"): ((None, "lora", "qlora"), "an adapter other than LoRA/QLoRA"),
+    ("llamafactory", "finetuning_type"): ((None, "lora", "full"), "freeze or OFT fine-tuning (autotune measures "
+                                                                  "LoRA, QLoRA and full fine-tuning)"),
+    ("llamafactory", "stage"): ((None, "sft", "pt"), "a stage other than supervised fine-tuning or pre-training "
+                                                     "(reward model, PPO, DPO, KTO: other models in memory)"),
+    ("axolotl", "rl"): ((None,), "preference training (DPO, KTO, ORPO, GRPO: other models and batches)"),
+    ("axolotl", "peft_use_dora"): ((None, False), "DoRA (its weight-norm path is not measured)"),
+    ("llamafactory", "use_dora"): ((None, False), "DoRA (its weight-norm path is not measured)"),
+    ("trl", "use_dora"): ((None, False), "DoRA (its weight-norm path is not measured)"),
+}
+
+
+def unmeasured_problems(fmt: str, cfg: Mapping[str, Any], label: str) -> list[str]:
+    """One line per setting with which the file trains something autotune's probes do not measure
+    (``_UNMEASURED``), naming the key and the fix."""
+    out = []
+    for (f, key), (fine, what) in _UNMEASURED.items():
+        if f == fmt and cfg.get(key) not in fine:
+            out.append(f"{label}: {key}: {short_repr(cfg.get(key))} trains {what}; autotune cannot measure it "
+                       f"(remove the key to tune the set-up it measures)")
+    return out

@@ -132,7 +132,7 @@ def read_source(path: str | Path, fmt: str | None, *, effective_batch_given: boo
     """(the file as read, the request values it holds). Read through the bounded reader (a FIFO,
     ``/dev/zero`` or a huge file is refused in one line); each value is type-checked like a flag, naming
     the key."""
-    from autotune.formats import packs_into_rows, read_config, value_problems
+    from autotune.formats import packs_into_rows, read_config, unmeasured_problems, value_problems
     from autotune.spec.files import read_text_file
 
     p = Path(path)
@@ -142,6 +142,7 @@ def read_source(path: str | Path, fmt: str | None, *, effective_batch_given: boo
         raise SpecError(f"--from {str(path)!r} is a {cfg.module.LABEL} config: pass the training config that names it")
     problems = [f"--from {p.name}: {m}" for m in cfg.problems]
     problems += [m for m in value_problems(cfg.format, cfg.data, f"--from {p.name}") if m not in problems]
+    problems += unmeasured_problems(cfg.format, cfg.data, f"--from {p.name}")
     if problems:
         raise SpecError(problems)
     req = cfg.request

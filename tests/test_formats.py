@@ -292,3 +292,19 @@ def test_a_from_file_that_trains_what_the_probes_do_not_measure_is_refused(tmp_p
     src.write_text(text)
     with pytest.raises(SpecError, match=f"{key}: .* autotune cannot measure it"):
         read_source(src, None, effective_batch_given=True)
+
+
+@pytest.mark.parametrize("text", [
+    "  output_dir: out\n  max_length: 512\n  per_device_train_batch_size: 4\n  gradient_accumulation_steps: 2\n",
+    "\ufeffper_device_train_batch_size: 4\noutput_dir: out\nmax_length: 512\ngradient_accumulation_steps: 2\n",
+])
+def test_a_layout_the_write_back_cannot_edit_is_refused_before_the_search(tmp_path: Path, text: str) -> None:
+    """A top-level mapping indented, or a byte-order mark before a tuned key: the write-back is tried on every key
+    it may change before the search (it failed after it, the search's time lost)."""
+    from autotune.run._request import plan_write_back, read_source
+
+    src = tmp_path / "sft.yaml"
+    src.write_text(text, encoding="utf-8")
+    cfg, _ = read_source(src, "trl", effective_batch_given=True)
+    with pytest.raises(SpecError, match="checked before the search"):
+        plan_write_back(cfg, None)

@@ -168,6 +168,40 @@ class WriteBackPlan:
     fields: set[str] | None
 
 
+def _dry_write_back(source: Any, keys: set[str]) -> str | None:
+    """Why a write-back into ``source`` would fail, found by writing every key it may change with another value
+    (each present scalar changed, each absent key appended) and reading the result back; None when it holds.
+    Layouts the structural check lets through (a top-level mapping indented, a byte-order mark before the first
+    key, block scalars) fail here, before the search rather than after it."""
+    from autotune.errors import AutotuneError
+    from autotune.formats import write_back_text
+
+    def other(value: Any) -> Any:
+        if isinstance(value, bool):
+            return not value
+        if isinstance(value, int):
+            return value + 1
+        if isinstance(value, float):
+            return value * 2 + 1
+        if isinstance(value, str):
+            return value + "x"
+        return 1
+
+    data = source.data
+    updates = {k: other(data.get(k)) for k in sorted(keys) if not isinstance(data.get(k), (dict, list))}
+    if not updates:
+        return None
+    try:
+        write_back_text(source.name, source.text, updates)
+    except SpecError as exc:
+        return str(exc).removesuffix("; nothing written")
+    except AutotuneError:
+        return (f"cannot write the tuned keys back into {source.name} in place: its layout does not survive the "
+                "edit (a byte-order mark, top-level keys indented, or a block value); save it with its top-level "
+                "keys at column 0 and one-line values")
+    return None
+
+
 def plan_write_back(source: Any, out: str | Path | None) -> WriteBackPlan:
     """Check, before the search, that the tuned file can be written: the ``--write-back`` target (not a
     folder, link, device or read-only file) and the file's constructs (editable in place)."""
@@ -176,7 +210,8 @@ def plan_write_back(source: Any, out: str | Path | None) -> WriteBackPlan:
     from autotune.store.atomic import check_write_target, content_state
 
     fields = sft_fields() if source.format == "trl" else training_fields()[0]
-    why = uneditable(source.name, source.text, writable_keys(source, fields=fields))
+    keys = writable_keys(source, fields=fields)
+    why = uneditable(source.name, source.text, keys) or _dry_write_back(source, keys)
     if why:
         raise SpecError(f"{why} (checked before the search; nothing was run or written)")
     target = Path(out) if out else None

@@ -125,6 +125,13 @@ def test_bad_run_dir_is_one_line_and_exit_2(tmp_path: Path) -> None:
     (tmp_path / "summary.json").write_text("{not json")
     r = run(str(tmp_path))
     assert r.exit_code == 2 and "cannot read" in r.output
+    # a journal with no probe it can read, and no summary: not "nothing fits" with exit 0
+    for i, content in enumerate(('{"garbage": 1}\n', "{not json\n")):
+        d = tmp_path / f"j{i}"
+        d.mkdir()
+        (d / "journal.jsonl").write_text(content)
+        r = run(str(d))
+        assert r.exit_code == 2 and "holds no probe this version can read" in r.output, r.output
 
 
 def test_report_from_a_run_written_by_tune(tmp_path: Path) -> None:

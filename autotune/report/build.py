@@ -103,7 +103,11 @@ def load_run(run_dir: str | os.PathLike[str], *, summary: dict[str, Any] | None 
     if summary is None:
         summary = _read_json(path / "summary.json")
     records = _journal_lines(path / "journal.jsonl")
-    if summary is None and not records:
+    if summary is None and not any(_result(r.get("result")) is not None or r.get("inferred") for r in records):
+        journal = path / "journal.jsonl"
+        if journal.exists():
+            raise SpecError(f"{str(path)!r} has no summary.json and its journal.jsonl holds no probe this version can "
+                            "read (the run stopped before its first probe, or the file is damaged): run it again")
         raise SpecError(
             f"{str(path)!r} is not an autotune run directory: it has neither summary.json nor journal.jsonl"
         )

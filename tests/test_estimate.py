@@ -734,6 +734,9 @@ def test_parse_tokens(text: str, n: int) -> None:
 def test_parse_tokens_rejects(text: str) -> None:
     with pytest.raises(SpecError, match="tokens"):
         parse_tokens(text)
+    if text == "1e999":  # infinite: said so, not "at least 1"
+        with pytest.raises(SpecError, match="finite"):
+            parse_tokens(text)
 
 
 def test_the_catalog_holds_the_gpus_users_rent_each_with_its_data_sheet() -> None:

@@ -684,6 +684,8 @@ def parse_tokens(text: str | int) -> int:
                 f"tokens must be a count like 1B, 500M or 2e9 (suffixes K, M, B, T); got {text!r}"
             )
         value = float(m.group(1).replace("_", "")) * _TOKEN_SUFFIX[suffix]
-    if not math.isfinite(value) or value < 1:
+    if not math.isfinite(value):
+        raise SpecError(f"tokens must be a finite count like 1B, 500M or 2e9; got {text!r}")
+    if value < 1:
         raise SpecError(f"tokens must be at least 1; got {text!r}")
     return int(round(value))

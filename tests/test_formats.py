@@ -308,3 +308,9 @@ def test_a_layout_the_write_back_cannot_edit_is_refused_before_the_search(tmp_pa
     cfg, _ = read_source(src, "trl", effective_batch_given=True)
     with pytest.raises(SpecError, match="checked before the search"):
         plan_write_back(cfg, None)
+
+
+def test_keys_appended_to_a_crlf_file_end_their_lines_as_the_file_does() -> None:
+    out = write_back_text("x.yaml", "a: 1\r\nb: 2\r\n", {"b": 3, "c": True})
+    assert out == "a: 1\r\nb: 3\r\nc: true\r\n"
+    assert write_back_text("x.yaml", "a: 1\nb: 2", {"c": True}) == "a: 1\nb: 2\nc: true\n"

@@ -143,15 +143,16 @@ def _yaml_write(text: str, updates: Mapping[str, Any]) -> str:
             end = col + (m.start() if m else len(rest.rstrip()))
             edits.append((line, col, end, _yaml_scalar(value)))
         else:
-            appended.append(f"{key}: {_yaml_scalar(value)}\n")
+            appended.append(f"{key}: {_yaml_scalar(value)}")
     for line, start, end, new in sorted(edits, reverse=True):
         row = lines[line]
         lines[line] = row[:start] + new + row[end:]
     out = "".join(lines)
     if appended:
+        eol = "\r\n" if "\r\n" in text else "\n"  # appended keys end their lines as the file's own do
         if out and not out.endswith("\n"):
-            out += "\n"
-        out += "".join(appended)
+            out += eol
+        out += "".join(a + eol for a in appended)
     return out
 
 

@@ -114,6 +114,15 @@ def test_journal_only_run_is_reported_with_a_note(tmp_path: Path) -> None:
     r = run(str(rd))
     assert r.exit_code == 0, r.output
     assert "summary.json is missing" in (rd / "report.md").read_text()
+    # stopped before its baseline phase, but the search measured the HF default's configuration: that is the figure
+    journal = rd / "journal.jsonl"
+    kept = [ln for ln in journal.read_text().splitlines() if '"phase": "baseline"' not in ln]
+    base = _probe(hf_default_candidate(16, precision="bf16"), "ok", tmp_path / "model", "NVIDIA A10G",
+                  tokens_per_s=900.0, peak_mem_bytes=12 * GiB)
+    journal.write_text("\n".join([*kept, json.dumps(_record(base))]) + "\n")
+    assert run(str(rd)).exit_code == 0
+    md = (rd / "report.md").read_text()
+    assert "The HF default was not measured" not in md and "900" in md.split("## Best vs the HF default")[1]
 
 
 def test_bad_run_dir_is_one_line_and_exit_2(tmp_path: Path) -> None:

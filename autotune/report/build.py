@@ -148,7 +148,7 @@ def load_run(run_dir: str | os.PathLike[str], *, summary: dict[str, Any] | None 
             inferred.append(ProbeResult(status=rec["status"], request=req, reason=str(rec.get("reason", "")),
                                         metrics={"inferred": True}))  # fmt: skip
 
-    if baseline is None and summary.get("baseline"):
+    if baseline is None:  # the search measured the HF default, or the run stopped before its baseline phase
         baseline = _find_default(summary, results)
     best = _result(_read_json(path / "best_result.json"))
     return RunData(path, summary, results, baseline, best, inferred, notes)
@@ -162,14 +162,20 @@ def _find_default(summary: dict[str, Any], results: list[ProbeResult]) -> ProbeR
 
     eb = summary.get("effective_batch")
     world = ((summary.get("best") or {}).get("candidate") or {}).get("world_size", 1)
+    if eb is None and results:  # a run that stopped before its summary: its probes hold the effective batch
+        c = results[0].request.get("candidate") or {}
+        try:
+            eb, world = int(c["micro_batch"]) * int(c["grad_accum"]) * int(c.get("world_size", 1)), c.get("world_size", 1)
+        except (KeyError, TypeError, ValueError):
+            return None
     if eb is None:
         return None
-    try:
-        want = asdict(hf_default_candidate(int(eb), world_size=int(world)))
+    try:  # like with like: bf16 on a GPU whose space has it, fp32 otherwise
+        wants = [asdict(hf_default_candidate(int(eb), world_size=int(world), precision=p)) for p in ("fp32", "bf16")]
     except (TypeError, ValueError):
         return None
     for r in results:
-        if r.request.get("candidate") == want:
+        if r.request.get("candidate") in wants:
             return r
     return None
 

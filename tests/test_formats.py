@@ -314,3 +314,17 @@ def test_keys_appended_to_a_crlf_file_end_their_lines_as_the_file_does() -> None
     out = write_back_text("x.yaml", "a: 1\r\nb: 2\r\n", {"b": 3, "c": True})
     assert out == "a: 1\r\nb: 3\r\nc: true\r\n"
     assert write_back_text("x.yaml", "a: 1\nb: 2", {"c": True}) == "a: 1\nb: 2\nc: true\n"
+
+
+def test_a_from_file_naming_a_deepspeed_config_gets_a_note_that_the_probes_do_not_read_it(tmp_path: Path) -> None:
+    from autotune.run._request import read_request
+
+    src = tmp_path / "lf.yaml"
+    src.write_text("model_name_or_path: tiny-llama\nstage: sft\nfinetuning_type: lora\ncutoff_len: 64\n"
+                   "per_device_train_batch_size: 2\ngradient_accumulation_steps: 4\ndeepspeed: ds_z3.json\n")
+    events: list = []
+    request = autotune.run.RunRequest.from_file(src, gpu_budget="4GB", device="cpu",
+                                                progress=lambda e, d: events.append((e, d)))
+    read_request(request)
+    notes = [d["text"] for e, d in events if e == "note"]
+    assert any("'ds_z3.json', which the probes do not read" in n for n in notes), events

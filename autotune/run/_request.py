@@ -234,6 +234,19 @@ class Request:
     write_back: WriteBackPlan | None = None  # a --from file to write back (checked)
 
 
+def _named_distributed_config(data: Any) -> str | None:
+    """The DeepSpeed or FSDP set-up a --from file names by path or by its own keys (which the probes do not
+    read), as words for a note; None when it names none."""
+    if not isinstance(data, dict):
+        return None
+    ds = data.get("deepspeed")
+    if isinstance(ds, str) and ds:
+        return f"the DeepSpeed config {ds!r}"
+    if data.get("fsdp") or data.get("fsdp_config") or data.get("fsdp_version"):
+        return "an FSDP set-up"
+    return None
+
+
 def read_request(a: RunRequest) -> Request:
     """Stage 1: the write-back's target, every problem with the arguments at once (SpecError), then the
     model, offline unless ``hub``."""
@@ -243,6 +256,11 @@ def read_request(a: RunRequest) -> Request:
     if a.source is not None and a.progress is not None:
         a.progress("source", {"name": a.source.name, "label": a.source.module.LABEL, "model": a.model, "mode": a.mode,
                               "seq_len": a.seq_len, "effective_batch": a.effective_batch})
+        named = _named_distributed_config(a.source.data)
+        if named:
+            a.progress("note", {"text": f"{a.source.name} names {named}, which the probes do not read: they run the "
+                                        "search space's own ZeRO/FSDP choices, so they measure without it, and the "
+                                        "write-back leaves the reference as it is"})
     parsed = _parse_args(a)
     resolved = _resolve_inputs(a)
     return Request(args=a, budget=parsed["budget"], time_budget_s=parsed["time_budget_s"],

@@ -328,3 +328,8 @@ def test_a_from_file_naming_a_deepspeed_config_gets_a_note_that_the_probes_do_no
     read_request(request)
     notes = [d["text"] for e, d in events if e == "note"]
     assert any("'ds_z3.json', which the probes do not read" in n for n in notes), events
+
+
+def test_a_quoted_value_holding_a_hash_is_replaced_whole_and_its_comment_kept() -> None:
+    assert write_back_text("x.yaml", 'a: "x # y"  # note\nb: 2\n', {"a": "z"}) == "a: z  # note\nb: 2\n"
+    assert write_back_text("x.yaml", "a: 'it''s # here' # c\n", {"a": 2}) == "a: 2 # c\n"

@@ -139,8 +139,11 @@ def _yaml_write(text: str, updates: Mapping[str, Any]) -> str:
             line, col = doc.lc.value(key)
             row = lines[line].rstrip("\r\n")
             rest = row[col:]
-            m = re.search(r"\s+#", rest)
-            end = col + (m.start() if m else len(rest.rstrip()))
+            # a quoted value may hold " #": the comment starts after its closing quote
+            quoted = re.match(r"'(?:[^']|'')*'|\"(?:[^\"\\]|\\.)*\"", rest)
+            skip = quoted.end() if quoted else 0
+            m = re.search(r"\s+#", rest[skip:])
+            end = col + (skip + m.start() if m else len(rest.rstrip()))
             edits.append((line, col, end, _yaml_scalar(value)))
         else:
             appended.append(f"{key}: {_yaml_scalar(value)}")

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -23,8 +24,8 @@ def parse_duration(value: str | float | int | None) -> float | None:
     if isinstance(value, bool):
         raise SpecError(f"time budget must be a duration like 20m; got {value!r}")
     if isinstance(value, (int, float)):
-        if value <= 0:
-            raise SpecError(f"time budget must be positive; got {value!r}")
+        if not math.isfinite(value) or value <= 0:
+            raise SpecError(f"time budget must be a positive, finite number of seconds; got {value!r}")
         return float(value)
     text = str(value).strip().lower().replace(" ", "")
     pos, total = 0, 0.0
@@ -37,6 +38,8 @@ def parse_duration(value: str | float | int | None) -> float | None:
         pos = m.end()
     if not text or total <= 0:
         raise SpecError(f"time budget must be positive; got {value!r}")
+    if not math.isfinite(total):
+        raise SpecError(f"time budget {str(value)[:40]!r} is too large to read; use e.g. 20m, 1h30m, 90s or 300")
     return total
 
 

@@ -49,9 +49,14 @@ class MissingDependencyError(AutotuneError, ImportError):
 
 
 class NothingFitsError(AutotuneError):
-    """The search finished and no configuration fits the budget."""
+    """The search finished and no configuration fits the budget. ``summary``: the run's summary.json, as written
+    (``--json`` prints it)."""
 
     exit_code = 3
+
+    def __init__(self, message: str, summary: dict | None = None) -> None:
+        super().__init__(message)
+        self.summary = summary
 
 
 class RunInProgressError(AutotuneError):

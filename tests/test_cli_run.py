@@ -146,6 +146,9 @@ def test_nothing_fits_exits_3_with_the_smallest_footprint_and_a_lever(tmp_path: 
     # the pipeline's repeat gets the same answer from the stored run, without probing
     again = run(BASE + ["--gpu-budget", "2GiB", "--out", str(tmp_path)])
     assert again.exit_code == 3 and "[cached]" in again.stderr and len(fake) == 1
+    # --json prints summary.json on this outcome too (it printed nothing)
+    as_json = run(BASE + ["--gpu-budget", "2GiB", "--out", str(tmp_path), "--json"])
+    assert as_json.exit_code == 3 and json.loads(as_json.stdout)["status"] == "nothing_fits"
 
 
 def test_bad_input_exits_2_with_every_problem(tmp_path: Path, fake) -> None:

@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune.cli.render import STATUS_STYLE, console, dumps_json
+from autotune.errors import NothingFitsError
 from autotune.spec.budget import format_bytes
 
 __all__ = ["command", "ProgressPrinter", "render_summary", "answer_line", "COMMAND_ONLY", "RENAMED"]
@@ -278,6 +279,10 @@ def command(
         request = RunRequest.with_defaults(**given)
     try:
         result = tune(request)
+    except NothingFitsError as exc:
+        if as_json and exc.summary is not None:  # --json prints summary.json whatever the outcome (exit 3 follows)
+            sys.stdout.write(dumps_json(exc.summary, indent=2, default=str) + "\n")
+        raise
     except KeyboardInterrupt:
         printer.close()
         if printer.run_dir is None:

@@ -117,7 +117,8 @@ def answer_from_cache(r: Request, plan: SearchPlan, *, started: float) -> RunRes
         stored, stored_summary = refused
         if a.progress is not None:
             a.progress("cached", {"run_dir": str(stored.path), "summary": stored_summary})
-        raise NothingFitsError(str(stored_summary.get("message", "nothing fits (cached answer)")) + " [cached]")
+        raise NothingFitsError(str(stored_summary.get("message", "nothing fits (cached answer)")) + " [cached]",
+                               summary={**stored_summary, "from_cache": True})
     return None
 
 
@@ -231,7 +232,7 @@ def write_answer(r: Request, run_dir: Any, summary: dict[str, Any], searched: Se
     if outcome.best is None:
         _write_reports(run_dir, summary, progress)
         run_dir.write_json("summary.json", summary)
-        raise NothingFitsError(summary["message"])
+        raise NothingFitsError(summary["message"], summary=summary)
     best = outcome.best
     run_dir.write_json("best_result.json", best.to_dict())
     files = _emit(best, run_dir, device, progress)

@@ -143,6 +143,7 @@ def test_cache_dir_and_folder_name_follow_datasets(tmp_path: Path) -> None:
         )
     assert is_hub_dataset_id("org/name") and not is_hub_dataset_id("data.jsonl")
     assert not is_hub_dataset_id("/abs/x") and not is_hub_dataset_id("a/b/c")
+    assert not is_hub_dataset_id("d/nosuch.jsonl") and not is_hub_dataset_id("data/train.parquet")  # missing files
     existing = tmp_path / "org" / "name"
     existing.mkdir(parents=True)
     cwd = os.getcwd()

@@ -61,9 +61,15 @@ def default_datasets_cache_dir(environ: Mapping[str, str] | None = None) -> Path
     return Path(xdg).expanduser() / "huggingface" / "datasets"
 
 
+# a reference ending like a data file is a path, present or not (``data/train.parquet`` missing is a missing file,
+# not a Hub dataset called so)
+_FILE_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv", ".arrow", ".txt")
+
+
 def is_hub_dataset_id(ref: str) -> bool:
-    """``org/name`` that is not an existing path (a path always wins)."""
-    return bool(_HUB_ID.match(ref)) and not Path(ref).expanduser().exists()
+    """``org/name`` that is not an existing path (a path always wins) nor named like a data file."""
+    return (bool(_HUB_ID.match(ref)) and not ref.lower().endswith(_FILE_SUFFIXES)
+            and not Path(ref).expanduser().exists())
 
 
 def _snake(name: str) -> str:

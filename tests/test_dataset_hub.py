@@ -280,3 +280,12 @@ def test_a_real_probe_reads_a_cached_hub_dataset_in_its_own_process(hf_cache: Pa
     assert res["status"] == "ok" and res["metrics"]["dataset_column"] == "messages"
     lens = [len(x) for x in _rendered(TRAIN)]
     assert res["metrics"]["mean_seq_len"] == pytest.approx(sum(lens) / len(lens), rel=0.5)
+
+
+def test_split_on_a_single_data_file_is_refused(tmp_path: Path, fake) -> None:
+    """A .jsonl file has one split: --split was used silently, and made the same data another cached request."""
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "hello there"}\n{"text": "general kenobi"}\n')
+    res = run(RUN + ["--dataset", str(data), "--tokenizer", TOK, "--out", str(tmp_path / "o"), "--split", "test"])
+    assert res.exit_code == 2 and "is one file (one split); drop --split" in res.stderr
+    assert not (tmp_path / "o").exists()

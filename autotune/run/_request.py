@@ -345,6 +345,10 @@ def _resolve_inputs(a: RunRequest) -> Any:
             raise SpecError(missing_hub_dataset_message(a.dataset))
         if not is_hub_dataset_id(a.dataset) and not Path(a.dataset).exists():
             raise SpecError(f"dataset {a.dataset!r} does not exist")
+        if a.split is not None and Path(a.dataset).expanduser().is_file():
+            # a .jsonl/.parquet file has one split: --split would only make another cache key of the same data
+            raise SpecError(f"--split {a.split!r} names a split, but dataset {a.dataset!r} is one file (one split); "
+                            "drop --split")
         # every file's size, by stat, before anything reads or hashes one (the cache key hashes the data)
         local = (find_hub_dataset(a.dataset) or find_hub_sample(a.dataset, a.split)) if is_hub_dataset_id(a.dataset) \
             else Path(a.dataset).expanduser()

@@ -424,3 +424,28 @@ def test_the_cpu_rate_stays_above_every_recorded_cpu_landscape() -> None:
         flops = hardware_flops_per_token(arch, land["seq_len"], land.get("mode", "full"))
         per_core = land["optimum_tokens_per_s"] * flops / cores
         assert per_core * 2 < CPU_FLOPS_PER_CORE, (path.name, per_core)
+
+
+def test_a_local_tokenizer_is_keyed_by_its_files_and_cpu_threads_by_what_a_probe_runs_with(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tokenizer folder edited in place changed what the probes measure (how long the sequences are) but not the
+    key, so the stored answer came back; a copy elsewhere (or the path with a trailing slash) is the same request.
+    A CPU probe takes torch's default threads (OMP_NUM_THREADS, else the cores it may use): both are in the key."""
+    from autotune.spec.probe_request import Workload
+    from autotune.store import hardware_fingerprint, workload_fields
+
+    tok = tmp_path / "tok"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "autotune" / "models" / "tokenizers" / "tiny-chat", tok)
+    key = workload_fields(Workload(model="m", tokenizer=str(tok)))["tokenizer"]
+    assert workload_fields(Workload(model="m", tokenizer=str(tok) + "/"))["tokenizer"] == key
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(tok, moved)
+    assert workload_fields(Workload(model="m", tokenizer=str(moved)))["tokenizer"] == key
+    first = next(p for p in sorted(tok.iterdir()) if p.is_file())
+    first.write_text(first.read_text() + " ")
+    assert workload_fields(Workload(model="m", tokenizer=str(tok)))["tokenizer"] != key
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    default = hardware_fingerprint("cpu")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert hardware_fingerprint("cpu") != default and hardware_fingerprint("cpu")["omp_num_threads"] == "1"

@@ -9,7 +9,7 @@ is the same. The key is the sha256 of the canonical JSON of:
   choices this machine cannot run were dropped; not the space's name);
 * ``budget_bytes``, ``seq_len``, ``effective_batch``, ``mode``;
 * ``workload``: the rest of what is trained (length distribution, LoRA rank/alpha/targets,
-  tokenizer, trust_remote_code, seed); a ``histogram:`` lengths file by its content;
+  tokenizer, trust_remote_code, seed); a ``histogram:`` lengths file and a local tokenizer by their content;
 * ``probe``: how each probe measures (timed steps, warm-up steps, probe timeout, headroom, CPU
   threads);
 * ``search``: what the search does with the probes (max trials, time budget, top-k, the
@@ -17,8 +17,9 @@ is the same. The key is the sha256 of the canonical JSON of:
   GPUs, the HF-default baseline, estimator pruning, ``--verify-loss`` steps and tolerance);
 * ``dataset``: the dataset's content (a file's sha256 and size, a save_to_disk folder's or a cached Hub
   dataset's digest of its files) and its ``--split``, not its path or modification time;
-* ``hardware``: device, platform, CPU model and core count, and per GPU its name, memory, driver
-  and compute capability; the Ray address when one is given;
+* ``hardware``: device, platform, CPU model and core count (on a CPU also the cores this process may use and
+  ``OMP_NUM_THREADS``, which set a probe's threads), and per GPU its name, memory, driver and compute
+  capability; the Ray address when one is given;
 * ``capabilities``: the optional packages and GPU features the space was filtered with;
 * ``software``: python and the versions of torch, transformers, peft, accelerate, deepspeed,
   optuna, ray, flash-attn, bitsandbytes, liger-kernel and autotune.
@@ -77,6 +78,9 @@ def hardware_fingerprint(device: str, gpus: list[dict[str, Any]] | None = None) 
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
     }
+    if device == "cpu":  # a CPU probe runs torch's default threads: OMP_NUM_THREADS, else the cores it may use
+        fp["usable_cores"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        fp["omp_num_threads"] = os.environ.get("OMP_NUM_THREADS") or None
     if device == "cuda":
         fp["gpus"] = [
             {"name": g.get("name"), "memory_total_bytes": g.get("memory_total_bytes"), "driver": g.get("driver"),
@@ -114,6 +118,13 @@ def workload_fields(workload: Workload) -> dict[str, Any]:
     """The workload's fields that change the answer, as keyed (see the module docstring)."""
     out = {k: v for k, v in dataclasses.asdict(workload).items() if k not in _WORKLOAD_KEYED_ELSEWHERE}
     out["lora_targets"] = list(workload.lora_targets)
+    if workload.tokenizer:  # a local tokenizer by its files' content (an edited one changes the key, a moved one not)
+        local = Path(workload.tokenizer).expanduser()
+        if local.exists():
+            try:
+                out["tokenizer"] = {"digest": dataset_content_digest(local)}
+            except (OSError, ValueError):
+                pass
     hist = workload.lengths.partition(":")[2] if workload.lengths.startswith("histogram:") else None
     if hist:
         out["lengths_file"] = dataset_identity(hist)

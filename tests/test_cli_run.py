@@ -502,3 +502,14 @@ def test_square_brackets_in_paths_and_values_are_text_not_styles(tmp_path, monke
         shutil.copy(resolve_model("tiny-llama").config_path, folder / "config.json")
         res = CliRunner().invoke(app, ["plan", "--model", str(folder), "--gpu", "A10G"])
         assert res.exit_code == 0 and f"{folder}: " in res.output, res.output
+
+
+def test_an_answer_without_the_hf_default_says_there_is_no_speed_up_to_report(capsys) -> None:
+    """A --time-budget that ran out before the HF default was measured: the answer says so (it printed nothing)."""
+    from autotune.cli.render import console
+    from autotune.cli.run import render_summary
+
+    render_summary({"top": [], "best": {"label": "mb2x8"}, "speedup_vs_baseline": None,
+                    "speedup_note": "the HF default was not re-measured beside the winner (it did not run, or failed)"},
+                   console())
+    assert "no speed-up over the HF default to report" in capsys.readouterr().out

@@ -184,6 +184,8 @@ def render_summary(summary: dict[str, Any], con: Console) -> None:
                   f"{rng}{verdict}")
     elif base:
         con.print(f"HF default ({base['label']}): {base['status']}")
+    if summary.get("best") and summary.get("speedup_vs_baseline") is None and summary.get("speedup_note"):
+        con.print(Text.assemble(("note:", "yellow"), f" no speed-up over the HF default to report: {summary['speedup_note']}"))
     if summary.get("tie"):
         con.print(f"indistinguishable within the measured noise: {', '.join(summary['tie'])} (the tie went to "
                   "fewer numerics-changing levers, then less memory)")

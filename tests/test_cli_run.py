@@ -60,7 +60,9 @@ def test_parse_duration() -> None:
     assert parse_duration("1.5h") == 5400
     assert parse_duration("300") == 300
     assert parse_duration(None) is None
-    for bad in ("soon", "-5m", "0", "5x", "9" * 310, float("inf"), float("nan")):  # too large: no crash later
+    assert parse_duration("1h30m5s") == 5405 and parse_duration("10ms") == 0.01
+    # too large: no crash later; "1h30" (1 h 30 s?), a unit twice or out of order: not read loosely
+    for bad in ("soon", "-5m", "0", "5x", "9" * 310, float("inf"), float("nan"), "1h30", "5m5m", "1m1h"):
         with pytest.raises(SpecError, match="time budget"):
             parse_duration(bad)
 

@@ -247,6 +247,8 @@ def test_run_split_reaches_the_probes_the_cache_key_and_train_py(tmp_path: Path,
     assert bad.exit_code == 2 and "not 'dev'; pass --split" in bad.stderr and not (tmp_path / "bad").exists()
     alone = run(RUN + ["--out", str(tmp_path / "alone"), "--split", "test"])
     assert alone.exit_code == 2 and "--split names a split of --dataset" in alone.stderr
+    alone = run(RUN + ["--out", str(tmp_path / "alone"), "--sample-rows", "-1"])
+    assert alone.exit_code == 2 and "--sample-rows samples a Hub --dataset" in alone.stderr
 
 
 def test_run_on_a_cached_hub_id_and_a_missing_one(hf_cache: Path, no_network, tmp_path: Path, fake) -> None:

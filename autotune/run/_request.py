@@ -356,6 +356,8 @@ def _resolve_inputs(a: RunRequest) -> Any:
             check_dataset_files(local)
     if a.split is not None and a.dataset is None:
         raise SpecError("--split names a split of --dataset; pass --dataset too, or drop --split")
+    if a.sample_rows is not None and a.dataset is None:
+        raise SpecError("--sample-rows samples a Hub --dataset; pass --dataset too, or drop --sample-rows")
     return resolved
 
 

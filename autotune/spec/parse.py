@@ -14,7 +14,8 @@ from autotune.errors import SpecError
 
 __all__ = ["duration_text", "parse_duration", "parse_gpus"]
 
-_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(h|m|s|ms)?", re.IGNORECASE)
+_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|h|m|s)?", re.IGNORECASE)
+_UNIT_ORDER = ("h", "m", "s", "ms")  # 1h30m5s: each unit once, largest first
 
 
 def parse_duration(value: str | float | int | None) -> float | None:
@@ -28,13 +29,17 @@ def parse_duration(value: str | float | int | None) -> float | None:
             raise SpecError(f"time budget must be a positive, finite number of seconds; got {value!r}")
         return float(value)
     text = str(value).strip().lower().replace(" ", "")
-    pos, total = 0, 0.0
+    pos, total, last = 0, 0.0, -1
     factors = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001, None: 1.0}
     while pos < len(text):
         m = _DURATION_RE.match(text, pos)
-        if not m or m.end() == pos:
+        unit = m.group(2) if m else None
+        # a bare number is seconds only on its own ("1h30" is not read as 1 h 30 s); units once, largest first
+        if not m or m.end() == pos or (unit is None and (pos or m.end() < len(text))) \
+                or (unit is not None and _UNIT_ORDER.index(unit) <= last):
             raise SpecError(f"time budget {value!r} is not a duration; use e.g. 20m, 1h30m, 90s or 300")
-        total += float(m.group(1)) * factors[m.group(2)]
+        last = _UNIT_ORDER.index(unit) if unit is not None else last
+        total += float(m.group(1)) * factors[unit]
         pos = m.end()
     if not text or total <= 0:
         raise SpecError(f"time budget must be positive; got {value!r}")

@@ -12,7 +12,7 @@ from importlib import metadata
 from typing import Any
 
 __all__ = ["fingerprint", "package_versions", "versions_of", "nvml_device_info", "cpu_model", "tail_lines",
-           "training_fields", "sft_fields"]
+           "training_fields", "sft_fields", "usable_cores"]
 
 _PACKAGES = (
     "torch",
@@ -121,6 +121,11 @@ def nvml_device_info() -> list[dict[str, Any]]:
             pynvml.nvmlShutdown()
         except Exception:
             pass
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the platform has one, else the core count)."""
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
 def fingerprint(device: str | None = None) -> dict[str, Any]:

@@ -431,7 +431,8 @@ def test_a_local_tokenizer_is_keyed_by_its_files_and_cpu_threads_by_what_a_probe
 ) -> None:
     """A tokenizer folder edited in place changed what the probes measure (how long the sequences are) but not the
     key, so the stored answer came back; a copy elsewhere (or the path with a trailing slash) is the same request.
-    A CPU probe takes torch's default threads (OMP_NUM_THREADS, else the cores it may use): both are in the key."""
+    A CPU probe's threads come from OMP_NUM_THREADS (else the core count) and run on the cores it may use: both are
+    in the key."""
     from autotune.spec.probe_request import Workload
     from autotune.store import hardware_fingerprint, workload_fields
 

@@ -17,6 +17,8 @@ from typing import Any
 
 import psutil
 
+from autotune.env import usable_cores
+
 __all__ = ["RssSampler", "NvmlSampler", "rusage_peak_bytes"]
 
 
@@ -46,9 +48,7 @@ class RssSampler:
         self._fired = False
         # (perf_counter time, share of the available cores in use) every ~100 ms
         self.cpu_samples: list[tuple[float, float]] = []
-        self._ncpu = max(
-            1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        )
+        self._ncpu = usable_cores()
 
     def rebase(self) -> None:
         """Take the baseline now (just before the model is built)."""

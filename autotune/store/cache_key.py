@@ -17,8 +17,8 @@ is the same. The key is the sha256 of the canonical JSON of:
   GPUs, the HF-default baseline, estimator pruning, ``--verify-loss`` steps and tolerance);
 * ``dataset``: the dataset's content (a file's sha256 and size, a save_to_disk folder's or a cached Hub
   dataset's digest of its files) and its ``--split``, not its path or modification time;
-* ``hardware``: device, platform, CPU model and core count (on a CPU also the cores this process may use and
-  ``OMP_NUM_THREADS``, which set a probe's threads), and per GPU its name, memory, driver and compute
+* ``hardware``: device, platform, CPU model and core count (on a CPU also ``OMP_NUM_THREADS``, which sets a
+  probe's threads, and the cores this process may use, which bound them), and per GPU its name, memory, driver and compute
   capability; the Ray address when one is given;
 * ``capabilities``: the optional packages and GPU features the space was filtered with;
 * ``software``: python and the versions of torch, transformers, peft, accelerate, deepspeed,
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.env import cpu_model, package_versions
+from autotune.env import cpu_model, package_versions, usable_cores
 from autotune.spec.dataset_ref import (
     dataset_content_digest,
     find_hub_dataset,
@@ -78,8 +78,8 @@ def hardware_fingerprint(device: str, gpus: list[dict[str, Any]] | None = None) 
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
     }
-    if device == "cpu":  # a CPU probe runs torch's default threads: OMP_NUM_THREADS, else the cores it may use
-        fp["usable_cores"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if device == "cpu":  # a CPU probe's threads: OMP_NUM_THREADS, else the core count; the cores it may use bound them
+        fp["usable_cores"] = usable_cores()
         fp["omp_num_threads"] = os.environ.get("OMP_NUM_THREADS") or None
     if device == "cuda":
         fp["gpus"] = [

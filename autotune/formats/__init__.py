@@ -32,6 +32,7 @@ from autotune.formats._inputs import unmeasured_problems, value_problems
 from autotune.formats._types import type_problems
 from autotune.formats._writeback import is_yaml_name, uneditable, write_back_text
 from autotune.formats.training_args import checkpointed_every, stated_checkpointing_kwargs
+from autotune.spec.dataset_ref import DATA_FILE_SUFFIXES
 from autotune.spec.result import ProbeResult
 
 __all__ = [
@@ -109,8 +110,6 @@ def parse_text(name: str, text: str) -> dict[str, Any]:
     return data
 
 
-# what a local dataset file's name ends with (Axolotl's datasets[].path, TRL's dataset_name)
-_DATA_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv", ".arrow", ".txt")
 
 
 def _path_like(value: Any, suffixes: tuple[str, ...]) -> bool:
@@ -135,9 +134,9 @@ def file_references(fmt: str, data: dict[str, Any]) -> list[tuple[str, str, str]
         for section in ("datasets", "test_datasets"):
             entries = data.get(section)
             for i, entry in enumerate(entries if isinstance(entries, list) else []):
-                if isinstance(entry, dict) and _path_like(entry.get("path"), _DATA_SUFFIXES):
+                if isinstance(entry, dict) and _path_like(entry.get("path"), DATA_FILE_SUFFIXES):
                     refs.append((f"{section}[{i}].path", entry["path"], "dataset"))
-    if fmt == "trl" and _path_like(data.get("dataset_name"), _DATA_SUFFIXES):
+    if fmt == "trl" and _path_like(data.get("dataset_name"), DATA_FILE_SUFFIXES):
         refs.append(("dataset_name", data["dataset_name"], "dataset"))
     if fmt == "llamafactory" and isinstance(data.get("dataset_dir"), str) and data["dataset_dir"] not in ("", "ONLINE"):
         refs.append(("dataset_dir", data["dataset_dir"], "folder"))

@@ -27,6 +27,7 @@ from autotune.spec.files import file_sha256
 from autotune.spec.shell import py_str, python_c
 
 __all__ = [
+    "DATA_FILE_SUFFIXES",
     "MAX_DATASET_FILE_BYTES",
     "check_dataset_files",
     "default_datasets_cache_dir",
@@ -61,14 +62,14 @@ def default_datasets_cache_dir(environ: Mapping[str, str] | None = None) -> Path
     return Path(xdg).expanduser() / "huggingface" / "datasets"
 
 
-# a reference ending like a data file is a path, present or not (``data/train.parquet`` missing is a missing file,
-# not a Hub dataset called so)
-_FILE_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv", ".arrow", ".txt")
+# what a local data file's name ends with: a reference ending so is a path, present or not (``data/train.parquet``
+# missing is a missing file, not a Hub dataset called so); a config's dataset path read as a local file
+DATA_FILE_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv", ".arrow", ".txt")
 
 
 def is_hub_dataset_id(ref: str) -> bool:
     """``org/name`` that is not an existing path (a path always wins) nor named like a data file."""
-    return (bool(_HUB_ID.match(ref)) and not ref.lower().endswith(_FILE_SUFFIXES)
+    return (bool(_HUB_ID.match(ref)) and not ref.lower().endswith(DATA_FILE_SUFFIXES)
             and not Path(ref).expanduser().exists())
 
 

@@ -314,15 +314,16 @@ def lora_targets_problem(arch: Arch, targets: tuple[str, ...] | list[str]) -> st
     ``attn`` on GPT-2, whose projections have other names: ``lora_target_modules``); for names the user typed
     that would plan and measure something else than asked, so it is bad input. ``attn`` and ``all-linear``
     are never a problem."""
+    from autotune.formats.model import lora_target_modules
     from autotune.spec.probe_request import ATTN_TARGETS
 
     if tuple(targets) in (ATTN_TARGETS, ("all-linear",)) or not arch.linears:
         return None
-    leaves = sorted({n.rsplit(".", 1)[-1] for n, _, _ in arch.linears})
-    if any(t in leaves for t in targets):
+    leaves = {n.rsplit(".", 1)[-1] for n, _, _ in arch.linears}
+    if lora_target_modules(leaves, tuple(targets)) != "all-linear":  # the probe's rule: some name matched
         return None
     return (f"--lora-targets {','.join(targets)} match no linear layer of this {arch.model_type} model (its "
-            f"linears: {', '.join(leaves)}): name some of those, or give attn or all-linear")
+            f"linears: {', '.join(sorted(leaves))}): name some of those, or give attn or all-linear")
 
 
 def peft_lora_param_count(arch: Arch, r: int, targets: tuple[str, ...] | list[str]) -> int:

@@ -141,12 +141,18 @@ def _report_to(cfg: Mapping[str, Any]) -> list[str]:
     return names
 
 
+def _states_batch_size(cfg: Mapping[str, Any]) -> bool:
+    """The file states ``batch_size`` (per device, micro-batch x accumulation) instead of the accumulation
+    (Axolotl refuses a file that sets both)."""
+    return cfg.get("gradient_accumulation_steps") is None and isinstance(cfg.get("batch_size"), int)
+
+
 def _grad_accum(cfg: Mapping[str, Any]) -> Any:
-    """The file's accumulation: ``gradient_accumulation_steps``, or, when it states ``batch_size`` (per device)
-    instead, ``batch_size // micro_batch_size`` as Axolotl derives it (it refuses a file that sets both)."""
-    mb, bs = cfg.get("micro_batch_size", 1), cfg.get("batch_size")
-    if cfg.get("gradient_accumulation_steps") is None and isinstance(bs, int) and isinstance(mb, int) and mb > 0:
-        return max(1, bs // mb)
+    """The file's accumulation: ``gradient_accumulation_steps``, or ``batch_size // micro_batch_size`` as Axolotl
+    derives it from a stated ``batch_size``."""
+    mb = cfg.get("micro_batch_size", 1)
+    if _states_batch_size(cfg) and isinstance(mb, int) and mb > 0:
+        return max(1, cfg["batch_size"] // mb)
     return cfg.get("gradient_accumulation_steps", 1)
 
 
@@ -357,8 +363,7 @@ def tuned_keys(
         wanted.pop("gradient_checkpointing_kwargs", None)  # a mapping: the file's own (not editable in place)
     if not c.packing and cfg.get("pad_to_sequence_len"):
         wanted["pad_to_sequence_len"] = False
-    if cfg.get("gradient_accumulation_steps") is None and isinstance(cfg.get("batch_size"), int):
-        # the file states batch_size (per device) instead: it stays the one key, micro-batch x accumulation
+    if _states_batch_size(cfg):  # it stays the one key, micro-batch x accumulation
         wanted["batch_size"] = wanted["micro_batch_size"] * wanted.pop("gradient_accumulation_steps")
     if c.liger:
         if isinstance(cfg.get("plugins"), list):

@@ -102,9 +102,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"{name:50s} " + "  ".join(f"{r['step']}:{r['widths']}w {r['rss_growth_bytes'] / 2**20:.0f}MiB" for r in rows),
               flush=True)
     if a.json:
-        tmp = a.json.with_suffix(a.json.suffix + ".tmp")
-        tmp.write_text(json.dumps(out, indent=1) + "\n")
-        tmp.replace(a.json)
+        from autotune.store.atomic import write_text_atomic
+
+        write_text_atomic(a.json, json.dumps(out, indent=1) + "\n")
     return out
 
 

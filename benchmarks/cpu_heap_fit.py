@@ -162,9 +162,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"{name:22s} {sh['rows']:5d} {lv['median']:13.2f} {lv['within_15']:11.0%} {sh['median']:16.2f} "
               f"{sh['within_15']:11.0%} {sh['under_0_85']:7d}")
     if a.json:
-        tmp = a.json.with_suffix(a.json.suffix + ".tmp")
-        tmp.write_text(json.dumps(out, indent=1) + "\n")
-        tmp.replace(a.json)
+        from autotune.store.atomic import write_text_atomic
+
+        write_text_atomic(a.json, json.dumps(out, indent=1) + "\n")
     return out
 
 

@@ -8,10 +8,9 @@ import sys
 from typing import Any
 
 import typer
-from rich.text import Text
 
 from autotune.cli._levers import lever_options
-from autotune.cli.render import console, dumps_json, render_probe_result
+from autotune.cli.render import console, dumps_json, flagged, render_probe_result
 from autotune.errors import SpecError
 from autotune.spec.budget import parse_budget, resolve_budget
 from autotune.spec.levers import LEVERS
@@ -177,7 +176,7 @@ def command(
     req = build_probe_request(workload, candidate, settings, hub=HubAccess.from_env(offline=offline),
                               config_name=config_name, sample_rows=sample_rows, notes=notes)
     for note in notes:
-        console(stderr=True).print(Text.assemble(("note:", "yellow"), f" {note}"))
+        console(stderr=True).print(flagged("note", note))
     if not as_json:
         console(stderr=True).print(f"probing {req.workload.model} ({req.workload.model_path}) ...", style="dim")
     result: ProbeResult = run_probe_process(req)

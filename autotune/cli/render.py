@@ -13,7 +13,7 @@ from rich.text import Text
 from autotune.spec.budget import format_bytes
 from autotune.spec.result import ProbeResult
 
-__all__ = ["console", "dumps_json", "finite", "render_probe_result", "probe_table_rows", "STATUS_STYLE"]
+__all__ = ["console", "dumps_json", "finite", "flagged", "render_probe_result", "probe_table_rows", "STATUS_STYLE"]
 
 
 def finite(obj: Any) -> Any:
@@ -56,6 +56,11 @@ def console(*, stderr: bool = False) -> Console:
         markup=False,  # text holds paths, model names and the user's values: "[...]" in them is text, not a style
         width=None if tty else 200,  # logs and pipes: no wrapping at 80 columns
     )
+
+
+def flagged(label: str, text: str) -> Text:
+    """``label`` in yellow, then ``text`` as it is (no markup read in either): "note: ...", "warning: ..."."""
+    return Text.assemble((f"{label}:", "yellow"), f" {text}")
 
 
 def _fmt(v: Any, spec: str = ".1f") -> str:

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from autotune.cli.render import STATUS_STYLE, console, dumps_json
+from autotune.cli.render import STATUS_STYLE, console, dumps_json, flagged
 from autotune.errors import NothingFitsError
 from autotune.spec.budget import format_bytes
 
@@ -80,7 +80,7 @@ class ProgressPrinter:
             if data.get("diff"):
                 con.print(data["diff"], end="")
         elif event == "note":
-            con.print(Text.assemble(("note:", "yellow"), f" {data['text']}"))
+            con.print(flagged("note", data["text"]))
         elif event == "start":
             n = data.get("distinct")
             con.print(f"searching up to {data['max_trials']} probes, {data['slots']} at a time"
@@ -99,7 +99,7 @@ class ProgressPrinter:
                       f"re-measuring {data['count']} configuration(s) side by side, {data['steps']} timed steps "
                       "each ...", style="dim")
         elif event == "warning":
-            con.print(Text.assemble(("warning:", "yellow"), f" {data.get('message')}"))
+            con.print(flagged("warning", str(data.get("message"))))
         elif event == "record":
             rec = data["record"]
             self.in_flight = max(0, self.in_flight - (0 if rec.inferred or rec.status == "skipped" else 1))
@@ -185,17 +185,17 @@ def render_summary(summary: dict[str, Any], con: Console) -> None:
     elif base:
         con.print(f"HF default ({base['label']}): {base['status']}")
     if summary.get("best") and summary.get("speedup_vs_baseline") is None and summary.get("speedup_note"):
-        con.print(Text.assemble(("note:", "yellow"), f" no speed-up over the HF default to report: {summary['speedup_note']}"))
+        con.print(flagged("note", f"no speed-up over the HF default to report: {summary['speedup_note']}"))
     if summary.get("tie"):
         con.print(f"indistinguishable within the measured noise: {', '.join(summary['tie'])} (the tie went to "
                   "fewer numerics-changing levers, then less memory)")
     trust = summary.get("trust") or {}
     if trust.get("doubtful"):
-        con.print(Text.assemble(("doubtful answer:", "yellow"), f" {'; '.join(trust.get('reasons') or [])}"))
+        con.print(flagged("doubtful answer", "; ".join(trust.get("reasons") or [])))
     if summary.get("from_cache"):
         con.print(f"(from the stored run {summary.get('run_dir')}; --fresh searches again)")
     for note in summary.get("quality_notes") or []:
-        con.print(Text.assemble(("quality note:", "yellow"), f" {note}"))
+        con.print(flagged("quality note", note))
     vl = summary.get("verify_loss")
     if vl:
         con.print(f"verify-loss: {vl.get('verdict')}", highlight=False)

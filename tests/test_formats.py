@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -316,18 +317,76 @@ def test_keys_appended_to_a_crlf_file_end_their_lines_as_the_file_does() -> None
     assert write_back_text("x.yaml", "a: 1\nb: 2", {"c": True}) == "a: 1\nb: 2\nc: true\n"
 
 
-def test_a_from_file_naming_a_deepspeed_config_gets_a_note_that_the_probes_do_not_read_it(tmp_path: Path) -> None:
-    from autotune.run._request import read_request
+@pytest.mark.parametrize(("text", "files", "expected"), [
+    ("deepspeed: ds/z3.json\n", {"ds/z3.json": '{"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}'},
+     {"zero_stage": 3, "offload": "params", "sharding": "deepspeed"}),
+    ("deepspeed: {zero_optimization: {stage: 2, offload_optimizer: {device: cpu}}}\n", {},
+     {"zero_stage": 2, "offload": "optimizer", "sharding": "deepspeed"}),
+    ("fsdp: full_shard auto_wrap offload\n", {}, {"zero_stage": 3, "offload": "params", "sharding": "fsdp"}),
+    ("fsdp: [shard_grad_op, auto_wrap]\n", {}, {"zero_stage": 2, "offload": "none", "sharding": "fsdp"}),
+    ("fsdp_version: 2\nfsdp_config: {reshard_after_forward: false, offload_params: true}\n", {},
+     {"zero_stage": 2, "offload": "params", "sharding": "fsdp"}),
+    ("seed: 1\n", {}, {"zero_stage": 0, "offload": "none", "sharding": "deepspeed"}),
+])
+def test_the_distributed_set_up_a_training_file_trains_with(tmp_path: Path, text: str, files: dict,
+                                                             expected: dict) -> None:
+    """A DeepSpeed config inline or by path (found beside the file, as the training tool would from there), FSDP
+    options as a string or a list, Axolotl's FSDP v2 settings, or none of them."""
+    from autotune.formats import distributed_setup, parse_text
 
+    for name, content in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(content)
+    setup, where = distributed_setup(parse_text("f.yaml", text), tmp_path / "f.yaml")
+    assert setup == expected
+    assert bool(where) == ("seed" not in text)
+
+
+def _from_request(tmp_path: Path, extra: str, **given: Any) -> Any:
     src = tmp_path / "lf.yaml"
     src.write_text("model_name_or_path: tiny-llama\nstage: sft\nfinetuning_type: lora\ncutoff_len: 64\n"
-                   "per_device_train_batch_size: 2\ngradient_accumulation_steps: 4\ndeepspeed: ds_z3.json\n")
-    events: list = []
-    request = autotune.run.RunRequest.from_file(src, gpu_budget="4GB", device="cpu",
-                                                progress=lambda e, d: events.append((e, d)))
-    read_request(request)
-    notes = [d["text"] for e, d in events if e == "note"]
-    assert any("'ds_z3.json', which the probes do not read" in n for n in notes), events
+                   "per_device_train_batch_size: 2\ngradient_accumulation_steps: 4\n" + extra)
+    return autotune.run.RunRequest.from_file(src, gpu_budget="24GB", **given)
+
+
+def test_a_from_search_on_gpus_measures_the_file_s_own_zero_set_up(tmp_path: Path) -> None:
+    """The write-back keeps the file's deepspeed / fsdp keys, so the probes measure that set-up (the multi-GPU
+    space would otherwise choose its own ZeRO stage and offload, and the tuned file would train another one);
+    the HF-default baseline is compared under it too."""
+    from autotune.run._plan import _space_for_device, baseline_candidate
+    from autotune.spec.space import load_space
+
+    (tmp_path / "ds_z3.json").write_text('{"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}')
+    request = _from_request(tmp_path, "deepspeed: ds_z3.json\n")
+    read = autotune.run._request.read_request(request)
+    gpus = [{"index": i, "name": "NVIDIA A10G", "memory_total": 24 * 2**30} for i in range(4)]
+    space, _, _, notes = _space_for_device(load_space("multi-gpu"), "cuda", gpus, "cuda", "127.0.0.1:6379", "lora",
+                                           read.args.source)
+    assert (space.zero_stage, space.offload, space.sharding) == ((3,), ("optimizer",), ("deepspeed",))
+    assert any("the probes measure ZeRO-3 (DeepSpeed), optimizer offload, as the DeepSpeed config 'ds_z3.json'"
+               in n for n in notes), notes
+    base = baseline_candidate(space, 8, "cuda")
+    assert base is not None and (base.zero_stage, base.offload) == (3, "optimizer")
+    # a file that names none: measured without sharding, as the tuned file will train
+    plain = autotune.run._request.read_request(_from_request(tmp_path, "")).args.source
+    space, _, _, notes = _space_for_device(load_space("multi-gpu"), "cuda", gpus, "cuda", "127.0.0.1:6379", "lora",
+                                           plain)
+    assert (space.zero_stage, space.offload) == ((0,), ("none",))
+    assert any("names no DeepSpeed or FSDP set-up" in n for n in notes), notes
+    # on a CPU the space stays and the note says the probes measure without it
+    space, _, _, notes = _space_for_device(None, "cpu", [], "cpu", None, "lora", read.args.source)
+    assert any("which a CPU probe cannot run" in n for n in notes), notes
+
+
+def test_a_from_file_naming_a_deepspeed_config_that_is_not_there_is_refused_on_gpus(tmp_path: Path) -> None:
+    from autotune.run._plan import _space_for_device
+    from autotune.spec.space import load_space
+
+    read = autotune.run._request.read_request(_from_request(tmp_path, "deepspeed: missing/ds_z3.json\n"))
+    with pytest.raises(SpecError, match="names the DeepSpeed config 'missing/ds_z3.json', but missing/ds_z3.json "
+                                        "does not exist .*remove the key"):
+        _space_for_device(load_space("multi-gpu"), "cuda", [{"index": 0}, {"index": 1}], "cuda", "127.0.0.1:6379",
+                          "lora", read.args.source)
 
 
 def test_a_quoted_value_holding_a_hash_is_replaced_whole_and_its_comment_kept() -> None:

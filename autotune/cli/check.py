@@ -5,7 +5,6 @@ input cannot be read."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,42 +49,13 @@ def load_bundle(path: Path) -> ConfigBundle:
     return bundle_from_file(path)
 
 
-_KIND_WORDS = {"deepspeed": "a DeepSpeed JSON file", "dataset": "a dataset file or folder", "folder": "a folder"}
-
-
-def _referenced(config: Path, value: str, kind: str) -> tuple[Path | None, str | None]:
-    """(the file or folder ``value`` names, None) or (None, what is wrong with it). A relative path is looked
-    for in the working directory, then beside the config (where the training tool may be started from)."""
-    import stat
-
-    raw = Path(value).expanduser()
-    cands = [raw] if raw.is_absolute() else list(dict.fromkeys([raw, config.parent / raw]))
-    wrong: str | None = None  # the first candidate that exists but is the wrong kind (another may be right)
-    for cand in cands:
-        try:
-            mode = os.stat(cand).st_mode
-        except OSError:
-            continue
-        ok = (stat.S_ISREG(mode) if kind == "deepspeed" else stat.S_ISDIR(mode) if kind == "folder"
-              else stat.S_ISREG(mode) or stat.S_ISDIR(mode))
-        if ok:
-            return cand, None
-        what = "a folder" if stat.S_ISDIR(mode) else "a device or a pipe" \
-            if not stat.S_ISREG(mode) else "a file"
-        wrong = wrong or f"{cand} is {what}, not {_KIND_WORDS[kind]}"
-    if wrong is not None:
-        return None, wrong
-    where = str(raw) if raw.is_absolute() else f"in the working directory or beside {config.name}"
-    return None, f"{value} does not exist ({where})"
-
-
 def _check_references(path: Path, b: ConfigBundle, fmt: str, data: dict[str, object]) -> None:
     """Every local file the config names (``autotune.formats.file_references``): a missing one, or one that is
     not a regular file, is recorded for a FAIL naming the key; a DeepSpeed JSON that is there is read too."""
-    from autotune.formats import file_references
+    from autotune.formats import file_references, locate_reference
 
     for key, value, kind in file_references(fmt, data):
-        found, problem = _referenced(path, value, kind)
+        found, problem = locate_reference(path, value, kind)
         b.references.append((path.name, key, value, problem))
         if found is not None and kind == "deepspeed" and "deepspeed" not in b.data:
             b.data["deepspeed"] = read_config(found.name, _read(found), fmt="deepspeed").data

@@ -28,6 +28,7 @@ from typing import Any
 from autotune.errors import SpecError
 from autotune.formats import accelerate, axolotl, deepspeed, llamafactory, training_args, trl
 from autotune.formats._common import REQUEST_FIELDS, Measured
+from autotune.formats._distributed import REFERENCE_KINDS, distributed_setup, locate_reference, setup_words
 from autotune.formats._inputs import unmeasured_problems, value_problems
 from autotune.formats._types import type_problems
 from autotune.formats._writeback import is_yaml_name, uneditable, write_back_text
@@ -38,19 +39,23 @@ from autotune.spec.result import ProbeResult
 __all__ = [
     "FORMATS",
     "Measured",
+    "REFERENCE_KINDS",
     "REQUEST_FIELDS",
     "ReadConfig",
     "checkpointed_every",
     "detect_format",
+    "distributed_setup",
     "file_references",
     "format_module",
     "key_source",
     "key_source_label",
     "known_keys",
+    "locate_reference",
     "measured_at",
     "packs_into_rows",
     "parse_text",
     "read_config",
+    "setup_words",
     "target_device",
     "translate",
     "tuned_file",
@@ -85,6 +90,10 @@ class ReadConfig:
     # values of the wrong type (autotune.formats._types): one message each; ``clean`` is ``data`` without them
     problems: list[str] = field(default_factory=list)
     clean: dict[str, Any] = field(default_factory=dict)
+    # the ZeRO/FSDP set-up it trains with and where that was read (``distributed_setup``, read by a --from run;
+    # None with ``distributed_from`` saying why it could not be read)
+    distributed: dict[str, Any] | None = None
+    distributed_from: str = ""
 
     @property
     def module(self) -> ModuleType:

@@ -350,6 +350,9 @@ def _space_for_device(
         elif dev != "cpu":
             notes.append(f"searching the `{space.name}` space, this request's situation ({mode}, "
                          f"{max(1, len(gpu_infos))} GPU(s)); --space names another")
+    if source is not None:
+        space, note = _hold_distributed(space, source, dev, mode)
+        notes += [note] if note else []
     caps = detect_capabilities(dev, gpu_infos, ray_address)
     space, dropped = filter_space(space, caps, mode=mode)
     if situation:
@@ -361,6 +364,38 @@ def _space_for_device(
     if dropped:
         notes.append(dropped_line(dropped, dev))
     return space, dropped, caps, notes
+
+
+def _hold_distributed(space: SearchSpace, source: Any, dev: str, mode: str) -> tuple[SearchSpace, str | None]:
+    """The space with the ZeRO stage, offload and sharding held at the ``--from`` file's own (its write-back keeps
+    its ``deepspeed`` / ``fsdp`` keys, so the tuned file trains with them: the probes measure them), and a note
+    for the run. On a CPU, which runs no ZeRO or FSDP, the space is left as it is and the note says so."""
+    from autotune.formats import setup_words
+
+    setup, where = source.distributed, source.distributed_from
+    if dev == "cpu":
+        if not where:
+            return space, None
+        if setup is None:
+            return space, (f"{where}: the probes measure without ZeRO or FSDP (a CPU probe runs neither), and the "
+                           "tuned file keeps the reference")
+        return space, (f"{source.name} trains with {setup_words(setup)} ({where}), which a CPU probe cannot run: "
+                       "the probes measure without it, and the tuned file keeps it")
+    if setup is None:
+        raise SpecError(f"--from: {where}; give the path from the working directory (or beside the file), or "
+                        "remove the key to search without it")
+    if mode == "qlora" and setup["zero_stage"]:
+        raise SpecError(f"--from {source.name} trains QLoRA with {setup_words(setup)} ({where}), which autotune's "
+                        "QLoRA probe cannot run (its 4-bit base is not sharded): remove the key to measure on one "
+                        "GPU without it")
+    held = dataclasses.replace(space, zero_stage=(setup["zero_stage"],), offload=(setup["offload"],),
+                               sharding=(setup["sharding"],))
+    if held == space:
+        return space, None
+    return held, (f"the probes measure {setup_words(setup)}, "
+                  + (f"as {where} sets it" if where else f"as {source.name} names no DeepSpeed or FSDP set-up")
+                  + f", which the tuned {source.name} keeps (autotune chooses ZeRO, FSDP and offload only "
+                  "without --from)")
 
 
 def _hold_unexpressed(space: SearchSpace, source: Any) -> tuple[SearchSpace, list[Any]]:
@@ -394,6 +429,10 @@ def baseline_candidate(space: SearchSpace, effective_batch: int, device: str = "
         cand = hf_default_candidate(effective_batch, world_size=world, precision=precision)
     except ValueError:
         return None
+    if len(space.zero_stage) == len(space.offload) == len(space.sharding) == 1:
+        # a distributed set-up held (a --from file's): the default is compared under it
+        cand = dataclasses.replace(cand, zero_stage=space.zero_stage[0], offload=space.offload[0],
+                                   sharding=space.sharding[0])
     if cand.micro_batch * cand.grad_accum * cand.world_size != effective_batch:
         return None  # it cannot hold this effective batch: no honest comparison
     return cand

@@ -132,7 +132,13 @@ def read_source(path: str | Path, fmt: str | None, *, effective_batch_given: boo
     """(the file as read, the request values it holds). Read through the bounded reader (a FIFO,
     ``/dev/zero`` or a huge file is refused in one line); each value is type-checked like a flag, naming
     the key."""
-    from autotune.formats import packs_into_rows, read_config, unmeasured_problems, value_problems
+    from autotune.formats import (
+        distributed_setup,
+        packs_into_rows,
+        read_config,
+        unmeasured_problems,
+        value_problems,
+    )
     from autotune.spec.files import read_text_file
 
     p = Path(path)
@@ -146,6 +152,7 @@ def read_source(path: str | Path, fmt: str | None, *, effective_batch_given: boo
     if problems:
         raise SpecError(problems)
     req = cfg.request
+    cfg.distributed, cfg.distributed_from = distributed_setup(cfg.data, p)
     packed = packs_into_rows(cfg)
     if packed and not effective_batch_given and req.get("effective_batch"):
         # rows of packed sequences per step are not a number of sequences: reading one as the other
@@ -234,19 +241,6 @@ class Request:
     write_back: WriteBackPlan | None = None  # a --from file to write back (checked)
 
 
-def _named_distributed_config(data: Any) -> str | None:
-    """The DeepSpeed or FSDP set-up a --from file names by path or by its own keys (which the probes do not
-    read), as words for a note; None when it names none."""
-    if not isinstance(data, dict):
-        return None
-    ds = data.get("deepspeed")
-    if isinstance(ds, str) and ds:
-        return f"the DeepSpeed config {ds!r}"
-    if data.get("fsdp") or data.get("fsdp_config") or data.get("fsdp_version"):
-        return "an FSDP set-up"
-    return None
-
-
 def read_request(a: RunRequest) -> Request:
     """Stage 1: the write-back's target, every problem with the arguments at once (SpecError), then the
     model, offline unless ``hub``."""
@@ -256,11 +250,6 @@ def read_request(a: RunRequest) -> Request:
     if a.source is not None and a.progress is not None:
         a.progress("source", {"name": a.source.name, "label": a.source.module.LABEL, "model": a.model, "mode": a.mode,
                               "seq_len": a.seq_len, "effective_batch": a.effective_batch})
-        named = _named_distributed_config(a.source.data)
-        if named:
-            a.progress("note", {"text": f"{a.source.name} names {named}, which the probes do not read: they run the "
-                                        "search space's own ZeRO/FSDP choices, so they measure without it, and the "
-                                        "write-back leaves the reference as it is"})
     parsed = _parse_args(a)
     resolved = _resolve_inputs(a)
     return Request(args=a, budget=parsed["budget"], time_budget_s=parsed["time_budget_s"],

@@ -1,0 +1,121 @@
+"""The files a config names, found as the training tool finds them, and the ZeRO/FSDP set-up a training
+config trains with.  [pure: reads the files it is asked about]
+
+A training file's distributed set-up is not one of its tuned keys: a write-back keeps its ``deepspeed`` /
+``fsdp`` keys as they are (each framework module's ``HELD_LEVERS``). So a ``--from`` search on GPUs measures
+that set-up (:func:`distributed_setup`) rather than choosing its own, and the tuned file trains with what was
+measured. The set-up as lever values (``autotune.spec.levers``):
+
+* ``deepspeed``: a mapping given inline, or the path of a DeepSpeed JSON (looked for in the working
+  directory, then beside the config, as :func:`locate_reference` does): ``zero_optimization.stage`` and its
+  ``offload_param`` / ``offload_optimizer`` device (cpu or nvme: offloaded);
+* ``fsdp`` (TrainingArguments, TRL, Axolotl): its options, a string or a list: ``full_shard`` or
+  ``hybrid_shard`` is stage 3, ``shard_grad_op`` or ``hybrid_shard_zero2`` stage 2, ``offload`` offloads the
+  parameters; Axolotl's ``fsdp_version: 2`` with ``fsdp_config`` (``reshard_after_forward`` false is stage 2,
+  else 3; ``offload_params``, or v1's ``fsdp_offload_params``);
+* neither: stage 0 (data parallel, or one GPU).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["REFERENCE_KINDS", "distributed_setup", "locate_reference", "setup_words"]
+
+REFERENCE_KINDS = {"deepspeed": "a DeepSpeed JSON file", "dataset": "a dataset file or folder", "folder": "a folder"}
+
+_FSDP_STAGES = {"full_shard": 3, "hybrid_shard": 3, "shard_grad_op": 2, "hybrid_shard_zero2": 2}
+
+
+def locate_reference(config: Path, value: str, kind: str) -> tuple[Path | None, str | None]:
+    """(the file or folder ``value`` names, None) or (None, what is wrong with it). A relative path is looked
+    for in the working directory, then beside the config (where the training tool may be started from)."""
+    raw = Path(value).expanduser()
+    cands = [raw] if raw.is_absolute() else list(dict.fromkeys([raw, config.parent / raw]))
+    wrong: str | None = None  # the first candidate that exists but is the wrong kind (another may be right)
+    for cand in cands:
+        try:
+            mode = os.stat(cand).st_mode
+        except OSError:
+            continue
+        ok = (stat.S_ISREG(mode) if kind == "deepspeed" else stat.S_ISDIR(mode) if kind == "folder"
+              else stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+        if ok:
+            return cand, None
+        what = "a folder" if stat.S_ISDIR(mode) else "a device or a pipe" if not stat.S_ISREG(mode) else "a file"
+        wrong = wrong or f"{cand} is {what}, not {REFERENCE_KINDS[kind]}"
+    if wrong is not None:
+        return None, wrong
+    where = str(raw) if raw.is_absolute() else f"in the working directory or beside {config.name}"
+    return None, f"{value} does not exist ({where})"
+
+
+def _from_deepspeed(ds: Mapping[str, Any]) -> dict[str, Any]:
+    zero = ds.get("zero_optimization")
+    zero = zero if isinstance(zero, Mapping) else {}
+    stage = zero.get("stage", 0)
+
+    def offloaded(key: str) -> bool:
+        part = zero.get(key)
+        return isinstance(part, Mapping) and part.get("device") in ("cpu", "nvme")
+
+    offload = "params" if offloaded("offload_param") else "optimizer" if offloaded("offload_optimizer") else "none"
+    return {"zero_stage": stage if isinstance(stage, int) and not isinstance(stage, bool) else 0,
+            "offload": offload, "sharding": "deepspeed"}
+
+
+def _from_fsdp(data: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The FSDP set-up ``data`` states, None when it states none."""
+    raw = data.get("fsdp")
+    options = raw.split() if isinstance(raw, str) else [str(o) for o in raw] if isinstance(raw, list) else []
+    fcfg = data.get("fsdp_config")
+    fcfg = fcfg if isinstance(fcfg, Mapping) else {}
+    version2 = data.get("fsdp_version") == 2 or fcfg.get("fsdp_version") == 2
+    stage = next((_FSDP_STAGES[o] for o in options if o in _FSDP_STAGES), None)
+    if stage is None and version2:
+        stage = 2 if fcfg.get("reshard_after_forward") is False else 3
+    if stage is None:
+        return None
+    offload = ("offload" in options or bool(fcfg.get("offload_params")) or bool(fcfg.get("fsdp_offload_params")))
+    return {"zero_stage": stage, "offload": "params" if offload else "none", "sharding": "fsdp"}
+
+
+def distributed_setup(data: Mapping[str, Any], config: Path) -> tuple[dict[str, Any] | None, str]:
+    """(the ZeRO/FSDP set-up a training config at ``config`` trains with, as ``zero_stage`` / ``offload`` /
+    ``sharding`` values, and where it was read: "" when the file names none) or (None, what is wrong: a named
+    DeepSpeed file that cannot be found or read)."""
+    from autotune.errors import SpecError
+    from autotune.spec.files import read_json_file
+
+    ds = data.get("deepspeed")
+    if isinstance(ds, Mapping):
+        return _from_deepspeed(ds), f"the DeepSpeed config given in {config.name}"
+    if isinstance(ds, str) and ds.strip():
+        found, problem = locate_reference(config, ds, "deepspeed")
+        if found is None:
+            return None, f"{config.name} names the DeepSpeed config {ds!r}, but {problem}"
+        try:
+            parsed = read_json_file(found, what=f"the DeepSpeed config {ds!r}")
+        except SpecError as exc:
+            return None, str(exc)
+        if not isinstance(parsed, Mapping):
+            return None, f"the DeepSpeed config {ds!r} ({found}) is not a JSON object"
+        return _from_deepspeed(parsed), f"the DeepSpeed config {ds!r}"
+    fsdp = _from_fsdp(data)
+    if fsdp is not None:
+        return fsdp, f"the FSDP settings of {config.name}"
+    return {"zero_stage": 0, "offload": "none", "sharding": "deepspeed"}, ""
+
+
+def setup_words(setup: Mapping[str, Any]) -> str:
+    """``ZeRO-3 (DeepSpeed), parameter offload`` / ``no ZeRO or FSDP sharding``."""
+    if not setup.get("zero_stage"):
+        return "no ZeRO or FSDP sharding"
+    head = (f"ZeRO-{setup['zero_stage']} (DeepSpeed)" if setup.get("sharding") == "deepspeed"
+            else "FSDP " + ("full shard" if setup["zero_stage"] == 3 else "shard_grad_op"))
+    offload = setup.get("offload", "none")
+    return head + ("" if offload == "none" else f", {'parameter' if offload == 'params' else 'optimizer'} offload")

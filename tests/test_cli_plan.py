@@ -293,8 +293,29 @@ def test_nothing_fits_answers_with_the_smallest_footprint_and_its_breakdown() ->
     assert g["breakdown"]["dominant"] == "weights" and any(t["term"] == "logits_loss" for t in g["breakdown"]["terms"])
     gib = least["memory"]["total"] / 2**30
     assert f"the smallest footprint is {gib:.2f} GiB of {g['usable_bytes'] / 2**30:.2f} GiB usable" in g["note"]
-    text = run(*args).output
-    assert "the smallest footprint is" in text and "T4 memory at the" in text
+    r = run(*args)
+    assert "the smallest footprint is" in r.output and "T4 memory at the" in r.output
+    assert r.exit_code == 3  # nothing fits on any GPU asked, in any mode tried: as `autotune run`
+    assert "already 4-bit" in r.output  # the dominant term's lever leaves out what the plan already uses
+
+
+def test_a_plan_the_run_could_not_measure_is_refused_or_not_offered() -> None:
+    """QLoRA's probe does not shard its 4-bit base: a QLoRA plan with ZeRO or offload is refused, and no search
+    falls back to one (70B QLoRA on an A10G said "fits" with ZeRO-3 parameter offload when pinned); Liger patches
+    no GPT-2, so a GPT-2 plan neither assumes its fused loss nor accepts it pinned; a world size the effective
+    batch cannot split is bad input, not "nothing fits"."""
+    assert "QLoRA probe does not shard" in _one_line_error(
+        run("--model", "llama-3.1-70b", "--mode", "qlora", "--gpu", "A10G", "--offload", "params"))
+    r = run("--model", "llama-3.1-8b", "--mode", "full", "--gpu", "T4", "--zero-stage", "3", "--offload", "params",
+            "--world-size", "1", "--json")
+    option = json.loads(r.output)["gpus"][0]["option"]
+    assert option is None or option["mode"] != "qlora", option
+    g = json.loads(run("--model", "gpt2", "--gpu", "T4", "--seq-len", "1024", "--json").output)["gpus"][0]
+    assert not g["option"]["candidate"]["liger"]
+    assert "Liger does not patch model_type 'gpt2'" in _one_line_error(run("--model", "gpt2", "--seq-len", "1024",
+                                                                           "--liger"))
+    assert "not a multiple of world_size 3" in _one_line_error(run("--model", "llama-3.1-8b", "--gpu", "H100-SXM",
+                                                                   "--world-size", "3"))
 
 
 def test_an_answer_that_needs_liger_says_so_and_what_it_is_without() -> None:

@@ -315,6 +315,10 @@ def test_the_filter_on_gpus_by_compute_capability_and_installed_packages() -> No
     assert dropped == [] and filtered == space
     # unknown (a remote cluster): nothing is dropped for packages or capability
     assert filter_space(space, {"device": "cuda"})[1] == []
+    # a model family Liger does not patch: use_liger_kernel would measure nothing, so it is not searched
+    _, dropped = filter_space(space, {"device": "cuda", "model_type": "gpt2", "packages": installed})
+    assert [(d.knob, d.value) for d in dropped] == [("liger", True)] and "model_type 'gpt2'" in dropped[0].reason
+    assert filter_space(space, {"device": "cuda", "model_type": "llama", "packages": installed})[1] == []
 
 
 def test_zero_stages_without_deepspeed_go_with_their_offload_unless_fsdp_stands_in() -> None:

@@ -19,7 +19,7 @@ import typer
 
 from autotune.cli._levers import lever_options
 from autotune.cli.render import dumps_json
-from autotune.errors import SpecError
+from autotune.errors import NothingFitsError, SpecError
 from autotune.estimate.catalog import GPU, catalog_paths_from_env, find_gpus, load_catalog
 from autotune.estimate.plan import (
     PIN_FIELDS,
@@ -358,7 +358,8 @@ def command(
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON only."),
     levers: dict[str, Any] | None = None,  # the pins, one option per lever the planner prices (lever_options)
 ) -> None:
-    """Plan capacity without a GPU: does it fit, with which levers, how fast, how long, what cost."""
+    """Plan capacity without a GPU: does it fit, with which levers, how fast, how long, what cost. Exit 3 when
+    nothing fits on any GPU asked about, in any mode tried (as `autotune run`'s "nothing fits")."""
     pin = dict(levers or {})
     query = PlanQuery(
         model=model, gpu=gpu,
@@ -372,3 +373,5 @@ def command(
         typer.echo(dumps_json(result.to_dict(), indent=2))
     else:
         typer.echo(render(result), nl=False)
+    if not any(row.option is not None for row in result.rows):
+        raise typer.Exit(NothingFitsError.exit_code)

@@ -22,6 +22,7 @@ from autotune.estimate.arch import Arch, arch_from_config
 from autotune.estimate.catalog import GPU
 from autotune.estimate.memory import DEFAULT_OPTIM, MemoryBreakdown, estimate_memory
 from autotune.estimate.speed import SpeedEstimate, predict_speed
+from autotune.spec.capabilities import liger_problem
 from autotune.spec.lengths import parse_lengths
 from autotune.spec.levers import LEVERS, ZERO_STAGES, or_list, rule_problems, value_problem
 from autotune.spec.probe_request import (
@@ -245,9 +246,21 @@ def breakdown(option: PlanOption) -> dict[str, Any]:
         "total": mem.total,
         "terms": [{"term": k, "bytes": v, "share": v / total} for k, v in terms],
         "dominant": top,
-        "lever": LEVER_FOR_TERM.get(top, ""),
+        "lever": _lever_for(top, option),
         "optimizer": option.candidate.optim,
     }
+
+
+def _lever_for(term: str, option: PlanOption) -> str:
+    """What shrinks ``term`` (``LEVER_FOR_TERM``), less what the option already uses."""
+    c = option.candidate
+    if term == "weights" and option.mode == "qlora":
+        return "already 4-bit: a GPU with more memory (autotune's QLoRA probe does not shard the base)"
+    if term == "weights" and option.mode == "lora":
+        return "ZeRO-3 sharding over more GPUs, or QLoRA's 4-bit base" if c.zero_stage < 3 else "more GPUs, or QLoRA"
+    if term == "activations" and c.grad_ckpt and c.ckpt_every == 1:
+        return "a smaller micro-batch or sequence (every layer is checkpointed already)"
+    return LEVER_FOR_TERM.get(term, "")
 
 
 def _gpus_text(n: int) -> str:
@@ -296,12 +309,12 @@ def _world_sizes(gpus_per_node: int) -> list[int]:
 
 
 def _sharding(mode: str, world: int, pin: Mapping[str, Any]) -> list[tuple[int, str]]:
-    if "zero_stage" in pin or "offload" in pin:
+    if mode != "qlora" and ("zero_stage" in pin or "offload" in pin):
         opts = [(z, o) for z in ZERO_STAGES for o in OFFLOAD_CHOICES
                 if not rule_problems({"zero_stage": z, "offload": o})]
         return [(z, o) for z, o in opts if pin.get("zero_stage", z) == z and pin.get("offload", o) == o]
-    if mode == "qlora":
-        return [(0, "none")]
+    if mode == "qlora":  # the QLoRA probe does not shard its 4-bit base (a pin elsewhere: no QLoRA option)
+        return [(0, "none")] if pin.get("zero_stage", 0) == 0 and pin.get("offload", "none") == "none" else []
     if mode == "lora":
         # the frozen base is what fills the GPU: ZeRO-3 shards it (ZeRO-1/2 shard only the adapters' small
         # gradients and optimizer states, which DDP holds whole at little cost)
@@ -343,13 +356,14 @@ def _search(
     min_gpus: int | None = None
     host_note = ""
     worlds = [pin["world_size"]] if "world_size" in pin else _world_sizes(gpus_per_node)
+    ligers = liger_problem(arch.model_type) is None
     # packing changes nothing with fixed lengths (one full row per sequence): searched only when lengths vary
     packings = (pin["packing"],) if "packing" in pin else (False, True) if workload.lengths != "fixed" else (False,)
     for world, packing in ((w, p) for w in worlds for p in packings):
         for zero, offload in _sharding(workload.mode, world, pin):
             for optim in _optims(workload.mode, offload, pin):
                 for ckpt, every in _checkpointing(pin):
-                    for liger in (pin["liger"],) if "liger" in pin else (False, True):
+                    for liger in (pin["liger"],) if "liger" in pin else (False, True) if ligers else (False,):
                         for mb in (pin["micro_batch"],) if "micro_batch" in pin else MICRO_BATCHES:
                             if effective_batch % (mb * world):
                                 continue
@@ -408,6 +422,9 @@ def _check_pins(pin: Mapping[str, Any], gpus_per_node: int, effective_batch: int
     w = pin.get("world_size")
     if w is not None and w > gpus_per_node:
         problems.append(f"world_size {w} exceeds gpus_per_node {gpus_per_node}")
+    if w is not None and "micro_batch" not in pin and effective_batch % w:
+        problems.append(f"effective_batch {effective_batch} is not a multiple of world_size {w}: each GPU takes a "
+                        f"whole number of sequences per step; give an effective batch that {w} divides")
     mb = pin.get("micro_batch")
     if mb is not None and effective_batch % (mb * (w or 1)):
         problems.append(
@@ -474,6 +491,8 @@ def plan(
     if problems:
         raise SpecError(problems)
     arch = _arch(arch_or_config)
+    if pin.get("liger") and (why := liger_problem(arch.model_type)):
+        raise SpecError(f"liger: {why}; drop --liger")
     model = model_name or arch.model_type
     notes = _position_notes(arch, seq_len, model)
     if workload.trainer == "trl" and pin.get("liger"):
@@ -519,6 +538,9 @@ def _plan_problems(
         problems.append("at least one GPU is needed")
     if not problems:
         problems += _check_pins(pin, gpus_per_node, effective_batch)
+    if not problems and mode == "qlora" and (pin.get("zero_stage") or pin.get("offload", "none") != "none"):
+        problems.append("mode qlora with ZeRO/FSDP or offload: autotune's QLoRA probe does not shard its 4-bit base, so "
+                        "it could not measure this plan; drop the zero_stage / offload pin")
     return problems
 
 

@@ -68,7 +68,8 @@ def plan_search(r: Request) -> SearchPlan:
     dev, gpu_infos = _detect_device(a.device, r.gpu_list, a.ray_address)
     workload = _workload(r)
     space_obj, dropped, caps, notes = _space_for_device(r.space, dev, gpu_infos, a.device, a.ray_address, a.mode,
-                                                        a.source, workload.variable_lengths)
+                                                        a.source, workload.variable_lengths,
+                                                        model_type=str(r.resolved.config.get("model_type") or ""))
     if a.gpus_per_trial is not None:
         space_obj = dataclasses.replace(space_obj, gpus_per_trial=(a.gpus_per_trial,))
     settings, rule = _probe_settings(r, dev, gpu_infos)
@@ -328,7 +329,7 @@ def _search_settings(r: Request, plan: SearchPlan) -> dict[str, Any]:
 
 def _space_for_device(
     space: SearchSpace | None, dev: str, gpu_infos: list[dict[str, Any]], requested: str, ray_address: str | None,
-    mode: str, source: Any = None, variable_lengths: bool = True,
+    mode: str, source: Any = None, variable_lengths: bool = True, model_type: str = "",
 ) -> tuple[SearchSpace, list[Any], dict[str, Any], list[str]]:
     """(the space to search, the dropped choices, the capabilities, progress notes for the run).
 
@@ -353,7 +354,7 @@ def _space_for_device(
     if source is not None:
         space, note = _hold_distributed(space, source, dev, mode)
         notes += [note] if note else []
-    caps = detect_capabilities(dev, gpu_infos, ray_address)
+    caps = detect_capabilities(dev, gpu_infos, ray_address, model_type)
     space, dropped = filter_space(space, caps, mode=mode)
     if situation:
         space, dear = situation_space(space, variable_lengths=variable_lengths)

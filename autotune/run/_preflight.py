@@ -238,7 +238,8 @@ def trainer_reads_every_n_layers() -> bool | None:
     return None
 
 
-def detect_capabilities(device: str, gpu_infos: list[dict[str, Any]], ray_address: str | None) -> dict[str, Any]:
+def detect_capabilities(device: str, gpu_infos: list[dict[str, Any]], ray_address: str | None,
+                        model_type: str | None = None) -> dict[str, Any]:
     """What :func:`autotune.spec.capabilities.filter_space` needs to know about this machine.
 
     With ``--ray-address`` the probes run on the cluster's machines, whose packages and GPUs are
@@ -246,6 +247,8 @@ def detect_capabilities(device: str, gpu_infos: list[dict[str, Any]], ray_addres
     The GPUs' compute capability is also written into ``gpu_infos`` (the cache key's fingerprint).
     """
     caps: dict[str, Any] = {"device": device}
+    if model_type:  # what the model's family supports (Liger patches some), wherever the probes run
+        caps["model_type"] = model_type
     if ray_address is not None:
         return caps
     caps["packages"] = {name: _has_module(name) for name in

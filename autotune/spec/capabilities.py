@@ -31,7 +31,7 @@ from typing import Any
 from autotune.errors import SpecError
 from autotune.spec.space import DIMENSIONS, SearchSpace
 
-__all__ = ["DroppedChoice", "choice_problem", "mode_problem", "filter_space", "drop_dependants", "dropped_line"]
+__all__ = ["LIGER_MODEL_TYPES", "DroppedChoice", "choice_problem", "liger_problem", "mode_problem", "filter_space", "drop_dependants", "dropped_line"]
 
 _INSTALL = {
     "flash_attn": "pip install flash-attn",
@@ -40,6 +40,27 @@ _INSTALL = {
     "deepspeed": "pip install 'autotune[deepspeed]'",
     "triton": "pip install triton",
 }
+
+
+# the model types Liger patches (liger-kernel 0.8.5, liger_kernel/transformers/monkey_patch.py,
+# MODEL_TYPE_TO_APPLY_LIGER_FN); the Trainer's use_liger_kernel does nothing for any other (GPT-2, ...)
+LIGER_MODEL_TYPES = frozenset({
+    "deepseek_v2", "deepseek_v3", "deepseek_v4", "exaone4", "falcon_h1", "gemma", "gemma2", "gemma3", "gemma3_text",
+    "gemma4", "gemma4_text", "glm4", "glm4v", "glm4v_moe", "gpt_oss", "granite", "hunyuan_v1_dense", "hunyuan_v1_moe",
+    "internvl", "llama", "llama4", "llama4_text", "llava", "ministral", "mistral", "mixtral", "mllama",
+    "mllama_text_model", "muse_glimmer", "nemotron", "olmo2", "olmo3", "paligemma", "phi3", "pixtral", "qwen2",
+    "qwen2_5_vl", "qwen2_5_vl_text", "qwen2_vl", "qwen2_vl_text", "qwen3", "qwen3_5", "qwen3_5_moe",
+    "qwen3_5_moe_text", "qwen3_5_text", "qwen3_moe", "qwen3_next", "qwen3_vl", "qwen3_vl_moe", "qwen3_vl_moe_text",
+    "qwen3_vl_text", "smollm3", "smolvlm",
+})
+
+
+def liger_problem(model_type: str | None) -> str | None:
+    """Why Liger's kernels would do nothing for this model type (None: Liger patches it, or it is not known)."""
+    if not model_type or model_type in LIGER_MODEL_TYPES:
+        return None
+    return (f"Liger does not patch model_type {model_type!r} (liger-kernel patches Llama, Mistral, Qwen, Gemma, Phi-3 "
+            "and other families): use_liger_kernel would change nothing")
 
 
 @dataclass(frozen=True)
@@ -104,7 +125,7 @@ def choice_problem(knob: str, value: Any, caps: Mapping[str, Any]) -> str | None
     if knob == "liger" and value is True:
         if cpu:
             return "Liger kernels are Triton GPU kernels; this run is on cpu"
-        return _missing(caps, "liger_kernel", "liger")
+        return liger_problem(caps.get("model_type")) or _missing(caps, "liger_kernel", "liger")
     if knob == "ckpt_every" and value != 1 and caps.get("partial_ckpt") is False:
         return (f"ckpt_every {value} (one checkpointed layer in {value}) needs a transformers whose Trainer reads "
                 "activation_checkpointing_kwargs' every_n_layers (5.24 does): pip install -U transformers")

@@ -151,7 +151,8 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except exc_mod.UsageError as exc:
         hint = f"; see '{exc.ctx.command_path} --help'" if exc.ctx is not None else ""
-        typer.echo(f"autotune: error: {exc.format_message()}{hint}", err=True)
+        message = exc.format_message().rstrip()
+        typer.echo(f"autotune: error: {message.rstrip('.') if hint else message}{hint}", err=True)
         sys.exit(2)
     except exc_mod.ClickException as exc:
         typer.echo(f"autotune: error: {exc.format_message()}", err=True)

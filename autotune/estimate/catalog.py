@@ -224,7 +224,9 @@ def _size(problems: list[str], where: str, key: str, value: Any) -> int | None:
         problems.append(str(exc))
         return None
     if n < _MIN_CATALOG_BYTES:
-        problems.append(f"{where}: {key} {value!r} is {n} bytes, under 1 GiB: give it with its unit, e.g. 24GB")
+        unitless = isinstance(value, int) or str(value).strip().replace(".", "", 1).isdigit()
+        fix = "give it with its unit, e.g. 24GB" if unitless else "no GPU or host has that little; e.g. 24GB"
+        problems.append(f"{where}: {key} {value!r} is {n} bytes, under 1 GiB: {fix}")
         return None
     return n
 

@@ -40,7 +40,8 @@ _UNITS: dict[str, int] = {
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 _PCT_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*%\s*$")
 
-ACCEPTED = "e.g. 24GB, 24GiB, 24g, 24000MB or 80% (of the device's memory)"
+SIZES = "e.g. 24GB, 24GiB, 24g or 24000MB"
+ACCEPTED = f"{SIZES} or 80% (of the device's memory)"  # a budget may be a share; a plain size may not
 
 
 @dataclass(frozen=True)
@@ -67,17 +68,17 @@ class Budget:
         return self.text
 
 
-def parse_size(text: str, *, what: str = "size") -> int:
-    """Parse an absolute size (``"24GB"``) to bytes; raise SpecError naming ``what``."""
+def parse_size(text: str, *, what: str = "size", accepted: str = SIZES) -> int:
+    """Parse an absolute size (``"24GB"``) to bytes; raise SpecError naming ``what`` and the ``accepted`` forms."""
     if not isinstance(text, str):
         raise SpecError(f"{what} must be a string like 24GB, got {text!r}")
     m = _SIZE_RE.match(text)
     if not m:
-        raise SpecError(f"{what} {text!r} is not a size; use {ACCEPTED}")
+        raise SpecError(f"{what} {text!r} is not a size; use {accepted}")
     number, unit = m.groups()
     factor = _UNITS.get(unit.lower())
     if factor is None:
-        raise SpecError(f"{what} {text!r} has an unknown unit {unit!r}; use {ACCEPTED}")
+        raise SpecError(f"{what} {text!r} has an unknown unit {unit!r}; use {accepted}")
     value = float(number) * factor
     if not math.isfinite(value) or value < 1:
         raise SpecError(f"{what} must be positive, got {text!r}")
@@ -105,7 +106,7 @@ def parse_budget(text: str | int | Budget) -> Budget:
         if not 0.0 < share <= 1.0:
             raise SpecError(f"gpu budget percentage must be in (0%, 100%], got {text!r}")
         return Budget(text=stripped, fraction=share)
-    return Budget(text=stripped, bytes=parse_size(stripped, what="gpu budget"))
+    return Budget(text=stripped, bytes=parse_size(stripped, what="gpu budget", accepted=ACCEPTED))
 
 
 # The one rule for what a percentage budget is a share of. The budget is per GPU and every GPU a

@@ -503,6 +503,9 @@ def plan(
         lengths=lengths, trainer=workload.trainer,
     )  # fmt: skip
     rows = [_plan_gpu(arch, gpu, req) for gpu in gpus]
+    if any(r.option is not None and (r.option.speed.mfu or 0.0) > 1.0 for r in rows):
+        notes.append("MFU counts attention at its full (non-causal) size, PaLM's convention, while a causal kernel "
+                     "computes about half of it: at long sequences, where attention dominates, MFU can pass 100%")
     return PlanResult(
         model=model, arch=arch, mode=mode, seq_len=seq_len,
         effective_batch=effective_batch, gpus_per_node=gpus_per_node, tokens=tokens, rows=tuple(rows),

@@ -396,3 +396,17 @@ def test_a_trl_sft_configs_model_keys_of_the_wrong_type_are_one_line_each(tmp_pa
                                    "tiny-llama", "--device", "cpu", "--out", str(tmp_path / "out")])
     assert run.exit_code == 2 and "lora_r must be an integer >= 1" in run.output
     assert not (tmp_path / "out").exists()
+
+
+def test_an_unknown_key_is_named_as_the_file_has_it_with_the_format_s_own_key_as_the_fix(tmp_path: Path) -> None:
+    """The checklist speaks the file's vocabulary, but an unknown key is quoted as written: an Axolotl file's
+    ``per_device_train_batch_size`` was reported as ``micro_batch_size`` (its valid key), whose removal the fix
+    then asked for."""
+    from autotune.cli.check import bundle_from_file
+
+    src = tmp_path / "ax.yaml"
+    src.write_text("base_model: tiny-llama\nadapter: lora\nmicro_batch_size: 2\ngradient_accumulation_steps: 4\n"
+                   "per_device_train_batch_size: 4\nsequence_len: 64\n")
+    names = [i for i in gather(bundle_from_file(src)).items if i.id == "names"]
+    assert [(i.message.split()[0], i.fix) for i in names] == [("per_device_train_batch_size",
+                                                               "remove it, or use micro_batch_size")]

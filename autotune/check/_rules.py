@@ -848,6 +848,16 @@ def _rule_attention(c: _Ctx) -> None:
         c.add("attention", title, "pass", str(attn), source=src)
 
 
+# items that name the file's own keys (its unknown keys, the framework's own deprecation messages): not translated
+_VERBATIM_ITEMS = frozenset({"names", "deprecated"})
+
+
+def _rename_fix(fmt: str, key: str) -> str:
+    """``remove or rename it``, naming the format's own key where ``key`` is another vocabulary's for it."""
+    own = FORMATS[fmt].VOCAB.get(key)
+    return f"remove it, or use {own}" if isinstance(own, str) and own and own != key else "remove or rename it"
+
+
 def _rule_format_keys(c: _Ctx) -> None:
     """Axolotl / LLaMA-Factory: every key against the key set the format accepts."""
     b = c.b
@@ -872,10 +882,10 @@ def _rule_format_keys(c: _Ctx) -> None:
         if b.fmt == "axolotl":
             c.add("names", "argument names", "warn",
                   f"{key} is not in {label}'s schema ({b.key_source}): Axolotl ignores it silently",
-                  "remove or rename it", src)
+                  _rename_fix(b.fmt, key), src)
         else:
             c.add("names", "argument names", "fail",
-                  f"{key} is not a {label} argument ({b.key_source}): it refuses to start", "remove or rename it",
+                  f"{key} is not a {label} argument ({b.key_source}): it refuses to start", _rename_fix(b.fmt, key),
                   src)
     if not bad:
         c.add("names", "argument names", "pass", f"{len(native)} {label} keys, all known ({b.key_source})",
@@ -1139,11 +1149,11 @@ def gather(
                   f"({type(exc).__name__}: {' '.join(str(exc).split())[:120]})",
                   "give each key the type its documentation names")
     if bundle.fmt in FORMATS and FORMATS[bundle.fmt].VOCAB:
-        c.items = [
-            CheckItem(id=i.id, title=i.title, status=i.status, message=translate(bundle.fmt, i.message),
-                      fix=translate(bundle.fmt, i.fix), source=i.source, figures=i.figures)
-            for i in c.items
-        ]
+        # every message in the file's own words, except those that quote the file's keys as they are
+        c.items = [i if i.id in _VERBATIM_ITEMS else
+                   CheckItem(id=i.id, title=i.title, status=i.status, message=translate(bundle.fmt, i.message),
+                             fix=translate(bundle.fmt, i.fix), source=i.source, figures=i.figures)
+                   for i in c.items]
     ctx: dict[str, Any] = {"transformers": transformers_version, "fields_known": fields is not None,
                            "format": bundle.fmt}
     if gpu is not None:

@@ -410,3 +410,17 @@ def test_an_unknown_key_is_named_as_the_file_has_it_with_the_format_s_own_key_as
     names = [i for i in gather(bundle_from_file(src)).items if i.id == "names"]
     assert [(i.message.split()[0], i.fix) for i in names] == [("per_device_train_batch_size",
                                                                "remove it, or use micro_batch_size")]
+
+
+def test_a_deepspeed_config_whose_fixed_batch_differs_from_the_training_arguments_fails(tmp_path: Path) -> None:
+    from autotune.cli.check import bundle_from_file
+
+    (tmp_path / "ds.json").write_text('{"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": "auto", '
+                                      '"zero_optimization": {"stage": 2}}')
+    src = tmp_path / "ta.json"
+    src.write_text('{"output_dir": "o", "per_device_train_batch_size": 8, "deepspeed": "ds.json"}')
+    items = [i for i in gather(bundle_from_file(src)).items if i.id == "ds_agrees"]
+    assert [i.status for i in items] == ["fail"]
+    assert "train_micro_batch_size_per_gpu 2 against per_device_train_batch_size 8" in items[0].message
+    src.write_text('{"output_dir": "o", "per_device_train_batch_size": 2, "deepspeed": "ds.json"}')
+    assert not [i for i in gather(bundle_from_file(src)).items if i.id == "ds_agrees"]

@@ -392,3 +392,15 @@ def test_a_from_file_naming_a_deepspeed_config_that_is_not_there_is_refused_on_g
 def test_a_quoted_value_holding_a_hash_is_replaced_whole_and_its_comment_kept() -> None:
     assert write_back_text("x.yaml", 'a: "x # y"  # note\nb: 2\n', {"a": "z"}) == "a: z  # note\nb: 2\n"
     assert write_back_text("x.yaml", "a: 'it''s # here' # c\n", {"a": 2}) == "a: 2 # c\n"
+
+
+def test_a_deepspeed_config_that_fixes_the_batch_or_precision_is_refused_before_the_search(tmp_path: Path) -> None:
+    """transformers refuses to start when a DeepSpeed config's fixed micro-batch, accumulation or precision differs
+    from the training arguments, so no tuned file could start with it: exit 2 naming the values and the fix."""
+    (tmp_path / "ds.json").write_text('{"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": "auto", '
+                                      '"bf16": {"enabled": true}, "zero_optimization": {"stage": 2}}')
+    with pytest.raises(SpecError, match=r"fixes train_micro_batch_size_per_gpu 2, bf16.enabled True: .*\"auto\""):
+        _from_request(tmp_path, "deepspeed: ds.json\n")
+    (tmp_path / "ds.json").write_text('{"train_micro_batch_size_per_gpu": "auto", "bf16": {"enabled": "auto"}, '
+                                      '"zero_optimization": {"stage": 2}}')
+    assert _from_request(tmp_path, "deepspeed: ds.json\n").source.distributed["zero_stage"] == 2

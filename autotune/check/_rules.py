@@ -1013,6 +1013,31 @@ def _names_package(c: _Ctx) -> tuple[str, str] | None:
 _BUCKETS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size")
 
 
+def _rule_deepspeed_agrees(c: _Ctx) -> None:
+    """A DeepSpeed config's fixed batch and precision values against the training arguments: transformers' DeepSpeed
+    integration (``HfTrainerDeepSpeedConfig.trainer_config_finalize``) refuses to start on a mismatch; ``auto``
+    lets it fill them in."""
+    if not c.ds or not c.has_ta:
+        return
+    pairs = [("train_micro_batch_size_per_gpu", "per_device_train_batch_size", c.ta.get("per_device_train_batch_size", 8)),
+             ("gradient_accumulation_steps", "gradient_accumulation_steps", c.ta.get("gradient_accumulation_steps", 1))]
+    for half in ("bf16", "fp16"):
+        part = c.ds.get(half)
+        if isinstance(part, dict) and "enabled" in part:
+            pairs.append((f"{half}.enabled", half, bool(c.ta.get(half, False))))
+    wrong = []
+    for ds_key, ta_key, ta_value in pairs:
+        ds_value = c.ds.get(ds_key) if "." not in ds_key else c.ds[ds_key.split(".")[0]]["enabled"]
+        if ds_value is None or ds_value == "auto" or ds_value == ta_value:
+            continue
+        wrong.append(f"DeepSpeed {ds_key} {ds_value!r} against {ta_key} {ta_value!r}")
+    if wrong:
+        c.add("ds_agrees", "DeepSpeed config agrees", "fail",
+              f"{'; '.join(wrong)}: transformers refuses to start on the mismatch",
+              'set them to "auto" in the DeepSpeed config (the Trainer fills them in)',
+              c.src("deepspeed") or c.src("training_args"))
+
+
 def _rule_deepspeed(c: _Ctx) -> None:
     """ZeRO settings DeepSpeed's docs recommend.
 
@@ -1108,6 +1133,7 @@ _RULES = (
     _rule_effective_batch,
     _rule_memory_levers,
     _rule_offload,
+    _rule_deepspeed_agrees,
     _rule_deepspeed,
     _rule_loader,
     _rule_pretokenized,

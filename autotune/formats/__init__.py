@@ -28,7 +28,13 @@ from typing import Any
 from autotune.errors import SpecError
 from autotune.formats import accelerate, axolotl, deepspeed, llamafactory, training_args, trl
 from autotune.formats._common import REQUEST_FIELDS, Measured
-from autotune.formats._distributed import REFERENCE_KINDS, distributed_setup, locate_reference, setup_words
+from autotune.formats._distributed import (
+    REFERENCE_KINDS,
+    deepspeed_fixed_values,
+    distributed_setup,
+    locate_reference,
+    setup_words,
+)
 from autotune.formats._inputs import unmeasured_problems, value_problems
 from autotune.formats._types import type_problems
 from autotune.formats._writeback import is_yaml_name, uneditable, write_back_text
@@ -43,6 +49,7 @@ __all__ = [
     "REQUEST_FIELDS",
     "ReadConfig",
     "checkpointed_every",
+    "deepspeed_fixed_values",
     "detect_format",
     "distributed_setup",
     "file_references",

@@ -24,7 +24,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["REFERENCE_KINDS", "distributed_setup", "locate_reference", "setup_words"]
+__all__ = ["REFERENCE_KINDS", "deepspeed_fixed_values", "distributed_setup", "locate_reference", "setup_words"]
+
+# what the HF integration checks a DeepSpeed config against the training arguments for: "auto" lets it fill them
+_TIED_TO_ARGS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size")
 
 REFERENCE_KINDS = {"deepspeed": "a DeepSpeed JSON file", "dataset": "a dataset file or folder", "folder": "a folder"}
 
@@ -52,6 +55,18 @@ def locate_reference(config: Path, value: str, kind: str) -> tuple[Path | None, 
         return None, wrong
     where = str(raw) if raw.is_absolute() else f"in the working directory or beside {config.name}"
     return None, f"{value} does not exist ({where})"
+
+
+def deepspeed_fixed_values(ds: Mapping[str, Any]) -> list[str]:
+    """The batch and precision values a DeepSpeed config fixes rather than leaves ``auto``: transformers refuses to
+    start when one differs from the training arguments (``HfTrainerDeepSpeedConfig.trainer_config_finalize``), so a
+    tuned file that changes the micro-batch, the accumulation or the precision could not start."""
+    fixed = [f"{key} {ds[key]!r}" for key in _TIED_TO_ARGS if key in ds and ds[key] != "auto"]
+    for half in ("bf16", "fp16"):
+        part = ds.get(half)
+        if isinstance(part, Mapping) and "enabled" in part and part["enabled"] != "auto":
+            fixed.append(f"{half}.enabled {part['enabled']!r}")
+    return fixed
 
 
 def _from_deepspeed(ds: Mapping[str, Any]) -> dict[str, Any]:
@@ -87,12 +102,15 @@ def _from_fsdp(data: Mapping[str, Any]) -> dict[str, Any] | None:
 def distributed_setup(data: Mapping[str, Any], config: Path) -> tuple[dict[str, Any] | None, str]:
     """(the ZeRO/FSDP set-up a training config at ``config`` trains with, as ``zero_stage`` / ``offload`` /
     ``sharding`` values, and where it was read: "" when the file names none) or (None, what is wrong: a named
-    DeepSpeed file that cannot be found or read)."""
+    DeepSpeed file that cannot be found or read). SpecError when the DeepSpeed config fixes a batch or precision
+    value (``deepspeed_fixed_values``): no tuned file could start with it."""
     from autotune.errors import SpecError
     from autotune.spec.files import read_json_file
 
     ds = data.get("deepspeed")
     if isinstance(ds, Mapping):
+        if fixed := deepspeed_fixed_values(ds):
+            raise SpecError(_fixed_problem(f"the DeepSpeed config given in {config.name}", fixed))
         return _from_deepspeed(ds), f"the DeepSpeed config given in {config.name}"
     if isinstance(ds, str) and ds.strip():
         found, problem = locate_reference(config, ds, "deepspeed")
@@ -104,11 +122,18 @@ def distributed_setup(data: Mapping[str, Any], config: Path) -> tuple[dict[str, 
             return None, str(exc)
         if not isinstance(parsed, Mapping):
             return None, f"the DeepSpeed config {ds!r} ({found}) is not a JSON object"
+        if fixed := deepspeed_fixed_values(parsed):
+            raise SpecError(_fixed_problem(f"the DeepSpeed config {ds!r} ({found})", fixed))
         return _from_deepspeed(parsed), f"the DeepSpeed config {ds!r}"
     fsdp = _from_fsdp(data)
     if fsdp is not None:
         return fsdp, f"the FSDP settings of {config.name}"
     return {"zero_stage": 0, "offload": "none", "sharding": "deepspeed"}, ""
+
+
+def _fixed_problem(where: str, fixed: list[str]) -> str:
+    return (f"{where} fixes {', '.join(fixed)}: transformers refuses to start when the tuned file's micro-batch, "
+            "accumulation or precision differs from it; set them to \"auto\" there (the Trainer fills them in)")
 
 
 def setup_words(setup: Mapping[str, Any]) -> str:

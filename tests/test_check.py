@@ -424,3 +424,12 @@ def test_a_deepspeed_config_whose_fixed_batch_differs_from_the_training_argument
     assert "train_micro_batch_size_per_gpu 2 against per_device_train_batch_size 8" in items[0].message
     src.write_text('{"output_dir": "o", "per_device_train_batch_size": 2, "deepspeed": "ds.json"}')
     assert not [i for i in gather(bundle_from_file(src)).items if i.id == "ds_agrees"]
+
+
+def test_bf16_and_fp16_both_true_fails_in_check_and_is_refused_by_run_from() -> None:
+    from autotune.formats import value_problems
+
+    items = [i for i in gather(bundle(training_args={"bf16": True, "fp16": True})).items if i.id == "precision"]
+    assert [i.status for i in items] == ["fail"] and "both true" in items[0].message
+    assert any("bf16 and fp16 are both true" in m for m in value_problems("trl", {"bf16": True, "fp16": True}, "f"))
+    assert not value_problems("trl", {"bf16": True, "fp16": False}, "f")

@@ -217,6 +217,10 @@ def _sixteen_bit_fix(gpu: GpuInfo | None) -> str:
 
 def _rule_precision(c: _Ctx) -> None:
     title = "mixed precision"
+    if c.ta.get("bf16") is True and c.ta.get("fp16") is True:
+        c.add("precision", title, "fail", "bf16 and fp16 are both true: transformers refuses to start (at most one "
+              "of them)", "keep one: bf16 on Ampere or newer, else fp16", c.src("training_args"))
+        return
     prec, src = c.precision()
     if prec is None and not src:
         return

@@ -71,6 +71,8 @@ def value_problems(fmt: str, cfg: Mapping[str, Any], label: str) -> list[str]:
             allowed = ", ".join(["true", "false", *words[:-1]]) + (f" or {words[-1]}" if words else "") \
                 if words else "true or false"
             out.append(f"{label}: {key} must be {allowed}, got {short_repr(v)}")
+    if cfg.get("bf16") is True and cfg.get("fp16") is True:
+        out.append(f"{label}: bf16 and fp16 are both true, which transformers refuses (at most one of them); keep one")
     for key in ("base_model", "model_name_or_path", "model"):
         if key in cfg and cfg[key] is not None and key in _MODEL_KEYS.get(fmt, ()) and not isinstance(cfg[key], str):
             out.append(f"{label}: {key} must be a model id or folder (a string), got {short_repr(cfg[key])}")

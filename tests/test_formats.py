@@ -404,3 +404,12 @@ def test_a_deepspeed_config_that_fixes_the_batch_or_precision_is_refused_before_
     (tmp_path / "ds.json").write_text('{"train_micro_batch_size_per_gpu": "auto", "bf16": {"enabled": "auto"}, '
                                       '"zero_optimization": {"stage": 2}}')
     assert _from_request(tmp_path, "deepspeed: ds.json\n").source.distributed["zero_stage"] == 2
+
+
+def test_an_exponent_written_without_a_dot_is_a_number_where_the_framework_reads_it_as_one() -> None:
+    """YAML 1.1 reads ``2e-5`` as text; TRL's parser and LLaMA-Factory's read it as a float, so their files are
+    not refused for it; transformers' own YAML reader keeps it text, so a TrainingArguments file still is."""
+    text = "model_name_or_path: m\ndataset_name: d.jsonl\noutput_dir: o\nlearning_rate: 2e-5\nmax_length: 64\n"
+    cfg = read_config("sft.yaml", text, fmt="trl")
+    assert not cfg.problems and cfg.data["learning_rate"] == "2e-5"  # the file's data as written
+    assert read_config("ta.yaml", "output_dir: o\nlearning_rate: 2e-5\n", fmt="training_args").problems

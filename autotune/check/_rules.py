@@ -1091,13 +1091,15 @@ def _typed(bundle: ConfigBundle) -> tuple[ConfigBundle, list[CheckItem]]:
     """(a copy of ``bundle`` without its wrongly typed values, one FAIL item per such value)."""
     import copy
 
-    from autotune.formats import type_problems
+    from autotune.formats import numbers_read_as_text, type_problems
 
     items: list[CheckItem] = [CheckItem(id="types", title="value types", status="fail", message=m,
                                         fix="give the key a value of the type or range named", source=bundle.target)
                               for m in bundle.problems]
     data = dict(bundle.data)
-    for kind, content in bundle.data.items():
+    if bundle.fmt in ("trl", "llamafactory") and isinstance(data.get("training_args"), dict):
+        data["training_args"] = numbers_read_as_text(data["training_args"])  # as their parsers read 2e-5
+    for kind, content in list(data.items()):
         problems = type_problems(kind, content)
         if not problems:
             continue

@@ -36,7 +36,7 @@ from autotune.formats._distributed import (
     setup_words,
 )
 from autotune.formats._inputs import unmeasured_problems, value_problems
-from autotune.formats._types import type_problems
+from autotune.formats._types import numbers_read_as_text, type_problems
 from autotune.formats._writeback import is_yaml_name, uneditable, write_back_text
 from autotune.formats.training_args import checkpointed_every, stated_checkpointing_kwargs
 from autotune.spec.dataset_ref import DATA_FILE_SUFFIXES
@@ -59,6 +59,7 @@ __all__ = [
     "known_keys",
     "locate_reference",
     "measured_at",
+    "numbers_read_as_text",
     "packs_into_rows",
     "parse_text",
     "read_config",
@@ -194,8 +195,10 @@ def read_config(name: str, text: str, *, fmt: str | None = None) -> ReadConfig:
     without them, so a bad type is never a crash here: the caller refuses or FAILs them)."""
     data = parse_text(name, text)
     chosen = format_module(fmt).NAME if fmt else detect_format(name, data)
-    typed = type_problems(_TYPE_KIND.get(chosen, ""), data)
-    clean = without(data, [k for k, _ in typed]) if typed else data
+    # TRL's and LLaMA-Factory's parsers read 2e-5 as the number YAML 1.1 left as text (``data`` stays as written)
+    read = numbers_read_as_text(data) if chosen in ("trl", "llamafactory") else data
+    typed = type_problems(_TYPE_KIND.get(chosen, ""), read)
+    clean = without(read, [k for k, _ in typed]) if typed else read
     try:
         raw = FORMATS[chosen].to_request(clean)
     except (TypeError, AttributeError, ValueError, KeyError) as exc:  # a shape the type table does not cover

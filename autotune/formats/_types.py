@@ -9,12 +9,13 @@ the ``deepspeed`` dict inline in TrainingArguments), accelerate, model kwargs, L
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from autotune.spec.files import short_repr
 
-__all__ = ["type_problems"]
+__all__ = ["numbers_read_as_text", "type_problems"]
 
 Check = Callable[[Any], bool]
 
@@ -125,6 +126,22 @@ def _deepspeed(ds: Mapping[str, Any], prefix: str) -> list[tuple[str, str]]:
     for p in ("bf16", "fp16"):
         if isinstance(ds.get(p), Mapping):
             out += _table(ds[p], _PRECISION_BLOCK, f"{prefix}{p}.")
+    return out
+
+
+_EXPONENT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
+
+
+def numbers_read_as_text(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` with the number-typed TrainingArguments keys whose value YAML 1.1 read as text (``2e-5``: no dot
+    before the exponent) as the float they are. TRL's parser (argparse converts string defaults by the field's
+    type) and LLaMA-Factory's (OmegaConf's YAML reads them as floats) train with the number; transformers'
+    ``HfArgumentParser.parse_yaml_file`` does not convert them, so a plain TrainingArguments file keeps them text."""
+    out = dict(data)
+    for key, (check, _) in _TA.items():
+        v = out.get(key)
+        if isinstance(v, str) and _EXPONENT.match(v.strip()) and check(float(v)):
+            out[key] = float(v)
     return out
 
 

@@ -413,3 +413,26 @@ def test_an_exponent_written_without_a_dot_is_a_number_where_the_framework_reads
     cfg = read_config("sft.yaml", text, fmt="trl")
     assert not cfg.problems and cfg.data["learning_rate"] == "2e-5"  # the file's data as written
     assert read_config("ta.yaml", "output_dir: o\nlearning_rate: 2e-5\n", fmt="training_args").problems
+
+
+def test_a_trl_file_that_leaves_the_lora_targets_to_peft_is_measured_with_peft_s_default(tmp_path: Path) -> None:
+    """TRL passes lora_target_modules None to peft, which picks its default per model type (q_proj, v_proj for
+    Llama); the probes measured autotune's q/k/v/o instead, twice the adapters the file trains."""
+    from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as peft_map
+
+    from autotune.formats.model import PEFT_DEFAULT, PEFT_DEFAULT_TARGETS
+    from autotune.run._request import _peft_default_targets
+
+    assert all(tuple(peft_map[k]) == v for k, v in PEFT_DEFAULT_TARGETS.items())  # the installed peft's table
+    src = tmp_path / "sft.yaml"
+    src.write_text("model_name_or_path: tiny-llama\noutput_dir: o\nmax_length: 64\nuse_peft: true\n")
+    request = autotune.run.RunRequest.from_file(src, gpu_budget="4GB", device="cpu")
+    assert request.lora_targets == PEFT_DEFAULT
+    read = autotune.run._request.read_request(request)
+    assert read.args.lora_targets == "q_proj,v_proj"
+
+    class Unmapped:
+        config = {"model_type": "phi3"}
+
+    with pytest.raises(SpecError, match="no default for model_type 'phi3'"):
+        _peft_default_targets(request, Unmapped())

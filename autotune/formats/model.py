@@ -11,10 +11,26 @@ from typing import Any
 
 from autotune.spec.probe_request import Candidate, Workload
 
-__all__ = ["LORA_DROPOUT", "emitted_model_kwargs", "lora_config", "lora_target_modules", "model_dtype", "model_kwargs",
+__all__ = ["LORA_DROPOUT", "PEFT_DEFAULT", "PEFT_DEFAULT_TARGETS", "emitted_model_kwargs", "lora_config", "lora_target_modules", "model_dtype", "model_kwargs",
            "quantization_config"]
 
 LORA_DROPOUT = 0.05
+# a LoRA config with no target_modules: peft picks its default for the model type (a trl sft config's use_peft with
+# no lora_target_modules); the request resolves it with the model (``peft_default_targets``)
+PEFT_DEFAULT = "peft-default"
+# peft 0.21.2's TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING for causal LMs (tests/test_formats.py compares
+# it with the installed peft); a model type it lacks has no default: peft refuses a config without targets
+PEFT_DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
+    "RefinedWeb": ("query_key_value",), "RefinedWebModel": ("query_key_value",), "bloom": ("query_key_value",),
+    "btlm": ("c_proj", "c_attn"), "chatglm": ("query_key_value",), "codegen": ("qkv_proj",),
+    "falcon": ("query_key_value",), "gemma": ("q_proj", "v_proj"), "gemma2": ("q_proj", "v_proj"),
+    "gemma3_text": ("q_proj", "v_proj"), "gpt2": ("c_attn",), "gpt_bigcode": ("c_attn",),
+    "gpt_neo": ("q_proj", "v_proj"), "gpt_neox": ("query_key_value",), "gptj": ("q_proj", "v_proj"),
+    "llama": ("q_proj", "v_proj"), "llama4": ("q_proj", "v_proj"), "mistral": ("q_proj", "v_proj"),
+    "mixtral": ("q_proj", "v_proj"), "mpt": ("Wqkv",), "nemotron_h": ("q_proj", "k_proj", "v_proj", "o_proj"),
+    "opt": ("q_proj", "v_proj"), "phi": ("q_proj", "v_proj", "fc1", "fc2"), "qwen2": ("q_proj", "v_proj"),
+    "qwen3": ("q_proj", "v_proj"), "stablelm": ("q_proj", "v_proj"),
+}
 
 
 def model_dtype(candidate: Candidate, workload: Workload) -> str:

@@ -31,6 +31,7 @@ from typing import Any
 
 from autotune.formats import training_args as _ta
 from autotune.formats._common import Measured, changed, local_dataset, packed_rows
+from autotune.formats.model import PEFT_DEFAULT
 from autotune.spec.probe_request import Candidate, ProbeRequest
 
 __all__ = ["NAME", "LABEL", "VOCAB", "MARKERS", "DEFAULTS", "LEVER_KEYS", "HELD_LEVERS", "UNEXPRESSED", "RENAMED", "SFT_KEYS", "PACKING_NOTE",
@@ -168,6 +169,8 @@ def _model_request(cfg: Mapping[str, Any]) -> dict[str, Any]:
             out["lora_targets"] = ",".join(targets)
         elif targets == "all-linear":
             out["lora_targets"] = "all-linear"
+        elif targets is None:  # TRL passes None: peft's default for the model type (resolved with the model)
+            out["lora_targets"] = PEFT_DEFAULT
     elif "use_peft" in cfg:
         out["mode"] = "full"
     return out

@@ -252,6 +252,7 @@ def read_request(a: RunRequest) -> Request:
                               "seq_len": a.seq_len, "effective_batch": a.effective_batch})
     parsed = _parse_args(a)
     resolved = _resolve_inputs(a)
+    a = _peft_default_targets(a, resolved)
     return Request(args=a, budget=parsed["budget"], time_budget_s=parsed["time_budget_s"],
                    gpu_list=parsed["gpu_list"], space=parsed["space"], resolved=resolved,
                    probe_timeout_s=parsed["probe_timeout_s"], write_back=write_back)
@@ -300,6 +301,26 @@ def _parse_args(a: RunRequest) -> dict[str, Any]:
     if problems:
         raise SpecError(problems)
     return parsed
+
+
+def _peft_default_targets(a: RunRequest, resolved: Any) -> RunRequest:
+    """A ``--from`` file that leaves the LoRA targets to peft (``PEFT_DEFAULT``): the targets peft picks for this
+    model type, so the probes measure the adapters the file trains; SpecError where peft has no default (it
+    would refuse the file's config)."""
+    from autotune.formats.model import PEFT_DEFAULT, PEFT_DEFAULT_TARGETS
+
+    if a.lora_targets != PEFT_DEFAULT:
+        return a
+    model_type = str(resolved.config.get("model_type") or "")
+    targets = PEFT_DEFAULT_TARGETS.get(model_type)
+    where = f"--from {a.source.name}" if a.source is not None else "the request"
+    if targets is None:
+        raise SpecError(f"{where} leaves the LoRA targets to peft, which has no default for model_type "
+                        f"{model_type!r} and refuses such a config; name them (lora_target_modules, or --lora-targets)")
+    if a.progress is not None:
+        a.progress("note", {"text": f"{where} names no LoRA targets: the probes adapt peft's default for "
+                                    f"{model_type}, {', '.join(targets)}, as the file trains"})
+    return dataclasses.replace(a, lora_targets=",".join(targets))
 
 
 def _resolve_inputs(a: RunRequest) -> Any:

@@ -189,6 +189,9 @@ def test_run_from_reads_the_request_and_flags_override(tmp_path: Path, monkeypat
     res = CliRunner().invoke(app, ["run", "--from", lf, "--gpu-budget", "24GB", "--model", "tiny-llama",
                                    "--seq-len", "64"], catch_exceptions=False)
     assert (seen["model"], seen["seq_len"], seen["effective_batch"]) == ("tiny-llama", 64, 8)
+    # the flags that replace the file's values are named, with what the tuned file then trains with
+    assert "--seq-len 64 (the file's: 1024): the flag wins" in res.output
+    assert "trains with the sequence length measured" in " ".join(res.output.split())
 
 
 @pytest.mark.parametrize("name,fmt", [("lora-1b.yml", "axolotl"), ("fft-8b.yaml", "axolotl")])

@@ -105,9 +105,19 @@ class RunRequest:
         itself as ``source`` for the write-back. A keyword given (not None) wins over the file's value,
         ``lora_r=0`` included (it is then validated, not replaced); what neither gives takes the default."""
         source, from_file = read_source(path, fmt, effective_batch_given=given.get("effective_batch") is not None)
+        replaced = {}
         for name, value in from_file.items():
             if given.get(name) is None:
                 given[name] = value
+            elif given[name] != value:
+                replaced[name] = f"--{name.replace('_', '-')} {given[name]} (the file's: {value})"
+        if replaced and given.get("progress") is not None:
+            written = [n for n in ("seq_len", "effective_batch") if n in replaced]
+            given["progress"]("note", {"text": f"{', '.join(replaced.values())}: the flag wins, the search measures "
+                                               "it" + (f", and the tuned {source.name} trains with the "
+                                                       f"{' and '.join({'seq_len': 'sequence length'}.get(n, 'effective batch') for n in written)} "
+                                                       "measured"
+                                                       if written else "")})
         return cls.with_defaults(source=source, **given)
 
     @classmethod

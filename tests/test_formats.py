@@ -439,3 +439,10 @@ def test_a_trl_file_that_leaves_the_lora_targets_to_peft_is_measured_with_peft_s
 
     with pytest.raises(SpecError, match="no default for model_type 'phi3'"):
         _peft_default_targets(request, Unmapped())
+
+
+def test_a_key_with_no_value_is_written_after_its_colon() -> None:
+    """``fp16:`` (null, as older Axolotl examples write it) refused the whole write-back with a message about a
+    byte-order mark or indentation; a comment after the empty value is kept."""
+    out = write_back_text("x.yaml", "a: 1\nfp16:\nb: 2\nc:   # note\nd: ~\n", {"fp16": False, "c": 3, "d": True})
+    assert out == "a: 1\nfp16: false\nb: 2\nc: 3   # note\nd: true\n"

@@ -137,6 +137,16 @@ def _yaml_write(text: str, updates: Mapping[str, Any]) -> str:
             if isinstance(doc[key], (dict, list)):
                 raise AutotuneError(f"cannot write back {key!r}: the file holds a mapping or list there")
             line, col = doc.lc.value(key)
+            key_line = doc.lc.key(key)[0]
+            after = lines[line].rstrip("\r\n")[col:].lstrip()
+            if doc[key] is None and (line != key_line or not after or after.startswith("#")):
+                # `key:` with nothing after it (but a comment): the value goes after the colon
+                row = lines[key_line].rstrip("\r\n")
+                colon = row.index(":", doc.lc.key(key)[1])
+                m = re.search(r"\s+#", row[colon + 1:])
+                edits.append((key_line, colon + 1, colon + 1 + (m.start() if m else len(row) - colon - 1),
+                              " " + _yaml_scalar(value)))
+                continue
             row = lines[line].rstrip("\r\n")
             rest = row[col:]
             # a quoted value may hold " #": the comment starts after its closing quote

@@ -642,6 +642,16 @@ def test_from_values_are_type_checked_per_format() -> None:
     assert value_problems("llamafactory", {"cutoff_len": 0}, "f")[0].startswith("f: cutoff_len must be")
 
 
+def test_a_wrongly_typed_from_value_is_named_once(tmp_path: Path) -> None:
+    """The type table and the value checks both judge the batch keys: one message per key, not two."""
+    from autotune.run._request import read_source
+
+    (tmp_path / "ta.yaml").write_text("output_dir: o\nper_device_train_batch_size: two\n")
+    with pytest.raises(SpecError) as info:
+        read_source(tmp_path / "ta.yaml", None, effective_batch_given=False)
+    assert str(info.value).count("per_device_train_batch_size must be") == 1, str(info.value)
+
+
 # ------------------------------------------------------ round 3: catalogs, stored studies, secrets, JSON
 
 @pytest.mark.parametrize("field,value", [("price_per_hour_usd", ".nan"), ("bf16_tflops", ".inf"),

@@ -157,7 +157,8 @@ def read_source(path: str | Path, fmt: str | None, *, effective_batch_given: boo
     if cfg.format in ("deepspeed", "accelerate"):
         raise SpecError(f"--from {str(path)!r} is a {cfg.module.LABEL} config: pass the training config that names it")
     problems = [f"--from {p.name}: {m}" for m in cfg.problems]
-    problems += [m for m in value_problems(cfg.format, cfg.data, f"--from {p.name}") if m not in problems]
+    said = {m.split("; ")[0] for m in problems}  # the type table and the value checks may both name a key
+    problems += [m for m in value_problems(cfg.format, cfg.data, f"--from {p.name}") if m.split("; ")[0] not in said]
     problems += unmeasured_problems(cfg.format, cfg.data, f"--from {p.name}")
     if problems:
         raise SpecError(problems)

@@ -48,6 +48,7 @@ _REQUIRED = (
 _OPTIONAL = (
     "aliases", "bf16_tflops", "tf32_tflops", "compute_capability", "vendor", "efficiency",
     "price_date", "price_source", "host_memory_per_gpu", "host_memory_source", "memory_bandwidth_gbs",
+    "interconnect_gbs", "interconnect_source",
 )  # fmt: skip
 _KNOWN = set(_REQUIRED) | set(_OPTIONAL)
 
@@ -74,6 +75,10 @@ class GPU:
     host_memory_bytes_per_gpu: int | None = None  # host RAM of a typical node, per GPU (offload)
     host_memory_source: str | None = None
     memory_bandwidth_gbs: float | None = None  # device memory bandwidth, GB/s (decimal), from the data sheet
+    # the bus bandwidth NCCL's collectives reach between a node's GPUs over PCIe, GB/s per GPU (None: NVLink-class,
+    # whose communication the speed model's SCALING_FACTOR covers); the link it is derived from
+    interconnect_gbs: float | None = None
+    interconnect_source: str | None = None
 
     def peak_flops(self, precision: str) -> float:
         """Peak FLOP/s for a training precision (``bf16``, ``fp16``, ``tf32``, ``fp32``)."""
@@ -173,6 +178,7 @@ def _parse_gpu(entry: Mapping[str, Any], where: str, seen: dict[str, str], probl
     bf16_t = _num(problems, where, "bf16_tflops", entry.get("bf16_tflops"), optional=True)
     tf32_t = _num(problems, where, "tf32_tflops", entry.get("tf32_tflops"), optional=True)
     bw = _num(problems, where, "memory_bandwidth_gbs", entry.get("memory_bandwidth_gbs"), optional=True)
+    link = _num(problems, where, "interconnect_gbs", entry.get("interconnect_gbs"), optional=True)
     for flag in ("bf16", "flash_attention_2"):
         if not isinstance(entry[flag], bool):
             problems.append(f"{where}: {flag} must be true or false, got {entry[flag]!r}")
@@ -203,7 +209,8 @@ def _parse_gpu(entry: Mapping[str, Any], where: str, seen: dict[str, str], probl
         vendor=str(entry.get("vendor", "nvidia")), efficiency=None if eff is None else float(eff),
         price_date=None if date is None else str(date), price_source=entry.get("price_source"),
         aliases=tuple(aliases), host_memory_bytes_per_gpu=host,
-        host_memory_source=entry.get("host_memory_source"), memory_bandwidth_gbs=bw,
+        host_memory_source=entry.get("host_memory_source"), memory_bandwidth_gbs=bw, interconnect_gbs=link,
+        interconnect_source=entry.get("interconnect_source"),
     )  # fmt: skip
 
 

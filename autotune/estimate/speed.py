@@ -51,6 +51,7 @@ __all__ = [
     "flops_per_real_token",
     "ATTN_CAUSAL_SHARE",
     "ATTN_FACTOR",
+    "COMM_OVERLAP",
     "COMPILE_FACTOR",
     "DEFAULT_EFFICIENCY",
     "DEFAULT_QUANT",
@@ -66,6 +67,7 @@ __all__ = [
     "PER_TENSOR_S",
     "SATURATION_TOKENS",
     "SCALING_FACTOR",
+    "communication_time_s",
     "TRAINER_STEP_S",
     "step_update_time",
     "stream_rate",
@@ -106,12 +108,13 @@ __all__ = [
 # --fit`` refits them; the tests pin them). A step of a small LoRA run is tens of milliseconds, so no constant
 # here may stand for what a long step spends: each is per layer, per micro-batch or per trainable parameter.
 # Refitted 2026-12-06 on the 27 + 17 fit runs of both sets with the dispatch term and dequantization priced by
-# the bandwidth (held out: 24 runs, median 0.95; short steps 16 runs, median 1.05; docs/plan.md).
-# Share of peak 16-bit FLOP/s reached by large GEMMs in an HF Trainer fine-tune [fitted: 0.537].
-DEFAULT_EFFICIENCY = 0.54
-# Tokens per micro-batch at which GEMM efficiency is half of DEFAULT_EFFICIENCY's [fitted: 52.4]: a few hundred
+# the bandwidth, and 2026-12-07 when collectives over PCIe were priced (communication_time_s: the fit's 2 x RTX
+# 4090 runs moved), held out: 24 runs, median 0.96; short steps 16 runs (docs/plan.md).
+# Share of peak 16-bit FLOP/s reached by large GEMMs in an HF Trainer fine-tune [fitted: 0.532].
+DEFAULT_EFFICIENCY = 0.53
+# Tokens per micro-batch at which GEMM efficiency is half of DEFAULT_EFFICIENCY's [fitted: 49.0]: a few hundred
 # tokens make matrices too thin to fill the GPU.
-SATURATION_TOKENS = 52
+SATURATION_TOKENS = 49
 # Operations one training step dispatches (``op_counts.json`` next to this module, written by
 # ``python benchmarks/op_counts.py --write``, which counts them with torch's dispatcher and checks this table): by
 # table ("sdpa" or "eager", and " fp32" for a step without autocast) and family, per decoder layer its forward, its
@@ -122,17 +125,17 @@ SATURATION_TOKENS = 52
 # eager (compile's effect is not modelled: COMPILE_FACTOR).
 OPS_PER_STEP: dict[str, dict[str, dict[str, int]]] = json.loads(
     resources.files("autotune.estimate").joinpath("op_counts.json").read_text(encoding="utf-8"))["counts"]
-# Seconds per dispatched operation (Python, the dispatcher, autograd, the launch) [fitted: 6.32e-6; this
+# Seconds per dispatched operation (Python, the dispatcher, autograd, the launch) [fitted: 6.30e-6; this
 # project's CPU pays 6.9-9.8 us an operation for the same models with kernels that do almost nothing:
 # ``python benchmarks/host_overhead.py``].
 PER_OP_S = 6.3e-6
 # Bytes moved per quantized weight per pass to dequantize it for the matmul, at the GPU's memory bandwidth x
-# BANDWIDTH_SHARE, by backend [fitted: 20.5 and 13.4]: "nf4" bitsandbytes / torchao NF4, "gptq" auto-gptq's CUDA
+# BANDWIDTH_SHARE, by backend [fitted: 20.4 and 13.4]: "nf4" bitsandbytes / torchao NF4, "gptq" auto-gptq's CUDA
 # kernels (exllama off, as Qwen's recipe runs). Reading 4 bits and writing a 16-bit copy is about 2.6 B; the fitted
 # figures are several times that, so they carry what else a 4-bit layer costs a pass in the published stacks
 # (the casts around it, kernels below the bandwidth). A stream, so a slower memory pays more: until 2026-12-06 this
 # was seconds per weight (3.4e-11 nf4, 8.3e-12 GPTQ), the same on every GPU.
-DEQUANT_BYTES_PER_PARAM = {"nf4": 20.5, "gptq": 13.4}
+DEQUANT_BYTES_PER_PARAM = {"nf4": 20.4, "gptq": 13.4}
 DEFAULT_QUANT = "nf4"
 # The Trainer's own time around one micro-batch (the collator, moving the batch, the loss's scaling, the NaN check),
 # beyond the model's operations, and around one optimizer step (scheduler, callbacks, zero_grad, fetching the
@@ -177,6 +180,10 @@ MODE_FACTOR = {"full": 1.0, "lora": 1.0, "qlora": 1.0}
 ATTN_FACTOR = {"flash_attention_2": 1.0, "sdpa": 1.0, "flex_attention": 0.95, "eager": 0.8}
 # Data-parallel efficiency inside one node (NVLink-class), by ZeRO stage (0 = DDP).
 SCALING_FACTOR = {0: 0.95, 1: 0.95, 2: 0.93, 3: 0.88}
+# Over PCIe (a catalog GPU with ``interconnect_gbs``) the collectives are priced instead (``communication_time_s``):
+# the share of one micro-batch's compute a collective can hide behind (DDP's bucketed all-reduce, DeepSpeed's
+# overlap_comm and ZeRO-3's prefetch); an assumption, not measured here
+COMM_OVERLAP = 0.5
 # ZeRO-Offload: host<->device traffic and CPU Adam speed (node-wide, shared by all ranks).
 PCIE_BYTES_PER_S = 16e9
 CPU_ADAM_PARAMS_PER_S = 1.5e9
@@ -335,6 +342,7 @@ class SpeedEstimate:
     overhead_time_s: float = 0.0  # dispatch, the Trainer's own time, clipping and the optimizer's update
     dequant_time_s: float = 0.0  # QLoRA: dequantizing the base weights, every pass
     dispatch_time_s: float = 0.0  # the part of overhead_time_s that dispatches the operations (PER_OP_S)
+    comm_time_s: float = 0.0  # the collectives over PCIe (``communication_time_s``), not hidden behind compute
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -342,17 +350,48 @@ class SpeedEstimate:
         return asdict(self)
 
 
-def _lever_factor(workload: Workload, candidate: Candidate, tokens: float) -> float:
+def _lever_factor(workload: Workload, candidate: Candidate, tokens: float, *, priced_comm: bool = False) -> float:
     """GEMM efficiency multiplier of a micro-batch: attention implementation x T/(T + T0) x scaling (``tokens``:
-    the token slots a micro-batch computes, padding included)."""
+    the token slots a micro-batch computes, padding included; ``priced_comm``: the collectives are priced by
+    ``communication_time_s`` instead of the scaling factor)."""
     c = candidate
     f = MODE_FACTOR.get(workload.mode, 1.0) * ATTN_FACTOR.get(c.attn, 0.95)
     f *= tokens / (tokens + SATURATION_TOKENS)
     if c.torch_compile:
         f *= COMPILE_FACTOR
-    if c.world_size > 1:
+    if c.world_size > 1 and not priced_comm:
         f *= SCALING_FACTOR[c.zero_stage]
     return f
+
+
+def communication_time_s(arch: Arch, workload: Workload, candidate: Candidate, gpu: GPU, micro_batch_s: float) -> float:
+    """Seconds per optimizer step the collectives add over PCIe (``gpu.interconnect_gbs``; 0 on one GPU or where
+    the catalog states none). Bytes per GPU, ring collectives moving ``r = (n - 1) / n`` of a message (twice for an
+    all-reduce), T trainable and P total parameters:
+
+        DDP (stage 0)  the gradients' all-reduce once per step, 2r T x 4 (fp32 under AMP)
+        ZeRO-1         2r T x 2, and the updated parameters' all-gather r T x 2
+        ZeRO-2         per micro-batch the gradients' reduce-scatter r T x 2; the all-gather r T x 2 per step
+        ZeRO-3 / FSDP  per micro-batch two all-gathers of the parameters r P x 2 and the reduce-scatter r T x 2
+
+    A per-micro-batch collective hides behind ``COMM_OVERLAP`` of that micro-batch's time (``micro_batch_s``: its
+    compute, dispatch and per-micro-batch overhead; the collectives run on their own stream), the DDP/ZeRO-1
+    gradient reduction behind that share of the last micro-batch's; the all-gather after the update hides
+    behind nothing."""
+    c = candidate
+    if c.world_size < 2 or not gpu.interconnect_gbs:
+        return 0.0
+    rate = gpu.interconnect_gbs * 1e9
+    r = (c.world_size - 1) / c.world_size
+    t, p = float(_trainable(arch, workload)), float(arch.params_total)
+    hidden = COMM_OVERLAP * micro_batch_s
+    if c.zero_stage == 0:
+        return max(0.0, 2 * r * t * 4 / rate - hidden)
+    if c.zero_stage == 1:
+        return max(0.0, 2 * r * t * 2 / rate - hidden) + r * t * 2 / rate
+    if c.zero_stage == 2:
+        return c.grad_accum * max(0.0, r * t * 2 / rate - hidden) + r * t * 2 / rate
+    return c.grad_accum * max(0.0, r * (2 * p + t) * 2 / rate - hidden)
 
 
 def _compute_flops_per_token(arch: Arch, seq_len: float, mode: str, grad_ckpt: float, attn: str) -> float:
@@ -426,7 +465,8 @@ def predict_speed(
     prec = c.precision if c.precision in ("bf16", "fp16", "tf32", "fp32") else gpu.half_precision
     peak = gpu.peak_flops(prec)
     lay = batch_layout_of(w, c)  # real tokens per micro-batch, and the padded slots the model computes for them
-    eff = base * _lever_factor(w, c, lay.tokens_per_micro_batch * lay.slots_per_token)
+    priced = c.world_size > 1 and bool(gpu.interconnect_gbs)
+    eff = base * _lever_factor(w, c, lay.tokens_per_micro_batch * lay.slots_per_token, priced_comm=priced)
     share = recomputed(arch, c)
     real_width = batch_layout_of(w, c, flat=True).attention_width  # each sequence's own length (seq_len when fixed)
     hw = hardware_flops_per_token(arch, real_width, w.mode, share)
@@ -457,7 +497,8 @@ def predict_speed(
         offload_s = trainable * 6 / PCIE_BYTES_PER_S + trainable / CPU_ADAM_PARAMS_PER_S
         if c.offload == "params":
             offload_s += arch.params_total * 2 * 3 / n / PCIE_BYTES_PER_S * c.grad_accum
-    step_s = compute_s + overhead_s + dequant_s + offload_s
+    comm_s = communication_time_s(arch, w, c, gpu, compute_mb + dispatch_mb + MICROBATCH_OVERHEAD_S + dequant_mb)
+    step_s = compute_s + overhead_s + dequant_s + offload_s + comm_s
     total = tokens_step / step_s
     per = total / c.world_size
     return SpeedEstimate(
@@ -473,6 +514,7 @@ def predict_speed(
         overhead_time_s=overhead_s,
         dequant_time_s=dequant_s,
         dispatch_time_s=c.grad_accum * dispatch_mb,
+        comm_time_s=comm_s,
     )
 
 

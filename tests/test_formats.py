@@ -446,3 +446,15 @@ def test_a_key_with_no_value_is_written_after_its_colon() -> None:
     byte-order mark or indentation; a comment after the empty value is kept."""
     out = write_back_text("x.yaml", "a: 1\nfp16:\nb: 2\nc:   # note\nd: ~\n", {"fp16": False, "c": 3, "d": True})
     assert out == "a: 1\nfp16: false\nb: 2\nc: 3   # note\nd: true\n"
+
+
+def test_a_from_search_over_several_gpus_says_the_file_s_batch_is_per_process(tmp_path: Path) -> None:
+    from autotune.run._plan import _per_process_batch_note
+    from autotune.spec.space import load_space
+
+    request = _from_request(tmp_path, "")
+    notes = _per_process_batch_note(request, "cuda", load_space("multi-gpu"))
+    assert len(notes) == 1 and "counts the sequences of one process" in notes[0] and "--effective-batch" in notes[0]
+    assert _per_process_batch_note(request, "cuda", load_space("lora")) == []  # one GPU a configuration
+    assert _per_process_batch_note(dataclasses.replace(request, effective_batch=32), "cuda",
+                                   load_space("multi-gpu")) == []  # the flag gave the batch

@@ -72,6 +72,7 @@ def plan_search(r: Request) -> SearchPlan:
                                                         model_type=str(r.resolved.config.get("model_type") or ""))
     if a.gpus_per_trial is not None:
         space_obj = dataclasses.replace(space_obj, gpus_per_trial=(a.gpus_per_trial,))
+    notes += _per_process_batch_note(a, dev, space_obj)
     settings, rule = _probe_settings(r, dev, gpu_infos)
     problems = workload.problems() + settings.problems() + _lora_target_problems(r, workload)
     if not problems:
@@ -365,6 +366,19 @@ def _space_for_device(
     if dropped:
         notes.append(dropped_line(dropped, dev))
     return space, dropped, caps, notes
+
+
+def _per_process_batch_note(a: Any, dev: str, space: SearchSpace) -> list[str]:
+    """A ``--from`` file's batch keys count sequences per process: where the search may use several GPUs, say that
+    the effective batch read from them is the whole step's (a file launched on several GPUs trained more)."""
+    src = a.source
+    if src is None or dev != "cuda" or max(space.gpus_per_trial) < 2 or a.effective_batch != src.request.get(
+            "effective_batch"):
+        return []
+    return [f"{src.name}'s micro-batch x accumulation ({a.effective_batch}) counts the sequences of one process: the "
+            f"search holds {a.effective_batch} a step across however many GPUs a configuration uses, and writes the "
+            "tuned file's keys per process for the GPUs it names; if you launched the file on several GPUs, pass "
+            "--effective-batch (its micro-batch x accumulation x GPUs) to hold the batch it trained with"]
 
 
 def _hold_distributed(space: SearchSpace, source: Any, dev: str, mode: str) -> tuple[SearchSpace, str | None]:

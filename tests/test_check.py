@@ -433,3 +433,32 @@ def test_bf16_and_fp16_both_true_fails_in_check_and_is_refused_by_run_from() -> 
     assert [i.status for i in items] == ["fail"] and "both true" in items[0].message
     assert any("bf16 and fp16 are both true" in m for m in value_problems("trl", {"bf16": True, "fp16": True}, "f"))
     assert not value_problems("trl", {"bf16": True, "fp16": False}, "f")
+
+
+@pytest.mark.parametrize(("value", "make", "needle"), [
+    ("adir", lambda p: p.mkdir(), "is a folder"),
+    ("ds.yaml", lambda p: p.write_text("zero_optimization:\n  stage: 2\n"), "is not a DeepSpeed JSON file"),
+    ("ds_bad.json", lambda p: p.write_text('{"zero_optimization": {"stage": 2},}'), "is not a DeepSpeed JSON file"),
+])
+def test_a_deepspeed_reference_the_trainer_cannot_read_fails_whatever_its_suffix(tmp_path: Path, value: str, make,
+                                                                                  needle: str) -> None:
+    """transformers reads any string as a path (or base64 JSON) with json.load: a folder, a YAML file or broken
+    JSON is a FAIL naming the key, not skipped for its suffix nor a whole-check exit 2."""
+    from autotune.cli.check import bundle_from_file
+
+    make(tmp_path / value)
+    src = tmp_path / "ta.json"
+    src.write_text(json.dumps({"output_dir": "o", "deepspeed": value}))
+    items = [i for i in gather(bundle_from_file(src)).items if i.id == "files"]
+    assert [i.status for i in items] == ["fail"] and needle in items[0].message, items
+
+
+def test_a_deepspeed_config_given_as_base64_json_is_read_not_looked_for() -> None:
+    import base64
+
+    from autotune.formats import distributed_setup, file_references
+
+    encoded = base64.b64encode(b'{"zero_optimization": {"stage": 3}}').decode()
+    assert file_references("training_args", {"deepspeed": encoded}) == []
+    setup, _ = distributed_setup({"deepspeed": encoded}, Path("ta.json"))
+    assert setup is not None and setup["zero_stage"] == 3

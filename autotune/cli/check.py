@@ -5,8 +5,10 @@ input cannot be read."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -56,10 +58,27 @@ def _check_references(path: Path, b: ConfigBundle, fmt: str, data: dict[str, obj
 
     for key, value, kind in file_references(fmt, data):
         found, problem = locate_reference(path, value, kind)
+        ds = None
+        if found is not None and kind == "deepspeed":
+            ds, problem = _deepspeed_json(found)
         b.references.append((path.name, key, value, problem))
-        if found is not None and kind == "deepspeed" and "deepspeed" not in b.data:
-            b.data["deepspeed"] = read_config(found.name, _read(found), fmt="deepspeed").data
+        if ds is not None and "deepspeed" not in b.data:
+            b.data["deepspeed"] = ds
             b.sources["deepspeed"] = found.name
+
+
+def _deepspeed_json(found: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(the DeepSpeed config a referenced file holds, None) or (None, why the training tool could not read it:
+    transformers reads it with ``json.load``, whatever its suffix)."""
+    from autotune.spec.files import load_json
+
+    try:
+        data = load_json(_read(found), what=str(found))
+    except SpecError as exc:
+        return None, f"{found} is not a DeepSpeed JSON file ({' '.join(str(exc).split())[:160]})"
+    if not isinstance(data, dict):
+        return None, f"{found} holds no JSON object, so it is not a DeepSpeed config"
+    return read_config(found.name, json.dumps(data), fmt="deepspeed").data, None
 
 
 def bundle_from_file(path: Path, fmt: str | None = None) -> ConfigBundle:

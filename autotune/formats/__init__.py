@@ -30,6 +30,7 @@ from autotune.formats import accelerate, axolotl, deepspeed, llamafactory, train
 from autotune.formats._common import REQUEST_FIELDS, Measured
 from autotune.formats._distributed import (
     REFERENCE_KINDS,
+    base64_json,
     deepspeed_fixed_values,
     distributed_setup,
     locate_reference,
@@ -141,7 +142,9 @@ def file_references(fmt: str, data: dict[str, Any]) -> list[tuple[str, str, str]
     refuses to start when one is missing, so ``autotune check`` FAILs it; a value that is not a path
     (a DeepSpeed config given inline or as base64, a Hub dataset id, LLaMA-Factory's ``ONLINE``) is left out."""
     refs: list[tuple[str, str, str]] = []
-    if fmt in ("training_args", "trl", "llamafactory", "axolotl") and _path_like(data.get("deepspeed"), (".json",)):
+    ds = data.get("deepspeed")
+    if fmt in ("training_args", "trl", "llamafactory", "axolotl") and isinstance(ds, str) and ds.strip() \
+            and base64_json(ds) is None:  # a path, whatever its suffix: transformers reads any other string as one
         refs.append(("deepspeed", data["deepspeed"], "deepspeed"))
     if fmt == "accelerate":
         ds = data.get("deepspeed_config")

@@ -24,7 +24,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["REFERENCE_KINDS", "deepspeed_fixed_values", "distributed_setup", "locate_reference", "setup_words"]
+__all__ = ["REFERENCE_KINDS", "base64_json", "deepspeed_fixed_values", "distributed_setup", "locate_reference",
+           "setup_words"]
 
 # what the HF integration checks a DeepSpeed config against the training arguments for: "auto" lets it fill them
 _TIED_TO_ARGS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size")
@@ -32,6 +33,22 @@ _TIED_TO_ARGS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps"
 REFERENCE_KINDS = {"deepspeed": "a DeepSpeed JSON file", "dataset": "a dataset file or folder", "folder": "a folder"}
 
 _FSDP_STAGES = {"full_shard": 3, "hybrid_shard": 3, "shard_grad_op": 2, "hybrid_shard_zero2": 2}
+
+
+def base64_json(value: Any) -> Mapping[str, Any] | None:
+    """The JSON object a ``deepspeed`` string holds base64-encoded (transformers' ``HfDeepSpeedConfig`` takes a path,
+    a mapping or that), None when it is not one: then it is a path."""
+    import base64
+    import binascii
+    import json
+
+    if not isinstance(value, str) or not value.strip() or value.lower().endswith(".json"):
+        return None
+    try:
+        parsed = json.loads(base64.b64decode(value.strip(), validate=True).decode("utf-8"))
+    except (binascii.Error, ValueError, UnicodeDecodeError):
+        return None
+    return parsed if isinstance(parsed, Mapping) else None
 
 
 def locate_reference(config: Path, value: str, kind: str) -> tuple[Path | None, str | None]:
@@ -108,6 +125,7 @@ def distributed_setup(data: Mapping[str, Any], config: Path) -> tuple[dict[str, 
     from autotune.spec.files import read_json_file
 
     ds = data.get("deepspeed")
+    ds = base64_json(ds) or ds
     if isinstance(ds, Mapping):
         if fixed := deepspeed_fixed_values(ds):
             raise SpecError(_fixed_problem(f"the DeepSpeed config given in {config.name}", fixed))

@@ -458,3 +458,13 @@ def test_a_from_search_over_several_gpus_says_the_file_s_batch_is_per_process(tm
     assert _per_process_batch_note(request, "cuda", load_space("lora")) == []  # one GPU a configuration
     assert _per_process_batch_note(dataclasses.replace(request, effective_batch=32), "cuda",
                                    load_space("multi-gpu")) == []  # the flag gave the batch
+
+
+def test_yaml_in_a_file_without_a_yaml_name_is_told_to_take_one(tmp_path: Path) -> None:
+    from autotune.cli.check import bundle_from_file
+
+    (tmp_path / "train_config").write_text("output_dir: o\nper_device_train_batch_size: 2\n")
+    for call in (lambda: read_config("train_config", (tmp_path / "train_config").read_text()),
+                 lambda: bundle_from_file(tmp_path / "train_config")):
+        with pytest.raises(SpecError, match="it reads as YAML: give it a .yaml or .yml name"):
+            call()

@@ -86,8 +86,8 @@ def bundle_from_file(path: Path, fmt: str | None = None) -> ConfigBundle:
     text = _read(path)
     try:
         cfg = read_config(path.name, text, fmt=fmt)
-    except SpecError:
-        if fmt is not None or path.suffix.lower() in (".yaml", ".yml"):
+    except SpecError as exc:
+        if fmt is not None or path.suffix.lower() in (".yaml", ".yml") or "it reads as YAML" in str(exc):
             raise
         # model_kwargs / lora_config JSON of a best/ directory, or a JSON of unknown keys: the classic reader
         return bundle_from_texts(str(path), {path.name: text}, directory=False)

@@ -120,7 +120,16 @@ def parse_text(name: str, text: str) -> dict[str, Any]:
     (an alias bomb or a document nested thousands deep is a one-line SpecError, not minutes of CPU)."""
     from autotune.spec.files import load_json, load_yaml
 
-    data = load_yaml(text, what=name) if is_yaml_name(name) else load_json(text, what=name)
+    if is_yaml_name(name):
+        data = load_yaml(text, what=name)
+    else:
+        try:
+            data = load_json(text, what=name)
+        except SpecError as exc:
+            if _reads_as_yaml_mapping(text):
+                raise SpecError(f"{name} is not JSON ({' '.join(str(exc).split())[:120]}); it reads as YAML: give it "
+                                "a .yaml or .yml name, which is how autotune tells the two apart") from None
+            raise
     if data is None:
         raise SpecError(f"{name} is empty: it must hold the settings (key: value lines)")
     if not isinstance(data, dict):
@@ -128,6 +137,15 @@ def parse_text(name: str, text: str) -> dict[str, Any]:
     return data
 
 
+
+
+def _reads_as_yaml_mapping(text: str) -> bool:
+    from autotune.spec.files import load_yaml
+
+    try:
+        return isinstance(load_yaml(text, what="text"), dict)
+    except SpecError:
+        return False
 
 
 def _path_like(value: Any, suffixes: tuple[str, ...]) -> bool:

@@ -375,3 +375,8 @@ def test_the_gpus_one_run_uses_have_one_name_in_plan_and_run() -> None:
     run_cmd = typer.main.get_command(app).commands["run"]  # type: ignore[attr-defined]
     (opt,) = [p for p in run_cmd.params if p.name == "gpus_per_trial"]
     assert set(opt.opts) == {"--gpus-per-trial", "--world-size"}
+
+
+def test_mode_and_trainer_are_read_in_any_case_as_model_and_gpu_names_are() -> None:
+    r = run("--model", "llama-3.1-8b", "--gpu", "a10g", "--mode", "QLoRA", "--trainer", "TRL", "--json")
+    assert r.exit_code == 0 and json.loads(r.output)["mode"] == "qlora"

@@ -365,8 +365,8 @@ def command(
         model=model, gpu=gpu,
         gpus_per_node=gpus_per_node if gpus_per_node is not None else max(1, pin["world_size"] or 1),
         seq_len=seq_len, effective_batch=effective_batch,
-        mode=mode, tokens=tokens, lora_r=lora_r, lora_targets=lora_targets, pin=pin, lengths=lengths,
-        trainer=trainer,
+        mode=mode.strip().lower(), tokens=tokens, lora_r=lora_r, lora_targets=lora_targets, pin=pin,
+        lengths=lengths, trainer=trainer.strip().lower(),
     )  # fmt: skip
     result = gather(query, PlanSources(catalog=catalog, calibrate_from=calibrate, hub=_hub_access(offline)))
     if as_json:

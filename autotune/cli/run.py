@@ -264,14 +264,15 @@ def command(
     err = console(stderr=True)
     printer = ProgressPrinter(err)
     given = dict(
-        model=model, gpu_budget=gpu_budget, seq_len=seq_len, effective_batch=effective_batch, mode=mode,
+        model=model, gpu_budget=gpu_budget, seq_len=seq_len, effective_batch=effective_batch,
+        mode=mode.strip().lower() if mode is not None else None,
         space=space, dataset=dataset, split=split, tokenizer=tokenizer, lengths=lengths, max_trials=max_trials,
         time_budget=time_budget, gpus=gpus, ray_address=ray_address, pool=pool, device=device, storage=storage, out=out,
         seed=seed, resume=resume, fresh=fresh, progress=printer, gpus_per_trial=gpus_per_trial, top_k=top_k,
         steps=steps, probe_timeout_s=_probe_timeout(probe_timeout), trust_remote_code=trust_remote_code,
         verify_loss=verify_loss_steps if verify_loss else 0, confirm_rounds=_rounds(confirm_rounds),
         confirm_tolerance=confirm_tolerance, strategy=strategy, stop_when_converged=stop_when_converged,
-        trainer=trainer, hub=_hub_access(offline),
+        trainer=trainer.strip().lower() if isinstance(trainer, str) else trainer, hub=_hub_access(offline),
         config_name=config_name, sample_rows=sample_rows, lora_r=lora_r, lora_alpha=lora_alpha,
         lora_targets=lora_targets, write_back=write_back,
     )  # fmt: skip

@@ -462,3 +462,12 @@ def test_a_deepspeed_config_given_as_base64_json_is_read_not_looked_for() -> Non
     assert file_references("training_args", {"deepspeed": encoded}) == []
     setup, _ = distributed_setup({"deepspeed": encoded}, Path("ta.json"))
     assert setup is not None and setup["zero_stage"] == 3
+
+
+def test_an_axolotl_value_run_from_refuses_is_a_fail_in_check(tmp_path: Path) -> None:
+    from autotune.cli.check import bundle_from_file
+
+    src = tmp_path / "ax.yaml"
+    src.write_text("base_model: tiny-llama\nadapter: lora\nmicro_batch_size: 2\nsequence_len: 0\n")
+    items = [i for i in gather(bundle_from_file(src)).items if i.id == "types"]
+    assert [i.status for i in items] == ["fail"] and "sequence_len must be an integer >= 1" in items[0].message

@@ -106,6 +106,10 @@ def bundle_from_file(path: Path, fmt: str | None = None) -> ConfigBundle:
         ta_fields, _ = training_fields()
         b.known_keys = known_keys(cfg.format, ta_fields=ta_fields, trl_fields=sft_fields())
         b.key_source = key_source_label(cfg.format)
+    if cfg.format == "axolotl":  # no type table covers its own keys: the values run --from refuses are FAILs here
+        from autotune.formats import value_problems
+
+        b.problems += [m for m in value_problems(cfg.format, cfg.data, path.name) if "are both true" not in m]
     _check_references(path, b, cfg.format, cfg.data)
     return b
 

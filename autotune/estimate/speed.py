@@ -108,13 +108,12 @@ __all__ = [
 # --fit`` refits them; the tests pin them). A step of a small LoRA run is tens of milliseconds, so no constant
 # here may stand for what a long step spends: each is per layer, per micro-batch or per trainable parameter.
 # Refitted 2026-12-06 on the 27 + 17 fit runs of both sets with the dispatch term and dequantization priced by
-# the bandwidth, and 2026-12-07 when collectives over PCIe were priced (communication_time_s: the fit's 2 x RTX
-# 4090 runs moved), held out: 24 runs, median 0.96; short steps 16 runs (docs/plan.md).
-# Share of peak 16-bit FLOP/s reached by large GEMMs in an HF Trainer fine-tune [fitted: 0.532].
-DEFAULT_EFFICIENCY = 0.53
-# Tokens per micro-batch at which GEMM efficiency is half of DEFAULT_EFFICIENCY's [fitted: 49.0]: a few hundred
+# the bandwidth (held out: 24 runs, median 0.95; short steps 16 runs, median 1.05; docs/plan.md).
+# Share of peak 16-bit FLOP/s reached by large GEMMs in an HF Trainer fine-tune [fitted: 0.537].
+DEFAULT_EFFICIENCY = 0.54
+# Tokens per micro-batch at which GEMM efficiency is half of DEFAULT_EFFICIENCY's [fitted: 52.4]: a few hundred
 # tokens make matrices too thin to fill the GPU.
-SATURATION_TOKENS = 49
+SATURATION_TOKENS = 52
 # Operations one training step dispatches (``op_counts.json`` next to this module, written by
 # ``python benchmarks/op_counts.py --write``, which counts them with torch's dispatcher and checks this table): by
 # table ("sdpa" or "eager", and " fp32" for a step without autocast) and family, per decoder layer its forward, its
@@ -125,17 +124,17 @@ SATURATION_TOKENS = 49
 # eager (compile's effect is not modelled: COMPILE_FACTOR).
 OPS_PER_STEP: dict[str, dict[str, dict[str, int]]] = json.loads(
     resources.files("autotune.estimate").joinpath("op_counts.json").read_text(encoding="utf-8"))["counts"]
-# Seconds per dispatched operation (Python, the dispatcher, autograd, the launch) [fitted: 6.30e-6; this
+# Seconds per dispatched operation (Python, the dispatcher, autograd, the launch) [fitted: 6.32e-6; this
 # project's CPU pays 6.9-9.8 us an operation for the same models with kernels that do almost nothing:
 # ``python benchmarks/host_overhead.py``].
 PER_OP_S = 6.3e-6
 # Bytes moved per quantized weight per pass to dequantize it for the matmul, at the GPU's memory bandwidth x
-# BANDWIDTH_SHARE, by backend [fitted: 20.4 and 13.4]: "nf4" bitsandbytes / torchao NF4, "gptq" auto-gptq's CUDA
+# BANDWIDTH_SHARE, by backend [fitted: 20.5 and 13.4]: "nf4" bitsandbytes / torchao NF4, "gptq" auto-gptq's CUDA
 # kernels (exllama off, as Qwen's recipe runs). Reading 4 bits and writing a 16-bit copy is about 2.6 B; the fitted
 # figures are several times that, so they carry what else a 4-bit layer costs a pass in the published stacks
 # (the casts around it, kernels below the bandwidth). A stream, so a slower memory pays more: until 2026-12-06 this
 # was seconds per weight (3.4e-11 nf4, 8.3e-12 GPTQ), the same on every GPU.
-DEQUANT_BYTES_PER_PARAM = {"nf4": 20.4, "gptq": 13.4}
+DEQUANT_BYTES_PER_PARAM = {"nf4": 20.5, "gptq": 13.4}
 DEFAULT_QUANT = "nf4"
 # The Trainer's own time around one micro-batch (the collator, moving the batch, the loss's scaling, the NaN check),
 # beyond the model's operations, and around one optimizer step (scheduler, callbacks, zero_grad, fetching the
@@ -180,9 +179,9 @@ MODE_FACTOR = {"full": 1.0, "lora": 1.0, "qlora": 1.0}
 ATTN_FACTOR = {"flash_attention_2": 1.0, "sdpa": 1.0, "flex_attention": 0.95, "eager": 0.8}
 # Data-parallel efficiency inside one node (NVLink-class), by ZeRO stage (0 = DDP).
 SCALING_FACTOR = {0: 0.95, 1: 0.95, 2: 0.93, 3: 0.88}
-# Over PCIe (a catalog GPU with ``interconnect_gbs``) the collectives are priced instead (``communication_time_s``):
-# the share of one micro-batch's compute a collective can hide behind (DDP's bucketed all-reduce, DeepSpeed's
-# overlap_comm and ZeRO-3's prefetch); an assumption, not measured here
+# Over PCIe (a catalog GPU with ``interconnect_gbs``) the collectives are priced too (``communication_time_s``): what
+# they do not hide beyond what the factor already charges. The share of a micro-batch's time a collective can hide
+# behind (DDP's bucketed all-reduce, DeepSpeed's overlap_comm and ZeRO-3's prefetch); an assumption, not measured
 COMM_OVERLAP = 0.5
 # ZeRO-Offload: host<->device traffic and CPU Adam speed (node-wide, shared by all ranks).
 PCIE_BYTES_PER_S = 16e9
@@ -350,16 +349,15 @@ class SpeedEstimate:
         return asdict(self)
 
 
-def _lever_factor(workload: Workload, candidate: Candidate, tokens: float, *, priced_comm: bool = False) -> float:
+def _lever_factor(workload: Workload, candidate: Candidate, tokens: float) -> float:
     """GEMM efficiency multiplier of a micro-batch: attention implementation x T/(T + T0) x scaling (``tokens``:
-    the token slots a micro-batch computes, padding included; ``priced_comm``: the collectives are priced by
-    ``communication_time_s`` instead of the scaling factor)."""
+    the token slots a micro-batch computes, padding included)."""
     c = candidate
     f = MODE_FACTOR.get(workload.mode, 1.0) * ATTN_FACTOR.get(c.attn, 0.95)
     f *= tokens / (tokens + SATURATION_TOKENS)
     if c.torch_compile:
         f *= COMPILE_FACTOR
-    if c.world_size > 1 and not priced_comm:
+    if c.world_size > 1:
         f *= SCALING_FACTOR[c.zero_stage]
     return f
 
@@ -465,8 +463,7 @@ def predict_speed(
     prec = c.precision if c.precision in ("bf16", "fp16", "tf32", "fp32") else gpu.half_precision
     peak = gpu.peak_flops(prec)
     lay = batch_layout_of(w, c)  # real tokens per micro-batch, and the padded slots the model computes for them
-    priced = c.world_size > 1 and bool(gpu.interconnect_gbs)
-    eff = base * _lever_factor(w, c, lay.tokens_per_micro_batch * lay.slots_per_token, priced_comm=priced)
+    eff = base * _lever_factor(w, c, lay.tokens_per_micro_batch * lay.slots_per_token)
     share = recomputed(arch, c)
     real_width = batch_layout_of(w, c, flat=True).attention_width  # each sequence's own length (seq_len when fixed)
     hw = hardware_flops_per_token(arch, real_width, w.mode, share)
@@ -497,7 +494,10 @@ def predict_speed(
         offload_s = trainable * 6 / PCIE_BYTES_PER_S + trainable / CPU_ADAM_PARAMS_PER_S
         if c.offload == "params":
             offload_s += arch.params_total * 2 * 3 / n / PCIE_BYTES_PER_S * c.grad_accum
-    comm_s = communication_time_s(arch, w, c, gpu, compute_mb + dispatch_mb + MICROBATCH_OVERHEAD_S + dequant_mb)
+    # the factor already charges NVLink's losses: a PCIe link adds what its collectives expose beyond them
+    charged = compute_s * (1.0 / SCALING_FACTOR[c.zero_stage] - 1.0) if c.world_size > 1 else 0.0
+    comm_s = max(0.0, communication_time_s(arch, w, c, gpu, compute_mb + dispatch_mb + MICROBATCH_OVERHEAD_S
+                                           + dequant_mb) - charged)
     step_s = compute_s + overhead_s + dequant_s + offload_s + comm_s
     total = tokens_step / step_s
     per = total / c.world_size

@@ -460,6 +460,9 @@ def test_a_deepspeed_config_given_as_base64_json_is_read_not_looked_for() -> Non
 
     encoded = base64.b64encode(b'{"zero_optimization": {"stage": 3}}').decode()
     assert file_references("training_args", {"deepspeed": encoded}) == []
+    fixed = base64.b64encode(b'{"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 4}').decode()
+    items = gather(bundle(training_args={"per_device_train_batch_size": 2, "deepspeed": fixed})).items
+    assert [i.status for i in items if i.id == "ds_agrees"] == ["fail"]  # read as the inline mapping is
     setup, _ = distributed_setup({"deepspeed": encoded}, Path("ta.json"))
     assert setup is not None and setup["zero_stage"] == 3
 

@@ -327,8 +327,12 @@ def test_keys_appended_to_a_crlf_file_end_their_lines_as_the_file_does() -> None
      {"zero_stage": 2, "offload": "optimizer", "sharding": "deepspeed"}),
     ("fsdp: full_shard auto_wrap offload\n", {}, {"zero_stage": 3, "offload": "params", "sharding": "fsdp"}),
     ("fsdp: [shard_grad_op, auto_wrap]\n", {}, {"zero_stage": 2, "offload": "none", "sharding": "fsdp"}),
-    ("fsdp_version: 2\nfsdp_config: {reshard_after_forward: false, offload_params: true}\n", {},
-     {"zero_stage": 2, "offload": "params", "sharding": "fsdp"}),
+    ("fsdp_version: '2'\nfsdp_config: {reshard_after_forward: true, offload_params: 'true'}\n", {},
+     {"zero_stage": 3, "offload": "params", "sharding": "fsdp"}),
+    ("fsdp_version: 2\nfsdp_config: {reshard_after_forward: false, offload_params: 'false'}\n", {},
+     {"zero_stage": 2, "offload": "none", "sharding": "fsdp"}),
+    ("deepspeed: {zero_optimization: {stage: 2, offload_param: {device: cpu}}}\n", {},
+     {"zero_stage": 2, "offload": "none", "sharding": "deepspeed"}),  # DeepSpeed offloads parameters at stage 3 only
     ("seed: 1\n", {}, {"zero_stage": 0, "offload": "none", "sharding": "deepspeed"}),
 ])
 def test_the_distributed_set_up_a_training_file_trains_with(tmp_path: Path, text: str, files: dict,
@@ -387,7 +391,7 @@ def test_a_from_file_naming_a_deepspeed_config_that_is_not_there_is_refused_on_g
 
     read = autotune.run._request.read_request(_from_request(tmp_path, "deepspeed: missing/ds_z3.json\n"))
     with pytest.raises(SpecError, match="names the DeepSpeed config 'missing/ds_z3.json', but missing/ds_z3.json "
-                                        "does not exist .*remove the key"):
+                                        "does not exist .*remove the deepspeed key"):
         _space_for_device(load_space("multi-gpu"), "cuda", [{"index": 0}, {"index": 1}], "cuda", "127.0.0.1:6379",
                           "lora", read.args.source)
 
@@ -439,6 +443,11 @@ def test_a_trl_file_that_leaves_the_lora_targets_to_peft_is_measured_with_peft_s
 
     with pytest.raises(SpecError, match="no default for model_type 'phi3'"):
         _peft_default_targets(request, Unmapped())
+    assert _peft_default_targets(dataclasses.replace(request, mode="full"), Unmapped()).lora_targets == "attn"
+    src.write_text("model_name_or_path: tiny-llama\noutput_dir: o\nmax_length: 64\nuse_peft: true\n"
+                   "lora_target_modules: []\n")
+    with pytest.raises(SpecError, match="lora_target_modules is empty"):
+        autotune.run.RunRequest.from_file(src, gpu_budget="4GB", device="cpu")
 
 
 def test_a_key_with_no_value_is_written_after_its_colon() -> None:
@@ -468,3 +477,18 @@ def test_yaml_in_a_file_without_a_yaml_name_is_told_to_take_one(tmp_path: Path) 
                  lambda: bundle_from_file(tmp_path / "train_config")):
         with pytest.raises(SpecError, match="it reads as YAML: give it a .yaml or .yml name"):
             call()
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("deepspeed: {zero_optimization: {stage: '3'}}\n", "zero_optimization.stage must be 0, 1, 2 or 3"),
+    ("deepspeed: {zero_optimization: {stage: 4}}\n", "zero_optimization.stage must be 0, 1, 2 or 3"),
+    ("fsdp: shard_grad_op offload\n", "shard_grad_op with CPU offload"),
+    ("fsdp: FULL_SHARD\n", "are not transformers'"),
+    ("fsdp: offload\n", "names no sharding strategy"),
+])
+def test_a_distributed_set_up_that_cannot_train_or_be_measured_is_one_line(tmp_path: Path, text: str,
+                                                                           needle: str) -> None:
+    from autotune.formats import distributed_setup, parse_text
+
+    with pytest.raises(SpecError, match=needle):
+        distributed_setup(parse_text("f.yaml", text), tmp_path / "f.yaml")

@@ -157,8 +157,12 @@ class _Ctx:
         self.items: list[CheckItem] = []
 
     def _inline_ds(self) -> dict[str, Any]:
+        """The DeepSpeed config given inline, or base64-encoded (transformers takes both)."""
+        from autotune.formats import base64_json
+
         v = (self.b.get("training_args") or {}).get("deepspeed")
-        return v if isinstance(v, dict) else {}
+        v = base64_json(v) or v
+        return dict(v) if isinstance(v, dict) else {}
 
     def src(self, kind: str) -> str:
         return self.b.sources.get(kind, "")
@@ -217,7 +221,8 @@ def _sixteen_bit_fix(gpu: GpuInfo | None) -> str:
 
 def _rule_precision(c: _Ctx) -> None:
     title = "mixed precision"
-    if c.ta.get("bf16") is True and c.ta.get("fp16") is True:
+    stated = (c.b.native or {}) if c.b.fmt == "axolotl" else c.ta  # Axolotl's bf16: auto is not a true bf16
+    if stated.get("bf16") is True and stated.get("fp16") is True:
         c.add("precision", title, "fail", "bf16 and fp16 are both true: transformers refuses to start (at most one "
               "of them)", "keep one: bf16 on Ampere or newer, else fp16", c.src("training_args"))
         return

@@ -47,6 +47,7 @@ __all__ = [
     "FORMATS",
     "Measured",
     "REFERENCE_KINDS",
+    "base64_json",
     "REQUEST_FIELDS",
     "ReadConfig",
     "checkpointed_every",

@@ -86,64 +86,91 @@ def deepspeed_fixed_values(ds: Mapping[str, Any]) -> list[str]:
     return fixed
 
 
-def _from_deepspeed(ds: Mapping[str, Any]) -> dict[str, Any]:
-    zero = ds.get("zero_optimization")
-    zero = zero if isinstance(zero, Mapping) else {}
+def _from_deepspeed(ds: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The set-up a DeepSpeed config states; SpecError for a stage that is not 0-3 or a value no tuned file could
+    start with (``deepspeed_fixed_values``). DeepSpeed offloads parameters at stage 3 only, the optimizer from
+    stage 1 (below, its ``offload_*`` entries do nothing)."""
+    from autotune.errors import SpecError
+
+    if fixed := deepspeed_fixed_values(ds):
+        raise SpecError(_fixed_problem(where, fixed))
+    zero = ds.get("zero_optimization", {})
+    if not isinstance(zero, Mapping):
+        raise SpecError(f"{where}: zero_optimization must be a mapping, got {zero!r}")
     stage = zero.get("stage", 0)
+    if isinstance(stage, bool) or stage not in (0, 1, 2, 3) or not isinstance(stage, int):
+        raise SpecError(f"{where}: zero_optimization.stage must be 0, 1, 2 or 3 (a number), got {stage!r}")
 
     def offloaded(key: str) -> bool:
         part = zero.get(key)
         return isinstance(part, Mapping) and part.get("device") in ("cpu", "nvme")
 
-    offload = "params" if offloaded("offload_param") else "optimizer" if offloaded("offload_optimizer") else "none"
-    return {"zero_stage": stage if isinstance(stage, int) and not isinstance(stage, bool) else 0,
-            "offload": offload, "sharding": "deepspeed"}
+    offload = ("params" if stage == 3 and offloaded("offload_param")
+               else "optimizer" if stage >= 1 and offloaded("offload_optimizer") else "none")
+    return {"zero_stage": stage, "offload": offload, "sharding": "deepspeed"}
 
 
-def _from_fsdp(data: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The FSDP set-up ``data`` states, None when it states none."""
+_FSDP_WORDS = frozenset({*_FSDP_STAGES, "offload", "auto_wrap", "no_shard"})
+
+
+def _flag(value: Any) -> bool:
+    """A YAML boolean as Axolotl's schema reads it (``'false'`` is false, not a non-empty string)."""
+    return value is True or (isinstance(value, str) and value.strip().lower() in ("true", "yes", "1"))
+
+
+def _from_fsdp(data: Mapping[str, Any], where: str) -> dict[str, Any] | None:
+    """The FSDP set-up ``data`` states, None when it states none; SpecError for options transformers refuses or a
+    set-up the probes cannot run (FSDP's shard_grad_op with CPU offload)."""
+    from autotune.errors import SpecError
+
     raw = data.get("fsdp")
     options = raw.split() if isinstance(raw, str) else [str(o) for o in raw] if isinstance(raw, list) else []
+    unknown = [o for o in options if o not in _FSDP_WORDS]
+    if unknown:
+        raise SpecError(f"{where}: fsdp option(s) {', '.join(map(repr, unknown))} are not transformers' (lowercase: "
+                        f"{', '.join(sorted(_FSDP_WORDS))})")
     fcfg = data.get("fsdp_config")
     fcfg = fcfg if isinstance(fcfg, Mapping) else {}
-    version2 = data.get("fsdp_version") == 2 or fcfg.get("fsdp_version") == 2
+    version = data.get("fsdp_version", fcfg.get("fsdp_version"))
+    version2 = str(version).strip() == "2"
     stage = next((_FSDP_STAGES[o] for o in options if o in _FSDP_STAGES), None)
     if stage is None and version2:
-        stage = 2 if fcfg.get("reshard_after_forward") is False else 3
+        stage = 2 if fcfg.get("reshard_after_forward") in (False, "false", "False") else 3
     if stage is None:
+        if options and set(options) - {"no_shard", "auto_wrap"}:
+            raise SpecError(f"{where}: fsdp {raw!r} names no sharding strategy (full_shard, shard_grad_op, "
+                            "hybrid_shard or hybrid_shard_zero2)")
         return None
-    offload = ("offload" in options or bool(fcfg.get("offload_params")) or bool(fcfg.get("fsdp_offload_params")))
+    offload = "offload" in options or _flag(fcfg.get("offload_params")) or _flag(fcfg.get("fsdp_offload_params"))
+    if offload and stage != 3:
+        raise SpecError(f"{where}: FSDP shard_grad_op with CPU offload is a set-up autotune's probes cannot run (they "
+                        "offload under a full shard only); use full_shard with offload, or drop the offload")
     return {"zero_stage": stage, "offload": "params" if offload else "none", "sharding": "fsdp"}
 
 
 def distributed_setup(data: Mapping[str, Any], config: Path) -> tuple[dict[str, Any] | None, str]:
     """(the ZeRO/FSDP set-up a training config at ``config`` trains with, as ``zero_stage`` / ``offload`` /
-    ``sharding`` values, and where it was read: "" when the file names none) or (None, what is wrong: a named
-    DeepSpeed file that cannot be found or read). SpecError when the DeepSpeed config fixes a batch or precision
-    value (``deepspeed_fixed_values``): no tuned file could start with it."""
+    ``sharding`` values, and where it was read: "" when the file names none) or (None, why the DeepSpeed file it
+    names cannot be found). SpecError when what it states cannot be trained or measured: a DeepSpeed file that is
+    not a JSON object, a stage outside 0-3, batch or precision values fixed (``deepspeed_fixed_values``), FSDP
+    options transformers refuses."""
     from autotune.errors import SpecError
     from autotune.spec.files import read_json_file
 
     ds = data.get("deepspeed")
     ds = base64_json(ds) or ds
     if isinstance(ds, Mapping):
-        if fixed := deepspeed_fixed_values(ds):
-            raise SpecError(_fixed_problem(f"the DeepSpeed config given in {config.name}", fixed))
-        return _from_deepspeed(ds), f"the DeepSpeed config given in {config.name}"
+        where = f"the DeepSpeed config given in {config.name}"
+        return _from_deepspeed(ds, where), where
     if isinstance(ds, str) and ds.strip():
         found, problem = locate_reference(config, ds, "deepspeed")
         if found is None:
             return None, f"{config.name} names the DeepSpeed config {ds!r}, but {problem}"
-        try:
-            parsed = read_json_file(found, what=f"the DeepSpeed config {ds!r}")
-        except SpecError as exc:
-            return None, str(exc)
+        parsed = read_json_file(found, what=f"the DeepSpeed config {ds!r}")
         if not isinstance(parsed, Mapping):
-            return None, f"the DeepSpeed config {ds!r} ({found}) is not a JSON object"
-        if fixed := deepspeed_fixed_values(parsed):
-            raise SpecError(_fixed_problem(f"the DeepSpeed config {ds!r} ({found})", fixed))
-        return _from_deepspeed(parsed), f"the DeepSpeed config {ds!r}"
-    fsdp = _from_fsdp(data)
+            raise SpecError(f"the DeepSpeed config {ds!r} ({found}) is not a JSON object")
+        return _from_deepspeed(parsed, f"the DeepSpeed config {ds!r} ({found})"), f"the DeepSpeed config {ds!r}"
+    fsdp = _from_fsdp(data, config.name)
     if fsdp is not None:
         return fsdp, f"the FSDP settings of {config.name}"
     return {"zero_stage": 0, "offload": "none", "sharding": "deepspeed"}, ""

@@ -71,6 +71,9 @@ def value_problems(fmt: str, cfg: Mapping[str, Any], label: str) -> list[str]:
             allowed = ", ".join(["true", "false", *words[:-1]]) + (f" or {words[-1]}" if words else "") \
                 if words else "true or false"
             out.append(f"{label}: {key} must be {allowed}, got {short_repr(v)}")
+    if fmt == "trl" and cfg.get("use_peft") is True and cfg.get("lora_target_modules") in ([], ""):
+        out.append(f"{label}: lora_target_modules is empty, and peft refuses a LoRA config with no target modules; "
+                   "name them, or remove the key for peft's default")
     if cfg.get("bf16") is True and cfg.get("fp16") is True:
         out.append(f"{label}: bf16 and fp16 are both true, which transformers refuses (at most one of them); keep one")
     for key in ("base_model", "model_name_or_path", "model"):

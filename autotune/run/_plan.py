@@ -398,11 +398,11 @@ def _hold_distributed(space: SearchSpace, source: Any, dev: str, mode: str) -> t
                        "the probes measure without it, and the tuned file keeps it")
     if setup is None:
         raise SpecError(f"--from: {where}; give the path from the working directory (or beside the file), or "
-                        "remove the key to search without it")
+                        "remove the deepspeed key to search without it")
     if mode == "qlora" and setup["zero_stage"]:
         raise SpecError(f"--from {source.name} trains QLoRA with {setup_words(setup)} ({where}), which autotune's "
-                        "QLoRA probe cannot run (its 4-bit base is not sharded): remove the key to measure on one "
-                        "GPU without it")
+                        "QLoRA probe cannot run (its 4-bit base is not sharded): remove its "
+                        f"{'deepspeed' if setup['sharding'] == 'deepspeed' else 'fsdp'} key to measure without it")
     held = dataclasses.replace(space, zero_stage=(setup["zero_stage"],), offload=(setup["offload"],),
                                sharding=(setup["sharding"],))
     if held == space:

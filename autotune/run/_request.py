@@ -110,14 +110,9 @@ class RunRequest:
             if given.get(name) is None:
                 given[name] = value
             elif given[name] != value:
-                replaced[name] = f"--{name.replace('_', '-')} {given[name]} (the file's: {value})"
+                replaced[name] = f"--{name.replace('_', '-')} {_shown(given[name])} (the file's: {_shown(value)})"
         if replaced and given.get("progress") is not None:
-            written = [n for n in ("seq_len", "effective_batch") if n in replaced]
-            given["progress"]("note", {"text": f"{', '.join(replaced.values())}: the flag wins, the search measures "
-                                               "it" + (f", and the tuned {source.name} trains with the "
-                                                       f"{' and '.join({'seq_len': 'sequence length'}.get(n, 'effective batch') for n in written)} "
-                                                       "measured"
-                                                       if written else "")})
+            given["progress"]("note", {"text": _override_note(replaced, source.name)})
         return cls.with_defaults(source=source, **given)
 
     @classmethod
@@ -133,6 +128,29 @@ class RunRequest:
 
 
 TuneArgs = RunRequest  # the name of one release ago
+
+def _shown(value: Any) -> str:
+    """A request value as a flag would be written (module lists joined, peft's default named)."""
+    from autotune.formats.model import PEFT_DEFAULT
+
+    if value == PEFT_DEFAULT:
+        return "peft's default"
+    return ",".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)
+
+
+def _override_note(replaced: dict[str, str], name: str) -> str:
+    """What a flag that replaces a --from file's value does: the search measures it; the tuned file is written with
+    the sequence length and batch measured, and keeps its own model, mode and adapters."""
+    text = f"{', '.join(replaced.values())}: the flag wins and the search measures it"
+    written = [{"seq_len": "sequence length"}.get(n, "effective batch") for n in ("seq_len", "effective_batch")
+               if n in replaced]
+    kept = [n.replace("_", " ") for n in replaced if n not in ("seq_len", "effective_batch", "dataset")]
+    if written:
+        text += f"; the tuned {name} trains with the {' and '.join(written)} measured"
+    if kept:
+        text += f"; it keeps its own {', '.join(kept)} (the write-back changes none of them)"
+    return text
+
 
 # what a --from file may give (the flag wins): the request's keys a format's reader returns
 FILLED_FROM_FILE = ("model", "mode", "seq_len", "effective_batch", "dataset", "lora_r", "lora_alpha", "lora_targets")
@@ -322,6 +340,8 @@ def _peft_default_targets(a: RunRequest, resolved: Any) -> RunRequest:
 
     if a.lora_targets != PEFT_DEFAULT:
         return a
+    if a.mode not in ("lora", "qlora"):  # --mode full over the file's adapters: no targets to resolve
+        return dataclasses.replace(a, lora_targets="attn")
     model_type = str(resolved.config.get("model_type") or "")
     targets = PEFT_DEFAULT_TARGETS.get(model_type)
     where = f"--from {a.source.name}" if a.source is not None else "the request"

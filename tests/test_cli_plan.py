@@ -380,3 +380,9 @@ def test_the_gpus_one_run_uses_have_one_name_in_plan_and_run() -> None:
 def test_mode_and_trainer_are_read_in_any_case_as_model_and_gpu_names_are() -> None:
     r = run("--model", "llama-3.1-8b", "--gpu", "a10g", "--mode", "QLoRA", "--trainer", "TRL", "--json")
     assert r.exit_code == 0 and json.loads(r.output)["mode"] == "qlora"
+
+
+def test_gpu_counts_the_effective_batch_cannot_split_over_are_named() -> None:
+    notes = json.loads(run("--model", "gpt2", "--seq-len", "512", "--gpu", "L4", "--effective-batch", "7",
+                           "--gpus-per-node", "8", "--json").output)["notes"]
+    assert any("effective batch 7 does not split over 2, 4, 8 GPUs" in n for n in notes), notes

@@ -495,6 +495,11 @@ def plan(
         raise SpecError(f"liger: {why}; drop --liger")
     model = model_name or arch.model_type
     notes = _position_notes(arch, seq_len, model)
+    skipped = [w for w in _world_sizes(gpus_per_node) if effective_batch % w] if "world_size" not in pin else []
+    if skipped:
+        notes.append(f"effective batch {effective_batch} does not split over {', '.join(map(str, skipped))} GPUs "
+                     "(each takes a whole number of sequences a step), so those were not considered; an effective "
+                     "batch they divide would let them be")
     if workload.trainer == "trl" and pin.get("liger"):
         notes.append("TRL's SFTTrainer turns Liger's fused cross-entropy off: its own fused LM head computes the loss")
     req = _Request(

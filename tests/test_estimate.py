@@ -802,3 +802,10 @@ def test_collectives_over_pcie_are_priced_and_nvlink_keeps_its_factor() -> None:
     big = predict_speed(LLAMA8, Workload("m", seq_len=4096, mode="full"), replace(z3, micro_batch=4, grad_accum=1,
                                                                                  world_size=8), rtx)
     assert big.comm_time_s == 0.0
+
+
+def test_a_catalog_number_yaml_read_as_text_says_how_to_write_it() -> None:
+    entry = {"name": "X", "memory": "24GB", "fp16_tflops": "1e2", "fp32_tflops": 10, "bf16": False,
+             "flash_attention_2": False, "price_per_hour_usd": 1}
+    with pytest.raises(SpecError, match=r"got '1e2' \(YAML reads an exponent without a dot as text: write 1\.0e2\)"):
+        parse_catalog({"gpus": [entry]})

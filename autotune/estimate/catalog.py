@@ -114,9 +114,25 @@ def _num(problems: list[str], where: str, key: str, value: Any, *, optional: boo
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         finite = "" if not isinstance(value, float) or math.isfinite(value) else " (not finite)"
+        if isinstance(value, str) and _reads_as_float(value):
+            finite = f" (YAML reads an exponent without a dot as text: write {_dotted(value)})"
         problems.append(f"{where}: {key} must be a positive number, got {value!r}{finite}")
         return None
     return float(value)
+
+
+def _reads_as_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _dotted(text: str) -> str:
+    """``1e-9`` as YAML reads it as a number: ``1.0e-9``."""
+    mant, _, exp = text.strip().lower().partition("e")
+    return f"{mant if '.' in mant else mant + '.0'}e{exp}" if exp else text.strip()
 
 
 def parse_catalog(data: Any, *, source: str = "<catalog>") -> list[GPU]:

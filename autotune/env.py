@@ -9,10 +9,11 @@ import os
 import platform
 import sys
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 __all__ = ["fingerprint", "package_versions", "versions_of", "nvml_device_info", "cpu_model", "tail_lines",
-           "training_fields", "sft_fields", "usable_cores"]
+           "training_fields", "sft_fields", "dataclass_field_names", "usable_cores"]
 
 _PACKAGES = (
     "torch",
@@ -46,7 +47,24 @@ def versions_of(*names: str) -> dict[str, str | None]:
 
 def training_fields() -> tuple[set[str] | None, str | None]:
     """The installed ``TrainingArguments``' field names and transformers' version (None, None if absent or
-    broken): what the emitted files, the write-back and ``check`` hold a key against."""
+    broken): what the emitted files, the write-back and ``check`` hold a key against.
+
+    Read from the installed ``transformers/training_args.py`` without executing it (:func:`dataclass_field_names`):
+    importing ``TrainingArguments`` imports torch, peft and most of transformers (4-8 s on a 2-core machine), which
+    ``autotune check`` and the driver of ``autotune run`` otherwise never need. Where the source does not read as
+    one plain dataclass, the class is imported as before."""
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("transformers")
+        origin = spec.origin if spec is not None else None
+        if origin is None:
+            return None, None
+        names = dataclass_field_names(Path(origin).parent / "training_args.py", "TrainingArguments")
+        if names is not None:
+            return names, metadata.version("transformers")
+    except Exception:  # an unreadable source or metadata: import the class instead
+        pass
     try:
         import dataclasses
 
@@ -55,6 +73,41 @@ def training_fields() -> tuple[set[str] | None, str | None]:
     except Exception:  # transformers missing or broken: the v5 table alone
         return None, None
     return {f.name for f in dataclasses.fields(TrainingArguments)}, transformers.__version__
+
+
+def dataclass_field_names(path: Any, class_name: str) -> set[str] | None:
+    """The field names ``dataclasses.fields`` gives for ``class_name`` in the Python file ``path``, read from its
+    syntax tree: the annotated names of the class body, ``ClassVar``/``InitVar``/``KW_ONLY`` ones left out. None unless the
+    class is there once, decorated with ``dataclass``, with no base class (inherited fields would be missed) and
+    no field declared inside a nested block."""
+    import ast
+    import re
+
+    tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    found = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name]
+    if len(found) != 1:
+        return None
+    (cls,) = found
+    if not any(_named(d, "dataclass") for d in cls.decorator_list) or cls.bases or cls.keywords:
+        return None
+    names: set[str] = set()
+    for node in cls.body:
+        if isinstance(node, (ast.If, ast.For, ast.While, ast.With, ast.Try)):
+            if any(isinstance(x, ast.AnnAssign) for x in ast.walk(node)):
+                return None  # a field declared conditionally: not readable without running it
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            if not re.search(r"\b(ClassVar|InitVar|KW_ONLY)\b", ast.unparse(node.annotation)):
+                names.add(node.target.id)
+    return names or None
+
+
+def _named(node: Any, name: str) -> bool:
+    """``node`` is ``name``, ``x.name``, or a call of either (``dataclass(...)``)."""
+    import ast
+
+    if isinstance(node, ast.Call):
+        node = node.func
+    return (isinstance(node, ast.Name) and node.id == name) or (isinstance(node, ast.Attribute) and node.attr == name)
 
 
 def sft_fields() -> set[str] | None:

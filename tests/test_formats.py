@@ -492,3 +492,48 @@ def test_a_distributed_set_up_that_cannot_train_or_be_measured_is_one_line(tmp_p
 
     with pytest.raises(SpecError, match=needle):
         distributed_setup(parse_text("f.yaml", text), tmp_path / "f.yaml")
+
+
+def test_training_fields_are_read_from_the_source_as_dataclasses_gives_them(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The installed TrainingArguments' fields, read from its source without importing it, are the fields
+    ``dataclasses.fields`` gives; a class the syntax tree cannot answer for is None (the caller imports it)."""
+    import dataclasses
+    import importlib.util
+
+    from transformers import TrainingArguments
+
+    from autotune.env import dataclass_field_names
+
+    fields, version = training_fields()
+    assert fields == {f.name for f in dataclasses.fields(TrainingArguments)}
+    assert version == importlib.import_module("transformers").__version__
+    src = tmp_path / "m.py"
+    src.write_text(
+        "import dataclasses\nfrom dataclasses import dataclass, field, KW_ONLY, InitVar\nfrom typing import ClassVar\n"
+        "@dataclass\nclass A:\n    a: int = 1\n    b: 'ClassVar[int]' = 2\n    _: KW_ONLY\n    c: list = field(default_factory=list)\n"
+        "    d: InitVar[int] = 0\n    e: typing.ClassVar[str] = ''\n    def f(self) -> None:\n        g: int = 3\n"
+        "@dataclasses.dataclass(eq=True)\nclass B(A):\n    h: int = 0\n"
+        "class C:\n    a: int = 1\n"
+        "@dataclass\nclass D:\n    if True:\n        a: int = 1\n")
+    spec = importlib.util.spec_from_file_location("_dataclass_fields_case", src)
+    module = importlib.util.module_from_spec(spec)
+    module.__dict__["typing"] = importlib.import_module("typing")
+    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses resolves string annotations through it
+    spec.loader.exec_module(module)
+    assert dataclass_field_names(src, "A") == {f.name for f in dataclasses.fields(module.A)} == {"a", "c"}
+    assert [dataclass_field_names(src, n) for n in ("B", "C", "D", "Missing")] == [None] * 4
+
+
+def test_check_and_the_answers_files_do_not_import_torch(tmp_path: Path) -> None:
+    """``autotune check`` and the emitted files' key check hold keys against TrainingArguments without importing
+    it (torch, peft and most of transformers: 4-8 s of a 2-core machine's start)."""
+    cfg = tmp_path / "ta.json"
+    cfg.write_text(json.dumps({"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "bf16": False}))
+    code = ("import sys\nfrom autotune.cli.app import main\nsys.argv = ['autotune', 'check', sys.argv[1]]\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "from autotune.run._outputs import _training_args_fields\nassert 'learning_rate' in _training_args_fields()\n"
+            "print(sorted(m for m in ('torch', 'transformers.training_args', 'peft') if m in sys.modules))")
+    p = subprocess.run([sys.executable, "-c", code, str(cfg)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip().splitlines()[-1] == "[]", p.stdout[-2000:]

@@ -2,7 +2,7 @@
 
 A two-rank probe costs a minute or more on 2 cores (two interpreters, two models, DeepSpeed's start), so
 the tests that need one read the same result: ``tests/test_short_probes.py`` (a composed window's peak
-against the whole window's, on DDP, ZeRO-2 and ZeRO-3) and ``tests/test_distributed.py`` (what each rank
+against the whole window's, on DDP and ZeRO-3) and ``tests/test_distributed.py`` (what each rank
 reports and how the ranks' figures merge, on the same probes).
 """
 

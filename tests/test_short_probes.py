@@ -275,8 +275,8 @@ def test_peak_memory_of_a_composed_probe_is_the_peak_at_the_true_accumulation(kw
 
 
 # DDP (the common case: every rank holds all gradients) and ZeRO-3 (parameters, gradients and optimizer states
-# all partitioned, the composition hardest to get right); ZeRO-2's whole-window probe is still run and merged
-# by tests/test_distributed.py
+# all partitioned, the composition hardest to get right); a ZeRO-2 probe (with optimizer offload) is run and
+# merged by tests/test_distributed.py
 DIST_CASES = [pytest.param(0, id="ddp"), pytest.param(3, id="zero3")]
 
 

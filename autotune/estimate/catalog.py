@@ -105,6 +105,7 @@ class GPU:
         return d
 
 
+@functools.lru_cache(maxsize=1024)
 def _norm(name: str) -> str:
     return re.sub(r"[\s_\-]+", "", name).lower()
 

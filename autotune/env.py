@@ -54,13 +54,7 @@ def training_fields() -> tuple[set[str] | None, str | None]:
     ``autotune check`` and the driver of ``autotune run`` otherwise never need. Where the source does not read as
     one plain dataclass, the class is imported as before."""
     try:
-        import importlib.util
-
-        spec = importlib.util.find_spec("transformers")
-        origin = spec.origin if spec is not None else None
-        if origin is None:
-            return None, None
-        names = dataclass_field_names(Path(origin).parent / "training_args.py", "TrainingArguments")
+        names = _training_args_source_fields()
         if names is not None:
             return names, metadata.version("transformers")
     except Exception:  # an unreadable source or metadata: import the class instead
@@ -75,11 +69,53 @@ def training_fields() -> tuple[set[str] | None, str | None]:
     return {f.name for f in dataclasses.fields(TrainingArguments)}, transformers.__version__
 
 
-def dataclass_field_names(path: Any, class_name: str) -> set[str] | None:
+def sft_fields() -> set[str] | None:
+    """The names a ``trl sft`` config may hold (None if trl is not installed): the installed TRL's
+    ``SFTConfig`` fields, and its ``ModelConfig`` and ``ScriptArguments`` fields, which ``trl sft --config``
+    reads from the same file. Read from TRL's and transformers' sources as :func:`training_fields` reads
+    ``TrainingArguments`` (importing ``SFTConfig`` imports ``TrainingArguments``), else imported."""
+    try:
+        trl = _package_dir("trl")
+        ta = _training_args_source_fields()
+        if trl is not None and ta is not None:
+            base = dataclass_field_names(trl / "trainer" / "base_config.py", "_BaseConfig",
+                                         inherited={"TrainingArguments": ta})
+            sft = dataclass_field_names(trl / "trainer" / "sft_config.py", "SFTConfig", inherited={"_BaseConfig": base})
+            model = dataclass_field_names(trl / "trainer" / "model_config.py", "ModelConfig")
+            script = dataclass_field_names(trl / "scripts" / "utils.py", "ScriptArguments")
+            if sft is not None and model is not None and script is not None:
+                return sft | model | script
+    except Exception:  # a source laid out otherwise: import the classes instead
+        pass
+    try:
+        import dataclasses
+
+        from trl import ModelConfig, ScriptArguments, SFTConfig
+    except Exception:
+        return None
+    return {f.name for cls in (SFTConfig, ModelConfig, ScriptArguments) for f in dataclasses.fields(cls)}
+
+
+def _package_dir(name: str) -> Path | None:
+    """The folder of the installed package ``name``, found without importing it (None if absent)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(name)
+    return Path(spec.origin).parent if spec is not None and spec.origin is not None else None
+
+
+def _training_args_source_fields() -> set[str] | None:
+    tf = _package_dir("transformers")
+    return None if tf is None else dataclass_field_names(tf / "training_args.py", "TrainingArguments")
+
+
+def dataclass_field_names(path: Any, class_name: str, *,
+                          inherited: dict[str, set[str] | None] | None = None) -> set[str] | None:
     """The field names ``dataclasses.fields`` gives for ``class_name`` in the Python file ``path``, read from its
-    syntax tree: the annotated names of the class body, ``ClassVar``/``InitVar``/``KW_ONLY`` ones left out. None unless the
-    class is there once, decorated with ``dataclass``, with no base class (inherited fields would be missed) and
-    no field declared inside a nested block."""
+    syntax tree: the annotated names of the class body, ``ClassVar``/``InitVar``/``KW_ONLY`` ones left out, and the
+    fields of each base class, which ``inherited`` gives by name. None unless the class is there once, decorated
+    with ``dataclass``, every base class is in ``inherited`` (and not None), and no field is declared inside a
+    nested block."""
     import ast
     import re
 
@@ -88,39 +124,38 @@ def dataclass_field_names(path: Any, class_name: str) -> set[str] | None:
     if len(found) != 1:
         return None
     (cls,) = found
-    if not any(_named(d, "dataclass") for d in cls.decorator_list) or cls.bases or cls.keywords:
+    if not any(_named(d, "dataclass") for d in cls.decorator_list) or cls.keywords:
         return None
     names: set[str] = set()
+    for base in cls.bases:
+        got = (inherited or {}).get(_name_of(base) or "")
+        if got is None:
+            return None  # a base whose fields are not known: they would be missed
+        names |= got
+    own: set[str] = set()
     for node in cls.body:
         if isinstance(node, (ast.If, ast.For, ast.While, ast.With, ast.Try)):
             if any(isinstance(x, ast.AnnAssign) for x in ast.walk(node)):
                 return None  # a field declared conditionally: not readable without running it
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             if not re.search(r"\b(ClassVar|InitVar|KW_ONLY)\b", ast.unparse(node.annotation)):
-                names.add(node.target.id)
-    return names or None
+                own.add(node.target.id)
+    return (names | own) or None
 
 
-def _named(node: Any, name: str) -> bool:
-    """``node`` is ``name``, ``x.name``, or a call of either (``dataclass(...)``)."""
+def _name_of(node: Any) -> str | None:
+    """``name`` of ``name``, ``x.name`` or a call of either (``dataclass(...)``)."""
     import ast
 
     if isinstance(node, ast.Call):
         node = node.func
-    return (isinstance(node, ast.Name) and node.id == name) or (isinstance(node, ast.Attribute) and node.attr == name)
+    if isinstance(node, ast.Name):
+        return node.id
+    return node.attr if isinstance(node, ast.Attribute) else None
 
 
-def sft_fields() -> set[str] | None:
-    """The names a ``trl sft`` config may hold (None if trl is not installed): the installed TRL's
-    ``SFTConfig`` fields, and its ``ModelConfig`` and ``ScriptArguments`` fields, which ``trl sft --config``
-    reads from the same file."""
-    try:
-        import dataclasses
-
-        from trl import ModelConfig, ScriptArguments, SFTConfig
-    except Exception:
-        return None
-    return {f.name for cls in (SFTConfig, ModelConfig, ScriptArguments) for f in dataclasses.fields(cls)}
+def _named(node: Any, name: str) -> bool:
+    return _name_of(node) == name
 
 
 def cpu_model() -> str:

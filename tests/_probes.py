@@ -9,7 +9,7 @@ from __future__ import annotations
 import atexit
 from typing import Any
 
-from autotune.executors.local import run_probe_process
+from autotune.executors.local import LocalExecutor, run_probe_process
 from autotune.executors.warm import WarmStarter
 from autotune.spec.probe_request import ProbeRequest
 from autotune.spec.result import ProbeResult
@@ -17,10 +17,27 @@ from autotune.spec.result import ProbeResult
 _WARM: WarmStarter | None = None
 
 
-def probe(request: ProbeRequest, **kw: Any) -> ProbeResult:
-    """``run_probe_process(request, warm=<this process's server>)``."""
+def _server() -> WarmStarter:
     global _WARM
     if _WARM is None:
         _WARM = WarmStarter()
         atexit.register(_WARM.close)
-    return run_probe_process(request, warm=_WARM, **kw)
+    return _WARM
+
+
+def probe(request: ProbeRequest, **kw: Any) -> ProbeResult:
+    """``run_probe_process(request, warm=<this process's server>)``."""
+    return run_probe_process(request, warm=_server(), **kw)
+
+
+class Executor(LocalExecutor):
+    """``LocalExecutor(slots, warm=True)`` (the pool ``autotune run`` uses on a CPU) on this process's server, which
+    outlives it."""
+
+    def __init__(self, slots: int = 1) -> None:
+        super().__init__(slots)
+        self.warm = _server()
+
+    def close(self) -> None:
+        self.warm = None  # the server is this process's, not the executor's
+        super().close()

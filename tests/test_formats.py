@@ -523,17 +523,34 @@ def test_training_fields_are_read_from_the_source_as_dataclasses_gives_them(tmp_
     spec.loader.exec_module(module)
     assert dataclass_field_names(src, "A") == {f.name for f in dataclasses.fields(module.A)} == {"a", "c"}
     assert [dataclass_field_names(src, n) for n in ("B", "C", "D", "Missing")] == [None] * 4
+    # a base class's fields, given by name, are inherited; an unknown base is None
+    a = dataclass_field_names(src, "A")
+    assert dataclass_field_names(src, "B", inherited={"A": a}) == {f.name for f in dataclasses.fields(module.B)}
+    assert dataclass_field_names(src, "B", inherited={"A": None}) is None
+
+
+def test_sft_fields_are_read_from_the_sources_as_dataclasses_gives_them() -> None:
+    pytest.importorskip("trl")
+    from trl import ModelConfig, ScriptArguments, SFTConfig
+
+    from autotune.env import sft_fields
+
+    assert sft_fields() == {f.name for c in (SFTConfig, ModelConfig, ScriptArguments) for f in dataclasses.fields(c)}
 
 
 def test_check_and_the_answers_files_do_not_import_torch(tmp_path: Path) -> None:
-    """``autotune check`` and the emitted files' key check hold keys against TrainingArguments without importing
-    it (torch, peft and most of transformers: 4-8 s of a 2-core machine's start)."""
+    """``autotune check`` (a TrainingArguments file, a TRL file) and the emitted files' key check hold keys against
+    TrainingArguments and TRL's configs without importing them (torch, peft and most of transformers: 4-8 s of a
+    2-core machine's start)."""
     cfg = tmp_path / "ta.json"
     cfg.write_text(json.dumps({"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "bf16": False}))
-    code = ("import sys\nfrom autotune.cli.app import main\nsys.argv = ['autotune', 'check', sys.argv[1]]\n"
-            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+    code = ("import sys\nfrom autotune.cli.app import main\nfor path in sys.argv[1:]:\n"
+            "    sys.argv = ['autotune', 'check', path]\n"
+            "    try:\n        main()\n    except SystemExit:\n        pass\n"
             "from autotune.run._outputs import _training_args_fields\nassert 'learning_rate' in _training_args_fields()\n"
-            "print(sorted(m for m in ('torch', 'transformers.training_args', 'peft') if m in sys.modules))")
-    p = subprocess.run([sys.executable, "-c", code, str(cfg)], capture_output=True, text=True, timeout=120)
+            "print(sorted(m for m in ('torch', 'transformers.training_args', 'peft', 'trl.trainer.sft_config') "
+            "if m in sys.modules))")
+    p = subprocess.run([sys.executable, "-c", code, str(cfg), str(DATA / "trl_sft.yaml")], capture_output=True,
+                       text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.strip().splitlines()[-1] == "[]", p.stdout[-2000:]

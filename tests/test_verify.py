@@ -118,14 +118,15 @@ def test_tune_rejects_negative_verify_steps(tmp_path: Path) -> None:
 def test_identical_math_gives_the_same_losses_on_real_cpu_probes() -> None:
     """Accumulation 1x8 with checkpointing vs the HF default 8x1 (fp32, same seed and data): accumulation and
     recompute in one pair of probes."""
-    from autotune.executors.local import LocalExecutor
+    from _probes import Executor
+
     from autotune.models import resolve_model
 
     m = resolve_model("tiny-llama")
     wl = Workload(model=m.name, model_path=m.path, seq_len=64, lengths="lognormal:3.5,1.0")
     st = ProbeSettings(device="cpu", cpu_threads=1)
     ref = hf_default_candidate(8)
-    with LocalExecutor(1) as ex:
+    with Executor(1) as ex:  # forked probes, as autotune run's on a CPU
         chosen = dataclasses.replace(ref, micro_batch=1, grad_accum=8, grad_ckpt=True)
         v = run_verify(ex, chosen=chosen, reference=ref, workload=wl, settings=st, steps=6)
         assert v["chosen"]["status"] == v["reference"]["status"] == "ok", v

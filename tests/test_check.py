@@ -474,3 +474,32 @@ def test_an_axolotl_value_run_from_refuses_is_a_fail_in_check(tmp_path: Path) ->
     src.write_text("base_model: tiny-llama\nadapter: lora\nmicro_batch_size: 2\nsequence_len: 0\n")
     items = [i for i in gather(bundle_from_file(src)).items if i.id == "types"]
     assert [i.status for i in items] == ["fail"] and "sequence_len must be an integer >= 1" in items[0].message
+
+
+def test_a_key_set_twice_is_a_warning_naming_its_lines_and_the_value_read(tmp_path: Path) -> None:
+    """YAML and JSON readers keep a repeated key's last value without a word: the first line reads as the setting
+    and is dead. check names the key (in the file's own words), its lines and the value read, and judges that one."""
+    from autotune.cli.check import bundle_from_file
+    from autotune.spec.files import repeated_keys
+
+    ax = tmp_path / "axolotl.yaml"
+    ax.write_text("base_model: m\nmicro_batch_size: 4\ngradient_accumulation_steps: 8\nmicro_batch_size: 2\n"
+                  "lora_r: 8\nmicro_batch_size: 1\n")
+    ta = tmp_path / "args.json"
+    ta.write_text('{"per_device_train_batch_size": 4,\n "learning_rate": 1e-4,\n "per_device_train_batch_size": 2}\n')
+    for path, key, times, lines, value in ((ax, "micro_batch_size", 3, [2, 4, 6], 1),
+                                           (ta, "per_device_train_batch_size", 2, [1, 3], 2)):
+        items = gather(bundle_from_file(path)).items
+        (warn,) = [i for i in items if i.id == "repeated"]
+        assert warn.status == "warn" and warn.message == (
+            f"{key} is set {times} times (lines {', '.join(map(str, lines))}): the training tool reads the last, {value}")
+        assert warn.fix == f"keep one {key}"
+        (batch,) = [i for i in items if i.id == "batch"]
+        assert f"micro-batch {value} " in batch.message, batch.message
+    once = tmp_path / "once.yaml"
+    once.write_text("micro_batch_size: 4\ngradient_accumulation_steps: 8\nbase_model: m\n")
+    assert not [i for i in gather(bundle_from_file(once)).items if i.id == "repeated"]
+    # nested mappings are not looked at; a JSON key also written inside a nested object has no lines
+    assert repeated_keys("a: 1\nb: {a: 2, a: 3}\n", yaml_text=True) == []
+    assert repeated_keys('{"a": 1, "b": {"a": 2}, "a": 3}', yaml_text=False) == [("a", 2, [])]
+    assert repeated_keys("[1, 1]", yaml_text=False) == repeated_keys("- 1\n- 1\n", yaml_text=True) == []

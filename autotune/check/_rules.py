@@ -81,6 +81,8 @@ class ConfigBundle:
     known_keys: set[str] | None = None
     key_source: str = ""  # where known_keys were read (repo, path, commit)
     problems: list[str] = field(default_factory=list)  # wrongly typed values found while reading: FAILs
+    # top-level keys the file sets more than once: (key, times, the lines, the value its readers keep: the last)
+    repeated: list[tuple[str, int, list[int], Any]] = field(default_factory=list)
     # the local files a config names (its file, key, path, None or what is wrong: missing, a folder, a device):
     # the CLI looks at the disk, the rule FAILs each problem (the training tool would not start)
     references: list[tuple[str, str, str, str | None]] = field(default_factory=list)
@@ -858,7 +860,7 @@ def _rule_attention(c: _Ctx) -> None:
 
 
 # items that name the file's own keys (its unknown keys, the framework's own deprecation messages): not translated
-_VERBATIM_ITEMS = frozenset({"names", "deprecated"})
+_VERBATIM_ITEMS = frozenset({"names", "deprecated", "repeated"})
 
 
 def _rename_fix(fmt: str, key: str) -> str:
@@ -1123,6 +1125,16 @@ def _typed(bundle: ConfigBundle) -> tuple[ConfigBundle, list[CheckItem]]:
     return dataclasses.replace(bundle, data=data), items
 
 
+def _rule_repeated_keys(c: _Ctx) -> None:
+    """A key set twice at the top level: YAML and JSON readers keep the last value without a word, so the first is
+    dead text that reads as the setting."""
+    for key, times, lines, value in c.b.repeated:
+        where = f" (lines {', '.join(map(str, lines))})" if lines else ""
+        c.add("repeated", "keys set more than once", "warn",
+              f"{key} is set {times} times{where}: the training tool reads the last, {value!r}",
+              f"keep one {key}", c.b.target)
+
+
 def _rule_references(c: _Ctx) -> None:
     """A file the config names (a DeepSpeed JSON, a local dataset) must be there, and be a file."""
     for src, key, value, problem in c.b.references:
@@ -1134,6 +1146,7 @@ def _rule_references(c: _Ctx) -> None:
 
 
 _RULES = (
+    _rule_repeated_keys,
     _rule_references,
     _rule_names,
     _rule_device,

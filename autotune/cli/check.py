@@ -26,7 +26,7 @@ from autotune.check import (
 from autotune.cli.render import dumps_json
 from autotune.env import sft_fields, training_fields
 from autotune.errors import SpecError
-from autotune.formats import FORMATS, key_source_label, known_keys, read_config
+from autotune.formats import FORMATS, is_yaml_name, key_source_label, known_keys, read_config
 
 __all__ = ["command", "load_bundle", "bundle_from_file"]
 
@@ -111,6 +111,10 @@ def bundle_from_file(path: Path, fmt: str | None = None) -> ConfigBundle:
 
         b.problems += [m for m in value_problems(cfg.format, cfg.data, path.name) if "are both true" not in m]
     _check_references(path, b, cfg.format, cfg.data)
+    from autotune.spec.files import repeated_keys
+
+    yaml_text = is_yaml_name(path.name) or not text.lstrip().startswith("{")
+    b.repeated = [(k, n, lines, cfg.data.get(k)) for k, n, lines in repeated_keys(text, yaml_text=yaml_text)]
     return b
 
 

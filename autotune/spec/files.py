@@ -28,7 +28,7 @@ import yaml
 from autotune.errors import SpecError
 
 __all__ = ["MAX_FILE_BYTES", "MAX_NUMBER_CHARS", "MAX_YAML_NODES", "read_text_file", "read_json_file", "load_yaml",
-           "load_json", "short_repr", "file_sha256"]
+           "load_json", "short_repr", "file_sha256", "repeated_keys"]
 
 MAX_FILE_BYTES = 8 * 2**20  # a search space, catalog, config or histogram is a few KB
 MAX_YAML_NODES = 100_000  # nodes of the document with every alias expanded
@@ -252,3 +252,33 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def repeated_keys(text: str, *, yaml_text: bool) -> list[tuple[str, int, list[int]]]:
+    """The top-level keys a document sets more than once: (key, how many times, the lines it is set on, 1-based;
+    JSON: the lines where ``"key":`` is written, empty where the key is also written inside a nested object). Every reader the training tools use (``yaml.safe_load``,
+    ``json.loads``) keeps the last value without a word. Call it on a document that ``load_yaml``/``load_json``
+    read (it is not bounded again); nested mappings are not looked at."""
+    if yaml_text:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        if not isinstance(node, yaml.MappingNode):
+            return []
+        lines: dict[str, list[int]] = {}
+        for key, _ in node.value:
+            if isinstance(key, yaml.ScalarNode):
+                lines.setdefault(str(key.value), []).append(key.start_mark.line + 1)
+        return [(k, len(v), v) for k, v in lines.items() if len(v) > 1]
+    seen: list[list[tuple[str, Any]]] = []
+    decoder = json.JSONDecoder(object_pairs_hook=lambda pairs: seen.append(pairs) or dict(pairs))
+    value, _ = decoder.raw_decode(text.lstrip())
+    if not isinstance(value, dict) or not seen:
+        return []
+    counts: dict[str, int] = {}
+    for key, _ in seen[-1]:  # the top-level object's pairs come last
+        counts[key] = counts.get(key, 0) + 1
+    out = []
+    for key, n in counts.items():
+        if n > 1:
+            at = [text.count("\n", 0, m.start()) + 1 for m in re.finditer(re.escape(json.dumps(key)) + r"\s*:", text)]
+            out.append((key, n, at if len(at) == n else []))
+    return out

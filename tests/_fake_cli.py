@@ -8,9 +8,9 @@ starts, appends ``<pid> <steps> <candidate key>`` to ``FAKE_PROBE_LOG`` (if set)
 so a test can count which probes ran in which process, also across a ``kill -9``.
 
 With ``FAKE_PROBE_POOL=ray`` the probes run as in a real run instead: on the real embedded Ray
-pool (one CPU), each in a real process started by ``run_probe_process``, whose interpreter is
-``FAKE_PROBE_PYTHON`` (an executable that runs ``tests/_fake_probe.py`` with its arguments): only
-the measurement is fake.
+pool (one CPU), or on the cluster ``--ray-address`` names, each in a real process started by
+``run_probe_process``, whose interpreter is ``FAKE_PROBE_PYTHON`` (an executable that runs
+``tests/_fake_probe.py`` with its arguments): only the measurement is fake.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class SlowFake(FakeExecutor):
         return super().poll(timeout)
 
 
-def _ray_pool():  # type: ignore[no-untyped-def]
+def _ray_pool(address: str | None = None):  # type: ignore[no-untyped-def]
     from autotune.executors.local import run_probe_process
     from autotune.executors.ray_pool import RayExecutor
 
@@ -63,11 +63,15 @@ def _ray_pool():  # type: ignore[no-untyped-def]
             return super().submit(request)
 
     probe = functools.partial(run_probe_process, python=os.environ["FAKE_PROBE_PYTHON"])
+    if address is not None:  # --ray-address: the cluster's nodes, as a real run reaches them
+        return LoggedRay(address, device="cpu", probe_fn=probe)
     return LoggedRay(device="cpu", num_cpus=1, probe_fn=probe)
 
 
-def _factory(**_kwargs):  # type: ignore[no-untyped-def]
-    return _ray_pool() if os.environ.get("FAKE_PROBE_POOL") == "ray" else SlowFake()
+def _factory(**kwargs):  # type: ignore[no-untyped-def]
+    if os.environ.get("FAKE_PROBE_POOL") == "ray":
+        return _ray_pool(kwargs.get("ray_address"))
+    return SlowFake()
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
 On this one machine: a head node and a worker node, each a ``ray start --block`` process of its own
 (its own process group and temporary folder), token authentication on as autotune configures it for
 an embedded pool (``RAY_AUTH_MODE=token``, the token in a 0600 file named by ``RAY_AUTH_TOKEN_PATH``).
-The driver is the real CLI in a process of its own. The test checks that the probes ran in the
+The driver is the real CLI in a process of its own; each probe is a real process started by the node's
+Ray worker, whose measurement is fake (``tests/_fake_cli.py``, ``FAKE_PROBE_POOL=ray``): a real training
+probe through Ray is proven by ``tests/test_ray_pool.py``, and here it cost about a minute and a half. The test checks that the probes ran in the
 cluster's workers (the node ids recorded in the journal are the cluster's, and the driver started no
 Ray runtime of its own), that the study and results are written on the driver's side, and that
 killing the worker node while it runs a probe loses no finished probe: the lost probe is retried on
@@ -35,6 +37,7 @@ psutil = pytest.importorskip("psutil")
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[1]
+FAKE_CLI = REPO / "tests" / "_fake_cli.py"
 RAY_CLI = Path(sys.executable).with_name("ray")
 START_TIMEOUT_S = 120
 
@@ -261,11 +264,17 @@ def _probe_request(probe: psutil.Process) -> dict | None:
 def test_a_run_on_a_two_node_cluster_survives_losing_the_worker_node(cluster: _Cluster, tmp_path: Path) -> None:
     out = tmp_path / "out"
     head, worker = cluster.nodes["head"], cluster.nodes["worker"]
-    cmd = [sys.executable, "-m", "autotune", "run", "--model", "tiny-llama", "--device", "cpu",
+    cmd = [sys.executable, str(FAKE_CLI), "run", "--model", "tiny-llama", "--device", "cpu",
            "--gpu-budget", "10GiB", "--seq-len", "64", "--effective-batch", "4", "--space", "cpu",
            "--max-trials", "4", "--steps", "3", "--top-k", "1", "--confirm-rounds", "1:1",
            "--probe-timeout", "300", "--ray-address", cluster.address, "--out", str(out), "--json"]
-    env = {**cluster.env, "AUTOTUNE_CACHE": str(tmp_path / "cache")}
+    # each probe a real process the node's Ray worker starts, whose measurement is fake (tests/_fake_probe.py):
+    # a real training probe through Ray is tests/test_ray_pool.py's; here it would only add minutes
+    fake_python = tmp_path / "fake-python"
+    fake_python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{REPO / "tests" / "_fake_probe.py"}" "$@"\n')
+    fake_python.chmod(0o755)
+    env = {**cluster.env, "AUTOTUNE_CACHE": str(tmp_path / "cache"), "FAKE_PROBE_POOL": "ray",
+           "FAKE_PROBE_PYTHON": str(fake_python), "FAKE_PROBE_S": "1.5"}
     driver = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, start_new_session=True)
     driver_children: set[str] = set()
@@ -320,11 +329,9 @@ def test_a_run_on_a_two_node_cluster_survives_losing_the_worker_node(cluster: _C
     nodes = {r["result"]["env"].get("ray_node_id") for r in records}
     assert nodes <= {head.node_id, worker.node_id} and head.node_id in nodes, (nodes, head, worker)
     assert all(r["result"]["env"].get("ray_worker_pid") for r in records)
-    # measured with the threads the emitted train.py gets (torch's default), not the OMP_NUM_THREADS
-    # Ray sets to a task's CPU count (1 here)
-    default = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], env=cluster.env,
-                             capture_output=True, text=True, check=True).stdout.strip()
-    assert {r["result"]["env"].get("torch_threads") for r in records} == {int(default)}, default
+    # started without the OMP_NUM_THREADS Ray sets to a task's CPU count (1 here): a real probe then measures
+    # with the threads the emitted train.py gets, torch's default (the nodes' environment has none)
+    assert {r["result"]["env"].get("omp_num_threads", "absent") for r in records} == {None}, records[0]["result"]["env"]
     assert not [c for c in driver_children if any(x in c for x in ("raylet", "gcs_server", "_reaper.py"))], \
         driver_children  # a driver of a cluster starts no Ray runtime
 

@@ -427,10 +427,11 @@ def test_a_trl_file_that_leaves_the_lora_targets_to_peft_is_measured_with_peft_s
     Llama); the probes measured autotune's q/k/v/o instead, twice the adapters the file trains."""
     from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as peft_map
 
-    from autotune.formats.model import PEFT_DEFAULT, PEFT_DEFAULT_TARGETS
+    from autotune.formats.model import PEFT_DEFAULT, PEFT_DEFAULT_PATTERNS, PEFT_DEFAULT_TARGETS
     from autotune.run._request import _peft_default_targets
 
     assert all(tuple(peft_map[k]) == v for k, v in PEFT_DEFAULT_TARGETS.items())  # the installed peft's table
+    assert {k: v for k, v in peft_map.items() if isinstance(v, str)} == PEFT_DEFAULT_PATTERNS  # its patterns
     src = tmp_path / "sft.yaml"
     src.write_text("model_name_or_path: tiny-llama\noutput_dir: o\nmax_length: 64\nuse_peft: true\n")
     request = autotune.run.RunRequest.from_file(src, gpu_budget="4GB", device="cpu")
@@ -443,6 +444,12 @@ def test_a_trl_file_that_leaves_the_lora_targets_to_peft_is_measured_with_peft_s
 
     with pytest.raises(SpecError, match="no default for model_type 'phi3'"):
         _peft_default_targets(request, Unmapped())
+
+    class Patterned:
+        config = {"model_type": "gemma4"}
+
+    with pytest.raises(SpecError, match=r"default for model_type 'gemma4' is the pattern .*language_model.*name the"):
+        _peft_default_targets(request, Patterned())
     assert _peft_default_targets(dataclasses.replace(request, mode="full"), Unmapped()).lora_targets == "attn"
     src.write_text("model_name_or_path: tiny-llama\noutput_dir: o\nmax_length: 64\nuse_peft: true\n"
                    "lora_target_modules: []\n")

@@ -11,7 +11,7 @@ from typing import Any
 
 from autotune.spec.probe_request import Candidate, Workload
 
-__all__ = ["LORA_DROPOUT", "PEFT_DEFAULT", "PEFT_DEFAULT_TARGETS", "emitted_model_kwargs", "lora_config", "lora_target_modules", "model_dtype", "model_kwargs",
+__all__ = ["LORA_DROPOUT", "PEFT_DEFAULT", "PEFT_DEFAULT_PATTERNS", "PEFT_DEFAULT_TARGETS", "emitted_model_kwargs", "lora_config", "lora_target_modules", "model_dtype", "model_kwargs",
            "quantization_config"]
 
 LORA_DROPOUT = 0.05
@@ -31,6 +31,10 @@ PEFT_DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
     "opt": ("q_proj", "v_proj"), "phi": ("q_proj", "v_proj", "fc1", "fc2"), "qwen2": ("q_proj", "v_proj"),
     "qwen3": ("q_proj", "v_proj"), "stablelm": ("q_proj", "v_proj"),
 }
+# the model types whose default in that table is a pattern over module paths, not a list of names (gemma4: the
+# language model's q_proj and v_proj, not the vision tower's): a probe adapts modules by name, so such a file is
+# refused with that said, rather than measured with other adapters than peft would build
+PEFT_DEFAULT_PATTERNS: dict[str, str] = {"gemma4": r".*language_model\..*\.(q_proj|v_proj)"}
 
 
 def model_dtype(candidate: Candidate, workload: Workload) -> str:

@@ -336,7 +336,7 @@ def _peft_default_targets(a: RunRequest, resolved: Any) -> RunRequest:
     """A ``--from`` file that leaves the LoRA targets to peft (``PEFT_DEFAULT``): the targets peft picks for this
     model type, so the probes measure the adapters the file trains; SpecError where peft has no default (it
     would refuse the file's config)."""
-    from autotune.formats.model import PEFT_DEFAULT, PEFT_DEFAULT_TARGETS
+    from autotune.formats.model import PEFT_DEFAULT, PEFT_DEFAULT_PATTERNS, PEFT_DEFAULT_TARGETS
 
     if a.lora_targets != PEFT_DEFAULT:
         return a
@@ -345,6 +345,10 @@ def _peft_default_targets(a: RunRequest, resolved: Any) -> RunRequest:
     model_type = str(resolved.config.get("model_type") or "")
     targets = PEFT_DEFAULT_TARGETS.get(model_type)
     where = f"--from {a.source.name}" if a.source is not None else "the request"
+    if targets is None and model_type in PEFT_DEFAULT_PATTERNS:
+        raise SpecError(f"{where} leaves the LoRA targets to peft, whose default for model_type {model_type!r} is the "
+                        f"pattern {PEFT_DEFAULT_PATTERNS[model_type]!r} over module paths, which the probes cannot "
+                        "adapt as peft would; name the modules (lora_target_modules, or --lora-targets)")
     if targets is None:
         raise SpecError(f"{where} leaves the LoRA targets to peft, which has no default for model_type "
                         f"{model_type!r} and refuses such a config; name them (lora_target_modules, or --lora-targets)")

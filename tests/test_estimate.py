@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 
 from autotune.errors import SpecError
 from autotune.estimate import (
@@ -807,5 +808,12 @@ def test_collectives_over_pcie_are_priced_and_nvlink_keeps_its_factor() -> None:
 def test_a_catalog_number_yaml_read_as_text_says_how_to_write_it() -> None:
     entry = {"name": "X", "memory": "24GB", "fp16_tflops": "1e2", "fp32_tflops": 10, "bf16": False,
              "flash_attention_2": False, "price_per_hour_usd": 1}
-    with pytest.raises(SpecError, match=r"got '1e2' \(YAML reads an exponent without a dot as text: write 1\.0e2\)"):
+    with pytest.raises(SpecError, match=r"got '1e2' \(YAML reads an exponent without a dot or a sign as text: "
+                                         r"write 1\.0e\+2\)"):
         parse_catalog({"gpus": [entry]})
+    # the spelling given is one YAML reads as the number (1.0e2, the hint's first version, is text to YAML too)
+    assert yaml.safe_load("x: 1.0e+2")["x"] == 100.0 and yaml.safe_load("x: 1.0e2")["x"] == "1.0e2"
+    entry["fp16_tflops"] = "24"  # a quoted number without an exponent: no such hint
+    with pytest.raises(SpecError) as info:
+        parse_catalog({"gpus": [entry]})
+    assert "got '24'" in str(info.value) and "exponent" not in str(info.value)

@@ -22,6 +22,7 @@ import yaml  # type: ignore[import-untyped]
 
 from autotune.errors import SpecError
 from autotune.spec.budget import parse_size
+from autotune.spec.files import yaml_float_spelling
 
 __all__ = [
     "GPU",
@@ -115,25 +116,12 @@ def _num(problems: list[str], where: str, key: str, value: Any, *, optional: boo
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         finite = "" if not isinstance(value, float) or math.isfinite(value) else " (not finite)"
-        if isinstance(value, str) and _reads_as_float(value):
-            finite = f" (YAML reads an exponent without a dot as text: write {_dotted(value)})"
+        spelling = yaml_float_spelling(value) if isinstance(value, str) else None
+        if spelling is not None:
+            finite = f" (YAML reads an exponent without a dot or a sign as text: write {spelling})"
         problems.append(f"{where}: {key} must be a positive number, got {value!r}{finite}")
         return None
     return float(value)
-
-
-def _reads_as_float(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _dotted(text: str) -> str:
-    """``1e-9`` as YAML reads it as a number: ``1.0e-9``."""
-    mant, _, exp = text.strip().lower().partition("e")
-    return f"{mant if '.' in mant else mant + '.0'}e{exp}" if exp else text.strip()
 
 
 def parse_catalog(data: Any, *, source: str = "<catalog>") -> list[GPU]:

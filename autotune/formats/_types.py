@@ -9,11 +9,10 @@ the ``deepspeed`` dict inline in TrainingArguments), accelerate, model kwargs, L
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from autotune.spec.files import short_repr
+from autotune.spec.files import YAML_TEXT_NUMBER, short_repr
 
 __all__ = ["numbers_read_as_text", "type_problems"]
 
@@ -129,9 +128,6 @@ def _deepspeed(ds: Mapping[str, Any], prefix: str) -> list[tuple[str, str]]:
     return out
 
 
-_EXPONENT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
-
-
 def numbers_read_as_text(data: Mapping[str, Any]) -> dict[str, Any]:
     """``data`` with the number-typed TrainingArguments keys whose value YAML 1.1 read as text (``2e-5``: no dot
     before the exponent) as the float they are. TRL's parser (argparse converts string defaults by the field's
@@ -140,7 +136,7 @@ def numbers_read_as_text(data: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(data)
     for key, (check, _) in _TA.items():
         v = out.get(key)
-        if isinstance(v, str) and _EXPONENT.match(v.strip()) and check(float(v)):
+        if isinstance(v, str) and YAML_TEXT_NUMBER.match(v.strip()) and check(float(v)):
             out[key] = float(v)
     return out
 

@@ -28,7 +28,7 @@ import yaml
 from autotune.errors import SpecError
 
 __all__ = ["MAX_FILE_BYTES", "MAX_NUMBER_CHARS", "MAX_YAML_NODES", "read_text_file", "read_json_file", "load_yaml",
-           "load_json", "short_repr", "file_sha256", "repeated_keys"]
+           "load_json", "short_repr", "file_sha256", "repeated_keys", "YAML_TEXT_NUMBER", "yaml_float_spelling"]
 
 MAX_FILE_BYTES = 8 * 2**20  # a search space, catalog, config or histogram is a few KB
 MAX_YAML_NODES = 100_000  # nodes of the document with every alias expanded
@@ -254,10 +254,25 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
     return h.hexdigest()
 
 
+# a number YAML 1.1 (PyYAML) leaves as text: an exponent without a dot before it or without a sign (2e-5, 1.0e2);
+# float() reads it, and so do the parsers of TRL and LLaMA-Factory
+YAML_TEXT_NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
+
+
+def yaml_float_spelling(text: str) -> str | None:
+    """How to write ``text`` (a number YAML 1.1 left as text) so that YAML reads a float: a dot in the mantissa and a
+    sign on the exponent (``1e2`` -> ``1.0e+2``); None for any other string."""
+    t = text.strip()
+    if not YAML_TEXT_NUMBER.match(t):
+        return None
+    mant, _, exp = t.lower().partition("e")
+    return f"{mant if '.' in mant else mant + '.0'}e{exp if exp[0] in '+-' else '+' + exp}"
+
+
 def repeated_keys(text: str, *, yaml_text: bool) -> list[tuple[str, int, list[int]]]:
     """The top-level keys a document sets more than once: (key, how many times, the lines it is set on, 1-based;
-    JSON: the lines where ``"key":`` is written, empty where the key is also written inside a nested object). Every reader the training tools use (``yaml.safe_load``,
-    ``json.loads``) keeps the last value without a word. Call it on a document that ``load_yaml``/``load_json``
+    JSON: the lines where ``"key":`` is written, empty where the key is also written inside a nested object).
+    Every reader the training tools use (``yaml.safe_load``, ``json.loads``) keeps the last value without a word. Call it on a document that ``load_yaml``/``load_json``
     read (it is not bounded again); nested mappings are not looked at."""
     if yaml_text:
         node = yaml.compose(text, Loader=yaml.SafeLoader)

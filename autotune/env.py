@@ -5,6 +5,7 @@ Imports torch lazily; nothing touches CUDA at import time.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import sys
@@ -115,7 +116,25 @@ def dataclass_field_names(path: Any, class_name: str, *,
     syntax tree: the annotated names of the class body, ``ClassVar``/``InitVar``/``KW_ONLY`` ones left out, and the
     fields of each base class, which ``inherited`` gives by name. None unless the class is there once, decorated
     with ``dataclass``, every base class is in ``inherited`` (and not None), and no field is declared inside a
-    nested block."""
+    nested block. A file is parsed once per process while it is unchanged (``check`` asks twice for each)."""
+    st = os.stat(path)
+    read = _dataclass_in_source(str(path), st.st_mtime_ns, st.st_size, class_name)
+    if read is None:
+        return None
+    own, bases = read
+    names = set(own)
+    for base in bases:
+        got = (inherited or {}).get(base)
+        if got is None:
+            return None  # a base whose fields are not known: they would be missed
+        names |= got
+    return names or None
+
+
+@functools.lru_cache(maxsize=64)
+def _dataclass_in_source(path: str, mtime_ns: int, size: int,
+                         class_name: str) -> tuple[frozenset[str], tuple[str, ...]] | None:
+    """(own field names, base class names) of the dataclass ``class_name`` in ``path``; None where unreadable."""
     import ast
     import re
 
@@ -124,14 +143,8 @@ def dataclass_field_names(path: Any, class_name: str, *,
     if len(found) != 1:
         return None
     (cls,) = found
-    if not any(_named(d, "dataclass") for d in cls.decorator_list) or cls.keywords:
+    if not any(_name_of(d) == "dataclass" for d in cls.decorator_list) or cls.keywords:
         return None
-    names: set[str] = set()
-    for base in cls.bases:
-        got = (inherited or {}).get(_name_of(base) or "")
-        if got is None:
-            return None  # a base whose fields are not known: they would be missed
-        names |= got
     own: set[str] = set()
     for node in cls.body:
         if isinstance(node, (ast.If, ast.For, ast.While, ast.With, ast.Try)):
@@ -140,7 +153,7 @@ def dataclass_field_names(path: Any, class_name: str, *,
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             if not re.search(r"\b(ClassVar|InitVar|KW_ONLY)\b", ast.unparse(node.annotation)):
                 own.add(node.target.id)
-    return (names | own) or None
+    return frozenset(own), tuple(_name_of(b) or "" for b in cls.bases)
 
 
 def _name_of(node: Any) -> str | None:
@@ -152,10 +165,6 @@ def _name_of(node: Any) -> str | None:
     if isinstance(node, ast.Name):
         return node.id
     return node.attr if isinstance(node, ast.Attribute) else None
-
-
-def _named(node: Any, name: str) -> bool:
-    return _name_of(node) == name
 
 
 def cpu_model() -> str:

@@ -503,3 +503,4 @@ def test_a_key_set_twice_is_a_warning_naming_its_lines_and_the_value_read(tmp_pa
     assert repeated_keys("a: 1\nb: {a: 2, a: 3}\n", yaml_text=True) == []
     assert repeated_keys('{"a": 1, "b": {"a": 2}, "a": 3}', yaml_text=False) == [("a", 2, [])]
     assert repeated_keys("[1, 1]", yaml_text=False) == repeated_keys("- 1\n- 1\n", yaml_text=True) == []
+    assert repeated_keys('\ufeff{"a": 1,\n"a": 2}', yaml_text=False) == [("a", 2, [1, 2])]  # a BOM is not content

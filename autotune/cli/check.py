@@ -113,8 +113,8 @@ def bundle_from_file(path: Path, fmt: str | None = None) -> ConfigBundle:
     _check_references(path, b, cfg.format, cfg.data)
     from autotune.spec.files import repeated_keys
 
-    yaml_text = is_yaml_name(path.name) or not text.lstrip().startswith("{")
-    b.repeated = [(k, n, lines, cfg.data.get(k)) for k, n, lines in repeated_keys(text, yaml_text=yaml_text)]
+    # read as read_config read it (parse_text: YAML by the name, else JSON)
+    b.repeated = [(k, n, lines, cfg.data.get(k)) for k, n, lines in repeated_keys(text, yaml_text=is_yaml_name(path.name))]
     return b
 
 

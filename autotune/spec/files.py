@@ -284,8 +284,8 @@ def repeated_keys(text: str, *, yaml_text: bool) -> list[tuple[str, int, list[in
                 lines.setdefault(str(key.value), []).append(key.start_mark.line + 1)
         return [(k, len(v), v) for k, v in lines.items() if len(v) > 1]
     seen: list[list[tuple[str, Any]]] = []
-    decoder = json.JSONDecoder(object_pairs_hook=lambda pairs: seen.append(pairs) or dict(pairs))
-    value, _ = decoder.raw_decode(text.lstrip())
+    # as load_json reads it (a byte-order mark is not content)
+    value = json.loads(text.removeprefix("\ufeff"), object_pairs_hook=lambda pairs: seen.append(pairs) or dict(pairs))
     if not isinstance(value, dict) or not seen:
         return []
     counts: dict[str, int] = {}

@@ -365,12 +365,13 @@ def _alive(procs: set[tuple[int, float]]) -> list[str]:
 
 
 def _kill_when_probing(args: list[str], sig: signal.Signals, tmp: Path, *, wait_for: str,
-                       report: dict | None = None, count: int = 1) -> set[tuple[int, float]]:
+                       report: dict | None = None, count: int = 1,
+                       env_extra: dict[str, str] | None = None) -> set[tuple[int, float]]:
     """Start the real CLI, wait until a probe worker runs (and ``wait_for`` appears among its
     descendants, ``count`` of them), send ``sig`` to the CLI process alone, and return every process it had
     started.
     ``report`` (optional) receives the CLI's exit code, its stderr and the seconds it took to exit."""
-    env = {**os.environ, "AUTOTUNE_CACHE": str(tmp / "cache")}
+    env = {**os.environ, "AUTOTUNE_CACHE": str(tmp / "cache"), **(env_extra or {})}
     proc = subprocess.Popen([sys.executable, "-m", "autotune", *args], cwd=tmp, env=env, text=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
                             preexec_fn=_as_in_a_terminal)
@@ -451,10 +452,43 @@ def test_a_killed_autotune_run_on_a_cpu_leaves_neither_its_warm_server_nor_a_for
     """kill -9 of the CLI on the local pool: the warm server dies with the CLI's probe thread and the forked probe
     with the server (parent-death signals both), though neither is the CLI's direct child nor a fresh process."""
     args = [a for a in RUN_REAL if a not in ("--pool", "ray")]
+    temp = tmp_path / "temp"  # the CLI's temporary folder, where the probe's own folder goes
+    temp.mkdir()
     # two: the warm server and a probe forked from it (the same command line)
-    started = _kill_when_probing(args, signal.SIGKILL, tmp_path, wait_for="autotune.probe.zygote", count=2)
+    started = _kill_when_probing(args, signal.SIGKILL, tmp_path, wait_for="autotune.probe.zygote", count=2,
+                                 env_extra={"TMPDIR": str(temp)})
     assert not any("raylet" in line or "gcs_server" in line for line in _alive(started))
     _none_alive_soon(started, within=5.0)
+    # nothing ran the CLI's cleanup: its probe's folder stays until the next probe on the machine removes it
+    left = list(temp.glob("autotune-probe-*"))
+    assert len(left) == 1 and (left[0] / "request.json").exists(), left
+    from autotune.executors.local import _remove_orphaned_workdirs
+
+    _remove_orphaned_workdirs(temp)
+    assert not left[0].exists()
+
+
+def test_probe_folders_of_a_killed_owner_go_and_no_other(tmp_path: Path) -> None:
+    """The next probe removes the folders a killed ``autotune`` left (its owner no longer runs), and only
+    those: not a live process's, not one naming another host or pid namespace, not one without an owner."""
+    from autotune.executors import local
+
+    sleeper = subprocess.Popen(["sleep", "60"])
+    gone_owner = local._owner(sleeper.pid)
+    sleeper.kill()
+    sleeper.wait()
+    me = local._owner(os.getpid())
+    assert gone_owner is not None and me is not None
+    host_ns, pid, created = me.rsplit(" ", 2)
+    folders = {"dead": gone_owner, "live": me, "reused-pid": f"{host_ns} {pid} {float(created) - 5:.2f}",
+               "other-host": f"elsewhere 1 {gone_owner.rsplit(' ', 2)[1]} 1.00", "no-owner": None}
+    for name, owner in folders.items():
+        (tmp_path / f"autotune-probe-{name}").mkdir()
+        if owner is not None:
+            (tmp_path / f"autotune-probe-{name}" / "owner").write_text(owner)
+    local._remove_orphaned_workdirs(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "autotune-probe-live", "autotune-probe-no-owner", "autotune-probe-other-host"]
 
 
 @pytest.mark.slow

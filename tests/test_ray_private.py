@@ -145,6 +145,7 @@ def test_a_pool_whose_processes_were_all_sent_sigterm_closes_within_seconds() ->
     me = psutil.Process()
     before = {c.pid for c in me.children(recursive=True)}  # (this test process's warm server: tests/_probes.py)
     pool = RayExecutor(device="cpu", num_cpus=1, probe_fn=_hang)
+    private_dir = pool._private.temp_dir if pool._private is not None else None
     try:
         pool.submit(_req())
         deadline = time.monotonic() + 120
@@ -176,3 +177,5 @@ def test_a_pool_whose_processes_were_all_sent_sigterm_closes_within_seconds() ->
         except psutil.Error:
             continue
     assert not left, left
+    # the reaper got the SIGTERM too: it swept and removed the runtime's folder instead of dying with it
+    assert private_dir is not None and not os.path.exists(private_dir), os.listdir(private_dir)

@@ -8,7 +8,8 @@ So before the embedded runtime starts, the driver puts a unique marker in its en
 (``AUTOTUNE_REAP=<pid>-<random>``): every process Ray starts inherits it, down to the probes. It also
 starts this reaper (``python -I .../_reaper.py MARKER [DIR]``) in a session of its own,
 with a pipe from the driver on its stdin. When the pipe closes (the driver closed the pool, exited,
-or was killed, however), the reaper SIGTERMs, then SIGKILLs, every process whose environment
+or was killed, however), or when the reaper itself gets a SIGTERM (a job's stop signals every process
+of the job), the reaper SIGTERMs, then SIGKILLs, every process whose environment
 carries the marker, or whose command line, working folder or open files lie in ``DIR`` (the
 runtime's private temporary folder: the agents rewrite their environment area with their process
 title), removes ``DIR`` and exits.
@@ -137,16 +138,30 @@ class Reaper:
             pass
 
 
+class _Terminated(Exception):
+    """SIGTERM reached the reaper: reap now instead of dying with the work undone."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the sweep short
+    raise _Terminated
+
+
 def main(argv: list[str]) -> int:
     marker = argv[0]
     cleanup_dir = argv[1] if len(argv) > 1 else None
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C meant for the driver must not stop the reaper
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    # Slurm (scancel, a job's time limit) and systemd send SIGTERM to every process of the job, this one
+    # included, and SIGKILL only after a grace (Slurm's KillWait, 30 s by default): the reaper uses it to
+    # sweep and remove the folder, which nobody would do once it had died of the SIGTERM
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         while sys.stdin.buffer.read(4096):  # nothing is ever written: this returns at EOF
             pass
-    except OSError:
+    except (OSError, _Terminated):
         pass
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     sweep(marker, cleanup_dir)
     if cleanup_dir:
         shutil.rmtree(cleanup_dir, ignore_errors=True)

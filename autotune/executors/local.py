@@ -215,14 +215,59 @@ def run_probe_process(
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+_WORKDIR_PREFIX = "autotune-probe-"
+_OWNER_FILE = "owner"
+
+
 def _probe_workdir() -> Path:
     """The probe's folder, and (TMPDIR) every temporary folder its worker makes (the Trainer's output
     folder): the caller removes it on every exit path, also when the worker was killed and ran no
-    cleanup. A pool that may itself be killed names a folder its reaper removes (AUTOTUNE_PROBE_TMPDIR)."""
+    cleanup. A pool that may itself be killed names a folder its reaper removes (AUTOTUNE_PROBE_TMPDIR).
+    Otherwise the folder names its owner, this process, and the folders of owners killed before they could
+    remove theirs (``kill -9`` of ``autotune run``) are removed here, by the next probe on this machine."""
     base = os.environ.get("AUTOTUNE_PROBE_TMPDIR") or None
     if base is not None:
         os.makedirs(base, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix="autotune-probe-", dir=base))
+        return Path(tempfile.mkdtemp(prefix=_WORKDIR_PREFIX, dir=base))
+    _remove_orphaned_workdirs(Path(tempfile.gettempdir()))
+    workdir = Path(tempfile.mkdtemp(prefix=_WORKDIR_PREFIX))
+    (workdir / _OWNER_FILE).write_text(_owner(os.getpid()) or "", encoding="utf-8")
+    return workdir
+
+
+def _owner(pid: int) -> str | None:
+    """What names a live process on this machine: host, pid namespace, pid and its start time (a pid is
+    reused); None when no such process runs."""
+    import socket
+
+    import psutil
+
+    try:
+        created = psutil.Process(pid).create_time()
+        namespace = os.stat("/proc/self/ns/pid").st_ino if os.path.exists("/proc/self/ns/pid") else 0
+    except (psutil.Error, OSError):
+        return None
+    return f"{socket.gethostname()} {namespace} {pid} {created:.2f}"
+
+
+def _remove_orphaned_workdirs(base: Path) -> None:
+    """Remove the probe folders under ``base`` whose owner (same host and pid namespace, so a folder
+    shared with another machine or container is never judged) no longer runs. A folder without a
+    readable owner (being created, or from an older autotune) is left alone."""
+    me = _owner(os.getpid())
+    if me is None:
+        return
+    host_ns = me.rsplit(" ", 2)[0]
+    for folder in base.glob(_WORKDIR_PREFIX + "*"):
+        try:
+            owner = (folder / _OWNER_FILE).read_text(encoding="utf-8")
+        except OSError:
+            continue
+        parts = owner.rsplit(" ", 2)
+        if len(parts) != 3 or parts[0] != host_ns or not parts[1].isdigit():
+            continue
+        if _owner(int(parts[1])) != owner:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _run_and_wait(

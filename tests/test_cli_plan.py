@@ -200,6 +200,11 @@ def test_bad_pins_exit_2_with_one_line() -> None:
     assert "world_size 16 exceeds gpus_per_node 8" in _one_line_error(
         run("--model", "gpt2", "--world-size", "16", "--gpus-per-node", "8")
     )
+    # one node: a node of 100,000 GPUs was planned (78M tok/s) as if its link reached every one
+    assert "--gpus-per-node must be at most 16" in _one_line_error(run("--model", "gpt2", "--gpus-per-node", "100000"))
+    assert "--world-size must be at most 16" in _one_line_error(
+        run("--model", "gpt2", "--world-size", "32", "--effective-batch", "64"))
+    assert run("--model", "gpt2", "--gpus-per-node", "16", "--seq-len", "512").exit_code == 0
     assert "--lora-targets" in _one_line_error(run("--model", "gpt2", "--lora-targets", " , "))
     line = _one_line_error(run("--model", "gpt2", "--seq-len", "4096"))
     assert "learned positions" in line and "--seq-len 1024" in line

@@ -22,6 +22,7 @@ from autotune.cli.render import dumps_json
 from autotune.errors import NothingFitsError, SpecError
 from autotune.estimate.catalog import GPU, catalog_paths_from_env, find_gpus, load_catalog
 from autotune.estimate.plan import (
+    MAX_GPUS_PER_NODE,
     PIN_FIELDS,
     PlanLora,
     PlanResult,
@@ -137,6 +138,10 @@ def _checked(
                     ("--lora-r", query.lora_r)):  # fmt: skip
         if v < 1:
             problems.append(f"{flag} must be a positive integer; got {v}")
+    if query.gpus_per_node > MAX_GPUS_PER_NODE:
+        flag = "--gpus-per-node" if (query.pin or {}).get("world_size") != query.gpus_per_node else "--world-size"
+        problems.append(f"{flag} must be at most {MAX_GPUS_PER_NODE}: the plan is for one node (the largest hold 8-16 "
+                        f"GPUs) and does not model the network between nodes; got {query.gpus_per_node}")
     n_tokens: int | None = None
     if query.tokens is not None:
         try:

@@ -18,6 +18,7 @@ from autotune.estimate.cpu import CPU_FLOPS_PER_CORE, cpu_probe_seconds
 from autotune.estimate.memory import MemoryBreakdown, estimate_memory
 from autotune.estimate.plan import (
     HEADROOM,
+    MAX_GPUS_PER_NODE,
     PRUNE_FACTOR,
     GPUPlan,
     PlanLora,
@@ -73,6 +74,7 @@ __all__ = [
     "DEFAULT_EFFICIENCY",
     "GPU",
     "HEADROOM",
+    "MAX_GPUS_PER_NODE",
     "PRUNE_FACTOR",
     "Arch",
     "GPUPlan",

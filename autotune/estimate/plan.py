@@ -36,6 +36,7 @@ from autotune.spec.probe_request import (
 __all__ = [
     "HEADROOM",
     "LEVER_FOR_TERM",
+    "MAX_GPUS_PER_NODE",
     "MICRO_BATCHES",
     "PIN_FIELDS",
     "PRUNE_FACTOR",
@@ -57,6 +58,9 @@ PRUNE_FACTOR = 1.25
 # A plan must leave this share of the GPU's memory free.
 HEADROOM = 0.05
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+# the plan prices one node's link (the catalog's interconnect): the largest nodes sold hold 8 GPUs (HGX, MI300X
+# platforms) and a few 16 (HGX-2); more ranks than that cross nodes, whose network the plan does not model
+MAX_GPUS_PER_NODE = 16
 _FALLBACK = {"full": ("lora", "qlora"), "lora": ("qlora",), "qlora": ()}
 # Optimizers the plan may choose for full fine-tuning (LoRA's states are small: the default only;
 # ZeRO-Offload runs DeepSpeed's CPU Adam). The first is transformers 5.x's default.
@@ -540,6 +544,9 @@ def _plan_problems(
     ):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             problems.append(f"{name} must be a positive integer; got {v!r}")
+    if isinstance(gpus_per_node, int) and gpus_per_node > MAX_GPUS_PER_NODE:
+        problems.append(f"gpus_per_node must be at most {MAX_GPUS_PER_NODE}, one node (the plan does not model the "
+                        f"network between nodes); got {gpus_per_node}")
     if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
         problems.append(f"tokens must be a positive integer; got {tokens!r}")
     if not gpus:

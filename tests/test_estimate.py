@@ -633,6 +633,29 @@ def test_user_catalog_extends_and_overrides(tmp_path: Path) -> None:
         load_catalog(tmp_path / "missing.yaml")
 
 
+def test_a_user_entry_takes_the_spellings_it_uses_and_a_repeated_one_is_refused(tmp_path: Path) -> None:
+    entry = ("  - {{name: {name}, memory: 40GB, fp16_tflops: 312, fp32_tflops: 19.5, bf16: true, bf16_tflops: 312,\n"
+             "     flash_attention_2: true, price_per_hour_usd: 0.5{extra}}}\n")
+    f = tmp_path / "mine.yaml"
+    # 'A100' is the built-in A100-80GB's alias: --gpu A100 found that 80 GB card, not the user's 40 GB one
+    f.write_text("gpus:\n" + entry.format(name="A100", extra=""))
+    cat = load_catalog(f)
+    assert find_gpu("A100", cat).memory_bytes == 40 * 10**9
+    assert find_gpu("A100-80GB", cat).memory_bytes > 79 * 2**30 and "A100" not in find_gpu("A100-80GB", cat).aliases
+    f.write_text("gpus:\n" + entry.format(name="Mine", extra=", aliases: [H100]"))
+    assert find_gpu("H100", load_catalog(f)).name == "Mine"
+    f.write_text("gpus:\n" + entry.format(name="Mine", extra=", aliases: [H100-SXM]"))
+    with pytest.raises(SpecError, match="alias 'H100-SXM' is the name of another GPU.*the name 'H100-SXM'"):
+        load_catalog(f)
+    # a copy-paste twice: the last entry, or the last of a repeated key, had won without a word
+    f.write_text("gpus:\n" + entry.format(name="X", extra="") + entry.format(name="X", extra=""))
+    with pytest.raises(SpecError, match="'X' is defined twice in this file"):
+        load_catalog(f)
+    f.write_text("gpus:\n  - name: X\n    memory: 24GB\n    memory: 80GB\n")
+    with pytest.raises(SpecError, match=r"key 'memory' is set 2 times \(lines 3, 4\); keep one"):
+        load_catalog(f)
+
+
 # ---------------------------------------------------------------- plan
 
 

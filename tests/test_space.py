@@ -105,6 +105,10 @@ def test_missing_path_and_bad_yaml(tmp_path: Path) -> None:
     broken.write_text("micro_batch: [1, 2\nattn: sdpa\n")
     with pytest.raises(SpecError, match="not valid YAML"):
         load_space(broken)
+    twice = tmp_path / "twice.yaml"  # the second list had replaced the first without a word
+    twice.write_text("micro_batch: [1, 2]\nattn: [sdpa]\nmicro_batch: [8]\n")
+    with pytest.raises(SpecError, match=r"key 'micro_batch' is set 2 times \(lines 1, 3\)"):
+        load_space(twice)
 
 
 def test_yaml_is_loaded_safely(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ the file in ``AUTOTUNE_GPU_CATALOG`` and let the caller (the CLI) hand ``os.envi
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import functools
 import math
@@ -18,11 +19,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml  # type: ignore[import-untyped]
-
 from autotune.errors import SpecError
 from autotune.spec.budget import parse_size
-from autotune.spec.files import yaml_float_spelling
+from autotune.spec.files import load_yaml, yaml_float_spelling
 
 __all__ = [
     "GPU",
@@ -198,7 +197,9 @@ def _parse_gpu(entry: Mapping[str, Any], where: str, seen: dict[str, str], probl
     date = entry.get("price_date")
     if isinstance(date, (_dt.date, _dt.datetime)):
         date = date.isoformat()[:10]
-    for key in (name, *aliases):
+    if _norm(name) in seen and seen[_norm(name)] == name and name != "?":  # the same name in an earlier entry
+        problems.append(f"{where}: {name!r} is defined twice in this file; keep one entry")
+    for key in dict.fromkeys((name, *aliases)):  # (an entry may list its own name among its aliases)
         k = _norm(key)
         if k in seen and seen[k] != name:
             problems.append(f"{where}: name or alias {key!r} is already used by {seen[k]}")
@@ -259,16 +260,17 @@ def _check_price_efficiency(problems: list[str], where: str, entry: Mapping[str,
 
 
 def _read_yaml(path: Path | str) -> Any:
-    from autotune.spec.files import load_yaml, read_text_file
+    from autotune.spec.files import read_text_file
 
     p = Path(path).expanduser()
-    return load_yaml(read_text_file(p, what="GPU catalog"), what=f"GPU catalog {str(p)!r}")
+    return load_yaml(read_text_file(p, what="GPU catalog"), what=f"GPU catalog {str(p)!r}", unique_keys=True)
 
 
 @functools.lru_cache(maxsize=1)
 def _builtin() -> tuple[GPU, ...]:
     text = resources.files("autotune.estimate").joinpath("gpus.yaml").read_text(encoding="utf-8")
-    return tuple(parse_catalog(yaml.safe_load(text), source="gpus.yaml (built-in)"))
+    return tuple(parse_catalog(load_yaml(text, what="gpus.yaml (built-in)", unique_keys=True),
+                               source="gpus.yaml (built-in)"))
 
 
 def builtin_catalog() -> list[GPU]:
@@ -276,7 +278,9 @@ def builtin_catalog() -> list[GPU]:
 
 
 def load_catalog(extra: Path | str | Sequence[Path | str] | None = None) -> list[GPU]:
-    """The built-in catalog, extended (and overridden by name) by the given user YAML file(s)."""
+    """The built-in catalog, extended by the given user YAML file(s). A later entry replaces an earlier one of
+    the same name, and takes from the earlier entries any alias that spells its own name or aliases (a user's
+    ``A100`` of 40 GB is what ``--gpu A100`` finds, not the built-in A100-80GB that has ``A100`` as an alias)."""
     gpus = {_norm(g.name): g for g in _builtin()}
     if extra is None:
         paths: list[Path | str] = []
@@ -286,6 +290,14 @@ def load_catalog(extra: Path | str | Sequence[Path | str] | None = None) -> list
         paths = list(extra)
     for p in paths:
         for g in parse_catalog(_read_yaml(p), source=str(p)):
+            taken = [a for a in g.aliases if _norm(a) in gpus and _norm(a) != _norm(g.name)]
+            if taken:
+                raise SpecError(f"{p}: {g.name}'s alias {taken[0]!r} is the name of another GPU; to replace that "
+                                f"entry, give yours the name {gpus[_norm(taken[0])].name!r}")
+            spelled = {_norm(n) for n in (g.name, *g.aliases)}
+            for k, old in gpus.items():
+                if any(_norm(a) in spelled for a in old.aliases):
+                    gpus[k] = dataclasses.replace(old, aliases=tuple(a for a in old.aliases if _norm(a) not in spelled))
             gpus[_norm(g.name)] = g
     return list(gpus.values())
 
@@ -305,8 +317,11 @@ def find_gpu(name: str, catalog: Iterable[GPU] | None = None) -> GPU:
     """
     gpus = list(_builtin() if catalog is None else catalog)
     key = _norm(name or "")
+    for g in gpus:  # a name before any alias
+        if key == _norm(g.name):
+            return g
     for g in gpus:
-        if key == _norm(g.name) or key in {_norm(a) for a in g.aliases}:
+        if key in {_norm(a) for a in g.aliases}:
             return g
     known = ", ".join(g.name for g in gpus)
     raise SpecError(f"unknown GPU {name!r}; known: {known} (extend the catalog with ${CATALOG_ENV})")

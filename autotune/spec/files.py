@@ -169,6 +169,29 @@ def _expanded_size(node: yaml.Node, memo: dict[int, int], depth: int = 0) -> int
     return memo[key]
 
 
+def _refuse_repeated_keys(root: yaml.Node, what: str) -> None:
+    """SpecError naming the first key a mapping of ``root`` sets twice, and its lines (the document was bounded
+    by ``_expanded_size`` already; an aliased node is looked at once)."""
+    todo, done = [root], set()
+    while todo:
+        node = todo.pop()
+        if id(node) in done or not isinstance(node, (yaml.MappingNode, yaml.SequenceNode)):
+            continue
+        done.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            todo.extend(node.value)
+            continue
+        lines: dict[str, list[int]] = {}
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode):
+                lines.setdefault(str(key.value), []).append(key.start_mark.line + 1)
+            todo.append(value)
+        for key, at in lines.items():
+            if len(at) > 1:
+                raise SpecError(f"{what}: key {key!r} is set {len(at)} times (lines {', '.join(map(str, at))}); "
+                                "keep one")
+
+
 def _check_depth(text: str, what: str) -> None:
     """SpecError as soon as the event stream nests deeper than ``MAX_DEPTH`` (no recursion, stops early)."""
     depth = 0
@@ -181,8 +204,10 @@ def _check_depth(text: str, what: str) -> None:
             depth -= 1
 
 
-def load_yaml(text: str, *, what: str) -> Any:
-    """``yaml.safe_load`` refusing documents that expand past ``MAX_YAML_NODES`` or nest past ``MAX_DEPTH``."""
+def load_yaml(text: str, *, what: str, unique_keys: bool = False) -> Any:
+    """``yaml.safe_load`` refusing documents that expand past ``MAX_YAML_NODES`` or nest past ``MAX_DEPTH``.
+    ``unique_keys``: refuse a mapping, at any depth, that sets a key twice (PyYAML keeps the last without a
+    word): for autotune's own formats; a training tool's file is read as that tool reads it."""
     try:
         _check_depth(text, what)  # before composing: PyYAML's scanner slows down with depth, its composer recurses
         node = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -195,6 +220,8 @@ def load_yaml(text: str, *, what: str) -> Any:
         if size > MAX_YAML_NODES:
             raise SpecError(f"{what}: more than {MAX_YAML_NODES:,} values once its aliases (&anchor/*alias) are "
                             "expanded; write the values out instead")
+        if unique_keys:
+            _refuse_repeated_keys(node, what)
         loader = _BoundedLoader(text)
         try:
             data = loader.get_single_data()

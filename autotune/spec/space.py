@@ -198,5 +198,5 @@ def load_space(name_or_path: str | Path) -> SearchSpace:
         path, name = found[0], text
     from autotune.spec.files import load_yaml, read_text_file
 
-    data = load_yaml(read_text_file(path, what="search space"), what=f"search space {path}")
+    data = load_yaml(read_text_file(path, what="search space"), what=f"search space {path}", unique_keys=True)
     return parse_space(data, name=name, source=str(path))

@@ -124,6 +124,14 @@ def test_the_command_lines_sequence_length_and_mode_are_over_the_files(_check):
     assert _one(full, "fit").status == "fail" and _one(base, "fit").status == "pass"
 
 
+def test_a_length_past_learned_positions_fails_as_plan_refuses_it(_check):
+    # GPT-2 at 2,048 tokens was a PASS with a memory figure; the run ends at its first long batch
+    text = STORY_1.format(mb=4, acc=4).replace("meta-llama/Llama-3.1-8B", "gpt2").replace("max_length: 4096", "max_length: 2048")
+    fit = _one(_check(text, _target("gpt2")), "fit")
+    assert fit.status == "fail" and "learned positions up to 1,024" in fit.message and "1,024 or less" in fit.fix
+    assert _one(_check(text.replace("2048", "1024"), _target("gpt2")), "fit").status == "pass"
+
+
 def test_what_a_file_leaves_unsaid_is_assumed_aloud(_check):
     ta = json.dumps({"per_device_train_batch_size": 2, "gradient_accumulation_steps": 8, "bf16": True,
                      "optim": "lion_32bit"})

@@ -96,6 +96,14 @@ def fit_items(target: FitTarget, f: FileLevers) -> list[Item]:
     """The items: the file's predicted peak on the GPU, and the micro-batch (with the figures behind each)."""
     wl, assumed = _workload(target, f)
     cand, gpu = f.candidate, target.gpu
+    arch = target.arch
+    if arch.learned_positions and arch.max_positions and wl.seq_len > arch.max_positions:
+        # what plan refuses: the first row longer than the position table ends the run with an index error
+        return [("fit", "sequence length", "fail",
+                 f"{target.model} has learned positions up to {arch.max_positions:,} tokens "
+                 f"(max_position_embeddings); rows of {wl.seq_len:,} tokens index past them and the first such batch "
+                 "ends the run", f"a maximum length of {arch.max_positions:,} or less",
+                 {"model": target.model, "gpu": gpu.name, "seq_len": wl.seq_len, "max_positions": arch.max_positions})]
     if cand.precision == "bf16" and not gpu.bf16:  # the mixed-precision item FAILs it; priced as its fix runs
         cand = replace(cand, precision="fp16")
         f = replace(f, candidate=cand)

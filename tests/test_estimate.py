@@ -307,6 +307,14 @@ def test_memory_rejects_bad_input() -> None:
         estimate_memory(LLAMA8, Workload("m"), Candidate(precision="bf16"), gpu=find_gpu("T4"))
 
 
+def test_tf32_is_what_the_gpu_has_and_a_pinned_tf32_without_it_is_unsupported() -> None:
+    # (a T4 plan pinned to tf32 was priced at the fp32 rate and labelled tf32)
+    assert not find_gpu("T4").tf32 and find_gpu("A10G").tf32 and find_gpu("MI300X").tf32
+    rows = plan(cfg("llama-3.2-1b"), gpus=find_gpus("T4,A10G"), pin={"precision": "tf32"}).rows
+    assert [r.option is None for r in rows] == [True, False]
+    assert "T4 has no TF32 (pinned precision)" in rows[0].note
+
+
 def test_predict_peak_and_prune_rule() -> None:
     c = cfg("llama-3.1-8b")
     wl, cand = Workload("m", seq_len=512, mode="lora"), Candidate()

@@ -93,6 +93,16 @@ class GPU:
         return self.fp32_tflops * 1e12
 
     @property
+    def tf32(self) -> bool:
+        """TF32 tensor cores: a TF32 rate in the catalog, or an NVIDIA GPU of compute capability 8.0 or later."""
+        if self.tf32_tflops is not None:
+            return True
+        try:
+            return self.vendor == "nvidia" and float(self.compute_capability or 0) >= 8.0
+        except ValueError:
+            return False
+
+    @property
     def half_precision(self) -> str:
         """The 16-bit type to train in here: bf16 where supported, else fp16."""
         return "bf16" if self.bf16 else "fp16"

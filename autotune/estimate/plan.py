@@ -694,6 +694,8 @@ def _unsupported(gpu: GPU, pin: Mapping[str, Any]) -> str:
     """Why a pinned setting cannot run on this GPU at all ("" when it can)."""
     if pin.get("precision") == "bf16" and not gpu.bf16:
         return f"{gpu.name} has no bf16 (pinned precision); use fp16"
+    if pin.get("precision") == "tf32" and not gpu.tf32:  # (its rate had been the fp32 one, labelled tf32)
+        return f"{gpu.name} has no TF32 (pinned precision); use fp16, or fp32"
     if pin.get("attn") == "flash_attention_2" and not gpu.flash_attention_2:
         return f"{gpu.name} cannot run FlashAttention-2 (pinned attn); use sdpa"
     if pin.get("attn") == "flash_attention_2" and pin.get("precision") in ("fp32", "tf32"):

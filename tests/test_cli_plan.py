@@ -190,6 +190,15 @@ def test_a_full_precision_plan_runs_sdpa_not_flashattention() -> None:
     assert not both["fits"] and "fp16 or bf16 only" in both["note"]
 
 
+def test_tokens_under_one_step_are_said_and_cents_are_shown() -> None:
+    r = run("--model", "llama-3.1-8b", "--gpu", "A10G", "--mode", "lora", "--tokens", "1M", "--effective-batch", "1024",
+            "--seq-len", "4096", "--json")
+    out = json.loads(r.output)
+    assert any("less than one optimizer step" in n and "4,194,304" in n for n in out["notes"]), out["notes"]
+    text = " ".join(run("--model", "llama-3.1-8b", "--gpu", "A10G", "--mode", "lora", "--tokens", "1M").output.split())
+    assert "less than one optimizer step" not in text and " 0.36 " in text  # ($0.36 was shown as 0)
+
+
 def test_bad_pins_exit_2_with_one_line() -> None:
     assert "offload=params needs zero_stage 3" in _one_line_error(
         run("--model", "gpt2", "--seq-len", "512", "--zero-stage", "2", "--offload", "params")

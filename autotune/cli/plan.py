@@ -255,7 +255,7 @@ def render(result: PlanResult, *, width: int = 160, color: bool = False) -> str:
             f"{o.speed.tokens_per_s:,.0f}", f"{o.speed.tokens_per_s_per_gpu:,.0f}",
             "-" if o.speed.mfu is None else f"{100 * o.speed.mfu:.0f}%",
             "-" if row.hours is None else f"{row.hours:,.1f}",
-            "-" if row.cost_usd is None else f"{row.cost_usd:,.0f}",
+            "-" if row.cost_usd is None else f"{row.cost_usd:,.0f}" if row.cost_usd >= 10 else f"{row.cost_usd:.2f}",
         )  # fmt: skip
     con.print(table)
     dates = sorted({r.gpu.price_date for r in result.rows if r.gpu.price_date})

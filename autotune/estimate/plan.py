@@ -506,6 +506,10 @@ def plan(
                      "batch they divide would let them be")
     if workload.trainer == "trl" and pin.get("liger"):
         notes.append("TRL's SFTTrainer turns Liger's fused cross-entropy off: its own fused LM head computes the loss")
+    if tokens is not None and tokens < effective_batch * seq_len:
+        notes.append(f"{tokens:,} training tokens are less than one optimizer step of the effective batch "
+                     f"({effective_batch} x {seq_len:,} = {effective_batch * seq_len:,} token slots): the run is one "
+                     "partial step that never reaches that batch; hours and cost are for those tokens")
     req = _Request(
         mode=mode, model=model, seq_len=seq_len, effective_batch=effective_batch, gpus_per_node=gpus_per_node,
         lora_r=lora.r, lora_targets=tuple(lora.targets), tokens=tokens, efficiency=efficiency, pin=pin,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from autotune.report.markdown import HF_DEFAULT_DESCRIPTION, render_report_md
 from autotune.search import ConfirmPolicy
 from autotune.spec.baseline import hf_default_candidate
@@ -148,3 +150,34 @@ def test_confirmed_speedup_with_its_range_ties_and_load_warnings():
     summary["search"]["confirm"] = ConfirmPolicy.for_device("cuda").to_dict()
     conf = render_report_md(summary, [best, baseline], best=best, baseline=baseline).split("## Confirmation")[1]
     assert "1 to 4" in conf and "10%" in conf and "single re-measurement confirms" in conf and "at least the leader's" in conf
+
+
+def test_both_columns_hold_the_same_kind_of_figure_and_one_peak_per_configuration():
+    """A noisy winner's median was called "confirmed" beside the noisy baseline's search figure (4,217 beside
+    5,025 above "11.13x"), and one configuration showed three peaks (summary.json's highest, the re-measurement
+    closest to the median, the search probe)."""
+    best = res(Candidate(micro_batch=8, grad_accum=1, attn="eager"), tok=4100.0, peak=169 * 2**20)
+    baseline = res(hf_default_candidate(8), tok=5025.0, peak=159 * 2**20)
+    summary = {**SUMMARY, "budget_bytes": None,
+               "best": {"tokens_per_s": 4216.8, "confirm_status": "noisy", "search_tokens_per_s": 5204.0,
+                        "peak_mem_bytes": 174 * 2**20},
+               "baseline": {"tokens_per_s": 379.0, "confirm_status": "noisy", "confirmed": False,
+                            "peak_mem_bytes": 162 * 2**20},
+               "speedup_vs_baseline": None,
+               "speedup_note": "the winner and the HF default were never re-measured alike",
+               "top": [{"candidate": dataclasses.asdict(candidate_of_res(best)), "label": "x", "status": "noisy",
+                        "median_tokens_per_s": 4216.8, "measurements": [4216.8], "peak_mem_bytes": 174 * 2**20}]}
+    md = render_report_md(summary, [best, baseline], best=best, baseline=baseline)
+    vs = md.split("## Best vs the HF default")[1].split("## Probes")[0]
+    tok = next(ln for ln in vs.splitlines() if ln.startswith("| tok/s"))
+    assert "4,217 (median of re-measurements that disagree)" in tok and "379 (median of re-measurements that" in tok
+    assert "confirmed median" not in vs and "5,025" not in vs and "11." not in vs
+    assert "No speed-up: the winner and the HF default were never re-measured alike" in vs
+    mem = next(ln for ln in vs.splitlines() if ln.startswith("| peak memory"))
+    assert "174.00 MiB" in mem and "162.00 MiB" in mem
+    top = md.split("## Top configurations")[1].split("##")[0]
+    assert "174.00 MiB" in top and "169.00 MiB" not in md
+    # the baseline not re-measured: both sides are single search measurements, the ratio indicative
+    summary["baseline"] = {"tokens_per_s": 5025.0, "confirmed": False}
+    vs = render_report_md(summary, [best, baseline], best=best, baseline=baseline).split("## Best vs")[1]
+    assert "5,204 (search measurement)" in vs and "1.04× the HF default's throughput (single measurements" in vs

@@ -26,9 +26,10 @@ from autotune.report.diagnosis import fmt_mfu, fmt_util
 from autotune.report.markdown import (
     HF_DEFAULT_DESCRIPTION,
     baseline_not_run,
-    confirmed_figure,
     effective_batch_text,
     levers,
+    recorded_peak,
+    remeasured_figure,
     step_counts_text,
 )
 from autotune.spec.baseline import hf_default_candidate
@@ -304,14 +305,20 @@ def _baseline_section(model: ReportModel) -> str:
             f" ({100 * r.peak_mem_bytes / b:.0f}% of budget)" if b else ""
         )
 
-    # the same figures as the markdown report: each side's confirmed median where the run has one
+    # the same figures as the markdown report: both sides' re-measured medians, or both single measurements
     summary = model.summary
-    base_fig = confirmed_figure(summary, "baseline") or base.tokens_per_s
-    best_fig = (confirmed_figure(summary, "best") or best.metrics.get("confirmed_tokens_per_s")
-                or best.tokens_per_s) if best else None
-    base_tps = _tps(base_fig) if base.fits else f"{base.status}: {base.reason or ''}"
+    base = recorded_peak(summary, "baseline", base)
+    best = recorded_peak(summary, "best", best) if best else None
+    best_re, base_re = remeasured_figure(summary, "best"), remeasured_figure(summary, "baseline")
+    remeasured = bool(best_re and base_re)
+    base_fig = base_re[0] if remeasured and base_re else base.tokens_per_s
+    best_fig = (best_re[0] if remeasured and best_re else
+                (summary.get("best") or {}).get("search_tokens_per_s") or best.tokens_per_s) if best else None
+    base_tps = (_tps(base_fig) + (f" ({base_re[1]})" if remeasured and base_re else "")
+                if base.fits else f"{base.status}: {base.reason or ''}")
+    best_tps = _tps(float(best_fig) if best_fig else None) + (f" ({best_re[1]})" if remeasured and best_re else "")
     rows = [
-        ["tokens/s", _tps(float(best_fig) if best_fig else None), base_tps],
+        ["tokens/s", best_tps, base_tps],
         ["peak memory", mem(best), mem(base)],
         ["MFU", fmt_mfu(model.best_mfu), fmt_mfu(model.baseline_mfu)],
         [
@@ -326,6 +333,8 @@ def _baseline_section(model: ReportModel) -> str:
     ratio = summary.get("speedup_vs_baseline")
     if base.fits and isinstance(ratio, (int, float)):
         out.append(f"<p><b>{ratio:.2f}×</b> the HF default's throughput, from medians re-measured side by side.</p>")
+    elif remeasured and base.fits and summary.get("speedup_note"):
+        out.append(f"<p>No speed-up: {_e(str(summary['speedup_note'])[:300])}.</p>")
     elif best_fig and base.fits and base_fig:
         out.append(f"<p>{float(best_fig) / float(base_fig):.2f}× the HF default's throughput (single measurements, "
                    "not re-measured side by side: treat as indicative).</p>")

@@ -6,6 +6,7 @@ and kept on one line: Markdown renderers pass raw HTML through, as ``report.html
 
 from __future__ import annotations
 
+import dataclasses
 import html
 from collections import Counter
 from typing import Any
@@ -17,10 +18,11 @@ from autotune.spec.result import ProbeResult
 from autotune.spec.trial import candidate_id
 
 __all__ = ["HF_DEFAULT_DESCRIPTION", "render_report_md", "levers", "effective_batch_text", "step_counts_text",
-           "baseline_not_run", "confirmed_figure", "one_figure", "ranked_by_figure"]
+           "baseline_not_run", "recorded_peak", "remeasured_figure", "one_figure", "ranked_by_figure"]
 
 HF_DEFAULT_DESCRIPTION = (
-    f"per_device_train_batch_size {HF_DEFAULT_MICRO_BATCH} with accumulation keeping the same effective batch, "
+    f"per_device_train_batch_size {HF_DEFAULT_MICRO_BATCH} (or the largest micro-batch under it that divides the "
+    "effective batch) with accumulation keeping the same effective batch, "
     "no activation checkpointing, sdpa attention, bf16 on a GPU whose search space has it (like with like) and "
     "fp32 otherwise, "
     "0 data-loader workers, no packing, fused AdamW (TrainingArguments' defaults; "
@@ -144,13 +146,28 @@ def ranked_by_figure(results: list[ProbeResult], summary: dict[str, Any]) -> lis
     return sorted(rows, key=lambda t: (t[2] == SEARCH_PROBE, -t[1]))
 
 
-def confirmed_figure(summary: dict[str, Any], key: str) -> float | None:
-    """The confirmed median tok/s the run recorded for ``best`` or ``baseline``, if any."""
+_REMEASURED = {"confirmed": "confirmed median", "noisy": "median of re-measurements that disagree"}
+
+
+def remeasured_figure(summary: dict[str, Any], key: str) -> tuple[float, str] | None:
+    """The median tok/s of the re-measurements the run recorded for ``best`` or ``baseline`` and what it is
+    (confirmed, or noisy: the values disagree), or None where that side was not re-measured. Both columns of
+    the comparison use it, so they hold the same kind of figure as summary.json and the speed-up line."""
     entry = summary.get(key)
-    if isinstance(entry, dict) and isinstance(entry.get("tokens_per_s"), (int, float)) \
-            and entry.get("confirmed") is not False:  # an unconfirmed baseline's figure is its search probe's
-        return float(entry["tokens_per_s"])
-    return None
+    if not isinstance(entry, dict) or not isinstance(entry.get("tokens_per_s"), (int, float)):
+        return None
+    status = entry.get("confirm_status")
+    return (float(entry["tokens_per_s"]), _REMEASURED[status]) if status in _REMEASURED else None
+
+
+def recorded_peak(summary: dict[str, Any], key: str, result: ProbeResult) -> ProbeResult:
+    """``result`` with the peak summary.json records for ``best`` or ``baseline`` (the highest over the search
+    and the re-measurements: one figure per configuration wherever it is shown)."""
+    entry = summary.get(key)
+    peak = entry.get("peak_mem_bytes") if isinstance(entry, dict) else None
+    if not isinstance(peak, int) or peak == result.peak_mem_bytes:
+        return result
+    return dataclasses.replace(result, metrics={**result.metrics, "peak_mem_bytes": peak})
 
 
 def _budget(r: ProbeResult, summary: dict[str, Any]) -> int | None:
@@ -261,8 +278,12 @@ def _top_section(
         _row(["#", "tok/s", "figure", "peak memory / budget", "effective batch (mb × accum × world)", "levers"])
     )
     out.append(_row(["---"] * 6))
+    peaks = {_entry_key(e): e.get("peak_mem_bytes") for e in summary.get("top") or [] if isinstance(e, dict)}
     for i, (r, tps, source) in enumerate(ranked[:top], 1):
         c = candidate_of(r)
+        peak = peaks.get(candidate_id(c)) if c is not None else None
+        if isinstance(peak, int) and source != SEARCH_PROBE:  # the highest over its measurements, as summary.json
+            r = dataclasses.replace(r, metrics={**r.metrics, "peak_mem_bytes": peak})
         out.append(
             _row(
                 [
@@ -319,17 +340,22 @@ def _versus_default_section(
 
 def _versus_default_table(summary: dict[str, Any], best: ProbeResult, baseline: ProbeResult) -> list[str]:
     bc, hc = candidate_of(best), candidate_of(baseline)
+    best, baseline = recorded_peak(summary, "best", best), recorded_peak(summary, "baseline", baseline)
     out = [_row(["", "best", "HF default"]), _row(["---"] * 3)]
     base_tok = (
         _tok_s(baseline)
         if baseline.fits
         else f"{baseline.status}: {baseline.reason or _STATUS_MEANING.get(baseline.status, '')}"
     )
-    best_tps = confirmed_figure(summary, "best") or best.tokens_per_s
-    base_tps = confirmed_figure(summary, "baseline") or baseline.tokens_per_s
-    if baseline.fits and confirmed_figure(summary, "baseline"):
-        base_tok = f"{base_tps:,.0f} (confirmed median)"
-    best_tok = f"{best_tps:,.0f} (confirmed median)" if confirmed_figure(summary, "best") else _tok_s(best)
+    best_fig, base_fig = remeasured_figure(summary, "best"), remeasured_figure(summary, "baseline")
+    if best_fig is not None and base_fig is None and baseline.fits:
+        best_fig = None  # a re-measured median beside a single search value is no comparison: both single
+    best_tps = best_fig[0] if best_fig else (summary.get("best") or {}).get("search_tokens_per_s") or best.tokens_per_s
+    base_tps = base_fig[0] if base_fig else baseline.tokens_per_s
+    if baseline.fits and base_fig:
+        base_tok = f"{base_tps:,.0f} ({base_fig[1]})"
+    best_tok = f"{best_tps:,.0f} ({best_fig[1]})" if best_fig else (
+        f"{best_tps:,.0f} (search measurement)" if best_tps else "n/a")
     out.append(_row(["tok/s", best_tok, base_tok]))
     out.append(_row(["peak memory / budget", _mem(best, summary), _mem(baseline, summary)]))
     out.append(
@@ -344,16 +370,18 @@ def _versus_default_table(summary: dict[str, Any], best: ProbeResult, baseline: 
     out.append(_row(["per optimizer step (measured)", step_counts_text(best), step_counts_text(baseline)]))
     out.append(_row(["levers", levers(bc) if bc else "n/a", levers(hc) if hc else "n/a"]))
     out.append("")
-    speedup = _speedup_line(summary, baseline, best_tps, base_tps)
+    speedup = _speedup_line(summary, baseline, best_tps, base_tps, remeasured=bool(best_fig and base_fig))
     if speedup is not None:
         out.append(speedup)
     return out
 
 
 def _speedup_line(
-    summary: dict[str, Any], baseline: ProbeResult, best_tps: float | None, base_tps: float | None
+    summary: dict[str, Any], baseline: ProbeResult, best_tps: float | None, base_tps: float | None,
+    remeasured: bool = False,
 ) -> str | None:
-    """The best's throughput as a multiple of the HF default's, or why there is none."""
+    """The best's throughput as a multiple of the HF default's, or why there is none (``remeasured``: both
+    figures are medians of re-measurements)."""
     ratio = summary.get("speedup_vs_baseline")
     if baseline.fits and isinstance(ratio, (int, float)):
         lo, hi = summary.get("speedup_range") or (None, None)
@@ -361,6 +389,8 @@ def _speedup_line(
         return (f"**{ratio:.2f}×** the HF default's throughput{rng}, from medians re-measured side by side."
                 + ("" if summary.get("speedup_distinguishable", True)
                    else " The ranges overlap: not distinguishable within the measured noise."))
+    if baseline.fits and remeasured and summary.get("speedup_note"):  # medians measured under unlike load
+        return "No speed-up: " + _esc(str(summary["speedup_note"])[:300]) + "."
     if baseline.fits and base_tps and best_tps:
         return (f"{best_tps / base_tps:.2f}× the HF default's throughput (single measurements, not "
                 "re-measured side by side: treat as indicative).")

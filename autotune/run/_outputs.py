@@ -320,7 +320,9 @@ def _speedup_summary(outcome: SearchOutcome, baseline: Candidate) -> dict[str, A
                 search_ratio=searched[0] / searched[1]
                 if outcome.confirm_policy.get("search_agrees") and all(searched) else None)
     if s is None:
-        return {"speedup_vs_baseline": None}
+        return {"speedup_vs_baseline": None,
+                "speedup_note": "the winner and the HF default were never re-measured alike (other load spoiled "
+                                "every re-measurement of one side, none of the other's): no speed-up is claimed"}
     return {"speedup_vs_baseline": s["ratio"], "speedup_range": s["range"],
             "speedup_distinguishable": s["distinguishable"], "speedup_paired_rounds": s["paired_rounds"]}
 
@@ -356,7 +358,8 @@ def _baseline_summary(outcome: SearchOutcome, cand: Candidate) -> tuple[ProbeRes
     entry = next((e for e in outcome.ranking if e["key"] == key), None)
     if entry is not None and entry["status"] in ("confirmed", "noisy"):
         info.update(tokens_per_s=entry["median_tokens_per_s"], measurements=entry["measurements"],
-                    range=entry["range"], confirm_status=entry["status"], confirmed=entry["status"] == "confirmed")
+                    range=entry["range"], confirm_status=entry["status"], confirmed=entry["status"] == "confirmed",
+                    peak_mem_bytes=entry["peak_mem_bytes"])  # the highest, search and re-measurements, as the best's
     return result, BaselineEntry(**info).model_dump(mode="json", exclude_unset=True)
 
 

@@ -20,10 +20,11 @@ value at all (crash, timeout) leaves it ``unconfirmed``.
 
 Comparisons are paired: candidates re-measured in the same round saw the same load, so the leader
 is the best median per-round ratio to the HF default (re-measured every round), and a candidate
-that beat the leader in at least one round is *indistinguishable within the measured noise* from
-it (without rounds in common: overlapping ranges [min, max]). A value measured while the load monitor saw
-other work is never paired with a clean one: two candidates that both have clean rounds pair only those,
-two that have none pair every round. The tie goes to a candidate with a re-measurement free of other load
+that beat the leader in at least one round, with its median ratio to the leader and its figure within the
+tolerance (or its range overlapping the leader's), is
+*indistinguishable within the measured noise* from it (without rounds in common: overlapping ranges [min,
+max]). A value measured while the load monitor saw other work is never paired with a clean one: the rounds
+clean on both sides pair, or where there is none, the rounds loaded on both. The tie goes to a candidate with a re-measurement free of other load
 over one whose every re-measurement ran under it, then to the fewer numerics-changing levers (the
 configuration that trains most like what was asked), then the smaller memory footprint (more headroom),
 then the higher median.
@@ -184,20 +185,24 @@ def overlaps(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bo
 
 def _paired(a: dict[Any, float] | None, b: dict[Any, float] | None,
             a_loaded: Sequence[Any] = (), b_loaded: Sequence[Any] = ()) -> list[float]:
-    """a/b in every round where both were measured (the same load hit both). ``a_loaded``/``b_loaded``: the
-    rounds in which the load monitor saw other work during that side's measurement. Where both sides have
-    clean rounds, only rounds clean on both pair; where neither has one, every common round pairs (the same
-    load on both); where only one side has, none pair: a spoiled value is never weighed against a clean one."""
+    """a/b in the rounds where both were measured alike. ``a_loaded``/``b_loaded``: the rounds in which the load
+    monitor saw other work during that side's measurement. The rounds clean on both sides pair; where there
+    is none, the rounds loaded on both (other work hit both); a spoiled value is never weighed against a clean
+    one (a lone clean value of the winner over a baseline measured only under load had made an 11x
+    "speed-up" of two configurations 4 % apart)."""
     if not a or not b:
         return []
-    a_clean, b_clean = set(a) - set(a_loaded), set(b) - set(b_loaded)
-    if a_clean and b_clean:
-        rounds = [r for r in a if r in a_clean and r in b_clean]
-    elif not a_clean and not b_clean:
-        rounds = [r for r in a if r in b]
-    else:
-        rounds = []
+    common = [r for r in a if r in b]
+    a_bad, b_bad = set(a_loaded), set(b_loaded)
+    rounds = [r for r in common if r not in a_bad and r not in b_bad]
+    if not rounds:
+        rounds = [r for r in common if r in a_bad and r in b_bad]
     return [a[r] / b[r] for r in rounds if b[r] > 0]
+
+
+def _clean(by_round: dict[Any, float], loaded: Sequence[Any]) -> bool:
+    """Whether any round was measured free of other load (then the entry's figure is from those alone)."""
+    return bool(set(by_round) - set(loaded))
 
 
 def _loads(e: dict[str, Any] | None) -> list[Any]:
@@ -211,15 +216,18 @@ def only_loaded(e: dict[str, Any]) -> bool:
 
 
 def choose_winner(entries: list[dict[str, Any]], reference: dict[str, Any] | None = None, *, ties: bool = True,
-                  baseline_key: str | None = None,
-                  search_tolerance: float | None = None) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+                  baseline_key: str | None = None, search_tolerance: float | None = None,
+                  tolerance: float = 0.25) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """The winner among ranked entries and the entries indistinguishable from the leader.
 
     An entry needs ``status`` in (confirmed, noisy), ``median_tokens_per_s``, ``range`` and
     ``peak_mem_bytes``; with ``by_round`` ({round: tok/s}) comparisons are *paired*: candidates
     measured in the same round saw the same load, so the leader is the best median of the per-round
     ratios to the baseline (``baseline_key``, re-measured every round), and another candidate ties
-    with it when it beat the leader in at least one round. Without rounds in common, ranges
+    with it when it beat the leader in at least one round, its median ratio to the leader is within
+    ``tolerance`` (the policy's noise tolerance) and its figure is too (or their ranges overlap): one lucky round
+    is not a tie (it had made a configuration re-measured at 0.07x the others the answer, on memory).
+    Without rounds in common, ranges
     [min, max] that overlap are a tie. ``search_tolerance`` (a GPU's policy, ``ConfirmPolicy.search_agrees``:
     its tolerance; None: off): with fewer than two rounds in common the search measurements are a second
     ordering, and a candidate whose search measurement was at least the leader's ties with it too, when both
@@ -248,10 +256,14 @@ def choose_winner(entries: list[dict[str, Any]], reference: dict[str, Any] | Non
         if (search_tolerance is not None and len(ratios) < 2 and _search_beats(e, leader, search_tolerance)
                 and (not ratios or 1.0 / min(ratios) <= 1.0 + search_tolerance)):
             return True  # the search measurements ordered them the other way, within the noise
+        ranges = overlaps(tuple(e["range"]) if e.get("range") else None,
+                          tuple(leader["range"]) if leader.get("range") else None)
         if ratios:
-            return max(ratios) >= 1.0
-        return overlaps(tuple(e["range"]) if e.get("range") else None,
-                        tuple(leader["range"]) if leader.get("range") else None)
+            # paired evidence that does not exclude a tie, and figures that do not either (a round or two
+            # measured alike can be an outlier's: a configuration whose every figure was far behind is no tie)
+            close = ranges or float(e["median_tokens_per_s"]) * (1.0 + tolerance) >= float(leader["median_tokens_per_s"])
+            return close and max(ratios) >= 1.0 and median(ratios) * (1.0 + tolerance) >= 1.0
+        return ranges
 
     tied = [e for e in eligible if tied_with_leader(e)]
     if len(tied) == 1:
@@ -309,6 +321,8 @@ def speedup(best_values: Sequence[float], base_values: Sequence[float], *,
                 "distinguishable": min(bounds) > 1.0 or max(bounds) < 1.0}
     if not b or not r:
         return None
+    if best_by_round and base_by_round and _clean(best_by_round, best_loaded) != _clean(base_by_round, base_loaded):
+        return None  # one side's figure is from clean rounds, the other's from loaded ones: no like for like
     ratio = median(b) / median(r)
     lo, hi = min(b) / max(r), max(b) / min(r)
     return {"ratio": ratio, "range": [lo, hi], "paired_rounds": 0, "distinguishable": lo > 1.0 or hi < 1.0}

@@ -729,11 +729,14 @@ class Searcher:
         """``probes`` landed of ``probe_budget``, and ``eta_s``: the search probes left and the confirmation's,
         at the median wall of the probes measured so far, over the slots (None before any has landed)."""
         per = self._median_probe_wall() if self._durations else None
-        left = max(0, self._probe_budget() - loop.probes)
+        budget = self._probe_budget()
+        if self.distinct and self.distinct <= self.max_trials:
+            budget += len(loop.outside)  # the HF default outside the space is probed beyond it ("probe 3/2")
+        left = max(0, budget - loop.probes)
         confirm = confirmation_probes(self.top_k, self.baseline is not None, self.confirm.rounds_for(self.top_k),
                                       search_probes=self._probe_budget())
         eta = None if per is None else per * (left + confirm) / max(1, self.executor.slots)
-        return {"probes": loop.probes, "probe_budget": self._probe_budget(), "eta_s": eta}
+        return {"probes": loop.probes, "probe_budget": max(budget, loop.probes), "eta_s": eta}
 
     # ---------------------------------------------------------------- confirmation
 
@@ -838,7 +841,8 @@ class Searcher:
             entries = self._confirm_group(group, bkey)
             ranking += entries
             winner, tied = choose_winner(ranking, reference, ties=self.confirm.ties, baseline_key=bkey,
-                                         search_tolerance=self.confirm.tolerance if self.confirm.search_agrees else None)
+                                         search_tolerance=self.confirm.tolerance if self.confirm.search_agrees else None,
+                                         tolerance=self.confirm.tolerance)
             if winner is not None:
                 if tied:
                     self._tie = [e["label"] for e in tied if e is not winner]

@@ -225,6 +225,7 @@ def test_run_from_a_file_that_packs_into_rows_needs_the_batch_in_sequences(
 
 @pytest.mark.parametrize("args,needle", [
     (["--write-back", "x.yaml", "--model", "m"], "--write-back needs --from"),
+    (["--format", "axolotl", "--model", "tiny-llama"], "--format needs --from"),
     (["--from", str(DATA / "ds_z3.json")], "names it"),
     ([], "--model is required"),
 ])

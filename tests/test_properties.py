@@ -58,6 +58,12 @@ def test_sizes_round_trip_exactly(n: int, unit: str, space: str, upper: bool) ->
     assert parse_budget(b) is b
 
 
+def test_a_bare_number_under_a_gib_is_refused_as_a_missing_unit() -> None:
+    with pytest.raises(SpecError, match=r"'4' has no unit, so it would be 4 bytes; .* e\.g\. 4GB"):
+        parse_budget("4")
+    assert parse_budget("4000000000").bytes == 4 * 10**9 and parse_budget("4B").bytes == 4
+
+
 @FAST
 @given(st.integers(min_value=1, max_value=2**50))
 def test_format_bytes_parses_back_within_rounding(n: int) -> None:

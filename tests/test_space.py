@@ -50,6 +50,12 @@ def test_omitted_knobs_take_the_candidate_default_and_scalars_are_one_choice() -
     assert s.attn == (Candidate().attn,)
     assert s.gpus_per_trial == (1,)
     assert s.size() == 2
+    # the user's guide names the values an omitted knob is held at where autotune's default is not the HF one
+    from autotune.spec.levers import LEVERS
+
+    guide = " ".join((REPO / "docs" / "search.md").read_text().split())
+    for name, words in (("precision", "precision {} (HF: {}"), ("optim", "optimizer {} (HF: {})")):
+        assert words.format(LEVERS[name].default, LEVERS[name].hf_default) in guide, name
 
 
 def test_all_problems_in_one_error() -> None:

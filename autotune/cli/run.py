@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune.cli.render import STATUS_STYLE, console, dumps_json, flagged
-from autotune.errors import NothingFitsError
+from autotune.errors import NothingFitsError, SpecError
 from autotune.spec.budget import format_bytes
 
 __all__ = ["command", "ProgressPrinter", "render_summary", "answer_line", "COMMAND_ONLY", "RENAMED"]
@@ -76,7 +76,9 @@ class ProgressPrinter:
             con.print(f"from {data['name']} ({data['label']}): model {data['model']}, mode {data['mode']}, "
                       f"seq-len {data['seq_len']}, effective batch {data['effective_batch']}", style="dim")
         elif event == "write_back":
-            con.print(f"wrote {data['path']} ({data['label']}): {data['changed']} key(s) changed", style="dim")
+            con.print(f"wrote {data['path']} ({data['label']}): {data['changed']} key(s) changed; train with it: "
+                      "it keeps your learning rate, seed, LoRA dropout and every key the search does not tune (the "
+                      "other files in best/ carry autotune's stock values for those)", style="dim")
             if data.get("diff"):
                 con.print(data["diff"], end="")
         elif event == "note":
@@ -278,6 +280,8 @@ def command(
     )  # fmt: skip
     if from_file:
         request = RunRequest.from_file(from_file, fmt=fmt, **given)
+    elif fmt is not None:  # (it was ignored, and a whole search ran on the flags)
+        raise SpecError("--format needs --from FILE (it names that file's format)")
     else:
         request = RunRequest.with_defaults(**given)
     try:

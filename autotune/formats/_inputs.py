@@ -18,11 +18,11 @@ __all__ = ["unmeasured_problems", "value_problems"]
 # key -> smallest allowed integer, per format (only keys whose value becomes part of the request)
 _BATCH = {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 1, "dataloader_num_workers": 0}
 _INTS: dict[str, dict[str, int]] = {
-    "axolotl": {"micro_batch_size": 1, "gradient_accumulation_steps": 1, "sequence_len": 1, "lora_r": 1,
+    "axolotl": {"micro_batch_size": 1, "gradient_accumulation_steps": 1, "sequence_len": 8, "lora_r": 1,
                 "lora_alpha": 1, "dataloader_num_workers": 0},
     "training_args": dict(_BATCH),
-    "trl": {**_BATCH, "max_length": 1, "max_seq_length": 1},
-    "llamafactory": {**_BATCH, "cutoff_len": 1, "lora_rank": 1, "lora_alpha": 1},
+    "trl": {**_BATCH, "max_length": 8, "max_seq_length": 8},  # (a sequence: the least length a probe takes)
+    "llamafactory": {**_BATCH, "cutoff_len": 8, "lora_rank": 1, "lora_alpha": 1},
     "deepspeed": {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1},
     "accelerate": {},
 }
@@ -58,8 +58,9 @@ def value_problems(fmt: str, cfg: Mapping[str, Any], label: str) -> list[str]:
         if isinstance(v, str) and v in _WORDS.get((fmt, key), ()):
             continue
         if not _is_int(v) or v < low:
+            example = 2048 if low == 8 else max(low, 1) * 2 if low else 0
             out.append(f"{label}: {key} must be an integer >= {low}, got {short_repr(v)}; write a whole number "
-                       f"(e.g. {key}: {max(low, 1) * 2 if low else 0})")
+                       f"(e.g. {key}: {example})")
     for key in _BOOLS.get(fmt, ()):
         if key not in cfg or cfg[key] is None:
             continue

@@ -106,7 +106,12 @@ def parse_budget(text: str | int | Budget) -> Budget:
         if not 0.0 < share <= 1.0:
             raise SpecError(f"gpu budget percentage must be in (0%, 100%], got {text!r}")
         return Budget(text=stripped, fraction=share)
-    return Budget(text=stripped, bytes=parse_size(stripped, what="gpu budget", accepted=ACCEPTED))
+    size = parse_size(stripped, what="gpu budget", accepted=ACCEPTED)
+    m = _SIZE_RE.match(stripped)
+    if m is not None and not m.group(2) and size < 2**30:  # (4 was a budget of 4 bytes: a GPU's is never under 1 GiB)
+        raise SpecError(f"gpu budget {text!r} has no unit, so it would be {size} bytes; write it with its unit, "
+                        f"e.g. {m.group(1)}GB")
+    return Budget(text=stripped, bytes=size)
 
 
 # The one rule for what a percentage budget is a share of. The budget is per GPU and every GPU a

@@ -199,6 +199,15 @@ def test_tokens_under_one_step_are_said_and_cents_are_shown() -> None:
     assert "less than one optimizer step" not in text and " 0.36 " in text  # ($0.36 was shown as 0)
 
 
+def test_the_attn_targets_on_a_fused_qkv_model_say_what_they_adapt() -> None:
+    notes = json.loads(run("--model", "phi-3-mini", "--gpu", "A10G", "--mode", "lora", "--json").output)["notes"]
+    assert any("adapts o_proj here" in n and "name qkv_proj,o_proj" in n for n in notes), notes
+    named = json.loads(run("--model", "phi-3-mini", "--gpu", "A10G", "--mode", "lora", "--lora-targets",
+                           "qkv_proj,o_proj", "--json").output)
+    assert not any("fused" in n for n in named["notes"]) and named["gpus"][0]["option"]["memory"]["trainable_params"] \
+        == 16 * (3072 + 9216 + 3072 + 3072) * 32  # qkv_proj 3072 -> 9216, o_proj 3072 -> 3072, 32 layers
+
+
 def test_bad_pins_exit_2_with_one_line() -> None:
     assert "offload=params needs zero_stage 3" in _one_line_error(
         run("--model", "gpt2", "--seq-len", "512", "--zero-stage", "2", "--offload", "params")

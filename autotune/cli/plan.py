@@ -351,7 +351,7 @@ def command(
     ),
     lora_r: int = typer.Option(16, "--lora-r", help="LoRA rank (modes lora and qlora)."),
     lora_targets: str = typer.Option(
-        "attn", "--lora-targets", help="attn (q/k/v/o) | all-linear | comma-separated module names."
+        "attn", "--lora-targets", help="attn (q_proj, k_proj, v_proj, o_proj by name: a fused qkv_proj is not among them) | all-linear | comma-separated module names."
     ),
     catalog: list[str] | None = typer.Option(  # noqa: B008
         None, "--catalog", help="Extra GPU catalog YAML (repeatable); also $AUTOTUNE_GPU_CATALOG."

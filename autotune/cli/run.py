@@ -222,7 +222,7 @@ def command(
     mode: str | None = typer.Option(None, "--mode", help="full | lora | qlora. Default: --from's, else full.", rich_help_panel="What to tune"),
     lora_r: int | None = typer.Option(None, "--lora-r", help="LoRA rank (modes lora and qlora). Default: --from's, else 16.", rich_help_panel="What to tune"),
     lora_alpha: int | None = typer.Option(None, "--lora-alpha", help="LoRA alpha. Default: --from's, else 2 x the rank.", rich_help_panel="What to tune"),
-    lora_targets: str | None = typer.Option(None, "--lora-targets", help="Modules LoRA adapts: attn (q/k/v/o) | all-linear | comma-separated names. Default: --from's, else attn.", rich_help_panel="What to tune"),
+    lora_targets: str | None = typer.Option(None, "--lora-targets", help="Modules LoRA adapts: attn (q_proj, k_proj, v_proj, o_proj by name: a fused qkv_proj is not among them) | all-linear | comma-separated names. Default: --from's, else attn.", rich_help_panel="What to tune"),
     from_file: str | None = typer.Option(None, "--from", help="Your training config (TrainingArguments/TRL JSON or YAML, Axolotl or LLaMA-Factory YAML): the request is read from it (flags override) and the tuned config is written back in its format.", rich_help_panel="Your training config"),
     write_back: str | None = typer.Option(None, "--write-back", help="With --from: write your file with the tuned keys changed (nothing else) here. Default: best/<its name> in the run directory.", rich_help_panel="Your training config"),
     fmt: str | None = typer.Option(None, "--format", help="With --from: the file's format (default: detected from its keys).", rich_help_panel="Your training config"),

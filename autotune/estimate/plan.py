@@ -504,6 +504,8 @@ def plan(
         notes.append(f"effective batch {effective_batch} does not split over {', '.join(map(str, skipped))} GPUs "
                      "(each takes a whole number of sequences a step), so those were not considered; an effective "
                      "batch they divide would let them be")
+    if mode != "full" and (why := _fused_attention_note(arch, tuple(lora.targets))):
+        notes.append(why)
     if workload.trainer == "trl" and pin.get("liger"):
         notes.append("TRL's SFTTrainer turns Liger's fused cross-entropy off: its own fused LM head computes the loss")
     if tokens is not None and tokens < effective_batch * seq_len:
@@ -561,6 +563,21 @@ def _plan_problems(
         problems.append("mode qlora with ZeRO/FSDP or offload: autotune's QLoRA probe does not shard its 4-bit base, so "
                         "it could not measure this plan; drop the zero_stage / offload pin")
     return problems
+
+
+def _fused_attention_note(arch: Arch, targets: tuple[str, ...]) -> str:
+    """The default ``attn`` targets on a model that fuses q, k and v into one linear (Phi-3's ``qkv_proj``): peft
+    matches module names, so only the output projection is adapted, as the probe adapts it; say so ("" if not)."""
+    from autotune.spec.probe_request import ATTN_TARGETS
+
+    leaves = {n.rsplit(".", 1)[-1] for n, _, _ in arch.linears}
+    fused = sorted(leaves & {"qkv_proj", "query_key_value", "W_pack", "Wqkv"})
+    if targets != ATTN_TARGETS or not fused:
+        return ""
+    kept = [t for t in ATTN_TARGETS if t in leaves] or ["every linear (all-linear)"]
+    return (f"--lora-targets attn adapts {', '.join(kept)} here: q, k and v are one fused {fused[0]}, which the names "
+            f"q_proj, k_proj, v_proj do not match (the probe adapts what peft matches); name "
+            f"{','.join([fused[0], *[t for t in kept if t in leaves]])} to adapt them")
 
 
 def _position_notes(arch: Arch, seq_len: int, model: str) -> list[str]:

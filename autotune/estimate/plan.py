@@ -73,6 +73,10 @@ _OPTIM_TEXT = {
 # An optimizer that changes the update (8-bit, paged, Adafactor) is chosen only when it makes the plan
 # this much faster than the best with transformers' default (or the default does not fit).
 OPTIM_SWITCH_MARGIN = 1.05
+# ZeRO/FSDP where plain data parallelism fits too: its gather and reduce-scatter hooks per parameter and its
+# extra kernel launches are not in the speed model, so a predicted gain under this margin is no reason to add
+# DeepSpeed (a 135M LoRA on 8 GPUs had been planned with ZeRO-3 for a predicted 0.6 %)
+ZERO_SWITCH_MARGIN = 1.05
 # Candidate fields ``plan(pin=...)`` accepts (the levers the planner prices): what is pinned is not searched.
 PIN_FIELDS = tuple(name for name, lv in LEVERS.items() if lv.planned)
 # What shrinks each memory term (the text output names it for the dominant term).
@@ -397,6 +401,8 @@ def _search(
                             score = speed.tokens_per_s
                             if optim not in ("adamw_torch", "adamw_torch_fused") and "optim" not in pin:
                                 score /= OPTIM_SWITCH_MARGIN  # it changes the numerics: worth it only when clearly faster
+                            if zero and "zero_stage" not in pin:
+                                score /= ZERO_SWITCH_MARGIN
                             key = (round(score, 6), -len(levers), -world)
                             if best is None or key > best[0]:
                                 best = (key, PlanOption(workload.mode, cand, mem, speed, levers))

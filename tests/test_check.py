@@ -473,7 +473,7 @@ def test_an_axolotl_value_run_from_refuses_is_a_fail_in_check(tmp_path: Path) ->
     src = tmp_path / "ax.yaml"
     src.write_text("base_model: tiny-llama\nadapter: lora\nmicro_batch_size: 2\nsequence_len: 0\n")
     items = [i for i in gather(bundle_from_file(src)).items if i.id == "types"]
-    assert [i.status for i in items] == ["fail"] and "sequence_len must be an integer >= 1" in items[0].message
+    assert [i.status for i in items] == ["fail"] and "sequence_len must be an integer >= 8" in items[0].message
 
 
 def test_a_key_set_twice_is_a_warning_naming_its_lines_and_the_value_read(tmp_path: Path) -> None:

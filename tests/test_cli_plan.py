@@ -314,8 +314,10 @@ def test_nothing_fits_answers_with_the_smallest_footprint_and_its_breakdown() ->
     assert least["mode"] == "qlora" and least["candidate"]["micro_batch"] == 1 and least["candidate"]["grad_ckpt"]
     assert g["breakdown"]["total"] == least["memory"]["total"] > g["usable_bytes"]
     assert g["breakdown"]["dominant"] == "weights" and any(t["term"] == "logits_loss" for t in g["breakdown"]["terms"])
-    gib = least["memory"]["total"] / 2**30
-    assert f"the smallest footprint is {gib:.2f} GiB of {g['usable_bytes'] / 2**30:.2f} GiB usable" in g["note"]
+    from autotune.spec.budget import format_bytes  # one unit per size (TiB beside GiB had been mixed)
+
+    shown = f"the smallest footprint is {format_bytes(least['memory']['total'])} of {format_bytes(g['usable_bytes'])} usable"
+    assert shown in g["note"], g["note"]
     r = run(*args)
     assert "the smallest footprint is" in r.output and "T4 memory at the" in r.output
     assert r.exit_code == 3  # nothing fits on any GPU asked, in any mode tried: as `autotune run`

@@ -634,7 +634,7 @@ def _rule_loader(c: _Ctx) -> None:
     src = c.src("training_args")
     workers = c.ta.get("dataloader_num_workers", 0)
     if c.cpu:
-        c.add("dataloader_workers", "data-loader workers", "info", f"{workers} workers (CPU run)", source=src)
+        c.add("dataloader_workers", "data-loader workers", "info", f"{workers} worker{'' if workers == 1 else 's'} (CPU run)", source=src)
     elif not workers:
         c.add(
             "dataloader_workers",
@@ -645,7 +645,7 @@ def _rule_loader(c: _Ctx) -> None:
             src,
         )
     else:
-        c.add("dataloader_workers", "data-loader workers", "pass", f"{workers} workers", source=src)
+        c.add("dataloader_workers", "data-loader workers", "pass", f"{workers} worker{'' if workers == 1 else 's'}", source=src)
     pin = c.ta.get("dataloader_pin_memory", True)
     if c.cpu:
         c.add("pin_memory", "pinned memory", "info", "not used on a CPU run", source=src)
@@ -998,14 +998,14 @@ def _names_verdict(c: _Ctx, missing: tuple[str, str] | None, unknown: list[str],
                       f", and whether {cls} takes {'it' if one else 'them'} is not known here")
         else:
             judged = "all TrainingArguments fields"
-        c.add("names", "argument names", "info", f"{len(c.ta)} arguments, {judged} ({pkg} is not installed)",
+        c.add("names", "argument names", "info", f"{len(c.ta)} argument{'' if len(c.ta) == 1 else 's'}, {judged} ({pkg} is not installed)",
               f"pip install {pkg} to check every name against {cls}", c.src("training_args"))
     elif c.has_ta and not bad:
         c.add(
             "names",
             "argument names",
             "pass",
-            f"{len(c.ta)} arguments, known to "
+            f"{len(c.ta)} argument{'' if len(c.ta) == 1 else 's'}, known to "
             f"{'the installed trl (SFTConfig, ModelConfig, ScriptArguments) and ' if c.b.fmt == 'trl' else ''}"
             f"{_names_version(c)}",
             source=c.src("training_args"),

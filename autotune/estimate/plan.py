@@ -22,6 +22,7 @@ from autotune.estimate.arch import Arch, arch_from_config
 from autotune.estimate.catalog import GPU
 from autotune.estimate.memory import DEFAULT_OPTIM, MemoryBreakdown, estimate_memory
 from autotune.estimate.speed import SpeedEstimate, predict_speed
+from autotune.spec.budget import format_bytes
 from autotune.spec.capabilities import liger_problem
 from autotune.spec.lengths import parse_lengths
 from autotune.spec.levers import LEVERS, ZERO_STAGES, or_list, rule_problems, value_problem
@@ -294,7 +295,7 @@ def _levers(c: Candidate, mode: str, workload: Workload) -> tuple[str, ...]:
         out.append("checkpointing" + (f" (1 layer in {c.ckpt_every})" if c.ckpt_every > 1 else ""))
     if c.packing:
         out.append("packing")
-    if c.liger:
+    if c.liger and workload.trainer != "trl":  # (TRL turns Liger's loss off: its own fused head; a note says so)
         out.append("Liger fused loss")
     if c.zero_stage:
         out.append(f"ZeRO-{c.zero_stage}, {_gpus_text(c.world_size)}")
@@ -691,8 +692,8 @@ def _gpu_note(gpu: GPU, req: _Request, fit: _Fit, usable: int, unsupported: str)
         note = f"nothing fits on {n_text}x {gpu.name} (tried {', '.join((mode, *_FALLBACK[mode]))})"
         if smallest is not None:
             c = smallest.candidate
-            note += (f": the smallest footprint is {smallest.memory.total / 2**30:.2f} GiB of {usable / 2**30:.2f} GiB "
-                     f"usable ({smallest.mode}, {', '.join(smallest.levers) or 'no levers'}, micro-batch "
+            note += (f": the smallest footprint is {format_bytes(int(smallest.memory.total))} of "
+                     f"{format_bytes(usable)} usable ({smallest.mode}, {', '.join(smallest.levers) or 'no levers'}, micro-batch "
                      f"{c.micro_batch} x {c.world_size} GPU(s))")  # fmt: skip
     elif option.mode != mode:
         note = f"{mode} does not fit on {n_text}x {gpu.name}; {option.mode} does"

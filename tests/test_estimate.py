@@ -875,3 +875,8 @@ def test_zero_is_planned_where_it_fits_what_ddp_does_not_or_clearly_wins() -> No
     pinned = plan(cfg("smollm2-135m"), gpus=find_gpus("A100-40GB"), gpus_per_node=8, seq_len=512, effective_batch=32,
                   mode="lora", pin={"zero_stage": 3}).rows[0]
     assert pinned.option is not None and pinned.option.candidate.zero_stage == 3  # pinned: kept
+
+
+def test_a_gpu_count_of_the_node_that_divides_the_batch_is_tried_not_only_powers_of_two() -> None:
+    r = plan(cfg("llama-3.2-1b"), gpus=find_gpus("H100-SXM"), gpus_per_node=8, effective_batch=12).rows[0]
+    assert r.option is not None and r.option.candidate.world_size == 6  # 4 was the most before

@@ -310,11 +310,13 @@ def _levers(c: Candidate, mode: str, workload: Workload) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _world_sizes(gpus_per_node: int) -> list[int]:
-    sizes = [w for w in (1, 2, 4, 8, 16, 32, 64) if w <= gpus_per_node]
-    if gpus_per_node not in sizes:
-        sizes.append(gpus_per_node)
-    return sizes
+def _world_sizes(gpus_per_node: int, effective_batch: int | None = None) -> list[int]:
+    """The GPU counts a plan tries: the powers of two up to the node and the node itself, and (given the effective
+    batch) every count of the node that divides it (12 sequences on a node of 8 run on 6, not only on 4)."""
+    sizes = {w for w in (1, 2, 4, 8, 16) if w <= gpus_per_node} | {gpus_per_node}
+    if effective_batch:
+        sizes |= {w for w in range(1, gpus_per_node + 1) if effective_batch % w == 0}
+    return sorted(sizes)
 
 
 def _sharding(mode: str, world: int, pin: Mapping[str, Any]) -> list[tuple[int, str]]:
@@ -364,7 +366,7 @@ def _search(
     smallest: tuple[Candidate, MemoryBreakdown] | None = None
     min_gpus: int | None = None
     host_note = ""
-    worlds = [pin["world_size"]] if "world_size" in pin else _world_sizes(gpus_per_node)
+    worlds = [pin["world_size"]] if "world_size" in pin else _world_sizes(gpus_per_node, effective_batch)
     ligers = liger_problem(arch.model_type) is None
     # packing changes nothing with fixed lengths (one full row per sequence): searched only when lengths vary
     packings = (pin["packing"],) if "packing" in pin else (False, True) if workload.lengths != "fixed" else (False,)

@@ -763,7 +763,7 @@ def test_parse_tokens(text: str, n: int) -> None:
     assert parse_tokens(text) == n
 
 
-@pytest.mark.parametrize("text", ["", "1Q", "-5M", "B", "1e999", "0", "abc"])
+@pytest.mark.parametrize("text", ["", "1Q", "-5M", "B", "1e999", "0", "abc", "1.9"])  # 1.9: was read as 2
 def test_parse_tokens_rejects(text: str) -> None:
     with pytest.raises(SpecError, match="tokens"):
         parse_tokens(text)

@@ -757,4 +757,6 @@ def parse_tokens(text: str | int) -> int:
         raise SpecError(f"tokens must be a finite count like 1B, 500M or 2e9; got {text!r}")
     if value < 1:
         raise SpecError(f"tokens must be at least 1; got {text!r}")
+    if abs(value - round(value)) > 1e-6 * value:  # (1.9 was read as 2 tokens: a missing suffix, most likely)
+        raise SpecError(f"tokens must be a whole count; got {text!r}, {value:g} tokens (a suffix missing? 1.9B)")
     return int(round(value))

@@ -84,6 +84,18 @@ def test_gpu_aware_precision_and_attention():
     assert status(r, "precision") == ["warn"]
 
 
+def test_an_unset_tf32_is_said_as_transformers_treats_it():
+    """transformers turns TF32 on by itself only under torch_compile: an empty config was told it did so anyway, beside
+    the FAIL for fp32 without TF32 that contradicted it."""
+    r = gather(bundle(training_args={"seed": 1}), gpu=A10G)
+    assert status(r, "precision") == ["fail"] and status(r, "tf32") == ["warn"]
+    assert "only with torch_compile" in r.by_id("tf32")[0].message
+    r = gather(bundle(training_args={"seed": 1, "torch_compile": True}), gpu=A10G)
+    assert status(r, "tf32") == ["info"] and "with torch_compile" in r.by_id("tf32")[0].message
+    r = gather(bundle(training_args={"seed": 1, "bf16": True}), gpu=A10G)
+    assert status(r, "tf32") == ["info"] and "beside bf16" in r.by_id("tf32")[0].message
+
+
 def test_eager_attention_fails_and_torch_dtype_warns():
     r = gather(bundle(model_kwargs={"attn_implementation": "eager", "torch_dtype": "bfloat16"}))
     assert status(r, "attention") == ["fail"] and "sdpa" in r.by_id("attention")[0].fix

@@ -336,15 +336,24 @@ def _rule_tf32(c: _Ctx) -> None:
             "set tf32: true (Ampere or newer)",
             src,
         )
-    elif c.ta.get("bf16") or not c.ta.get("fp16"):
+    elif c.ta.get("torch_compile") and (c.ta.get("bf16") or not c.ta.get("fp16")):
+        # TrainingArguments turns TF32 on by itself only for torch_compile (its __post_init__, transformers 4 and 5)
         c.add(
             "tf32",
             title,
             "info",
-            "tf32 unset: transformers 5 turns TF32 on by itself where the GPU has it",
+            "tf32 unset: with torch_compile, transformers turns TF32 on by itself where the GPU has it",
             "state tf32: true to make it explicit",
             src,
         )
+    elif c.ta.get("bf16"):
+        c.add("tf32", title, "info", "tf32 unset: the few fp32 matmuls left beside bf16 run without TF32 (PyTorch's "
+              "default; transformers turns it on by itself only with torch_compile)", "set tf32: true on Ampere or "
+              "newer", src)
+    elif not c.ta.get("fp16"):
+        c.add("tf32", title, "warn", "tf32 unset: fp32 matmuls run without TF32, off the tensor cores (PyTorch's "
+              "default; transformers turns it on by itself only with torch_compile)", "set tf32: true on Ampere or "
+              "newer, or train in bf16", src)
     else:
         c.add(
             "tf32",

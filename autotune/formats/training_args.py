@@ -121,7 +121,7 @@ def lever_values(candidate: Candidate, at: Measured, *, ckpt_key: str | None = N
     if at.device == "cuda":
         # bf16 and TF32 both imply an Ampere-or-newer GPU, where tf32=True is valid. TrainingArguments
         # raises on tf32=True elsewhere (T4, V100), so fp16/fp32 say False (always accepted; and
-        # without it transformers 5 turns TF32 on by itself for fp32, which would blur fp32 vs tf32).
+        # without it transformers turns TF32 on by itself under torch_compile, which would blur fp32 vs tf32).
         kw["tf32"] = c.precision in ("tf32", "bf16")
     if at.device == "cpu":
         kw["use_cpu"] = True

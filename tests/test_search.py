@@ -287,6 +287,30 @@ def test_time_budget_stops_the_search() -> None:
     assert out.counts["probed"] == 9  # the 10th would have ended past the budget
 
 
+def test_the_first_probes_cold_start_is_not_reserved_for_every_probe_to_come() -> None:
+    """The first probe also pays the executor's start (6 s here, 1 s for each next one, predicted 1 s): a 60 s budget
+    had stopped after it, reserving twelve of its walls for a confirmation of four contenders."""
+    now = {"t": 0.0, "n": 0}
+
+    def clock() -> float:
+        return now["t"]
+
+    ex = FakeExecutor()
+    orig = ex.poll
+
+    def poll(timeout=None):
+        out = orig(timeout)
+        for _, result in out:
+            now["n"] += 1
+            now["t"] += 6.0 if now["n"] == 1 else 1.0
+            result.metrics["predicted_s"] = 1.0
+        return out
+
+    ex.poll = poll
+    out = make(ex, max_trials=8, time_budget_s=60.0, clock=clock, top_k=3).run()
+    assert out.counts["probed"] >= 6, (out.counts, out.stop_reason)
+
+
 def test_pruner_hook_records_inferred_without_probing() -> None:
     ex = FakeExecutor()
     out = make(ex, pruner=lambda c: "predicted 40 GiB > budget" if c.micro_batch == 16 else None).run()

@@ -111,6 +111,24 @@ def test_tune_rejects_negative_verify_steps(tmp_path: Path) -> None:
         tune("tiny-llama", gpu_budget="10GiB", device="cpu", out=tmp_path, executor=FakeExecutor(), verify_loss=-2)
 
 
+def test_a_loss_difference_the_levers_do_not_explain_makes_the_answer_doubtful() -> None:
+    """--strict exits 5 on a doubtful answer: a FLAG where only identical-math levers differ (or a check that could not
+    run) is one; a difference the levers explain (bf16 against fp32, packed against padded) is said, not doubted."""
+    from typer.testing import CliRunner
+
+    from autotune.cli.app import app
+    from autotune.run import trust_verdict
+
+    flag = {"exceeds": True, "expected_identical": True, "verdict": "FLAG: max |dloss| 1.5e-01 -- unexpected"}
+    assert trust_verdict({"verify_loss": flag}) == {"doubtful": True, "reasons": [f"--verify-loss: {flag['verdict']}"]}
+    assert trust_verdict({"verify_loss": {**flag, "expected_identical": False}})["doubtful"] is False
+    assert trust_verdict({"verify_loss": {"exceeds": True, "verdict": "not verified: chosen: oom"}})["doubtful"]
+    # --verify-loss-steps 0 skipped the check without a word
+    res = CliRunner().invoke(app, ["run", "--model", "tiny-llama", "--gpu-budget", "4GB", "--verify-loss",
+                                   "--verify-loss-steps", "0"])
+    assert res.exit_code == 2 and "--verify-loss-steps must be at least 1" in res.output
+
+
 # ------------------------------------------------------------------------------ real probes (CPU)
 
 

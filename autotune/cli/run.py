@@ -278,6 +278,8 @@ def command(
         config_name=config_name, sample_rows=sample_rows, lora_r=lora_r, lora_alpha=lora_alpha,
         lora_targets=lora_targets, write_back=write_back,
     )  # fmt: skip
+    if verify_loss and verify_loss_steps < 1:  # (0 skipped the check without a word)
+        raise SpecError(f"--verify-loss-steps must be at least 1 with --verify-loss; got {verify_loss_steps}")
     if from_file:
         request = RunRequest.from_file(from_file, fmt=fmt, **given)
     elif fmt is not None:  # (it was ignored, and a whole search ran on the flags)

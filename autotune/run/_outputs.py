@@ -244,6 +244,7 @@ def write_answer(r: Request, run_dir: Any, summary: dict[str, Any], searched: Se
         files.append(run_dir.path / "verify_loss.json")
         summary["verify_loss"] = {k: verified.get(k) for k in ("steps", "max_abs_diff", "max_at_step", "tolerance",
                                                                "exceeds", "expected_identical", "verdict")}
+        summary["trust"] = trust_verdict(summary)
     if r.write_back is not None:
         summary["write_back"] = write_back(r.write_back, r.args.source, best, run_dir.path, progress)
         files += [_diff_path(run_dir.path, r.args.source), Path(summary["write_back"]["path"])]
@@ -341,6 +342,11 @@ def trust_verdict(summary: dict[str, Any]) -> dict[str, Any]:
             reasons.append(f"{n_load} load warning(s) ({', '.join(load)})")
         if "composition_noisy" in kinds:
             reasons.append(f"{len(summary['warnings']) - n_load} probe(s) whose composed figure was too noisy")
+    verified = summary.get("verify_loss") or {}
+    if verified.get("exceeds") and (verified.get("expected_identical") or "not verified" in str(verified.get("verdict"))):
+        # the losses part where the math is the same (or the check could not run): not a difference the levers
+        # explain (an expected one, bf16 against fp32 or packed against padded batches, is said, not doubted)
+        reasons.append(f"--verify-loss: {verified.get('verdict')}")
     return {"doubtful": bool(reasons), "reasons": reasons}
 
 

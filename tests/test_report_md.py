@@ -181,3 +181,15 @@ def test_both_columns_hold_the_same_kind_of_figure_and_one_peak_per_configuratio
     summary["baseline"] = {"tokens_per_s": 5025.0, "confirmed": False}
     vs = render_report_md(summary, [best, baseline], best=best, baseline=baseline).split("## Best vs")[1]
     assert "5,204 (search measurement)" in vs and "1.04× the HF default's throughput (single measurements" in vs
+
+
+def test_the_re_measured_rows_keep_the_confirmations_order_the_chosen_first():
+    """A tie went to a configuration with the lower median: the console and summary.json put it first, report.md had
+    put the HF default first (by median)."""
+    chosen = res(Candidate(micro_batch=8, grad_accum=1, pin_memory=False), tok=5900.0)
+    default = res(hf_default_candidate(8), tok=6000.0)
+    top = [{"candidate": dataclasses.asdict(candidate_of_res(r)), "label": "x", "status": "confirmed",
+            "median_tokens_per_s": med, "measurements": [med]} for r, med in ((chosen, 5997.0), (default, 6084.0))]
+    md = render_report_md({**SUMMARY, "top": top}, [default, chosen], best=chosen, baseline=default)
+    rows = [ln for ln in md.split("## Top configurations")[1].split("##")[0].splitlines() if ln[:3] in ("| 1", "| 2")]
+    assert "5,997" in rows[0] and "6,084" in rows[1]

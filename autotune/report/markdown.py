@@ -134,8 +134,11 @@ def one_figure(r: ProbeResult, summary: dict[str, Any]) -> tuple[float | None, s
 
 
 def ranked_by_figure(results: list[ProbeResult], summary: dict[str, Any]) -> list[tuple[ProbeResult, float, str]]:
-    """The configurations that fit, each with its one figure: the re-measured ones first (by their median),
-    then the rest by their search figure (two kinds of figure are never ranked against each other)."""
+    """The configurations that fit, each with its one figure: the re-measured ones first, in the confirmation's
+    order (``summary["top"]``: the chosen one first, as the console and summary.json have them, also where a tie
+    went to a configuration with a lower median), then the rest by their search figure (two kinds of figure are
+    never ranked against each other)."""
+    order = {k: i for i, e in enumerate(summary.get("top") or []) if isinstance(e, dict) and (k := _entry_key(e))}
     rows = []
     for r in results:
         if not r.fits or r.tokens_per_s is None:
@@ -143,7 +146,13 @@ def ranked_by_figure(results: list[ProbeResult], summary: dict[str, Any]) -> lis
         tps, source = one_figure(r, summary)
         if tps is not None:
             rows.append((r, float(tps), source))
-    return sorted(rows, key=lambda t: (t[2] == SEARCH_PROBE, -t[1]))
+
+    def rank(t: tuple[ProbeResult, float, str]) -> tuple[bool, float, float]:
+        c = candidate_of(t[0])
+        at = order.get(candidate_id(c)) if c is not None and t[2] != SEARCH_PROBE else None
+        return (t[2] == SEARCH_PROBE, float(at) if at is not None else float("inf"), -t[1])
+
+    return sorted(rows, key=rank)
 
 
 _REMEASURED = {"confirmed": "confirmed median", "noisy": "median of re-measurements that disagree"}

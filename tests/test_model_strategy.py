@@ -342,3 +342,11 @@ def test_a_trial_cap_that_stops_the_model_early_says_what_more_probes_would_have
     assert out.best_record is not None
     assert out.stop_reason.startswith("max trials (3) reached; the model had not finished: "), out.stop_reason
     assert "(the likeliest: mb" in out.stop_reason and "more trials or time would have probed them" in out.stop_reason
+    # one trial: only the HF default (outside landscape F's space) ran; it said nothing was left when nothing had
+    # been judged
+    p = sq.problem(REPO / "benchmarks" / "landscapes" / "cpu-tiny-llama-landscape-cpu-f.json")
+    one = Searcher(space=p.space, workload=p.workload, settings=p.settings, effective_batch=p.effective_batch,
+                   executor=ReplayExecutor(p.landscape, seed=0), max_trials=1, seed=0, top_k=1, device="cpu",
+                   baseline=sq._baseline(p), poll_interval_s=0.0, strategy="model", prior=sq.model_prior(p)).run()
+    assert "the model had not started: none of the space's 24 configurations was measured" in one.stop_reason, \
+        one.stop_reason

@@ -460,7 +460,14 @@ class AutotuneSampler(BaseSampler):
             return self._walk_unfinished(study)
         if self.strategy != "model":
             return ""
-        n, key, chance = self.model_policy().unfinished(self._rows(self.observations(study)[0]))
+        rows = self._rows(self.observations(study)[0])
+        policy = self.model_policy()
+        keys = {o.key for o in policy.options}
+        if not any(r.status == "ok" and r.tokens_per_s > 0 and r.option.key in keys for r in rows):
+            # nothing of the space measured (the HF default outside it, say): nothing was judged, nothing ruled out
+            return (f"; the model had not started: none of the space's {len(policy.options)} configurations was "
+                    "measured, so none was judged; more trials or time would have probed them")
+        n, key, chance = policy.unfinished(rows)
         if not n or key is None:
             return ""
         return (f"; the model had not finished: {n} unprobed configuration(s) still had a {worth_a_probe():.0%} "

@@ -98,6 +98,17 @@ def test_histogram_file_errors(tmp_path: Path, content: str, match: str) -> None
         parse_lengths(f"histogram:{f}")
 
 
+def test_lengths_that_all_reach_seq_len_are_fixed_length_data() -> None:
+    """uniform:70-80 under --seq-len 64: every row is cut to 64, fixed-length data; packing was searched on it."""
+    from autotune.spec.probe_request import Workload
+
+    assert parse_lengths("uniform:70-80").min_length(64) == 64 and parse_lengths("uniform:32-512").min_length(64) == 32
+    assert not Workload("m", seq_len=64, lengths="uniform:70-80").variable_lengths
+    assert Workload("m", seq_len=64, lengths="uniform:32-80").variable_lengths
+    assert Workload("m", seq_len=64, lengths="lognormal:5,0.1").variable_lengths  # (no shortest: may be short)
+    assert Workload("m", seq_len=64, lengths="fixed", dataset="d").variable_lengths
+
+
 def test_sampling_is_deterministic_and_clipped() -> None:
     a = sample_lengths("lognormal:3.5,1.0", 500, 256, seed=7)
     assert a == sample_lengths("lognormal:3.5,1.0", 500, 256, seed=7)

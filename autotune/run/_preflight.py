@@ -283,9 +283,10 @@ DEAR_LEVERS: dict[str, tuple[Any, str]] = {
                             "name a space that lists it (--space) to measure it"),
 }
 # with fixed-length data every sequence fills its row (the planner searches packing only when lengths vary too)
-FIXED_LENGTH_PACKING = (True, "the data is fixed-length (every sequence fills its row): packing has no padding to "
-                              "remove, and with sdpa or eager attention its block mask costs memory; give --lengths "
-                              "or --dataset to search it")
+FIXED_LENGTH_PACKING = (True, "the data is fixed-length (every sequence fills its row, also where every length of "
+                              "--lengths reaches --seq-len and is cut to it): packing has no padding to remove, and "
+                              "with sdpa or eager attention its block mask costs memory; give --lengths shorter than "
+                              "--seq-len, or --dataset, to search it")
 
 
 def situation_space(space: SearchSpace, *, variable_lengths: bool) -> tuple[SearchSpace, list[Any]]:

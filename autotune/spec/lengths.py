@@ -63,6 +63,19 @@ class LengthDistribution:
     lengths: tuple[int, ...] = ()  # kind == "empirical"
     source: str = ""  # the spec text it came from
 
+    def min_length(self, seq_len: int) -> int:
+        """The shortest length this distribution can produce, given ``seq_len`` (every longer one is cut to it)."""
+        if self.kind == "fixed":
+            return seq_len
+        if self.kind == "lognormal":
+            return 1
+        if self.kind == "uniform":
+            return min(self.lo, seq_len)
+        if self.kind == "histogram":
+            first = min(i for i, c in enumerate(self.counts) if c > 0)
+            return max(1, min(self.bins[first], seq_len))
+        return max(1, min(min(self.lengths), seq_len))
+
     def max_length(self, seq_len: int) -> int:
         """The longest length this distribution can produce, given ``seq_len`` (the worst case)."""
         if self.kind in ("fixed", "lognormal"):

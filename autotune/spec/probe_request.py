@@ -8,6 +8,7 @@ collects every problem into one SpecError.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -108,6 +109,18 @@ def parse_lora_targets(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in t.split(",") if x.strip())
 
 
+@functools.lru_cache(maxsize=64)
+def _shortest(lengths: str, seq_len: int) -> int:
+    """The shortest row a length spec makes under ``seq_len`` (a bad spec: 0, so it counts as varying; its
+    problem is reported where the spec is checked)."""
+    from autotune.spec.lengths import parse_lengths
+
+    try:
+        return parse_lengths(lengths).min_length(seq_len)
+    except SpecError:
+        return 0
+
+
 @dataclass(frozen=True)
 class Workload:
     """What is being trained: the model, the sequences and the fine-tuning mode."""
@@ -129,8 +142,11 @@ class Workload:
 
     @property
     def variable_lengths(self) -> bool:
-        """Sequences of varying length: a length distribution or a real dataset (packing has padding to remove)."""
-        return self.lengths != "fixed" or bool(self.dataset)
+        """Sequences of varying length: a length distribution or a real dataset (packing has padding to remove). A
+        distribution whose every length reaches ``seq_len`` is not one: each row is cut to ``seq_len``."""
+        if self.dataset:
+            return True
+        return self.lengths != "fixed" and _shortest(str(self.lengths), int(self.seq_len)) < self.seq_len
 
     def problems(self) -> list[str]:
         p: list[str] = []

@@ -446,21 +446,3 @@ def test_one_lucky_round_is_no_tie_and_a_lone_clean_value_is_no_speed_up() -> No
     assert speedup([4216.8], [379.0], best_by_round={1: 4216.8}, base_by_round={0: 379.0},
                    best_loaded=[], base_loaded=[0]) is None
 
-
-def test_a_tie_is_not_decided_by_a_memory_difference_inside_the_repeats() -> None:
-    """160.25 against 161.20 MiB, for a configuration whose own repeats spanned 156.4-161.2 MiB, had decided a tie for
-    the slower median; peaks within MEMORY_TIE are one footprint, and the stronger one wins."""
-    from autotune.search._confirm import MEMORY_TIE
-
-    ref = {"precision": "fp32", "optim": "adamw_torch_fused", "liger": False, "torch_compile": False, "attn": "sdpa"}
-    base = {"key": "base", "label": "HF default", "status": "confirmed", "median_tokens_per_s": 6084.0,
-            "range": [6000, 6150], "peak_mem_bytes": 161.20 * 2**20, "candidate": dict(ref),
-            "by_round": {0: 6150.0, 1: 6000.0}, "loaded_rounds": []}
-    nopin = {**base, "key": "nopin", "label": "w0", "median_tokens_per_s": 5997.0, "range": [5900, 6100],
-             "peak_mem_bytes": 160.25 * 2**20, "by_round": {0: 6200.0, 1: 5800.0}}
-    winner, tied = choose_winner([base, nopin], ref, baseline_key="base")
-    assert {e["key"] for e in tied} == {"base", "nopin"} and winner is base
-    assert (161.20 - 160.25) / 160.25 < MEMORY_TIE
-    # a real footprint difference still decides it
-    smaller = {**nopin, "peak_mem_bytes": 120 * 2**20}
-    assert choose_winner([base, smaller], ref, baseline_key="base")[0] is smaller

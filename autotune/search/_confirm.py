@@ -274,8 +274,8 @@ def choose_winner(entries: list[dict[str, Any]], reference: dict[str, Any] | Non
         return (only_loaded(e), numerics_levers(e.get("candidate"), reference),
                 float(peak) if peak is not None else float("inf"), -strength(e))
 
-    # (a tolerance on the memory step, peaks within 3 % as one footprint, was tried: on the noise replay it picked
-    # the optimum less often on landscape D under drift, 67 -> 53 %, and no better elsewhere)
+    # (a tolerance on the memory step, peaks within 3 % as one footprint, was tried: the replays moved both ways,
+    # the default walk's pick worse on landscape D: benchmarks/README.md)
     winner = min(tied, key=key)
     return winner, tied
 

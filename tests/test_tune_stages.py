@@ -65,6 +65,9 @@ def test_read_request_reports_every_problem_at_once_and_writes_nothing(tmp_path:
     assert not (tmp_path / "o").exists()
     r = read_request(args(tmp_path, time_budget="1m"))
     assert r.time_budget_s == 60 and r.resolved.name == "tiny-llama" and r.space is not None
+    # a walk-only flag with another strategy had been accepted, and nothing stopped on it
+    with pytest.raises(SpecError, match="--stop-when-converged stops the walk .* the tpe strategy has no such point"):
+        read_request(args(tmp_path / "o", strategy="tpe", stop_when_converged=True))
 
 
 def test_plan_search_is_deterministic_and_picks_the_hf_default(tmp_path: Path) -> None:

@@ -300,6 +300,10 @@ def _parse_args(a: RunRequest) -> dict[str, Any]:
 
     if a.strategy not in STRATEGIES:
         problems.append(f"unknown strategy {a.strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    elif a.stop_when_converged and a.strategy != "walk":  # (accepted, and nothing stopped on it)
+        problems.append(f"--stop-when-converged stops the walk when it has settled; the {a.strategy} strategy has no "
+                        "such point" + (" (it stops by itself)" if a.strategy == "model" else "")
+                        + ": drop it, or use --strategy walk")
     if a.pool not in POOLS:
         problems.append(f"unknown pool {a.pool!r}; choose one of {', '.join(POOLS)}")
     elif a.pool == "local" and a.ray_address is not None:

@@ -190,7 +190,7 @@ def render_summary(summary: dict[str, Any], con: Console) -> None:
         con.print(flagged("note", f"no speed-up over the HF default to report: {summary['speedup_note']}"))
     if summary.get("tie"):
         con.print(f"indistinguishable within the measured noise: {', '.join(summary['tie'])} (the tie went to "
-                  "fewer numerics-changing levers, then less memory)")
+                  "a re-measurement free of other load, then fewer numerics-changing levers, then less memory)")
     trust = summary.get("trust") or {}
     if trust.get("doubtful"):
         con.print(flagged("doubtful answer", "; ".join(trust.get("reasons") or [])))

@@ -109,6 +109,23 @@ def test_lengths_that_all_reach_seq_len_are_fixed_length_data() -> None:
     assert Workload("m", seq_len=64, lengths="fixed", dataset="d").variable_lengths
 
 
+def test_rows_of_a_packed_dataset_hold_the_micro_batchs_sequences_at_the_packers_fill() -> None:
+    """TRL, Axolotl and LLaMA-Factory count rows of a dataset packed ahead of training, and rows are never full: at
+    full rows, 4 rows held 6.7 sequences of a chat set for a micro-batch of 8 (its rows were 86 % full)."""
+    from autotune.formats import Measured, packed_sequence_tokens
+    from autotune.formats._common import packed_rows
+    from autotune.spec.lengths import packing_fill
+
+    assert packing_fill([64] * 10, seq_len=64) == 1.0 and packing_fill([], seq_len=64) is None
+    assert packing_fill([40] * 10, seq_len=64) == pytest.approx(40 / 64)  # one per row: 24 tokens of each left
+    assert packing_fill([100, 30], seq_len=64) == pytest.approx((64 + 30) / 128)  # cut to seq_len, as the packers do
+    metrics = {"mean_seq_len": 33.8, "pack_fill": 0.857}
+    assert packed_sequence_tokens(metrics) == pytest.approx(33.8 / 0.857)
+    assert packed_sequence_tokens({"mean_seq_len": 33.8}) == 33.8  # an older result: full rows
+    at = Measured(seq_len=64, mean_seq_len=packed_sequence_tokens(metrics))
+    assert packed_rows(8, at) == 5 and packed_rows(8, Measured(seq_len=64, mean_seq_len=33.8)) == 4
+
+
 def test_sampling_is_deterministic_and_clipped() -> None:
     a = sample_lengths("lognormal:3.5,1.0", 500, 256, seed=7)
     assert a == sample_lengths("lognormal:3.5,1.0", 500, 256, seed=7)

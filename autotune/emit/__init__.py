@@ -34,7 +34,7 @@ import yaml
 from autotune.emit._train_script import render_train_script
 from autotune.emit._train_sft_script import render_train_sft_script
 from autotune.errors import AutotuneError
-from autotune.formats import target_device
+from autotune.formats import packed_sequence_tokens, target_device
 from autotune.formats.accelerate import accelerate_config
 from autotune.formats.axolotl import axolotl_config
 from autotune.formats.deepspeed import emitted_deepspeed_config
@@ -176,7 +176,7 @@ def _trl_files(
 ) -> dict[str, str]:
     """TRL's ``sft_config.json`` and the ``train_sft.py`` that runs SFTTrainer on it."""
     wl = req.workload
-    mean_len = best.metrics.get("mean_seq_len")
+    mean_len = packed_sequence_tokens(best.metrics)  # the row tokens a packed sequence takes
     return {
         "sft_config.json": _json(
             sft_config(req, fields=fields, device=device, report_to=report_to, mean_seq_len=mean_len)
@@ -203,7 +203,7 @@ def _trainer_cli_files(
     local: dict[str, str],
 ) -> dict[str, str]:
     """Axolotl's and LLaMA-Factory's YAML files."""
-    mean_len = best.metrics.get("mean_seq_len")
+    mean_len = packed_sequence_tokens(best.metrics)  # the row tokens a packed sequence takes
     column = best.metrics.get("dataset_column")
     wl = req.workload
     # Axolotl and LLaMA-Factory open the model and the data from the working directory: absolute paths

@@ -27,7 +27,7 @@ from typing import Any
 
 from autotune.errors import SpecError
 from autotune.formats import accelerate, axolotl, deepspeed, llamafactory, training_args, trl
-from autotune.formats._common import REQUEST_FIELDS, Measured
+from autotune.formats._common import REQUEST_FIELDS, Measured, packed_sequence_tokens
 from autotune.formats._distributed import (
     REFERENCE_KINDS,
     base64_json,
@@ -62,6 +62,7 @@ __all__ = [
     "locate_reference",
     "measured_at",
     "numbers_read_as_text",
+    "packed_sequence_tokens",
     "packs_into_rows",
     "parse_text",
     "read_config",
@@ -309,9 +310,8 @@ def measured_at(best: ProbeResult, *, fields: set[str] | None = None, device: st
     """What the lever keys of ``best``'s configuration depend on besides its levers: where it was measured,
     the sequence length and the mean real length (the rows a packed micro-batch fills)."""
     wl = best.probe_request().workload
-    mean = best.metrics.get("mean_seq_len")
     return Measured(device=device or target_device(best), mode=wl.mode, seq_len=wl.seq_len,
-                    mean_seq_len=float(mean) if isinstance(mean, (int, float)) else None,
+                    mean_seq_len=packed_sequence_tokens(best.metrics),
                     fields=None if fields is None else frozenset(fields))
 
 

@@ -22,7 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["REQUEST_FIELDS", "CARRIED_ELSEWHERE", "Measured", "changed", "local_dataset", "packed_rows", "unexpressed_notes"]
+__all__ = ["REQUEST_FIELDS", "CARRIED_ELSEWHERE", "Measured", "changed", "local_dataset", "packed_rows",
+           "packed_sequence_tokens", "unexpressed_notes"]
 
 # model / mode / seq_len / effective_batch are held from the file; the rest describe its current levers.
 REQUEST_FIELDS = (
@@ -74,13 +75,25 @@ class Measured:
     fields: frozenset[str] | None = None
 
 
+def packed_sequence_tokens(metrics: Mapping[str, Any]) -> float | None:
+    """The row tokens one sequence takes once a dataset is packed ahead of training: a probe's mean real length
+    over the packer's fill of its rows (``pack_fill``, ``autotune.spec.lengths.packing_fill``; full rows for a
+    result without it). What :func:`packed_rows` divides by, as ``Measured.mean_seq_len``."""
+    mean, fill = metrics.get("mean_seq_len"), metrics.get("pack_fill")
+    if not isinstance(mean, (int, float)) or mean <= 0:
+        return None
+    return float(mean) / float(fill) if isinstance(fill, (int, float)) and 0 < fill <= 1 else float(mean)
+
+
 def packed_rows(micro_batch: int, at: Measured) -> int:
     """Full rows of ``seq_len`` that hold one measured micro-batch's real tokens (at least 1).
 
     autotune's micro-batch counts SEQUENCES; Axolotl's ``sample_packing``, LLaMA-Factory's ``packing`` and
     TRL's ``packing`` pack the dataset into rows of the sequence length ahead of training and their batch
-    size counts ROWS. Without a mean length (an older result) the measured micro-batch is taken as full
-    rows (the memory the probe's worst case held)."""
+    size counts ROWS. ``at.mean_seq_len`` is the row tokens one sequence takes (:func:`packed_sequence_tokens`:
+    its mean length over the packer's fill), so the rows hold the micro-batch's sequences, not only its tokens.
+    Without a mean length (an older result) the measured micro-batch is taken as full rows (the memory the
+    probe's worst case held)."""
     mean, seq_len = at.mean_seq_len, at.seq_len
     if not mean or mean <= 0 or not seq_len:
         return micro_batch

@@ -46,7 +46,7 @@ from autotune.probe.tokenize_cache import (
     find_tokenizer,
     load_token_sequences,
 )
-from autotune.spec.lengths import batch_layout
+from autotune.spec.lengths import batch_layout, packing_fill
 from autotune.spec.probe_request import Candidate, Workload
 
 # the batch assembly (sequences, collators, counts) lives in autotune.probe.collate; reading a dataset in
@@ -163,6 +163,8 @@ def build_train_data(
         rows_per_micro_batch=rows / n_batches,
         padded_slots=slots,
         fill=real_total / slots if slots else 0.0,
+        # what a packer of the whole dataset ahead of training fills of its rows (the row-counting targets' batch)
+        pack_fill=packing_fill(lens, seq_len=seq_len),
         worst_case_first=bool(worst_case_first),
     )
     return TrainData(

@@ -132,7 +132,9 @@ class FrontSampler:
 
 
 def _dataset(req: ProbeRequest, *, n_sequences: int, vocab_size: int) -> tuple[Any, dict[str, Any]]:
-    """The dataset SFTTrainer gets, and what the probe records about it (column, mean length)."""
+    """The dataset SFTTrainer gets, and what the probe records about it (column, mean length, packing's fill)."""
+    from autotune.spec.lengths import packing_fill
+
     w = req.workload
     if w.dataset:
         from autotune.probe.data import find_tokenizer, load_token_sequences
@@ -143,7 +145,7 @@ def _dataset(req: ProbeRequest, *, n_sequences: int, vocab_size: int) -> tuple[A
                                       trust_remote_code=w.trust_remote_code)
         lengths = loaded.sequences.lengths()
         info = {"column": loaded.column, "mean_seq_len": float(lengths.mean()) if len(lengths) else None,
-                "dataset_sequences": int(len(lengths))}
+                "dataset_sequences": int(len(lengths)), "pack_fill": packing_fill(lengths.tolist(), seq_len=w.seq_len)}
         return script_namespace()["load_data"](w.dataset, w.split or "train"), info
     import datasets
 
@@ -152,7 +154,8 @@ def _dataset(req: ProbeRequest, *, n_sequences: int, vocab_size: int) -> tuple[A
     lengths = synthetic_lengths(w.lengths, seq_len=w.seq_len, seed=w.seed, count=n_sequences)
     src = SyntheticSequences(lengths, vocab_size, w.seed)
     ds = datasets.Dataset.from_dict({"input_ids": [src.get(i).tolist() for i in range(len(src))]})
-    return ds, {"column": "input_ids", "mean_seq_len": sum(lengths) / max(1, len(lengths)), "source": "synthetic"}
+    return ds, {"column": "input_ids", "mean_seq_len": sum(lengths) / max(1, len(lengths)), "source": "synthetic",
+                "pack_fill": packing_fill(lengths, seq_len=w.seq_len)}
 
 
 def _tokenizer(req: ProbeRequest) -> Any:
@@ -187,6 +190,7 @@ def build_sft_trainer(
     """
     from trl import SFTConfig
 
+    from autotune.formats import packed_sequence_tokens
     from autotune.formats.trl import TRL_PACKING_QUALITY_NOTE, sft_config, sft_probe_overrides
 
     c = req.candidate
@@ -195,9 +199,11 @@ def build_sft_trainer(
     # synthetic sequences: twice what the steps consume unpacked (packing rounds rows up)
     dataset, info = _dataset(req, n_sequences=2 * num_optimizer_steps * per_step, vocab_size=int(model.config.vocab_size))
     fields = {f for f in SFTConfig.__dataclass_fields__}
-    cfg = sft_config(req, fields=fields, device=device, mean_seq_len=info.get("mean_seq_len"))
-    overrides = sft_probe_overrides(req, fields=fields, device=device)
     metrics["mean_seq_len"] = info.get("mean_seq_len")
+    metrics["pack_fill"] = info.get("pack_fill")
+    # with packing, the rows that hold the micro-batch's sequences at the fill TRL's packer reaches on this data
+    cfg = sft_config(req, fields=fields, device=device, mean_seq_len=packed_sequence_tokens(metrics))
+    overrides = sft_probe_overrides(req, fields=fields, device=device)
     metrics["dataset_column"] = info.get("column")
     metrics["trainer"] = "trl"
     metrics["trainer_config"] = {**cfg, **overrides}

@@ -935,6 +935,7 @@ def _hf_trainer(probe: _Probe, model: Any, emitted: _Emitted, meter: _Meter, *, 
     metrics["token_slots_per_step"] = getattr(data, "token_slots_per_step", None)
     # what the emitters for row-counting packers (Axolotl, LLaMA-Factory) and dataset types need
     metrics["mean_seq_len"] = data.info.get("mean_seq_len")
+    metrics["pack_fill"] = data.info.get("pack_fill")
     if data.info.get("column"):
         metrics["dataset_column"] = data.info["column"]
 

@@ -299,6 +299,21 @@ def pack_first_fit(lengths: Sequence[int], *, seq_len: int) -> list[list[int]]:
     return rows
 
 
+def packing_fill(lengths: Sequence[int], *, seq_len: int, sample: int = 2048) -> float | None:
+    """The share of a row's ``seq_len`` tokens that packing a dataset of these sequence ``lengths`` ahead of
+    training fills (TRL's bfd, Axolotl's and LLaMA-Factory's packers: whole sequences, longer ones cut to
+    ``seq_len``), by :func:`pack_first_fit` on at most ``sample`` of them taken evenly (first-fit is quadratic in
+    the rows); None without lengths. Rows are never full: a batch of rows holds fewer sequences than the same
+    tokens at full rows would (a tiny chat set's rows were 86 % full: 4 rows held 6.7 sequences, not 8)."""
+    cut = [min(int(n), seq_len) for n in lengths if int(n) > 0]
+    if not cut:
+        return None
+    step = max(1, len(cut) // sample)
+    taken = cut[::step][:sample]
+    rows = pack_first_fit(taken, seq_len=seq_len)
+    return sum(taken) / (len(rows) * seq_len)
+
+
 LAYOUT_MODES = ("padding", "packing", "packing_flat")
 
 

@@ -145,10 +145,8 @@ def build_train_data(
         attn=candidate.attn,
         mask_dtype=mask_dtype if mask_dtype is not None else torch.float32,
     )
-    if not candidate.packing:
-        mode = "padding"
-    else:
-        mode = "packing_flat" if isinstance(collator, PackingCollator) and collator.flatten else "packing"
+    flat = isinstance(collator, PackingCollator) and collator.flatten
+    mode = "padding" if not candidate.packing else "packing_flat" if flat else "packing"
 
     # what the consumed sequences make, micro-batch by micro-batch (the Trainer reads in this order)
     order = dataset.order(n_items)
@@ -163,8 +161,7 @@ def build_train_data(
         rows_per_micro_batch=rows / n_batches,
         padded_slots=slots,
         fill=real_total / slots if slots else 0.0,
-        # what a packer of the whole dataset ahead of training fills of its rows (the row-counting targets' batch)
-        pack_fill=packing_fill(lens, seq_len=seq_len),
+        pack_fill=packing_fill(lens, seq_len=seq_len),  # a packer's rows of the data (Axolotl, LLaMA-Factory, TRL)
         worst_case_first=bool(worst_case_first),
     )
     return TrainData(

@@ -63,7 +63,6 @@ Conventions (autotune's, see ``autotune/formats/model.py::model_dtype``):
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -865,19 +864,13 @@ def _longest_batch(w: Workload, c: Candidate) -> Workload:
     micro-batch, 45 % slower, for data of 100-token rows."""
     if c.packing or w.lengths == "fixed":
         return w
+    from autotune.spec.lengths import length_bounds
+
     try:
-        longest = _max_length(str(w.lengths), int(w.seq_len))
+        longest = length_bounds(str(w.lengths), int(w.seq_len))[1]
     except SpecError:  # (the callers check the spec; a bad one is theirs to report)
         return w
     return w if longest >= w.seq_len else replace(w, seq_len=max(8, longest))
-
-
-@functools.lru_cache(maxsize=64)
-def _max_length(lengths: str, seq_len: int) -> int:
-    """``LengthDistribution.max_length``, once per spec (a histogram's file is read once, not per candidate)."""
-    from autotune.spec.lengths import parse_lengths
-
-    return parse_lengths(lengths).max_length(seq_len)
 
 
 def estimate_memory(

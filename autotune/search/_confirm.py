@@ -211,8 +211,8 @@ def _loads(e: dict[str, Any] | None) -> list[Any]:
 
 def only_loaded(e: dict[str, Any]) -> bool:
     """Every re-measurement of the entry ran while other work loaded the machine."""
-    rounds = set(e.get("by_round") or ())
-    return bool(rounds) and rounds <= set(e.get("loaded_rounds") or ())
+    rounds = e.get("by_round") or {}
+    return bool(rounds) and not _clean(rounds, _loads(e))
 
 
 def choose_winner(entries: list[dict[str, Any]], reference: dict[str, Any] | None = None, *, ties: bool = True,

@@ -181,15 +181,18 @@ def _refuse_repeated_keys(root: yaml.Node, what: str) -> None:
         if isinstance(node, yaml.SequenceNode):
             todo.extend(node.value)
             continue
-        lines: dict[str, list[int]] = {}
-        for key, value in node.value:
-            if isinstance(key, yaml.ScalarNode):
-                lines.setdefault(str(key.value), []).append(key.start_mark.line + 1)
-            todo.append(value)
-        for key, at in lines.items():
-            if len(at) > 1:
-                raise SpecError(f"{what}: key {key!r} is set {len(at)} times (lines {', '.join(map(str, at))}); "
-                                "keep one")
+        todo.extend(value for _, value in node.value)
+        for key, n, at in _key_repeats(node):
+            raise SpecError(f"{what}: key {key!r} is set {n} times (lines {', '.join(map(str, at))}); keep one")
+
+
+def _key_repeats(node: yaml.MappingNode) -> list[tuple[str, int, list[int]]]:
+    """The keys one mapping sets more than once: (key, how many times, the lines it is set on, 1-based)."""
+    lines: dict[str, list[int]] = {}
+    for key, _ in node.value:
+        if isinstance(key, yaml.ScalarNode):
+            lines.setdefault(str(key.value), []).append(key.start_mark.line + 1)
+    return [(k, len(v), v) for k, v in lines.items() if len(v) > 1]
 
 
 def _check_depth(text: str, what: str) -> None:
@@ -303,13 +306,7 @@ def repeated_keys(text: str, *, yaml_text: bool) -> list[tuple[str, int, list[in
     read (it is not bounded again); nested mappings are not looked at."""
     if yaml_text:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
-        if not isinstance(node, yaml.MappingNode):
-            return []
-        lines: dict[str, list[int]] = {}
-        for key, _ in node.value:
-            if isinstance(key, yaml.ScalarNode):
-                lines.setdefault(str(key.value), []).append(key.start_mark.line + 1)
-        return [(k, len(v), v) for k, v in lines.items() if len(v) > 1]
+        return _key_repeats(node) if isinstance(node, yaml.MappingNode) else []
     seen: list[list[tuple[str, Any]]] = []
     # as load_json reads it (a byte-order mark is not content)
     value = json.loads(text.removeprefix("\ufeff"), object_pairs_hook=lambda pairs: seen.append(pairs) or dict(pairs))

@@ -21,6 +21,7 @@ Sampling is deterministic for a given seed (one ``random.Random`` per call, no g
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Iterator, Mapping, Sequence
@@ -30,6 +31,7 @@ from typing import Any
 from autotune.errors import SpecError
 
 __all__ = [
+    "length_bounds",
     "ACCEPTED_LENGTHS",
     "LOGNORMAL_MIN",
     "LengthDistribution",
@@ -86,6 +88,14 @@ class LengthDistribution:
             last = max(i for i, c in enumerate(self.counts) if c > 0)
             return max(1, min(self.bins[last + 1], seq_len))
         return max(1, min(max(self.lengths), seq_len))
+
+
+@functools.lru_cache(maxsize=64)
+def length_bounds(text: str, seq_len: int) -> tuple[int, int]:
+    """The shortest and the longest row a ``Workload.lengths`` spec makes under ``seq_len``, parsed once per spec (a
+    histogram's file is read once, not per candidate of a plan); SpecError for a bad spec."""
+    dist = parse_lengths(text)
+    return dist.min_length(seq_len), dist.max_length(seq_len)
 
 
 def _bad(text: str, why: str) -> SpecError:

@@ -8,7 +8,6 @@ collects every problem into one SpecError.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -109,18 +108,6 @@ def parse_lora_targets(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in t.split(",") if x.strip())
 
 
-@functools.lru_cache(maxsize=64)
-def _shortest(lengths: str, seq_len: int) -> int:
-    """The shortest row a length spec makes under ``seq_len`` (a bad spec: 0, so it counts as varying; its
-    problem is reported where the spec is checked)."""
-    from autotune.spec.lengths import parse_lengths
-
-    try:
-        return parse_lengths(lengths).min_length(seq_len)
-    except SpecError:
-        return 0
-
-
 @dataclass(frozen=True)
 class Workload:
     """What is being trained: the model, the sequences and the fine-tuning mode."""
@@ -146,7 +133,14 @@ class Workload:
         distribution whose every length reaches ``seq_len`` is not one: each row is cut to ``seq_len``."""
         if self.dataset:
             return True
-        return self.lengths != "fixed" and _shortest(str(self.lengths), int(self.seq_len)) < self.seq_len
+        if self.lengths == "fixed":
+            return False
+        from autotune.spec.lengths import length_bounds
+
+        try:
+            return length_bounds(str(self.lengths), int(self.seq_len))[0] < self.seq_len
+        except SpecError:  # (varying, as far as anyone can tell; the spec's problem is reported where it is checked)
+            return True
 
     def problems(self) -> list[str]:
         p: list[str] = []

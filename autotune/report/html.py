@@ -29,8 +29,8 @@ from autotune.report.markdown import (
     effective_batch_text,
     levers,
     recorded_peak,
-    remeasured_figure,
     step_counts_text,
+    versus_figures,
 )
 from autotune.spec.baseline import hf_default_candidate
 from autotune.spec.budget import format_bytes
@@ -309,14 +309,14 @@ def _baseline_section(model: ReportModel) -> str:
     summary = model.summary
     base = recorded_peak(summary, "baseline", base)
     best = recorded_peak(summary, "best", best) if best else None
-    best_re, base_re = remeasured_figure(summary, "best"), remeasured_figure(summary, "baseline")
-    remeasured = bool(best_re and base_re)
-    base_fig = base_re[0] if remeasured and base_re else base.tokens_per_s
-    best_fig = (best_re[0] if remeasured and best_re else
-                (summary.get("best") or {}).get("search_tokens_per_s") or best.tokens_per_s) if best else None
-    base_tps = (_tps(base_fig) + (f" ({base_re[1]})" if remeasured and base_re else "")
+    best_fig, best_what, base_fig, base_what = versus_figures(summary, best, base)
+    if best is None:
+        best_fig = None
+    remeasured = bool(base_what)
+    base_tps = (_tps(base_fig) + (f" ({base_what})" if base_what else "")
                 if base.fits else f"{base.status}: {base.reason or ''}")
-    best_tps = _tps(float(best_fig) if best_fig else None) + (f" ({best_re[1]})" if remeasured and best_re else "")
+    best_tps = _tps(float(best_fig) if best_fig else None) + (
+        f" ({best_what})" if best_fig and best_what != "search measurement" else "")
     rows = [
         ["tokens/s", best_tps, base_tps],
         ["peak memory", mem(best), mem(base)],

@@ -18,7 +18,7 @@ from autotune.spec.result import ProbeResult
 from autotune.spec.trial import candidate_id
 
 __all__ = ["HF_DEFAULT_DESCRIPTION", "render_report_md", "levers", "effective_batch_text", "step_counts_text",
-           "baseline_not_run", "recorded_peak", "remeasured_figure", "one_figure", "ranked_by_figure"]
+           "baseline_not_run", "recorded_peak", "remeasured_figure", "versus_figures", "one_figure", "ranked_by_figure"]
 
 HF_DEFAULT_DESCRIPTION = (
     f"per_device_train_batch_size {HF_DEFAULT_MICRO_BATCH} (or the largest micro-batch under it that divides the "
@@ -169,11 +169,27 @@ def remeasured_figure(summary: dict[str, Any], key: str) -> tuple[float, str] | 
     return (float(entry["tokens_per_s"]), _REMEASURED[status]) if status in _REMEASURED else None
 
 
+def versus_figures(summary: dict[str, Any], best: ProbeResult | None,
+                   baseline: ProbeResult) -> tuple[float | None, str, float | None, str]:
+    """The best's and the HF default's tok/s beside each other, and what each is: their re-measured medians
+    (labelled by status) where both sides were re-measured, or the best's where the default does not fit; else
+    both single search measurements (the best's labelled so, the default's label empty). A re-measured median
+    beside a single search value is no comparison."""
+    best_re, base_re = remeasured_figure(summary, "best"), remeasured_figure(summary, "baseline")
+    if best_re is not None and (base_re is not None or not baseline.fits):
+        return best_re[0], best_re[1], *(base_re or (baseline.tokens_per_s, ""))
+    searched = (summary.get("best") or {}).get("search_tokens_per_s") or (best.tokens_per_s if best else None)
+    return searched, "search measurement", baseline.tokens_per_s, ""
+
+
 def recorded_peak(summary: dict[str, Any], key: str, result: ProbeResult) -> ProbeResult:
     """``result`` with the peak summary.json records for ``best`` or ``baseline`` (the highest over the search
     and the re-measurements: one figure per configuration wherever it is shown)."""
     entry = summary.get(key)
-    peak = entry.get("peak_mem_bytes") if isinstance(entry, dict) else None
+    return _with_peak(result, entry.get("peak_mem_bytes") if isinstance(entry, dict) else None)
+
+
+def _with_peak(result: ProbeResult, peak: Any) -> ProbeResult:
     if not isinstance(peak, int) or peak == result.peak_mem_bytes:
         return result
     return dataclasses.replace(result, metrics={**result.metrics, "peak_mem_bytes": peak})
@@ -290,9 +306,8 @@ def _top_section(
     peaks = {_entry_key(e): e.get("peak_mem_bytes") for e in summary.get("top") or [] if isinstance(e, dict)}
     for i, (r, tps, source) in enumerate(ranked[:top], 1):
         c = candidate_of(r)
-        peak = peaks.get(candidate_id(c)) if c is not None else None
-        if isinstance(peak, int) and source != SEARCH_PROBE:  # the highest over its measurements, as summary.json
-            r = dataclasses.replace(r, metrics={**r.metrics, "peak_mem_bytes": peak})
+        if c is not None and source != SEARCH_PROBE:  # the highest over its measurements, as summary.json
+            r = _with_peak(r, peaks.get(candidate_id(c)))
         out.append(
             _row(
                 [
@@ -356,15 +371,10 @@ def _versus_default_table(summary: dict[str, Any], best: ProbeResult, baseline: 
         if baseline.fits
         else f"{baseline.status}: {baseline.reason or _STATUS_MEANING.get(baseline.status, '')}"
     )
-    best_fig, base_fig = remeasured_figure(summary, "best"), remeasured_figure(summary, "baseline")
-    if best_fig is not None and base_fig is None and baseline.fits:
-        best_fig = None  # a re-measured median beside a single search value is no comparison: both single
-    best_tps = best_fig[0] if best_fig else (summary.get("best") or {}).get("search_tokens_per_s") or best.tokens_per_s
-    base_tps = base_fig[0] if base_fig else baseline.tokens_per_s
-    if baseline.fits and base_fig:
-        base_tok = f"{base_tps:,.0f} ({base_fig[1]})"
-    best_tok = f"{best_tps:,.0f} ({best_fig[1]})" if best_fig else (
-        f"{best_tps:,.0f} (search measurement)" if best_tps else "n/a")
+    best_tps, best_what, base_tps, base_what = versus_figures(summary, best, baseline)
+    if baseline.fits and base_what:
+        base_tok = f"{base_tps:,.0f} ({base_what})"
+    best_tok = f"{best_tps:,.0f} ({best_what})" if best_tps else "n/a"
     out.append(_row(["tok/s", best_tok, base_tok]))
     out.append(_row(["peak memory / budget", _mem(best, summary), _mem(baseline, summary)]))
     out.append(
@@ -379,7 +389,7 @@ def _versus_default_table(summary: dict[str, Any], best: ProbeResult, baseline: 
     out.append(_row(["per optimizer step (measured)", step_counts_text(best), step_counts_text(baseline)]))
     out.append(_row(["levers", levers(bc) if bc else "n/a", levers(hc) if hc else "n/a"]))
     out.append("")
-    speedup = _speedup_line(summary, baseline, best_tps, base_tps, remeasured=bool(best_fig and base_fig))
+    speedup = _speedup_line(summary, baseline, best_tps, base_tps, remeasured=bool(base_what))
     if speedup is not None:
         out.append(speedup)
     return out

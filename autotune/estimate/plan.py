@@ -577,16 +577,18 @@ def _plan_problems(
 def _fused_attention_note(arch: Arch, targets: tuple[str, ...]) -> str:
     """The default ``attn`` targets on a model that fuses q, k and v into one linear (Phi-3's ``qkv_proj``): peft
     matches module names, so only the output projection is adapted, as the probe adapts it; say so ("" if not)."""
+    from autotune.estimate.arch import lora_modules, peft_lora_modules
     from autotune.spec.probe_request import ATTN_TARGETS
 
-    leaves = {n.rsplit(".", 1)[-1] for n, _, _ in arch.linears}
-    fused = sorted(leaves & {"qkv_proj", "query_key_value", "W_pack", "Wqkv"})
-    if targets != ATTN_TARGETS or not fused:
+    if targets != ATTN_TARGETS:
         return ""
-    kept = [t for t in ATTN_TARGETS if t in leaves] or ["every linear (all-linear)"]
-    return (f"--lora-targets attn adapts {', '.join(kept)} here: q, k and v are one fused {fused[0]}, which the names "
-            f"q_proj, k_proj, v_proj do not match (the probe adapts what peft matches); name "
-            f"{','.join([fused[0], *[t for t in kept if t in leaves]])} to adapt them")
+    meant, adapted = lora_modules(arch, targets), peft_lora_modules(arch, targets)  # the family's map, peft's match
+    missing, kept = sorted(meant - adapted), sorted(meant & adapted)
+    if not missing:
+        return ""
+    return (f"--lora-targets attn adapts {', '.join(kept) or 'none of them'} here: q, k and v are one fused "
+            f"{missing[0]}, which the names q_proj, k_proj, v_proj do not match (the probe adapts what peft matches); "
+            f"name {','.join([*missing, *kept])} to adapt them")
 
 
 def _position_notes(arch: Arch, seq_len: int, model: str) -> list[str]:

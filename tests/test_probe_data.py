@@ -126,6 +126,33 @@ def test_rows_of_a_packed_dataset_hold_the_micro_batchs_sequences_at_the_packers
     assert packed_rows(8, at) == 5 and packed_rows(8, Measured(seq_len=64, mean_seq_len=33.8)) == 4
 
 
+def test_the_packed_rows_are_counted_on_the_data_not_on_the_longest_first_sequences_a_probe_consumed(tmp_path) -> None:
+    """A probe's first micro-batch holds the longest sequences (its worst case): its consumed mean leans long, and
+    rows counted on it held more sequences than the micro-batch (lognormal(6, 1) at 4,096 tokens, a micro-batch of
+    8: 1.7 rows for the data's 1.3). The rows the emitted files hold come from the whole data."""
+    from autotune.formats import Measured, packed_sequence_tokens
+    from autotune.formats._common import packed_rows
+    from autotune.probe.data import data_shape
+
+    wl = Workload(model="m", seq_len=4096, lengths="lognormal:6,1", seed=42)
+    cand = Candidate(micro_batch=8, grad_accum=2, packing=True)
+    td = build_train_data(wl, cand, num_optimizer_steps=7, vocab_size=50, pad_token_id=0)
+    whole = sample_lengths("lognormal:6,1", 20000, 4096, seed=1)
+    assert td.info["mean_seq_len"] == pytest.approx(sum(whole) / len(whole), rel=0.05)
+    assert td.info["consumed_mean_seq_len"] > 1.2 * td.info["mean_seq_len"]  # 8 of 112 at 4,096
+    rows = packed_rows(8, Measured(seq_len=4096, mean_seq_len=packed_sequence_tokens(td.info)))
+    assert rows == round(8 * sum(whole) / len(whole) / 4096 / td.info["pack_fill"]) == 1
+    # a dataset: every sequence it holds, as TRL's probe reads it
+    lens = [5, 6, 7, 60, 61, 62, 63, 64]
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"input_ids": list(range(1, n + 1))}) + "\n" for n in lens))
+    td = build_train_data(Workload(model="m", seq_len=64, dataset=str(data)), Candidate(micro_batch=2, packing=True),
+                          num_optimizer_steps=1, vocab_size=100, pad_token_id=0, cache_dir=tmp_path / "c")
+    assert td.info["mean_seq_len"] == pytest.approx(sum(lens) / len(lens))
+    assert td.info["consumed_mean_seq_len"] == pytest.approx((64 + 63) / 2)  # the two longest, first
+    assert td.info["pack_fill"] == data_shape(lens, seq_len=64)["pack_fill"]
+
+
 def test_sampling_is_deterministic_and_clipped() -> None:
     a = sample_lengths("lognormal:3.5,1.0", 500, 256, seed=7)
     assert a == sample_lengths("lognormal:3.5,1.0", 500, 256, seed=7)

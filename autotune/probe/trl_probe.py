@@ -133,7 +133,7 @@ class FrontSampler:
 
 def _dataset(req: ProbeRequest, *, n_sequences: int, vocab_size: int) -> tuple[Any, dict[str, Any]]:
     """The dataset SFTTrainer gets, and what the probe records about it (column, mean length, packing's fill)."""
-    from autotune.spec.lengths import packing_fill
+    from autotune.probe.data import data_shape
 
     w = req.workload
     if w.dataset:
@@ -144,8 +144,8 @@ def _dataset(req: ProbeRequest, *, n_sequences: int, vocab_size: int) -> tuple[A
         loaded = load_token_sequences(w.dataset, seq_len=w.seq_len, tokenizer=find_tokenizer(w), split=w.split,
                                       trust_remote_code=w.trust_remote_code)
         lengths = loaded.sequences.lengths()
-        info = {"column": loaded.column, "mean_seq_len": float(lengths.mean()) if len(lengths) else None,
-                "dataset_sequences": int(len(lengths)), "pack_fill": packing_fill(lengths.tolist(), seq_len=w.seq_len)}
+        info = {"column": loaded.column, "dataset_sequences": int(len(lengths)),
+                **data_shape(lengths, seq_len=w.seq_len)}
         return script_namespace()["load_data"](w.dataset, w.split or "train"), info
     import datasets
 
@@ -154,8 +154,7 @@ def _dataset(req: ProbeRequest, *, n_sequences: int, vocab_size: int) -> tuple[A
     lengths = synthetic_lengths(w.lengths, seq_len=w.seq_len, seed=w.seed, count=n_sequences)
     src = SyntheticSequences(lengths, vocab_size, w.seed)
     ds = datasets.Dataset.from_dict({"input_ids": [src.get(i).tolist() for i in range(len(src))]})
-    return ds, {"column": "input_ids", "mean_seq_len": sum(lengths) / max(1, len(lengths)), "source": "synthetic",
-                "pack_fill": packing_fill(lengths, seq_len=w.seq_len)}
+    return ds, {"column": "input_ids", "source": "synthetic", **data_shape(lengths, seq_len=w.seq_len)}
 
 
 def _tokenizer(req: ProbeRequest) -> Any:

@@ -124,6 +124,62 @@ def test_axolotl_yaml_keys_and_types_match_axolotls_schema(fields, case):
         assert cfg["deepspeed"] == "deepspeed.json" and "deepspeed.json" in files
 
 
+def test_packed_rows_and_accumulation_hold_the_steps_sequences(fields):
+    """Rows are whole: 2 sequences of 657 row tokens at 4,096 are 0.32 of a row, written 1; at the measured
+    accumulation of 16, a step held 16 rows, about 100 sequences for the 32 asked. The accumulation written makes
+    the rows hold the step's sequences (5 rows, 31); a probe's own config keeps its window's accumulation."""
+    from autotune.formats import Measured
+    from autotune.formats._common import packed_batch
+
+    at = Measured(seq_len=4096, mean_seq_len=657.0)
+    assert packed_batch(2, 16, at) == (1, 5)
+    assert packed_batch(8, 4, at) == (1, 5)
+    assert packed_batch(16, 2, at) == (3, 2)  # 2.57 rows a micro-batch: 6 rows for 5.1
+    assert packed_batch(2, 16, Measured(seq_len=4096, mean_seq_len=657.0, probe=True)) == (1, 16)
+    assert packed_batch(2, 16, Measured(seq_len=4096)) == (2, 16)  # an older result, no mean: as measured
+    cand = Candidate(micro_batch=8, grad_accum=8, precision="fp32", packing=True)
+    best = result_for(cand, "lora", "cpu", metrics={"mean_seq_len": 20.0, "pack_fill": 1.0})
+    files = build_files(best, fields=fields)
+    ax, lf = _yaml(files["axolotl.yaml"]), _yaml(files["llamafactory.yaml"])
+    sft = json.loads(files["sft_config.json"])
+    rows_per_step = 8 * 8 * 20 / 64  # 20 rows hold the step's 64 sequences
+    for mb, acc in ((ax["micro_batch_size"], ax["gradient_accumulation_steps"]),
+                    (lf["per_device_train_batch_size"], lf["gradient_accumulation_steps"]),
+                    (sft["per_device_train_batch_size"], sft["gradient_accumulation_steps"])):
+        assert (mb, acc) == (2, 10) and mb * acc == rows_per_step  # (the measured 8 would have made 16)
+
+
+def test_packed_files_under_deepspeed_leave_the_batch_to_the_trainer(fields):
+    """deepspeed.json states the measured micro-batch of sequences; Axolotl's and LLaMA-Factory's packed batch
+    counts rows, and the HF integration refuses a DeepSpeed batch that differs from the trainer's: their files name
+    deepspeed_packed.json, the same config with the batch left to the trainer."""
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    cand = Candidate(micro_batch=8, grad_accum=4, precision="fp32", packing=True, world_size=2, zero_stage=2)
+    files = build_files(result_for(cand, "full", "cpu", metrics={"mean_seq_len": 20.0, "pack_fill": 1.0}),
+                        fields=fields)
+    ds, packed = json.loads(files["deepspeed.json"]), json.loads(files["deepspeed_packed.json"])
+    assert ds["train_micro_batch_size_per_gpu"] == 8 and {k: v for k, v in packed.items() if v != "auto"} == {
+        k: v for k, v in ds.items() if k not in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")}
+    ax, lf = _yaml(files["axolotl.yaml"]), _yaml(files["llamafactory.yaml"])
+    assert ax["deepspeed"] == lf["deepspeed"] == "deepspeed_packed.json"
+    for name in ("deepspeed.json", "deepspeed_packed.json"):
+        args = transformers.TrainingArguments(output_dir="o", per_device_train_batch_size=ax["micro_batch_size"],
+                                              gradient_accumulation_steps=ax["gradient_accumulation_steps"],
+                                              use_cpu=True)
+        hf = HfTrainerDeepSpeedConfig(json.loads(files[name]))
+        if name == "deepspeed.json":
+            hf.trainer_config_process(args)
+            with pytest.raises(ValueError, match="train_micro_batch_size_per_gpu=8 vs hf per_device_train_batch_size=2"):
+                hf.trainer_config_finalize(args, None, 100)
+            continue
+        hf.trainer_config_process(args)
+        hf.trainer_config_finalize(args, None, 100)
+        assert hf.config["train_micro_batch_size_per_gpu"] == ax["micro_batch_size"] == 2
+    unpacked = build_files(result_for(dataclasses.replace(cand, packing=False), "full", "cpu"), fields=fields)
+    assert "deepspeed_packed.json" not in unpacked and _yaml(unpacked["axolotl.yaml"])["deepspeed"] == "deepspeed.json"
+
+
 def test_axolotl_packing_counts_rows_and_says_so(fields):
     cand, mode, device = CASES["packing-ckpt"]
     # 8 sequences of mean 20 tokens hold 160 tokens: round(160 / 64) = 2 full rows

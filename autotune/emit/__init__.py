@@ -12,6 +12,8 @@ Files (in ``best/``):
 - ``lora_config.json`` (lora/qlora): ``peft.LoraConfig(**json)``
 - ``accelerate_config.yaml``: ``accelerate launch --config_file accelerate_config.yaml train.py ...``
 - ``deepspeed.json`` (ZeRO through DeepSpeed): DeepSpeed's own config format, concrete values
+- ``deepspeed_packed.json`` (the same, packed): its batch keys ``auto``, for Axolotl and LLaMA-Factory, whose
+  batch counts packed rows (the HF integration fills them from the trainer's own)
 - ``sft_config.json``: ``trl.SFTConfig(output_dir=..., **json)`` (autotune.formats.trl), with
   ``train_sft.py`` that runs TRL's SFTTrainer on it (needs trl, datasets; not autotune)
 - ``axolotl.yaml``: Axolotl's config keys (autotune.formats.axolotl), checked against its schema
@@ -37,7 +39,7 @@ from autotune.errors import AutotuneError
 from autotune.formats import packed_sequence_tokens, target_device
 from autotune.formats.accelerate import accelerate_config
 from autotune.formats.axolotl import axolotl_config
-from autotune.formats.deepspeed import emitted_deepspeed_config
+from autotune.formats.deepspeed import emitted_deepspeed_config, packed_rows_deepspeed_config
 from autotune.formats.llamafactory import llamafactory_config
 from autotune.formats.model import emitted_model_kwargs, lora_config
 from autotune.formats.training_args import emitted_training_args
@@ -54,6 +56,7 @@ EMITTED_FILES = (
     "lora_config.json",
     "accelerate_config.yaml",
     "deepspeed.json",
+    "deepspeed_packed.json",
     "train.py",
     "sft_config.json",
     "train_sft.py",
@@ -114,10 +117,15 @@ def build_files(
         raise AutotuneError(str(exc)) from exc
     local = paths or {}
     files, ds_path = _transformers_files(best, req, targs, device=dev, location=location)
+    if ds_path is not None and req.candidate.packing:  # Axolotl and LLaMA-Factory count packed rows
+        files["deepspeed_packed.json"] = _json(packed_rows_deepspeed_config(json.loads(files["deepspeed.json"])))
+        rows_ds_path: str | None = _located(location, "deepspeed_packed.json")
+    else:
+        rows_ds_path = ds_path
     files["train.py"] = _train_script(req, local)
     # the trainers people use: TRL, Axolotl, LLaMA-Factory
     files.update(_trl_files(best, req, fields=fields, device=dev, report_to=report_to, local=local))
-    files.update(_trainer_cli_files(best, req, fields=fields, device=dev, ds_path=ds_path, local=local))
+    files.update(_trainer_cli_files(best, req, fields=fields, device=dev, ds_path=rows_ds_path, local=local))
     return files
 
 

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["REQUEST_FIELDS", "CARRIED_ELSEWHERE", "Measured", "changed", "local_dataset", "packed_rows",
+__all__ = ["REQUEST_FIELDS", "CARRIED_ELSEWHERE", "Measured", "changed", "local_dataset", "packed_batch", "packed_rows",
            "packed_sequence_tokens", "unexpressed_notes"]
 
 # model / mode / seq_len / effective_batch are held from the file; the rest describe its current levers.
@@ -73,6 +73,7 @@ class Measured:
     seq_len: int | None = None
     mean_seq_len: float | None = None
     fields: frozenset[str] | None = None
+    probe: bool = False  # a probe's own config: its Trainer runs the probe window's accumulation
 
 
 def packed_sequence_tokens(metrics: Mapping[str, Any]) -> float | None:
@@ -98,6 +99,20 @@ def packed_rows(micro_batch: int, at: Measured) -> int:
     if not mean or mean <= 0 or not seq_len:
         return micro_batch
     return max(1, min(micro_batch, round(micro_batch * mean / seq_len)))
+
+
+def packed_batch(micro_batch: int, grad_accum: int, at: Measured) -> tuple[int, int]:
+    """(rows per micro-batch, accumulation) for a packer that counts rows: :func:`packed_rows`, and the
+    accumulation whose rows hold the optimizer step's sequences, ``micro_batch x grad_accum`` of them at
+    ``at.mean_seq_len`` tokens each. A row count is whole, so rows x ``grad_accum`` alone drifts from the
+    step's sequences by the rounding of the rows times the accumulation: a micro-batch of 2 sequences of
+    657 row tokens at 4,096 is 0.32 of a row, written 1, and 16 such rows a step held 100 sequences for the
+    32 asked; 5 rows hold 31. ``at.probe``: the accumulation stays (the probe's window runs its own)."""
+    rows = packed_rows(micro_batch, at)
+    mean, seq_len = at.mean_seq_len, at.seq_len
+    if at.probe or not mean or mean <= 0 or not seq_len:
+        return rows, grad_accum
+    return rows, max(1, round(micro_batch * grad_accum * mean / seq_len / rows))
 
 
 def unexpressed_notes(candidate: Any, unexpressed: Mapping[str, str], label: str) -> list[str]:

@@ -12,8 +12,10 @@ Packing differs. autotune's ``micro_batch`` counts SEQUENCES and packs each micr
 into rows with per-sequence attention. Axolotl's ``sample_packing`` bin-packs the whole dataset into
 rows of ``sequence_len`` ahead of training (block-diagonal attention with sdpa/eager/flash) and its
 ``micro_batch_size`` counts those ROWS. The ``micro_batch_size`` written is therefore the number of
-full rows that holds the real tokens of one measured micro-batch (``packed_rows``): the same tokens
-per optimizer step, and rows x sequence_len never exceeds what the probe's worst-case micro-batch held.
+rows that holds one measured micro-batch's sequences, and the accumulation the one whose rows hold an
+optimizer step's (``packed_batch``: rows are whole, so the measured accumulation alone could hold a
+different number of sequences a step); rows x sequence_len never exceeds what the probe's worst-case
+micro-batch held.
 
 Levers Axolotl switches on by itself are written explicitly as measured: for a LoRA/QLoRA config it
 auto-enables its LoRA kernels (``lora_mlp_kernel``, ``lora_qkv_kernel``, ``lora_o_kernel``,
@@ -26,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from autotune.formats._common import Measured, changed, local_dataset, packed_rows, unexpressed_notes
+from autotune.formats._common import Measured, changed, local_dataset, packed_batch, unexpressed_notes
 from autotune.formats.model import LORA_DROPOUT
 from autotune.formats.training_args import (
     LEARNING_RATES,
@@ -249,9 +251,10 @@ def lever_values(candidate: Candidate, at: Measured) -> dict[str, Any]:
     """The Axolotl keys of the levers (``LEVER_KEYS``; the distributed set-up is :func:`axolotl_config`'s,
     it names the DeepSpeed file), each with the value that was measured."""
     c = candidate
+    rows, accum = packed_batch(c.micro_batch, c.grad_accum, at) if c.packing else (c.micro_batch, c.grad_accum)
     out: dict[str, Any] = {
-        "micro_batch_size": packed_rows(c.micro_batch, at) if c.packing else c.micro_batch,
-        "gradient_accumulation_steps": c.grad_accum,
+        "micro_batch_size": rows,
+        "gradient_accumulation_steps": accum,
         "attn_implementation": ATTN_VALUES[c.attn],
         "gradient_checkpointing": bool(c.grad_ckpt),
         "bf16": c.precision == "bf16",
@@ -309,7 +312,8 @@ def axolotl_config(
         notes.append(
             f"packing: autotune measured micro-batches of {c.micro_batch} sequences packed into rows; "
             "Axolotl's sample_packing packs the dataset into rows of sequence_len and micro_batch_size "
-            f"counts rows: {cfg['micro_batch_size']} row(s) hold the same real tokens per micro-batch"
+            f"counts rows: {cfg['micro_batch_size']} row(s) hold a micro-batch's sequences, and "
+            f"{cfg['gradient_accumulation_steps']} of them a step's"
             + ("" if mean_seq_len else " (no mean length recorded: rows = measured sequences, an upper bound)")
         )
     if wl.mode in ("lora", "qlora"):

@@ -10,8 +10,8 @@ from typing import Any
 
 from autotune.spec.probe_request import Candidate
 
-__all__ = ["NAME", "LABEL", "VOCAB", "deepspeed_config", "detect", "emitted_deepspeed_config", "to_request",
-           "to_checklist", "tuned_keys"]
+__all__ = ["NAME", "LABEL", "VOCAB", "deepspeed_config", "detect", "emitted_deepspeed_config",
+           "packed_rows_deepspeed_config", "to_request", "to_checklist", "tuned_keys"]
 
 NAME = "deepspeed"
 LABEL = "DeepSpeed"
@@ -83,6 +83,14 @@ def deepspeed_config(candidate: Candidate) -> dict[str, Any] | None:
         else:
             cfg["zero_force_ds_cpu_optimizer"] = False
     return cfg
+
+
+def packed_rows_deepspeed_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """``deepspeed_packed.json``: ``deepspeed.json`` with the batch left to the trainer (``auto``), for the files
+    whose batch counts packed rows (Axolotl's ``micro_batch_size``, LLaMA-Factory's batch size): the HF
+    integration refuses a concrete ``train_micro_batch_size_per_gpu`` or accumulation that differs from the
+    trainer's, and a packed winner's rows and accumulation differ from the sequences ``deepspeed.json`` counts."""
+    return {**cfg, "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"}
 
 
 def emitted_deepspeed_config(

@@ -15,8 +15,8 @@ from it. Differences from what autotune measured, written as comments into the e
 - packing: LLaMA-Factory packs the dataset into rows of ``cutoff_len`` ahead of training and
   ``per_device_train_batch_size`` counts rows; ``neat_packing`` keeps sequences apart (block-diagonal
   4D mask for sdpa/eager, varlen for fa2), like autotune's packing (and turns ``packing`` on itself).
-  The batch size written is the number of full rows holding one measured micro-batch's tokens
-  (:func:`autotune.formats._common.packed_rows`).
+  The batch size written is the number of rows holding one measured micro-batch's sequences, and the
+  accumulation the one whose rows hold an optimizer step's (:func:`autotune.formats._common.packed_batch`).
 - gradient checkpointing is LLaMA-Factory's own switch, ON unless ``disable_gradient_checkpointing: true``
   (``use_reentrant_gc`` defaults to true); it has no ``activation_checkpointing`` (its transformers
   predates the rename) and would refuse the key.
@@ -36,7 +36,7 @@ from importlib import resources
 from typing import Any
 
 from autotune.formats import training_args as _ta
-from autotune.formats._common import Measured, changed, packed_rows, unexpressed_notes
+from autotune.formats._common import Measured, changed, packed_batch, unexpressed_notes
 from autotune.formats.model import LORA_DROPOUT
 from autotune.spec.levers import ADVICE
 from autotune.spec.probe_request import Candidate, ProbeRequest
@@ -104,7 +104,8 @@ def _own_values(c: Candidate, at: Measured) -> dict[str, Any]:
     out["packing"] = bool(c.packing)
     if c.packing:
         out["neat_packing"] = True  # keeps sequences apart, as autotune's packing does
-        out["per_device_train_batch_size"] = packed_rows(c.micro_batch, at)
+        out["per_device_train_batch_size"], out["gradient_accumulation_steps"] = packed_batch(
+            c.micro_batch, c.grad_accum, at)
     return out
 
 
@@ -183,7 +184,7 @@ def llamafactory_config(
         "stage": "sft",
         "do_train": True,
         "finetuning_type": "full" if wl.mode == "full" else "lora",
-        **{k: v for k, v in own.items() if k != "per_device_train_batch_size"},
+        **{k: v for k, v in own.items() if k not in ("per_device_train_batch_size", "gradient_accumulation_steps")},
         "output_dir": "./outputs/autotune",
     }
     if c.attn == "flex_attention":
@@ -204,11 +205,12 @@ def llamafactory_config(
         targs["deepspeed"] = deepspeed_path or "deepspeed.json"
     if c.packing:
         targs["per_device_train_batch_size"] = own["per_device_train_batch_size"]
+        targs["gradient_accumulation_steps"] = own["gradient_accumulation_steps"]
         notes.append(
             f"packing: autotune measured micro-batches of {c.micro_batch} sequences packed into rows with "
             "per-sequence attention; LLaMA-Factory packs the dataset into rows of cutoff_len (neat_packing "
             f"keeps sequences apart) and the batch size counts rows: {own['per_device_train_batch_size']} "
-            "row(s) hold the same real tokens"
+            f"row(s) hold a micro-batch's sequences, and {own['gradient_accumulation_steps']} of them a step's"
         )
     if wl.dataset:
         notes.append(dataset_note(wl.dataset, split=wl.split, column=dataset_column))

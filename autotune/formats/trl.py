@@ -10,8 +10,10 @@ laid into rows with per-sequence attention (autotune.probe.collate). TRL 1.16 re
 the emitted form is TRL's own packing: ``packing=True, packing_strategy="bfd"``, which packs the
 dataset into rows of ``max_length`` ahead of training, is padding-free (flattened rows, restarting
 ``position_ids``) and counts ROWS per micro-batch. ``per_device_train_batch_size`` is therefore the
-number of full rows that holds one measured micro-batch's real tokens
-(:func:`autotune.formats._common.packed_rows`), in the emitted file and in a write-back alike. Sequences
+number of rows that holds one measured micro-batch's sequences, and ``gradient_accumulation_steps`` the
+accumulation whose rows hold an optimizer step's (:func:`autotune.formats._common.packed_batch`), in the
+emitted file and in a write-back alike; a ``--trainer trl`` probe runs those rows at its window's
+accumulation. Sequences
 stay apart with flash_attention_2/3 (varlen) and, because ``SFTTrainer`` calls the model with
 ``use_cache=False``, with sdpa/eager on transformers 5.x as well (the model derives a block-causal mask
 from the restarting positions; with ``use_cache=True`` it would not: measured logit difference 4e-8 vs
@@ -30,7 +32,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autotune.formats import training_args as _ta
-from autotune.formats._common import Measured, changed, local_dataset, packed_rows
+from autotune.formats._common import Measured, changed, local_dataset, packed_batch
 from autotune.formats.model import PEFT_DEFAULT
 from autotune.spec.probe_request import Candidate, ProbeRequest
 
@@ -74,7 +76,8 @@ def _own_values(c: Candidate, at: Measured) -> dict[str, Any]:
     kw["packing"] = bool(c.packing)
     if c.packing:
         kw["packing_strategy"] = "bfd"
-        kw["per_device_train_batch_size"] = packed_rows(c.micro_batch, at)
+        kw["per_device_train_batch_size"], kw["gradient_accumulation_steps"] = packed_batch(
+            c.micro_batch, c.grad_accum, at)
     return kw
 
 
@@ -86,7 +89,7 @@ def lever_values(candidate: Candidate, at: Measured) -> dict[str, Any]:
 PACKING_NOTE = (
     "packing -> packing=true, packing_strategy=bfd: TRL packs the dataset into rows of max_length and "
     "per_device_train_batch_size counts rows (autotune measured micro-batches of sequences): the rows "
-    "written hold one measured micro-batch's real tokens"
+    "written hold one measured micro-batch's sequences, and the accumulation written an optimizer step's"
 )
 
 
@@ -120,16 +123,18 @@ def sft_config(
     device: str,
     report_to: str | list[str] = "none",
     mean_seq_len: float | None = None,
+    probe: bool = False,
 ) -> dict[str, Any]:
     """``sft_config.json``: loads as ``trl.SFTConfig(output_dir=..., **it)``.
 
-    ``fields``: the installed TrainingArguments' field names (SFTConfig has them all).
+    ``fields``: the installed TrainingArguments' field names (SFTConfig has them all). ``probe``: the config a
+    ``--trainer trl`` probe runs, packed rows at the probe window's accumulation.
     """
     kw = _ta.emitted_training_args(request, fields=fields, device=device, report_to=report_to)
     # the probe feeds pre-built batches and so keeps every column; SFTTrainer drops what it does not use
     kw.pop("remove_unused_columns", None)
     at = Measured(device=device, mode=request.workload.mode, seq_len=request.workload.seq_len,
-                  mean_seq_len=mean_seq_len, fields=frozenset(fields))
+                  mean_seq_len=mean_seq_len, fields=frozenset(fields), probe=probe)
     kw.update(_own_values(request.candidate, at))
     return kw
 

@@ -155,15 +155,9 @@ def build_train_data(
     real_total = sum(lens)
     rows, slots = _rows_and_slots(lens, mb, mode, seq_len)
     n_batches = max(1, -(-len(lens) // mb))
-    info.update(
-        mode=mode,
-        num_sequences=len(order),
-        consumed_mean_seq_len=real_total / max(1, len(order)),
-        rows_per_micro_batch=rows / n_batches,
-        padded_slots=slots,
-        fill=real_total / slots if slots else 0.0,
-        worst_case_first=bool(worst_case_first),
-    )
+    info.update(mode=mode, num_sequences=len(order), consumed_mean_seq_len=real_total / max(1, len(order)),
+                rows_per_micro_batch=rows / n_batches, padded_slots=slots, fill=real_total / slots if slots else 0.0,
+                worst_case_first=bool(worst_case_first))
     # the data's own shape, not the consumed sequences' (the longest first lean long): what a packer makes of it
     whole = source.lengths() if workload.dataset else synthetic_lengths(
         workload.lengths, seq_len=seq_len, seed=seed, count=max(n_items, DATA_SAMPLE))

@@ -201,7 +201,7 @@ def build_sft_trainer(
     metrics["mean_seq_len"] = info.get("mean_seq_len")
     metrics["pack_fill"] = info.get("pack_fill")
     # with packing, the rows that hold the micro-batch's sequences at the fill TRL's packer reaches on this data
-    cfg = sft_config(req, fields=fields, device=device, mean_seq_len=packed_sequence_tokens(metrics))
+    cfg = sft_config(req, fields=fields, device=device, mean_seq_len=packed_sequence_tokens(metrics), probe=True)
     overrides = sft_probe_overrides(req, fields=fields, device=device)
     metrics["dataset_column"] = info.get("column")
     metrics["trainer"] = "trl"

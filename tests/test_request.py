@@ -200,9 +200,23 @@ def test_workload_fields_key_lora_settings_and_the_lengths_file_by_content(tmp_p
     h2.write_text('{"lengths": [10, 30]}')
     assert f1["lengths_file"] != workload_fields(Workload(model="a", seq_len=64, lengths=f"histogram:{h2}"))[
         "lengths_file"]
+    h2.write_text('{"lengths": [10, 20]}')  # the same histogram at another path is the same workload
+    assert f1 == workload_fields(Workload(model="a", seq_len=64, lengths=f"histogram:{h2}"))
     s = ProbeSettings(budget_bytes=100, budget_text="100B")
     assert probe_fields(s) == probe_fields(ProbeSettings(budget_bytes=100, budget_text="0.1KB"))
     assert probe_fields(s) != probe_fields(ProbeSettings(budget_bytes=100, headroom=0.1))
+
+
+def test_one_length_distribution_spelled_two_ways_is_one_key() -> None:
+    from autotune.store import workload_fields
+
+    def key(lengths: str) -> dict:
+        return workload_fields(Workload(model="a", seq_len=64, lengths=lengths))
+
+    assert key("lognormal:3,0.5") == key("lognormal: 3.0, 0.50") == key("LOGNORMAL:3.00,.5")
+    assert key("uniform:8-64") == key("uniform: 08-64") and key("fixed") == key(" fixed ")
+    assert key("lognormal:3,0.5") != key("lognormal:3,0.6") and key("uniform:8-64") != key("uniform:8-65")
+    assert key("lognormal:3") == {**key("fixed"), "lengths": "lognormal:3"}  # refused where it is checked
 
 
 # ------------------------------------------------------------------------------ bad input is never cached

@@ -125,10 +125,31 @@ def workload_fields(workload: Workload) -> dict[str, Any]:
                 out["tokenizer"] = {"digest": dataset_content_digest(local)}
             except (OSError, ValueError):
                 pass
+    out["lengths"] = _lengths_key(workload.lengths)
     hist = workload.lengths.partition(":")[2] if workload.lengths.startswith("histogram:") else None
     if hist:
         out["lengths_file"] = dataset_identity(hist)
     return out
+
+
+def _lengths_key(text: str) -> str:
+    """A length spec as keyed: one spelling per distribution (``lognormal:3,0.5`` and ``lognormal: 3.0, 0.50``
+    are one), a histogram by its file's content (``lengths_file``), not its path; a spec that does not parse
+    as it is (it is refused where it is checked)."""
+    from autotune.errors import SpecError
+    from autotune.spec.lengths import parse_lengths
+
+    if text.strip().lower().startswith("histogram:"):
+        return "histogram"
+    try:
+        d = parse_lengths(text)
+    except SpecError:
+        return text
+    if d.kind == "lognormal":
+        return f"lognormal:{d.mu!r},{d.sigma!r}"
+    if d.kind == "uniform":
+        return f"uniform:{d.lo}-{d.hi}"
+    return "fixed" if d.kind == "fixed" else text
 
 
 def probe_fields(settings: ProbeSettings) -> dict[str, Any]:

@@ -623,6 +623,17 @@ def test_yaml_that_write_back_cannot_edit_is_refused_before_the_search(tmp_path:
     assert (tmp_path / "ax.yaml").read_text() == text
 
 
+def test_json_that_sets_a_key_twice_is_refused_before_the_search(tmp_path: Path) -> None:
+    """json.loads keeps the last value and the write-back edited one of the two (a stale value was left in front)."""
+    text = ('{"output_dir": "o", "per_device_train_batch_size": 2, "per_device_train_batch_size": 4, '
+            '"gradient_accumulation_steps": 4}\n')
+    (tmp_path / "ta.json").write_text(text)
+    one_line(from_run(tmp_path, "ta.json", "--json", "--model", "tiny-llama"), "cannot write the tuned keys back",
+             "'per_device_train_batch_size' appears 2 times")
+    no_search(tmp_path)
+    assert (tmp_path / "ta.json").read_text() == text
+
+
 @pytest.mark.parametrize("value", ['"two"', "2.5", "true", "-1", "[2]"])
 def test_a_non_integer_axolotl_batch_is_refused_naming_the_key(tmp_path: Path, value: str) -> None:
     (tmp_path / "ax.yaml").write_text(AXOLOTL.replace("micro_batch_size: 2", f"micro_batch_size: {value}"))

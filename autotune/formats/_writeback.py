@@ -103,7 +103,11 @@ def uneditable(name: str, text: str, keys: set[str] | None = None) -> str | None
 
     Called before the search, so a file the write-back cannot edit is refused up front."""
     if not is_yaml_name(name):
-        return None
+        from autotune.spec.files import repeated_keys
+
+        twice = repeated_keys(text, yaml_text=False)  # json.loads keeps the last; an edit would reach one of them
+        return (f"cannot write the tuned keys back into {name}: the key {twice[0][0]!r} appears {twice[0][1]} times; "
+                "keep one of each") if twice else None
     problems, marked = _yaml_structure(text)
     if not problems:
         try:

@@ -243,21 +243,27 @@ def _disk_full(*_a: object, **_k: object) -> None:
     raise OSError(errno.ENOSPC, "No space left on device")
 
 
-def test_disk_full_in_the_study_is_a_clear_error_and_the_run_resumes(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("where", ["bare", "as optuna wraps it"])
+def test_disk_full_in_the_study_is_a_clear_error_and_the_run_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                      where: str) -> None:
+    """SQLite's "database or disk is full", raised by the storage call itself (bare) or by the session's commit,
+    which Optuna re-raises as its StorageInternalError (what a full disk does for real: it was exit 1, a bug)."""
     import sqlalchemy.exc
+    import sqlalchemy.orm
     from optuna.storages import RDBStorage
 
     calls = {"n": 0}
-    real = RDBStorage.set_trial_state_values
+    owner, name = (RDBStorage, "set_trial_state_values") if where == "bare" else (sqlalchemy.orm.Session, "commit")
+    real = getattr(owner, name)
+    after = 3 if where == "bare" else 12
 
-    def full_after_three(self, *a, **k):  # type: ignore[no-untyped-def]
+    def full_after(self, *a, **k):  # type: ignore[no-untyped-def]
         calls["n"] += 1
-        if calls["n"] > 3:
+        if calls["n"] > after:
             raise sqlalchemy.exc.OperationalError("UPDATE trials", {}, Exception("database or disk is full"))
         return real(self, *a, **k)
 
-    monkeypatch.setattr(RDBStorage, "set_trial_state_values", full_after_three)
+    monkeypatch.setattr(owner, name, full_after)
     with pytest.raises(WriteError, match=r"the Optuna study could not be written \(database or disk is full\); "
                                          r"the run folder .* is left resumable: free space, then rerun the same "
                                          r"command with --resume"):

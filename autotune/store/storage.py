@@ -161,17 +161,22 @@ _DISK_WORDS = ("disk is full", "disk full", "disk i/o error", "readonly database
 
 def storage_write_failure(exc: BaseException) -> str | None:
     """A one-line reason when ``exc`` is the study's database refusing a write (disk full, read-only,
-    I/O error), else None: a bug stays a bug."""
+    I/O error), else None: a bug stays a bug. Optuna raises its own ``StorageInternalError`` from the
+    database's error, so the chain of causes is read, not only ``exc``."""
     import sqlite3
 
     try:
         from sqlalchemy.exc import OperationalError
     except ImportError:  # pragma: no cover
         OperationalError = sqlite3.OperationalError  # type: ignore[misc,assignment]  # noqa: N806
-    if not isinstance(exc, (OperationalError, sqlite3.OperationalError)):
-        return None
-    orig = getattr(exc, "orig", None) or exc
-    text = " ".join(str(orig).split())
-    if not any(w in text.lower() for w in _DISK_WORDS):
-        return None
-    return f"the Optuna study could not be written ({text[:160]})"
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if isinstance(link, (OperationalError, sqlite3.OperationalError)):
+            orig = getattr(link, "orig", None) or link
+            text = " ".join(str(orig).split())
+            if any(w in text.lower() for w in _DISK_WORDS):
+                return f"the Optuna study could not be written ({text[:160]})"
+        link = link.__cause__ or link.__context__
+    return None

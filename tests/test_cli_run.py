@@ -449,7 +449,38 @@ def test_the_same_command_again_continues_an_interrupted_run_and_fresh_starts_ov
     started = [line.split() for line in log.read_text().splitlines()] if log.exists() else []
     assert started and all(int(steps) > 2 for _, steps, _ in started)  # confirmation only: no search probe again
     fresh = cli(tmp_path, *args, "--fresh", fake=True)
-    assert json.loads(fresh.stdout)["run_dir"] != str(run_dir)
+    fresh_dir = Path(json.loads(fresh.stdout)["run_dir"])
+    assert fresh_dir != run_dir
+    # a --fresh run interrupted, then the resume command autotune prints: the fresh run goes on, the stored answer
+    # of the same request is not served in its place
+    (fresh_dir / "summary.json").unlink()
+    resumed = cli(tmp_path, *args, "--resume", fake=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert json.loads(resumed.stdout)["run_dir"] == str(fresh_dir) and not json.loads(resumed.stdout).get("from_cache")
+    nothing = cli(tmp_path, *args, "--resume", fake=True)  # both complete: nothing to resume
+    assert nothing.returncode == 2 and "--resume: no unfinished run" in nothing.stderr
+
+
+def test_a_stored_answer_is_served_from_where_it_is_and_whole(tmp_path: Path) -> None:
+    """A results folder moved (a CI cache restored under another path) names the folder it is served from; one whose
+    best/ was lost or emptied gets its files written again from best_result.json (it was served without them)."""
+    from _cli import cli
+
+    args = ["run", "--device", "cpu", "--model", "tiny-llama", "--gpu-budget", "64GB", "--space", "cpu",
+            "--seq-len", "128", "--max-trials", "2", "--steps", "2", "--top-k", "1", "--confirm-rounds", "1", "--json"]
+    first = cli(tmp_path, *args, "--out", str(tmp_path / "a"), fake=True)
+    assert first.returncode == 0, first.stderr[-2000:]
+    name = Path(json.loads(first.stdout)["run_dir"]).name
+    (tmp_path / "a").rename(tmp_path / "b")
+    moved = tmp_path / "b" / name
+    (moved / "best" / "training_args.json").write_text("")
+    (moved / "best" / "train.py").unlink()
+    again = cli(tmp_path, *args, "--out", str(tmp_path / "b"), fake=True)
+    assert again.returncode == 0, again.stderr[-2000:]
+    summary = json.loads(again.stdout)
+    assert summary["from_cache"] is True and summary["run_dir"] == str(moved)
+    assert json.loads((moved / "best" / "training_args.json").read_text())["per_device_train_batch_size"] >= 1
+    assert (moved / "best" / "train.py").stat().st_size > 0 and "written again" in again.stderr
 
 
 def test_version_prints_the_installed_version() -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.errors import AutotuneError, NothingFitsError, SpecError
+from autotune.errors import NothingFitsError, SpecError
 from autotune.run._plan import SearchPlan
 from autotune.run._request import ProgressFn, Request, WriteBackPlan
 from autotune.run._search import Searched
@@ -93,7 +93,7 @@ def answer_from_cache(r: Request, plan: SearchPlan, *, started: float) -> RunRes
     from autotune.store import find_cached, find_cached_nothing_fits, stored_answer_problem
 
     a = r.args
-    if a.fresh:
+    if a.fresh or a.resume:  # --resume continues the unfinished run of this request, never a stored answer
         return None
     out_path = Path(a.out)
     rejected: list[Any] = []  # stored answers inconsistent with the request (edited, damaged): re-measured
@@ -105,7 +105,10 @@ def answer_from_cache(r: Request, plan: SearchPlan, *, started: float) -> RunRes
     if cached is not None:
         summary = cached.read_json("summary.json") or {}
         best = ProbeResult.from_dict(cached.read_json("best_result.json"))
-        summary = {**summary, "from_cache": True, "answered_in_s": round(time.monotonic() - started, 3)}
+        # the folder it is served from (a results folder moved or restored elsewhere names its old path)
+        summary = {**summary, "run_dir": str(cached.path), "from_cache": True,
+                   "answered_in_s": round(time.monotonic() - started, 3)}
+        _restore_best(cached, best, summary, plan.device, a.progress)
         if a.progress is not None:
             a.progress("cached", {"run_dir": str(cached.path), "summary": summary})
         if r.write_back is not None:  # this request's file, tuned from the stored answer (the stored run is kept)
@@ -120,6 +123,28 @@ def answer_from_cache(r: Request, plan: SearchPlan, *, started: float) -> RunRes
         raise NothingFitsError(str(stored_summary.get("message", "nothing fits (cached answer)")) + " [cached]",
                                summary={**stored_summary, "from_cache": True})
     return None
+
+
+def _restore_best(stored: Any, best: ProbeResult, summary: dict[str, Any], device: str,
+                  progress: ProgressFn | None) -> None:
+    """A stored answer's emitted files, written again from its best_result.json when one is missing or empty (a
+    partial restore of a cached results folder): what is served is the answer whole, or an error."""
+    listed = [n for n in summary.get("files", []) if n.startswith("best/") and not n.startswith("best/tuned/")]
+    damaged = [n for n in listed if not (stored.path / n).is_file() or (stored.path / n).stat().st_size == 0]
+    if not damaged:
+        return
+    from autotune.emit import emit_all
+    from autotune.errors import WriteError
+
+    try:
+        emit_all(best, stored.best_dir, fields=_training_args_fields(), device=device)
+    except OSError as exc:
+        raise WriteError(f"the stored answer {stored.path} lacks {damaged[0]} and it could not be written again: "
+                         f"{exc}; free space or give --fresh") from exc
+    if progress is not None:
+        progress("note", {"text": f"the stored answer's {', '.join(damaged[:3])}{' ...' if len(damaged) > 3 else ''} "
+                                  f"{'was' if len(damaged) == 1 else 'were'} missing or empty: written again from its "
+                                  "best_result.json"})
 
 
 def summarize(r: Request, plan: SearchPlan, searched: Searched, base_summary: dict[str, Any]) -> dict[str, Any]:
@@ -235,7 +260,7 @@ def write_answer(r: Request, run_dir: Any, summary: dict[str, Any], searched: Se
         raise NothingFitsError(summary["message"], summary=summary)
     best = outcome.best
     run_dir.write_json("best_result.json", best.to_dict())
-    files = _emit(best, run_dir, device, progress)
+    files = _emit(best, run_dir, device)
     summary["status"] = "complete"
     if best.metrics.get("quality_notes"):  # e.g. TRL's packing (--trainer trl)
         summary["quality_notes"] = list(best.metrics["quality_notes"])
@@ -369,17 +394,18 @@ def _baseline_summary(outcome: SearchOutcome, cand: Candidate) -> tuple[ProbeRes
     return result, BaselineEntry(**info).model_dump(mode="json", exclude_unset=True)
 
 
-def _emit(best: ProbeResult, run_dir: Any, device: str, progress: ProgressFn | None) -> list[Path]:
+def _emit(best: ProbeResult, run_dir: Any, device: str) -> list[Path]:
     try:
         from autotune.emit import emit_all
     except ImportError:  # pragma: no cover - the emitters are part of the package
         return []
     try:
         return list(emit_all(best, run_dir.best_dir, fields=_training_args_fields(), device=device))
-    except (AutotuneError, OSError) as exc:
-        if progress is not None:
-            progress("note", {"text": f"could not write best/: {exc}"})
-        return []
+    except OSError as exc:  # the answer is its files: no exit 0 without them (summary.json unwritten: resumable)
+        from autotune.errors import WriteError
+        from autotune.store.run_dir import RESUME_HINT
+
+        raise WriteError(f"could not write best/: {exc}; {RESUME_HINT.format(path=run_dir.path)}") from exc
 
 
 def _write_reports(run_dir: Any, summary: dict[str, Any], progress: ProgressFn | None) -> list[Path]:

@@ -562,3 +562,36 @@ def test_check_and_the_answers_files_do_not_import_torch(tmp_path: Path) -> None
                        text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.strip().splitlines()[-1] == "[]", p.stdout[-2000:]
+
+
+def test_a_llamafactory_files_dataset_is_read_through_its_dataset_info(tmp_path, monkeypatch) -> None:
+    """LLaMA-Factory names a local file through dataset + dataset_dir + dataset_info.json (as the emitted file's
+    note says to write it); it was ignored without a word, and the probes measured full-length synthetic rows."""
+    import json
+
+    from autotune.formats.llamafactory import dataset_from_info
+    from autotune.run import RunRequest
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "chat.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    chat = {"file_name": "chat.jsonl", "formatting": "sharegpt", "columns": {"messages": "messages"},
+            "tags": {"role_tag": "role", "content_tag": "content"}}
+    (data / "dataset_info.json").write_text(json.dumps({"support_chat": chat, "alpaca_style": {
+        "file_name": "chat.jsonl"}}))
+    cfg = tmp_path / "lf.yaml"
+    cfg.write_text("model_name_or_path: tiny-llama\nstage: sft\nfinetuning_type: lora\ndataset: support_chat\n"
+                   "dataset_dir: data\ncutoff_len: 128\nper_device_train_batch_size: 2\n"
+                   "gradient_accumulation_steps: 8\n")
+    monkeypatch.chdir(tmp_path)
+    notes: list[str] = []
+    req = RunRequest.from_file(cfg, gpu_budget="24GB", progress=lambda kind, d: notes.append(d.get("text", "")))
+    assert req.dataset == str(Path("data") / "chat.jsonl") and notes == []
+    # a layout autotune does not read: said in one line, and the request keeps synthetic data
+    cfg.write_text(cfg.read_text().replace("dataset: support_chat", "dataset: alpaca_style"))
+    req = RunRequest.from_file(cfg, gpu_budget="24GB", progress=lambda kind, d: notes.append(d.get("text", "")))
+    assert req.dataset is None and len(notes) == 1 and "its dataset 'alpaca_style' was not read" in notes[0]
+    assert "pass --dataset FILE" in notes[0]
+    assert dataset_from_info("a,b", {}, "data")[1] == "it mixes 2 datasets (a, b)"
+    assert dataset_from_info("x", None, "data")[1] == "no dataset_info.json in 'data'"
+    assert dataset_from_info("x", {"x": {"hf_hub_url": "org/x"}}, "d")[1].endswith("names no local .json/.jsonl/.parquet file")

@@ -105,6 +105,7 @@ class ReadConfig:
     # None with ``distributed_from`` saying why it could not be read)
     distributed: dict[str, Any] | None = None
     distributed_from: str = ""
+    notes: list[str] = field(default_factory=list)  # what a --from run says about the file before it searches
 
     @property
     def module(self) -> ModuleType:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from autotune.formats import training_args as _ta
@@ -129,6 +130,35 @@ def accepted_fields() -> set[str]:
 
 
 _FILE_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv", ".arrow", ".txt")
+
+
+def dataset_from_info(name: Any, info: Any, info_dir: str) -> tuple[str | None, str]:
+    """The local file a LLaMA-Factory ``dataset:`` names through its ``dataset_info.json`` (``info``, read from
+    ``info_dir``), when autotune reads it as LLaMA-Factory does: a ``text`` column for pre-training, or chat
+    turns in a ``messages`` column of ``role``/``content`` entries (the entry :func:`dataset_note` writes).
+    ``(path, "")``, or ``(None, why not)``."""
+    if not isinstance(name, str) or not name.strip():
+        return None, "it names no dataset"
+    names = [n.strip() for n in name.split(",") if n.strip()]
+    if len(names) != 1:
+        return None, f"it mixes {len(names)} datasets ({', '.join(names)})"
+    if not isinstance(info, Mapping):
+        return None, f"no dataset_info.json in {info_dir!r}"
+    entry = info.get(names[0])
+    if not isinstance(entry, Mapping):
+        return None, f"{info_dir}/dataset_info.json has no entry {names[0]!r}"
+    file_name = entry.get("file_name")
+    if not isinstance(file_name, str) or not file_name.endswith((".json", ".jsonl", ".parquet")):
+        return None, f"its entry {names[0]!r} names no local .json/.jsonl/.parquet file"
+    columns = entry.get("columns") if isinstance(entry.get("columns"), Mapping) else {}
+    tags = entry.get("tags") if isinstance(entry.get("tags"), Mapping) else {}
+    chat = (entry.get("formatting") == "sharegpt" and columns.get("messages", "conversations") == "messages"
+            and tags.get("role_tag", "from") == "role" and tags.get("content_tag", "value") == "content")
+    text = entry.get("formatting", "alpaca") == "alpaca" and dict(columns) == {"prompt": "text"}
+    if not (chat or text):
+        return None, (f"its entry {names[0]!r} is laid out as autotune does not read it (autotune reads a 'text' "
+                      "column, or 'messages' of role/content turns)")
+    return str(Path(info_dir) / file_name), ""
 
 
 def dataset_note(dataset: str, *, split: str | None, column: str | None) -> str:

@@ -105,6 +105,8 @@ class RunRequest:
         itself as ``source`` for the write-back. A keyword given (not None) wins over the file's value,
         ``lora_r=0`` included (it is then validated, not replaced); what neither gives takes the default."""
         source, from_file = read_source(path, fmt, effective_batch_given=given.get("effective_batch") is not None)
+        for text in source.notes if given.get("dataset") is None and given.get("progress") is not None else []:
+            given["progress"]("note", {"text": text})
         replaced = {}
         for name, value in from_file.items():
             if given.get(name) is None:
@@ -182,6 +184,8 @@ def read_source(path: str | Path, fmt: str | None, *, effective_batch_given: boo
         raise SpecError(problems)
     req = cfg.request
     cfg.distributed, cfg.distributed_from = distributed_setup(cfg.data, p)
+    if cfg.format == "llamafactory" and cfg.data.get("dataset") is not None and not req.get("dataset"):
+        _llamafactory_dataset(cfg, p)
     packed = packs_into_rows(cfg)
     if packed and not effective_batch_given and req.get("effective_batch"):
         # rows of packed sequences per step are not a number of sequences: reading one as the other
@@ -192,6 +196,30 @@ def read_source(path: str | Path, fmt: str | None, *, effective_batch_given: boo
             f"step counts rows, not the sequences autotune holds fixed; pass --effective-batch SEQUENCES (about "
             f"{req['effective_batch']} x {req.get('seq_len') or 'the sequence length'} / your data's mean sequence length)")
     return cfg, {k: req.get(k) for k in FILLED_FROM_FILE if req.get(k) is not None}
+
+
+def _llamafactory_dataset(cfg: Any, path: Path) -> None:
+    """A LLaMA-Factory file's ``dataset`` as the probes' data: the file its ``dataset_info.json`` names (in
+    ``dataset_dir``, default ``data``, from the working directory as LLaMA-Factory reads it, else beside the file),
+    when autotune reads that layout; otherwise a note that the probes measure synthetic sequences instead."""
+    from autotune.formats.llamafactory import dataset_from_info
+    from autotune.spec.files import load_json, read_text_file
+
+    folder = str(cfg.data.get("dataset_dir") or "data")
+    tried = [Path(folder)] if Path(folder).is_absolute() else [Path(folder), path.parent / folder]
+    where = next((d for d in tried if (d / "dataset_info.json").is_file()), tried[0])
+    info = None
+    if (where / "dataset_info.json").is_file():
+        info = load_json(read_text_file(where / "dataset_info.json", what="dataset_info.json"),
+                         what=f"cannot read {where / 'dataset_info.json'}")
+    found, why = dataset_from_info(cfg.data.get("dataset"), info, str(where))
+    if found is not None and Path(found).is_file():
+        cfg.request["dataset"] = found
+        return
+    why = why or f"its file {found!r} does not exist"
+    cfg.notes.append(f"--from {path.name}: its dataset {cfg.data.get('dataset')!r} was not read ({why}); the probes "
+                     "measure synthetic sequences of the file's length instead: pass --dataset FILE (jsonl of "
+                     "'messages' or 'text') to measure on your data")
 
 
 @dataclass(frozen=True)

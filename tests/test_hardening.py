@@ -629,6 +629,14 @@ def test_yaml_that_write_back_cannot_edit_is_refused_before_the_search(tmp_path:
     assert (tmp_path / "ax.yaml").read_text() == text
 
 
+def test_lora_targets_from_a_file_that_match_nothing_are_blamed_on_the_file(tmp_path: Path) -> None:
+    (tmp_path / "ax.yaml").write_text(AXOLOTL + "adapter: lora\nlora_r: 8\nlora_alpha: 16\n"
+                                      "lora_target_modules: [qproj, vproj]\n")
+    line = one_line(from_run(tmp_path, "ax.yaml", "--json"), "--from ax.yaml: its LoRA targets qproj,vproj match no linear layer")
+    assert "--lora-targets" not in line
+    no_search(tmp_path)
+
+
 def test_json_that_sets_a_key_twice_is_refused_before_the_search(tmp_path: Path) -> None:
     """json.loads keeps the last value and the write-back edited one of the two (a stale value was left in front)."""
     text = ('{"output_dir": "o", "per_device_train_batch_size": 2, "per_device_train_batch_size": 4, '

@@ -30,7 +30,7 @@ from autotune.spec.space import SearchSpace, load_space
 if TYPE_CHECKING:  # the searcher imports optuna: loaded when a search actually runs
     from autotune.search import Pruner
 
-__all__ = ["RunRequest", "TuneArgs", "Request", "WriteBackPlan", "read_request", "read_source", "plan_write_back",
+__all__ = ["RunRequest", "TuneArgs", "Request", "WriteBackPlan", "announce_source", "read_request", "read_source", "plan_write_back",
            "API_ONLY", "FILLED_FROM_FILE", "MAX_EFFECTIVE_BATCH", "ProgressFn"]
 
 ProgressFn = Callable[[str, dict[str, Any]], None]
@@ -304,15 +304,20 @@ def read_request(a: RunRequest) -> Request:
     if a.write_back is not None and a.source is None:
         raise SpecError("--write-back needs --from FILE (the config to write back into)")
     write_back = plan_write_back(a.source, a.write_back) if a.source is not None else None
-    if a.source is not None and a.progress is not None:
-        a.progress("source", {"name": a.source.name, "label": a.source.module.LABEL, "model": a.model, "mode": a.mode,
-                              "seq_len": a.seq_len, "effective_batch": a.effective_batch})
     parsed = _parse_args(a)
     resolved = _resolve_inputs(a)
     a = _peft_default_targets(a, resolved)
     return Request(args=a, budget=parsed["budget"], time_budget_s=parsed["time_budget_s"],
                    gpu_list=parsed["gpu_list"], space=parsed["space"], resolved=resolved,
                    probe_timeout_s=parsed["probe_timeout_s"], write_back=write_back)
+
+
+def announce_source(r: Request) -> None:
+    """What the ``--from`` file asks for, said once the request holds (a refusal stays its one line)."""
+    a = r.args
+    if a.source is not None and a.progress is not None:
+        a.progress("source", {"name": a.source.name, "label": a.source.module.LABEL, "model": a.model, "mode": a.mode,
+                              "seq_len": a.seq_len, "effective_batch": a.effective_batch})
 
 
 def _parse_args(a: RunRequest) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from typing import Any
 
 from autotune.run._outputs import RunResult, answer_from_cache, summarize, write_answer
 from autotune.run._plan import plan_search, predict_run
-from autotune.run._request import RunRequest, read_request
+from autotune.run._request import RunRequest, announce_source, read_request
 from autotune.run._search import claim_run_dir, run_search, start_run
 
 __all__ = ["tune"]
@@ -63,6 +63,7 @@ def tune(request: RunRequest | str | None = None, /, **kwargs: Any) -> RunResult
     t0 = time.monotonic()
     r = read_request(request)
     plan = plan_search(r)
+    announce_source(r)
     cached = answer_from_cache(r, plan, started=t0)
     if cached is not None:
         return cached

@@ -187,10 +187,10 @@ def test_workload_fields_key_lora_settings_and_the_lengths_file_by_content(tmp_p
     from autotune.spec.probe_request import ProbeSettings
     from autotune.store import probe_fields, workload_fields
 
-    w = Workload(model="a", model_path="/x", seq_len=64)
-    assert workload_fields(w) == workload_fields(Workload(model="b", model_path="/y", seq_len=64))
-    assert workload_fields(w) != workload_fields(Workload(model="a", seq_len=64, lora_r=8))
-    assert workload_fields(w) != workload_fields(Workload(model="a", seq_len=64, lora_targets=("q_proj",)))
+    w = Workload(model="a", model_path="/x", seq_len=64, mode="lora")
+    assert workload_fields(w) == workload_fields(Workload(model="b", model_path="/y", seq_len=64, mode="lora"))
+    assert workload_fields(w) != workload_fields(Workload(model="a", seq_len=64, mode="lora", lora_r=8))
+    assert workload_fields(w) != workload_fields(Workload(model="a", seq_len=64, mode="lora", lora_targets=("q_proj",)))
     h1, h2 = tmp_path / "h1.json", tmp_path / "h2.json"
     h1.write_text('{"lengths": [10, 20]}')
     h2.write_text('{"lengths": [10, 20]}')
@@ -205,6 +205,24 @@ def test_workload_fields_key_lora_settings_and_the_lengths_file_by_content(tmp_p
     s = ProbeSettings(budget_bytes=100, budget_text="100B")
     assert probe_fields(s) == probe_fields(ProbeSettings(budget_bytes=100, budget_text="0.1KB"))
     assert probe_fields(s) != probe_fields(ProbeSettings(budget_bytes=100, headroom=0.1))
+
+
+def test_what_changes_nothing_is_not_keyed() -> None:
+    """A full fine-tune's LoRA settings, and config.json's note of the transformers that saved it, made a new search."""
+    import dataclasses
+
+    from autotune.store import workload_fields
+    from autotune.store.cache_key import KeyedRequest, cache_key
+
+    full = Workload(model="a", seq_len=64, mode="full")
+    assert workload_fields(full) == workload_fields(dataclasses.replace(full, lora_r=8, lora_targets=("q_proj",)))
+    lora = dataclasses.replace(full, mode="lora")
+    assert workload_fields(lora) != workload_fields(dataclasses.replace(lora, lora_r=8))
+    base = KeyedRequest(model_config={"hidden_size": 64, "transformers_version": "5.24.0"}, space={}, budget_bytes=1,
+                        seq_len=64, effective_batch=4, mode="full", hardware={}, software={})
+    assert cache_key(base) == cache_key(dataclasses.replace(base, model_config={"hidden_size": 64,
+                                                                                "transformers_version": "4.99.0"}))
+    assert cache_key(base) != cache_key(dataclasses.replace(base, model_config={"hidden_size": 65}))
 
 
 def test_one_length_distribution_spelled_two_ways_is_one_key() -> None:

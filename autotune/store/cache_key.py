@@ -4,11 +4,12 @@ A repeat request is answered from the stored run only when *everything that chan
 is the same. The key is the sha256 of the canonical JSON of:
 
 * ``model_config``: the model's config dict (its content, not its name: a renamed copy of the
-  same config hits); for a model from the HF cache or the Hub, ``model_revision``: its commit hash;
+  same config hits; without the entries that say who saved it, ``MODEL_CONFIG_BOOKKEEPING``); for a model
+  from the HF cache or the Hub, ``model_revision``: its commit hash;
 * ``space``: the searched dimensions and their choices (the content of the YAML, after the
   choices this machine cannot run were dropped; not the space's name);
 * ``budget_bytes``, ``seq_len``, ``effective_batch``, ``mode``;
-* ``workload``: the rest of what is trained (length distribution, LoRA rank/alpha/targets,
+* ``workload``: the rest of what is trained (length distribution, LoRA rank/alpha/targets (not with ``full``),
   tokenizer, trust_remote_code, seed); a ``histogram:`` lengths file and a local tokenizer by their content;
 * ``probe``: how each probe measures (timed steps, warm-up steps, probe timeout, headroom, CPU
   threads);
@@ -118,6 +119,9 @@ def workload_fields(workload: Workload) -> dict[str, Any]:
     """The workload's fields that change the answer, as keyed (see the module docstring)."""
     out = {k: v for k, v in dataclasses.asdict(workload).items() if k not in _WORKLOAD_KEYED_ELSEWHERE}
     out["lora_targets"] = list(workload.lora_targets)
+    if workload.mode == "full":  # no adapters: their rank, alpha and targets change nothing
+        for name in ("lora_r", "lora_alpha", "lora_targets"):
+            out.pop(name)
     if workload.tokenizer:  # a local tokenizer by its files' content (an edited one changes the key, a moved one not)
         local = Path(workload.tokenizer).expanduser()
         if local.exists():
@@ -161,6 +165,11 @@ def probe_fields(settings: ProbeSettings) -> dict[str, Any]:
     return fields
 
 
+# config.json entries that say who wrote the file, not what the model is: a re-save by another transformers (or
+# from another folder) is the same model
+MODEL_CONFIG_BOOKKEEPING = frozenset({"transformers_version", "_name_or_path", "_commit_hash"})
+
+
 @dataclass(frozen=True)
 class KeyedRequest:
     """Everything that changes a run's answer, as the cache key holds it (the module docstring lists why)."""
@@ -185,7 +194,7 @@ def cache_key(keyed: KeyedRequest) -> str:
     """sha256 hex of the canonical JSON of ``keyed`` (``model_revision`` only when there is one: presets
     and local folders key as before)."""
     payload = {
-        "model_config": keyed.model_config,
+        "model_config": {k: v for k, v in keyed.model_config.items() if k not in MODEL_CONFIG_BOOKKEEPING},
         "space": keyed.space,
         "budget_bytes": int(keyed.budget_bytes),
         "seq_len": int(keyed.seq_len),

@@ -69,6 +69,7 @@ def stored(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                               baseline=True)
     first = tune(str(model), executor=FakeExecutor(), **kw)
     assert not first.from_cache
+    assert first.summary["dataset"] == str(data) and first.summary["split"] is None  # the data the probes read
     return {"tmp": tmp, "model": model, "kw": kw, "key": first.summary["cache_key"], "data": data, "space": space}
 
 

@@ -63,6 +63,8 @@ def start_run(r: Request, plan: SearchPlan, run_dir: Any, resumed: bool) -> RunS
         "trainer": a.trainer,
         "seq_len": a.seq_len,
         "lengths": a.lengths,
+        "dataset": a.dataset,
+        "split": a.split,
         "effective_batch": a.effective_batch,
         "device": plan.device,
         "gpu_budget": r.budget.text,
@@ -86,7 +88,8 @@ def start_run(r: Request, plan: SearchPlan, run_dir: Any, resumed: bool) -> RunS
     if not resumed:
         run_dir.write_json("run.json", {"cache_key": plan.key, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
                                         "request": {k: base_summary[k] for k in (
-                                            "model", "mode", "trainer", "seq_len", "lengths", "effective_batch", "device",
+                                            "model", "mode", "trainer", "seq_len", "lengths", "dataset", "split",
+                                            "effective_batch", "device",
                                             "gpu_budget", "seed", "space", "search")},
                                         **({"model_revision": r.resolved.revision, "model_path": r.resolved.path}
                                            if r.resolved.revision else {})})  # fmt: skip

@@ -192,7 +192,9 @@ class RunSummary(_Closed):
     mode: str
     trainer: str = Field("hf", description="hf: probes through transformers.Trainer; trl: TRL's SFTTrainer")
     seq_len: int
-    lengths: str
+    lengths: str = Field(description="the synthetic length distribution (unused with a dataset)")
+    dataset: str | None = Field(None, description="the data the probes read (None: synthetic sequences of lengths)")
+    split: str | None = None
     effective_batch: int
     device: str
     gpu_budget: str

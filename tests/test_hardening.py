@@ -117,6 +117,24 @@ def test_out_in_a_read_only_folder_is_refused_in_one_line(tmp_path: Path) -> Non
         ro.chmod(0o700)
 
 
+def test_a_read_only_results_folder_serves_its_stored_answer_and_refuses_a_search(tmp_path: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shared read-only mount of pre-flight answers (CI runners): a stored answer is served, nothing written; a
+    request it does not hold is refused in one line before anything is written. (The process runs as root here, so
+    the mount is stood in for by os.access, which a read-only mount answers for root too.)"""
+    out = tmp_path / "shared"
+    first = tune("tiny-llama", executor=FakeExecutor(), out=out, **KW)  # type: ignore[arg-type]
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, *a, **k: (not str(p).startswith(str(out))
+                                                                or not mode & os.W_OK) and real(p, mode, *a, **k))
+    again = tune("tiny-llama", executor=FakeExecutor(), out=out, **KW)  # type: ignore[arg-type]
+    assert again.from_cache and again.run_dir == first.run_dir
+    with pytest.raises(SpecError, match=r"--out .* is not writable \(a read-only mount, or not this user's\)"):
+        tune("tiny-llama", executor=FakeExecutor(), out=out, **{**KW, "seq_len": 256})  # type: ignore[arg-type]
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+
+
 @pytest.mark.parametrize(
     ("url", "needles"),
     [

@@ -351,7 +351,7 @@ def _parse_args(a: RunRequest) -> dict[str, Any]:
                      ("budget", lambda: parse_budget(a.gpu_budget)),
                      ("probe_timeout_s", lambda: parse_probe_timeout(a.probe_timeout_s)),
                      ("gpu_list", lambda: parse_gpus(a.gpus)), ("lengths", lambda: parse_lengths(a.lengths)),
-                     ("out", lambda: check_out_dir(a.out)), ("storage", lambda: check_storage_url(a.storage))):
+                     ("out", lambda: check_out_dir(a.out, writable=False)), ("storage", lambda: check_storage_url(a.storage))):
         try:
             parsed[name] = fn()
         except SpecError as exc:

@@ -25,6 +25,7 @@ from autotune.run._outputs import RunResult, answer_from_cache, summarize, write
 from autotune.run._plan import plan_search, predict_run
 from autotune.run._request import RunRequest, announce_source, read_request
 from autotune.run._search import claim_run_dir, run_search, start_run
+from autotune.store.run_dir import check_out_dir
 
 __all__ = ["tune"]
 
@@ -65,8 +66,9 @@ def tune(request: RunRequest | str | None = None, /, **kwargs: Any) -> RunResult
     plan = plan_search(r)
     announce_source(r)
     cached = answer_from_cache(r, plan, started=t0)
-    if cached is not None:
+    if cached is not None:  # served from a read-only results folder too: nothing is written
         return cached
+    check_out_dir(request.out)  # a search writes its run folder there
     plan = predict_run(r, plan)
     run_dir, lock, resumed = claim_run_dir(Path(request.out), plan.key, r.resolved.name, request.resume,
                                            request.fresh, request.progress)

@@ -327,12 +327,13 @@ class RunDir:
             raise self._resumable(exc) from exc
 
 
-def check_out_dir(out: str | os.PathLike[str]) -> None:
+def check_out_dir(out: str | os.PathLike[str], *, writable: bool = True) -> None:
     """SpecError unless ``out`` is a folder autotune can create run folders in (or create itself).
 
     Refused, before anything is written: an empty path (it would mean the current folder), a path
-    that is a file or lies under a file, and a folder (or the nearest existing parent of a missing
-    one) this user cannot write into.
+    that is a file or lies under a file, and (``writable``) a folder (or the nearest existing parent of a
+    missing one) this user cannot write into: a stored answer is served from a read-only folder, a search
+    needs to write.
     """
     text = os.fspath(out)
     if not str(text).strip():
@@ -349,9 +350,10 @@ def check_out_dir(out: str | os.PathLike[str]) -> None:
     if probe.exists() and not probe.is_dir():
         where = "is a file" if probe == path else f"lies under {probe}, which is a file"
         raise SpecError(f"--out {text} {where}, not a folder; give a folder for run directories")
-    if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
+    if writable and probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
         which = "is" if probe == path else f"cannot be created: {probe}"
-        raise SpecError(f"--out {text} {which} not writable by this user; give a folder you can write to")
+        raise SpecError(f"--out {text} {which} not writable (a read-only mount, or not this user's); give a folder "
+                        "you can write to")
 
 
 def _runs_with_key(out: Path, cache_key: str) -> Iterator[RunDir]:

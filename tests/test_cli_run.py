@@ -475,12 +475,14 @@ def test_a_stored_answer_is_served_from_where_it_is_and_whole(tmp_path: Path) ->
     moved = tmp_path / "b" / name
     (moved / "best" / "training_args.json").write_text("")
     (moved / "best" / "train.py").unlink()
+    (moved / "best" / "model_kwargs.json").write_text('{"dty')  # a write cut off by a full disk
     again = cli(tmp_path, *args, "--out", str(tmp_path / "b"), fake=True)
     assert again.returncode == 0, again.stderr[-2000:]
     summary = json.loads(again.stdout)
     assert summary["from_cache"] is True and summary["run_dir"] == str(moved)
     assert json.loads((moved / "best" / "training_args.json").read_text())["per_device_train_batch_size"] >= 1
     assert (moved / "best" / "train.py").stat().st_size > 0 and "written again" in again.stderr
+    assert isinstance(json.loads((moved / "best" / "model_kwargs.json").read_text()), dict)
 
 
 def test_version_prints_the_installed_version() -> None:

@@ -135,6 +135,25 @@ def test_a_read_only_results_folder_serves_its_stored_answer_and_refuses_a_searc
     assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
 
 
+def test_a_stored_tuned_copy_is_not_written_again_when_it_holds_the_same_text(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A --from request served from a read-only results folder said it answered, then failed writing the tuned
+    copy and its diff, which the stored run already held word for word."""
+    import autotune.store.atomic as atomic
+    from autotune.run._outputs import _write_unless_same
+
+    f = tmp_path / "lf.yaml"
+    f.write_text("a: 1\n")
+
+    def refuse(*a, **k):  # type: ignore[no-untyped-def]
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(atomic, "write_text_atomic", refuse)
+    _write_unless_same(f, "a: 1\n")  # the same text: nothing written
+    with pytest.raises(OSError, match="Read-only"):
+        _write_unless_same(f, "a: 2\n")
+
+
 @pytest.mark.parametrize(
     ("url", "needles"),
     [
@@ -645,6 +664,17 @@ def test_yaml_that_write_back_cannot_edit_is_refused_before_the_search(tmp_path:
              "before the search")
     no_search(tmp_path)
     assert (tmp_path / "ax.yaml").read_text() == text
+
+
+def test_lora_targets_written_as_one_string_are_refused_naming_the_list_to_write() -> None:
+    """A string was dropped without a word and the probes adapted the default targets (peft reads it as a regex)."""
+    from autotune.formats._inputs import value_problems
+
+    for fmt in ("axolotl", "trl"):
+        (line,) = value_problems(fmt, {"lora_target_modules": "gate_proj"}, "f")
+        assert "write a list, e.g. lora_target_modules: [gate_proj]" in line
+        assert value_problems(fmt, {"lora_target_modules": "all-linear"}, "f") == []
+        assert value_problems(fmt, {"lora_target_modules": ["gate_proj"]}, "f") == []
 
 
 def test_lora_targets_from_a_file_that_match_nothing_are_blamed_on_the_file(tmp_path: Path) -> None:

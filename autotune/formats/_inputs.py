@@ -75,6 +75,12 @@ def value_problems(fmt: str, cfg: Mapping[str, Any], label: str) -> list[str]:
     if fmt == "trl" and cfg.get("use_peft") is True and cfg.get("lora_target_modules") in ([], ""):
         out.append(f"{label}: lora_target_modules is empty, and peft refuses a LoRA config with no target modules; "
                    "name them, or remove the key for peft's default")
+    one = cfg.get("lora_target_modules")
+    if fmt in ("trl", "axolotl") and isinstance(one, str) and one.strip() not in ("", "all-linear"):
+        # peft reads a string as a regular expression over whole module paths (model.layers.0.mlp.gate_proj): a bare
+        # name matches nothing there, and autotune would measure its default targets instead
+        out.append(f"{label}: lora_target_modules is the string {one!r}, which peft reads as a regular expression "
+                   f"over whole module paths; write a list, e.g. lora_target_modules: [{one.strip()}]")
     if cfg.get("bf16") is True and cfg.get("fp16") is True:
         out.append(f"{label}: bf16 and fp16 are both true, which transformers refuses (at most one of them); keep one")
     for key in ("base_model", "model_name_or_path", "model"):

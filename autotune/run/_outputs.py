@@ -125,12 +125,28 @@ def answer_from_cache(r: Request, plan: SearchPlan, *, started: float) -> RunRes
     return None
 
 
+def _whole(path: Path) -> bool:
+    """An emitted file that is there, not empty, and (JSON, YAML) parses: a write cut off by a full disk does not."""
+    try:
+        if not path.is_file() or path.stat().st_size == 0:
+            return False
+        if path.suffix == ".json":
+            json.loads(path.read_text(encoding="utf-8"))
+        elif path.suffix == ".yaml":
+            import yaml
+
+            yaml.safe_load(path.read_text(encoding="utf-8"))
+    except Exception:  # noqa: BLE001 - unreadable or any parse error: not whole
+        return False
+    return True
+
+
 def _restore_best(stored: Any, best: ProbeResult, summary: dict[str, Any], device: str,
                   progress: ProgressFn | None) -> None:
-    """A stored answer's emitted files, written again from its best_result.json when one is missing or empty (a
-    partial restore of a cached results folder): what is served is the answer whole, or an error."""
+    """A stored answer's emitted files, written again from its best_result.json when one is missing, empty or cut
+    short (a partial restore of a cached results folder): what is served is the answer whole, or an error."""
     listed = [n for n in summary.get("files", []) if n.startswith("best/") and not n.startswith("best/tuned/")]
-    damaged = [n for n in listed if not (stored.path / n).is_file() or (stored.path / n).stat().st_size == 0]
+    damaged = [n for n in listed if not _whole(stored.path / n)]
     if not damaged:
         return
     from autotune.emit import emit_all
@@ -143,7 +159,7 @@ def _restore_best(stored: Any, best: ProbeResult, summary: dict[str, Any], devic
                          f"{exc}; free space or give --fresh") from exc
     if progress is not None:
         progress("note", {"text": f"the stored answer's {', '.join(damaged[:3])}{' ...' if len(damaged) > 3 else ''} "
-                                  f"{'was' if len(damaged) == 1 else 'were'} missing or empty: written again from its "
+                                  f"{'was' if len(damaged) == 1 else 'were'} missing, empty or cut short: written again from its "
                                   "best_result.json"})
 
 
@@ -304,7 +320,7 @@ def write_back(plan: WriteBackPlan, source: Any, best: ProbeResult, run_path: Pa
     cand = dataclasses.asdict(best.probe_request().candidate)
     text, updates = tuned_file(source, cand, fields=plan.fields, best=best)
     diff = unified_diff(source.name, source.text, text)
-    write_text_atomic(_diff_path(run_path, source), diff)
+    _write_unless_same(_diff_path(run_path, source), diff)
     target = plan.target or run_path.joinpath(*TUNED_DIR) / source.name
     entry: dict[str, Any] = {"path": str(target), "format": source.format, "changed": updates, "diff": diff}
     if plan.target is not None:
@@ -315,11 +331,24 @@ def write_back(plan: WriteBackPlan, source: Any, best: ProbeResult, run_path: Pa
             return {**entry, "path": str(aside), "set_aside": (
                 f"--write-back {str(target)!r} changed during the search, so it was left as it is; the tuned file "
                 f"is {str(aside)!r} (from the file as it was read): merge the two")}
-    write_text_atomic(target, text)
+    _write_unless_same(target, text)
     if progress is not None:
         progress("write_back", {"path": str(target), "label": source.module.LABEL, "changed": len(updates),
                                 "diff": diff})
     return entry
+
+
+def _write_unless_same(path: Path, text: str) -> None:
+    """``text`` at ``path``, unless it holds it already (a stored answer's tuned copy, served from a read-only
+    results folder: nothing to write)."""
+    from autotune.store.atomic import write_text_atomic
+
+    try:
+        if path.is_file() and path.read_text(encoding="utf-8") == text:
+            return
+    except (OSError, UnicodeDecodeError):
+        pass
+    write_text_atomic(path, text)
 
 
 def _refuse_if_set_aside(entry: dict[str, Any] | None) -> None:

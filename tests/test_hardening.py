@@ -1034,3 +1034,19 @@ def test_every_file_entry_point_refuses_hostile_files_in_one_line(tmp_path: Path
     line = one_line(p)
     assert "this is a bug" not in line
     assert (tmp_path / "user-file").read_text() == "mine" and tree(tmp_path / "out") == []
+
+
+def test_a_study_that_cannot_be_created_on_a_full_disk_is_one_short_line() -> None:
+    """At study creation SQLite's error carried the whole CREATE TABLE statement, cut mid-word, and no fix."""
+    from unittest import mock
+
+    import optuna
+    import sqlalchemy.exc
+
+    from autotune.store.storage import open_storage
+
+    err = sqlalchemy.exc.OperationalError("CREATE TABLE studies (\n id INTEGER)", {}, Exception("database or disk is full"))
+    with mock.patch.object(optuna.storages, "RDBStorage", side_effect=err), pytest.raises(SpecError) as info:
+        open_storage("sqlite:////tmp/autotune-none/study.db")
+    assert str(info.value) == ("could not open the Optuna storage 'sqlite:////tmp/autotune-none/study.db': database or "
+                               "disk is full; free space (or give a writable --out / --storage) and rerun")

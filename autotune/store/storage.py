@@ -105,6 +105,10 @@ def open_storage(url: str) -> Any:
                 url, engine_kwargs={"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S}}
             )
     except Exception as exc:  # sqlalchemy/optuna/OS errors alike: the storage is unusable
+        full = _disk_refusal(exc)
+        if full is not None:  # a full or read-only disk: its reason, not the SQL statement it failed in
+            raise SpecError(redact(f"could not open the Optuna storage {url!r}: {full}; free space (or give a "
+                                   "writable --out / --storage) and rerun")) from None
         text = " ".join(str(exc).split())[:200]
         raise SpecError(redact(f"could not open the Optuna storage {url!r}: {type(exc).__name__}: {text}")) from None
 
@@ -163,6 +167,12 @@ def storage_write_failure(exc: BaseException) -> str | None:
     """A one-line reason when ``exc`` is the study's database refusing a write (disk full, read-only,
     I/O error), else None: a bug stays a bug. Optuna raises its own ``StorageInternalError`` from the
     database's error, so the chain of causes is read, not only ``exc``."""
+    text = _disk_refusal(exc)
+    return None if text is None else f"the Optuna study could not be written ({text})"
+
+
+def _disk_refusal(exc: BaseException) -> str | None:
+    """The database's own words when ``exc`` (or an error it was raised from) is a disk refusing a write."""
     import sqlite3
 
     try:
@@ -177,6 +187,6 @@ def storage_write_failure(exc: BaseException) -> str | None:
             orig = getattr(link, "orig", None) or link
             text = " ".join(str(orig).split())
             if any(w in text.lower() for w in _DISK_WORDS):
-                return f"the Optuna study could not be written ({text[:160]})"
+                return text[:160]
         link = link.__cause__ or link.__context__
     return None

@@ -140,7 +140,6 @@ def test_a_stored_tuned_copy_is_not_written_again_when_it_holds_the_same_text(tm
     """A --from request served from a read-only results folder said it answered, then failed writing the tuned
     copy and its diff, which the stored run already held word for word."""
     import autotune.store.atomic as atomic
-    from autotune.run._outputs import _write_unless_same
 
     f = tmp_path / "lf.yaml"
     f.write_text("a: 1\n")
@@ -149,9 +148,9 @@ def test_a_stored_tuned_copy_is_not_written_again_when_it_holds_the_same_text(tm
         raise OSError(errno.EROFS, "Read-only file system")
 
     monkeypatch.setattr(atomic, "write_text_atomic", refuse)
-    _write_unless_same(f, "a: 1\n")  # the same text: nothing written
+    atomic.write_text_if_changed(f, "a: 1\n")  # the same text: nothing written
     with pytest.raises(OSError, match="Read-only"):
-        _write_unless_same(f, "a: 2\n")
+        atomic.write_text_if_changed(f, "a: 2\n")
 
 
 @pytest.mark.parametrize(

@@ -457,16 +457,11 @@ def _link(blob: Path, pointer: Path, storage: Path) -> None:
 
 def _write_ref(storage: Path, revision: str, commit: str) -> None:
     """``refs/<revision>`` holds ``commit`` (a branch or tag; huggingface_hub writes no newline)."""
-    from autotune.store.atomic import write_text_atomic
+    from autotune.store.atomic import write_text_if_changed
 
     ref = storage / "refs" / revision
     _inside(ref.parent, storage)
-    try:
-        if ref.is_file() and ref.read_text(encoding="utf-8") == commit:
-            return
-    except (OSError, UnicodeDecodeError):
-        pass
-    write_text_atomic(ref, commit)
+    write_text_if_changed(ref, commit)
 
 
 # ----------------------------------------------------------------------------------------- the network

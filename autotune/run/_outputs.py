@@ -315,12 +315,18 @@ def write_back(plan: WriteBackPlan, source: Any, best: ProbeResult, run_path: Pa
     A target whose content changed during the search (the user edited it) is not overwritten: the tuned
     file goes beside it, and the entry says so (``set_aside``; the run then exits 2)."""
     from autotune.formats import tuned_file, unified_diff
-    from autotune.store.atomic import beside, check_write_target, content_state, write_text_atomic
+    from autotune.store.atomic import (
+        beside,
+        check_write_target,
+        content_state,
+        write_text_atomic,
+        write_text_if_changed,
+    )
 
     cand = dataclasses.asdict(best.probe_request().candidate)
     text, updates = tuned_file(source, cand, fields=plan.fields, best=best)
     diff = unified_diff(source.name, source.text, text)
-    _write_unless_same(_diff_path(run_path, source), diff)
+    write_text_if_changed(_diff_path(run_path, source), diff)  # a stored answer's, served from a read-only folder
     target = plan.target or run_path.joinpath(*TUNED_DIR) / source.name
     entry: dict[str, Any] = {"path": str(target), "format": source.format, "changed": updates, "diff": diff}
     if plan.target is not None:
@@ -331,24 +337,11 @@ def write_back(plan: WriteBackPlan, source: Any, best: ProbeResult, run_path: Pa
             return {**entry, "path": str(aside), "set_aside": (
                 f"--write-back {str(target)!r} changed during the search, so it was left as it is; the tuned file "
                 f"is {str(aside)!r} (from the file as it was read): merge the two")}
-    _write_unless_same(target, text)
+    write_text_if_changed(target, text)
     if progress is not None:
         progress("write_back", {"path": str(target), "label": source.module.LABEL, "changed": len(updates),
                                 "diff": diff})
     return entry
-
-
-def _write_unless_same(path: Path, text: str) -> None:
-    """``text`` at ``path``, unless it holds it already (a stored answer's tuned copy, served from a read-only
-    results folder: nothing to write)."""
-    from autotune.store.atomic import write_text_atomic
-
-    try:
-        if path.is_file() and path.read_text(encoding="utf-8") == text:
-            return
-    except (OSError, UnicodeDecodeError):
-        pass
-    write_text_atomic(path, text)
 
 
 def _refuse_if_set_aside(entry: dict[str, Any] | None) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 from autotune.errors import WriteError
 
 __all__ = ["beside", "check_write_target", "content_state", "new_file_mode", "target_problem", "write_text_atomic",
-           "write_json_atomic", "write_error"]
+           "write_text_if_changed", "write_json_atomic", "write_error"]
 
 
 def target_problem(path: str | os.PathLike[str]) -> str | None:
@@ -99,6 +99,18 @@ def beside(path: str | os.PathLike[str]) -> Path:
         if not os.path.lexists(cand):
             return cand
     raise WriteError(f"could not find a free name beside {p}")
+
+
+def write_text_if_changed(path: str | os.PathLike[str], text: str) -> Path:
+    """:func:`write_text_atomic`, unless ``path`` holds ``text`` already: nothing is written (a file another run
+    wrote word for word, on a folder that may be read-only)."""
+    path = Path(path)
+    try:
+        if path.is_file() and path.read_text(encoding="utf-8") == text:
+            return path
+    except (OSError, UnicodeDecodeError):
+        pass
+    return write_text_atomic(path, text)
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:

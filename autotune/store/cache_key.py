@@ -129,22 +129,27 @@ def workload_fields(workload: Workload) -> dict[str, Any]:
                 out["tokenizer"] = {"digest": dataset_content_digest(local)}
             except (OSError, ValueError):
                 pass
-    out["lengths"] = _lengths_key(workload.lengths)
-    hist = workload.lengths.partition(":")[2] if workload.lengths.startswith("histogram:") else None
+    hist = _histogram_path(workload.lengths)
+    out["lengths"] = "histogram" if hist is not None else _lengths_key(workload.lengths)
     if hist:
         out["lengths_file"] = dataset_identity(hist)
     return out
 
 
+def _histogram_path(text: str) -> str | None:
+    """The file a ``histogram:`` spec names, read as ``parse_lengths`` reads it (any case, spaces around);
+    None for another kind."""
+    kind, sep, path = text.strip().partition(":")
+    return path.strip() if sep and kind.strip().lower() == "histogram" else None
+
+
 def _lengths_key(text: str) -> str:
-    """A length spec as keyed: one spelling per distribution (``lognormal:3,0.5`` and ``lognormal: 3.0, 0.50``
-    are one), a histogram by its file's content (``lengths_file``), not its path; a spec that does not parse
-    as it is (it is refused where it is checked)."""
+    """A length spec other than a histogram (keyed by its file's content, ``lengths_file``) as keyed: one spelling
+    per distribution (``lognormal:3,0.5`` and ``lognormal: 3.0, 0.50`` are one); a spec that does not parse as
+    it is (it is refused where it is checked)."""
     from autotune.errors import SpecError
     from autotune.spec.lengths import parse_lengths
 
-    if text.strip().lower().startswith("histogram:"):
-        return "histogram"
     try:
         d = parse_lengths(text)
     except SpecError:

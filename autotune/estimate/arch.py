@@ -307,13 +307,13 @@ def peft_lora_modules(arch: Arch, targets: tuple[str, ...] | list[str]) -> froze
     return frozenset(n for n, lf in leaf.items() if lf in chosen)
 
 
-def lora_targets_problem(arch: Arch, targets: tuple[str, ...] | list[str]) -> str | None:
+def lora_targets_problem(arch: Arch, targets: tuple[str, ...] | list[str], *, named: str = "--lora-targets") -> str | None:
     """One line when module names the user listed match no linear of the model, else None.
 
     The probe adapts every linear when none of the requested names is a module of the model (the default
     ``attn`` on GPT-2, whose projections have other names: ``lora_target_modules``); for names the user typed
     that would plan and measure something else than asked, so it is bad input. ``attn`` and ``all-linear``
-    are never a problem."""
+    are never a problem. ``named``: where the names came from, as the line says it (the option, or a file)."""
     from autotune.formats.model import lora_target_modules
     from autotune.spec.probe_request import ATTN_TARGETS
 
@@ -322,7 +322,7 @@ def lora_targets_problem(arch: Arch, targets: tuple[str, ...] | list[str]) -> st
     leaves = {n.rsplit(".", 1)[-1] for n, _, _ in arch.linears}
     if lora_target_modules(leaves, tuple(targets)) != "all-linear":  # the probe's rule: some name matched
         return None
-    return (f"--lora-targets {','.join(targets)} match no linear layer of this {arch.model_type} model (its "
+    return (f"{named} {','.join(targets)} match no linear layer of this {arch.model_type} model (its "
             f"linears: {', '.join(sorted(leaves))}): name some of those, or give attn or all-linear")
 
 

@@ -161,11 +161,11 @@ def _lora_target_problems(r: Request, workload: Workload) -> list[str]:
         arch = arch_from_config(r.resolved.config)
     except Exception:  # noqa: BLE001 - an architecture the estimator does not know
         return []
-    problem = lora_targets_problem(arch, workload.lora_targets)
     src = r.args.source
-    if problem and src is not None and tuple(src.request.get("lora_targets") or ()) == tuple(workload.lora_targets):
-        # the names are the file's: say so, not the option the user never typed
-        problem = problem.replace("--lora-targets ", f"--from {src.name}: its LoRA targets ", 1)
+    from_file = src is not None and tuple(src.request.get("lora_targets") or ()) == tuple(workload.lora_targets)
+    # the file's names are said as the file's, not as the option the user never typed
+    problem = lora_targets_problem(arch, workload.lora_targets,
+                                   named=f"--from {src.name}: its LoRA targets" if from_file else "--lora-targets")
     return [problem] if problem else []
 
 

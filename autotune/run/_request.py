@@ -207,12 +207,10 @@ def _llamafactory_dataset(cfg: Any, path: Path) -> None:
 
     folder = str(cfg.data.get("dataset_dir") or "data")
     tried = [Path(folder)] if Path(folder).is_absolute() else [Path(folder), path.parent / folder]
-    where = next((d for d in tried if (d / "dataset_info.json").is_file()), tried[0])
-    info = None
-    if (where / "dataset_info.json").is_file():
-        info = load_json(read_text_file(where / "dataset_info.json", what="dataset_info.json"),
-                         what=f"cannot read {where / 'dataset_info.json'}")
-    found, why = dataset_from_info(cfg.data.get("dataset"), info, str(where))
+    where = next((d for d in tried if (d / "dataset_info.json").is_file()), None)
+    info = None if where is None else load_json(read_text_file(where / "dataset_info.json", what="dataset_info.json"),
+                                                what=f"cannot read {where / 'dataset_info.json'}")
+    found, why = dataset_from_info(cfg.data.get("dataset"), info, str(where or tried[0]))
     if found is not None and Path(found).is_file():
         cfg.request["dataset"] = found
         return

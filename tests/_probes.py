@@ -15,12 +15,23 @@ from autotune.spec.probe_request import ProbeRequest
 from autotune.spec.result import ProbeResult
 
 _WARM: WarmStarter | None = None
+# pytest sets this variable anew for every test (and each of its phases); the server compares a probe's
+# environment with its own and, where they differ, starts a server of the new one (at most three times, then every
+# probe starts fresh), so with it the suite's probes forked from a warm server for its first tests only
+_PER_TEST_ENV = "PYTEST_CURRENT_TEST"
+
+
+class _SuiteWarmStarter(WarmStarter):
+    """The warm server a run uses, for probes whose environments differ only by the test that asks."""
+
+    def start(self, argv: list[str], env: dict[str, str], *args: Any, **kw: Any) -> Any:
+        return super().start(argv, {k: v for k, v in env.items() if k != _PER_TEST_ENV}, *args, **kw)
 
 
 def _server() -> WarmStarter:
     global _WARM
     if _WARM is None:
-        _WARM = WarmStarter()
+        _WARM = _SuiteWarmStarter()
         atexit.register(_WARM.close)
     return _WARM
 

@@ -147,6 +147,24 @@ def test_packed_rows_and_accumulation_hold_the_steps_sequences(fields):
                     (lf["per_device_train_batch_size"], lf["gradient_accumulation_steps"]),
                     (sft["per_device_train_batch_size"], sft["gradient_accumulation_steps"])):
         assert (mb, acc) == (2, 10) and mb * acc == rows_per_step  # (the measured 8 would have made 16)
+    assert not [n for n in files["axolotl.yaml"].splitlines() if "effective batch: rows are whole" in n]  # 64 held
+
+
+def test_a_packed_step_whole_rows_cannot_match_is_said_in_the_file(fields):
+    """8 sequences of 24 row tokens at 128 are 1.5 rows: whole rows hold ~11 (or ~5), not the 8 measured; the
+    Axolotl and LLaMA-Factory files say so beside their batch (train.py holds 8); within 10 % nothing is said."""
+    from autotune.formats import Measured
+    from autotune.formats._common import packed_drift_note
+
+    assert packed_drift_note(2, 16, Measured(seq_len=4096, mean_seq_len=657.0)) is None  # 31 for 32
+    assert packed_drift_note(8, 1, Measured(seq_len=128, mean_seq_len=24.0, probe=True)) is None
+    cand = Candidate(micro_batch=8, grad_accum=1, precision="fp32", packing=True)
+    # (result_for's sequences are 64 tokens: 8 of 12 row tokens are the same 1.5 rows)
+    files = build_files(result_for(cand, "lora", "cpu", metrics={"mean_seq_len": 12.0, "pack_fill": 1.0}),
+                        fields=fields)
+    for name in ("axolotl.yaml", "llamafactory.yaml"):
+        (note,) = [n for n in files[name].splitlines() if "effective batch: rows are whole" in n]
+        assert "2 row(s) x 1 hold ~11 sequences" in note and "not the 8 measured (+33%" in note, note
 
 
 def test_packed_files_under_deepspeed_leave_the_batch_to_the_trainer(fields):

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["REQUEST_FIELDS", "CARRIED_ELSEWHERE", "Measured", "changed", "local_dataset", "packed_batch", "packed_rows",
+__all__ = ["REQUEST_FIELDS", "CARRIED_ELSEWHERE", "Measured", "changed", "local_dataset", "packed_batch", "packed_drift_note", "packed_rows",
            "packed_sequence_tokens", "unexpressed_notes"]
 
 # model / mode / seq_len / effective_batch are held from the file; the rest describe its current levers.
@@ -113,6 +113,27 @@ def packed_batch(micro_batch: int, grad_accum: int, at: Measured) -> tuple[int, 
     if at.probe or not mean or mean <= 0 or not seq_len:
         return rows, grad_accum
     return rows, max(1, round(micro_batch * grad_accum * mean / seq_len / rows))
+
+
+# how far the sequences a packed file's optimizer step holds may drift from the measured ones before its note says so
+PACKED_DRIFT_NOTED = 0.10
+
+
+def packed_drift_note(micro_batch: int, grad_accum: int, at: Measured) -> str | None:
+    """A note when the whole rows :func:`packed_batch` writes hold an optimizer step of sequences more than
+    ``PACKED_DRIFT_NOTED`` away from the measured ``micro_batch x grad_accum`` (per device): a packer's rows hold
+    ``seq_len / at.mean_seq_len`` sequences each, so a step of few short sequences cannot be matched in whole rows
+    (8 sequences of 24 row tokens at 128 are 1.5 rows: 1 row holds ~5, 2 rows ~11). None when it holds."""
+    mean, seq_len = at.mean_seq_len, at.seq_len
+    if at.probe or not mean or mean <= 0 or not seq_len:
+        return None
+    rows, accum = packed_batch(micro_batch, grad_accum, at)
+    held, asked = rows * accum * seq_len / mean, micro_batch * grad_accum
+    if abs(held / asked - 1) <= PACKED_DRIFT_NOTED:
+        return None
+    return (f"effective batch: rows are whole, so {rows} row(s) x {accum} hold ~{held:.0f} sequences an optimizer "
+            f"step on each device, not the {asked} measured ({held / asked - 1:+.0%}; mean {mean:.0f} row tokens a "
+            f"sequence at {seq_len}); best/train.py holds {asked}")
 
 
 def unexpressed_notes(candidate: Any, unexpressed: Mapping[str, str], label: str) -> list[str]:

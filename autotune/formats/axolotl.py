@@ -28,7 +28,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from autotune.formats._common import Measured, changed, local_dataset, packed_batch, unexpressed_notes
+from autotune.formats._common import (
+    Measured,
+    changed,
+    local_dataset,
+    packed_batch,
+    packed_drift_note,
+    unexpressed_notes,
+)
 from autotune.formats.model import LORA_DROPOUT
 from autotune.formats.training_args import (
     LEARNING_RATES,
@@ -316,6 +323,8 @@ def axolotl_config(
             f"{cfg['gradient_accumulation_steps']} of them a step's"
             + ("" if mean_seq_len else " (no mean length recorded: rows = measured sequences, an upper bound)")
         )
+        drift = packed_drift_note(c.micro_batch, c.grad_accum, at)
+        notes += [drift] if drift else []
     if wl.mode in ("lora", "qlora"):
         cfg["adapter"] = wl.mode
         cfg["lora_r"] = wl.lora_r

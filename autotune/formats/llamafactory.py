@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.formats import training_args as _ta
-from autotune.formats._common import Measured, changed, packed_batch, unexpressed_notes
+from autotune.formats._common import Measured, changed, packed_batch, packed_drift_note, unexpressed_notes
 from autotune.formats.model import LORA_DROPOUT
 from autotune.spec.levers import ADVICE
 from autotune.spec.probe_request import Candidate, ProbeRequest
@@ -242,6 +242,8 @@ def llamafactory_config(
             f"keeps sequences apart) and the batch size counts rows: {own['per_device_train_batch_size']} "
             f"row(s) hold a micro-batch's sequences, and {own['gradient_accumulation_steps']} of them a step's"
         )
+        drift = packed_drift_note(c.micro_batch, c.grad_accum, at)
+        notes += [drift] if drift else []
     if wl.dataset:
         notes.append(dataset_note(wl.dataset, split=wl.split, column=dataset_column))
     else:

@@ -28,9 +28,14 @@ def _client_venvs_missing() -> list[str]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Under pytest-xdist each worker's probes get their share of the cores (``OMP_NUM_THREADS``, which a probe
-    and the emitted train.py both honour), unless the caller set it: two workers whose probes each take every
-    core make OpenMP threads wait on each other, and the same probe tests took 2.6x as long (tests/README.md)."""
+    """DeepSpeed's ops are this venv's (``tests/_build_ops.py``). Under pytest-xdist each worker's probes get
+    their share of the cores (``OMP_NUM_THREADS``, which a probe and the emitted train.py both honour), unless
+    the caller set it: two workers whose probes each take every core make OpenMP threads wait on each other,
+    and the same probe tests took 2.6x as long (tests/README.md)."""
+    sys.path.insert(0, str(TESTS))
+    import _build_ops
+
+    _build_ops.use_venv_ops_dir()  # DeepSpeed's ops where make setup built them (tests/_build_ops.py)
     workerinput = getattr(config, "workerinput", None)
     if workerinput is None:
         return

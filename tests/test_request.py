@@ -228,6 +228,11 @@ def test_what_changes_nothing_is_not_keyed() -> None:
     assert cache_key(base) == cache_key(dataclasses.replace(base, model_config={"hidden_size": 64,
                                                                                 "transformers_version": "4.99.0"}))
     assert cache_key(base) != cache_key(dataclasses.replace(base, model_config={"hidden_size": 65}))
+    # transformers 5 re-saves torch_dtype as dtype: the same entry, one key; another dtype is another key
+    spelled = [{"hidden_size": 64, name: value} for name, value in
+               (("torch_dtype", "bfloat16"), ("dtype", "bfloat16"), ("dtype", "float32"))]
+    k = [cache_key(dataclasses.replace(base, model_config=c)) for c in spelled]
+    assert k[0] == k[1] != k[2]
 
 
 def test_one_length_distribution_spelled_two_ways_is_one_key() -> None:

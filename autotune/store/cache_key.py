@@ -4,7 +4,8 @@ A repeat request is answered from the stored run only when *everything that chan
 is the same. The key is the sha256 of the canonical JSON of:
 
 * ``model_config``: the model's config dict (its content, not its name: a renamed copy of the
-  same config hits; without the entries that say who saved it, ``MODEL_CONFIG_BOOKKEEPING``); for a model
+  same config hits; without the entries that say who saved it, ``MODEL_CONFIG_BOOKKEEPING``, and with
+  ``dtype`` keyed as ``torch_dtype``, its older name); for a model
   from the HF cache or the Hub, ``model_revision``: its commit hash;
 * ``space``: the searched dimensions and their choices (the content of the YAML, after the
   choices this machine cannot run were dropped; not the space's name);
@@ -175,6 +176,15 @@ def probe_fields(settings: ProbeSettings) -> dict[str, Any]:
 MODEL_CONFIG_BOOKKEEPING = frozenset({"transformers_version", "_name_or_path", "_commit_hash"})
 
 
+def _keyed_model_config(config: dict[str, Any]) -> dict[str, Any]:
+    """config.json as keyed: without ``MODEL_CONFIG_BOOKKEEPING``, and transformers 5's ``dtype`` under the name
+    older files give it, ``torch_dtype`` (the same entry; a re-save by transformers 5 renames it)."""
+    out = {k: v for k, v in config.items() if k not in MODEL_CONFIG_BOOKKEEPING}
+    if "dtype" in out and "torch_dtype" not in out:
+        out["torch_dtype"] = out.pop("dtype")
+    return out
+
+
 @dataclass(frozen=True)
 class KeyedRequest:
     """Everything that changes a run's answer, as the cache key holds it (the module docstring lists why)."""
@@ -199,7 +209,7 @@ def cache_key(keyed: KeyedRequest) -> str:
     """sha256 hex of the canonical JSON of ``keyed`` (``model_revision`` only when there is one: presets
     and local folders key as before)."""
     payload = {
-        "model_config": {k: v for k, v in keyed.model_config.items() if k not in MODEL_CONFIG_BOOKKEEPING},
+        "model_config": _keyed_model_config(keyed.model_config),
         "space": keyed.space,
         "budget_bytes": int(keyed.budget_bytes),
         "seq_len": int(keyed.seq_len),

@@ -462,7 +462,8 @@ def test_the_same_command_again_continues_an_interrupted_run_and_fresh_starts_ov
 
 
 def test_a_stored_answer_is_served_from_where_it_is_and_whole(tmp_path: Path) -> None:
-    """A results folder moved (a CI cache restored under another path) names the folder it is served from; one whose
+    """A results folder moved (a CI cache restored under another path) names the folder it is served from (and the
+    study in it); one whose
     best/ was lost or emptied gets its files written again from best_result.json (it was served without them)."""
     from _cli import cli
 
@@ -480,6 +481,7 @@ def test_a_stored_answer_is_served_from_where_it_is_and_whole(tmp_path: Path) ->
     assert again.returncode == 0, again.stderr[-2000:]
     summary = json.loads(again.stdout)
     assert summary["from_cache"] is True and summary["run_dir"] == str(moved)
+    assert summary["search"]["storage"] == f"sqlite:///{(moved / 'study.db').resolve()}"  # its study, where it is
     assert json.loads((moved / "best" / "training_args.json").read_text())["per_device_train_batch_size"] >= 1
     assert (moved / "best" / "train.py").stat().st_size > 0 and "written again" in again.stderr
     assert isinstance(json.loads((moved / "best" / "model_kwargs.json").read_text()), dict)

@@ -107,7 +107,7 @@ def answer_from_cache(r: Request, plan: SearchPlan, *, started: float) -> RunRes
         best = ProbeResult.from_dict(cached.read_json("best_result.json"))
         # the folder it is served from (a results folder moved or restored elsewhere names its old path)
         summary = {**summary, "run_dir": str(cached.path), "from_cache": True,
-                   "answered_in_s": round(time.monotonic() - started, 3)}
+                   "answered_in_s": round(time.monotonic() - started, 3), **_moved_study(summary, cached)}
         _restore_best(cached, best, summary, plan.device, a.progress)
         if a.progress is not None:
             a.progress("cached", {"run_dir": str(cached.path), "summary": summary})
@@ -123,6 +123,19 @@ def answer_from_cache(r: Request, plan: SearchPlan, *, started: float) -> RunRes
         raise NothingFitsError(str(stored_summary.get("message", "nothing fits (cached answer)")) + " [cached]",
                                summary={**stored_summary, "from_cache": True})
     return None
+
+
+def _moved_study(summary: dict[str, Any], cached: Any) -> dict[str, Any]:
+    """``search`` naming the served folder's own study where the stored summary names it at the folder's old place
+    (a results folder moved or restored elsewhere); nothing to change otherwise (a --storage of the user's own)."""
+    search, prefix = summary.get("search"), "sqlite:///"
+    url = search.get("storage") if isinstance(search, dict) else None
+    if not isinstance(url, str) or not url.startswith(prefix):
+        return {}
+    old = Path(url[len(prefix):])
+    if old.name != "study.db" or old.parent.name != cached.path.name or old == cached.study_db.resolve():
+        return {}
+    return {"search": {**search, "storage": cached.storage_url()}}
 
 
 def _whole(path: Path) -> bool:

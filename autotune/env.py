@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["fingerprint", "package_versions", "versions_of", "nvml_device_info", "cpu_model", "tail_lines",
-           "training_fields", "sft_fields", "dataclass_field_names", "usable_cores"]
+           "training_fields", "training_enums", "sft_fields", "dataclass_field_names", "usable_cores"]
 
 _PACKAGES = (
     "torch",
@@ -95,6 +95,59 @@ def sft_fields() -> set[str] | None:
     except Exception:
         return None
     return {f.name for cls in (SFTConfig, ModelConfig, ScriptArguments) for f in dataclasses.fields(cls)}
+
+
+# TrainingArguments' keys whose value __post_init__ converts through an enum (a ValueError at construction for any
+# other value): key -> (file under transformers/, enum class)
+_TRAINING_ENUMS = {
+    "optim": ("training_args.py", "OptimizerNames"), "lr_scheduler_type": ("trainer_utils.py", "SchedulerType"),
+    "eval_strategy": ("trainer_utils.py", "IntervalStrategy"), "logging_strategy": ("trainer_utils.py", "IntervalStrategy"),
+    "save_strategy": ("trainer_utils.py", "SaveStrategy"), "hub_strategy": ("trainer_utils.py", "HubStrategy"),
+}
+
+
+def training_enums() -> dict[str, frozenset[str]]:
+    """The values the installed transformers accepts for TrainingArguments' enum-valued keys (``optim``,
+    ``lr_scheduler_type``, the strategies), and ``report_to``'s names (the Trainer's integrations, ``all`` and
+    ``none``; another name stops the Trainer at its start): read from its sources as :func:`training_fields` reads
+    the field names. A key whose values cannot be read is left out ({} without transformers)."""
+    tf = _package_dir("transformers")
+    if tf is None:
+        return {}
+    out: dict[str, frozenset[str]] = {}
+    for key, (file, enum) in _TRAINING_ENUMS.items():
+        values = _source_names(tf / file, enum)
+        if values:
+            out[key] = values
+    integrations = _source_names(tf / "integrations" / "integration_utils.py", "INTEGRATION_TO_CALLBACK")
+    if integrations:
+        out["report_to"] = integrations | {"all", "none"}
+    return out
+
+
+def _source_names(path: Path, name: str) -> frozenset[str] | None:
+    """The string values of the enum class ``name`` in ``path`` (its ``NAME = "value"`` lines), or the string keys of
+    the dict assigned to ``name`` at module level; None where the file or the name does not read that way."""
+    try:
+        st = os.stat(path)
+        return _names_in_source(str(path), st.st_mtime_ns, st.st_size, name)
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
+@functools.lru_cache(maxsize=16)
+def _names_in_source(path: str, mtime_ns: int, size: int, name: str) -> frozenset[str] | None:
+    import ast
+
+    for node in ast.parse(Path(path).read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return frozenset(s.value.value for s in node.body if isinstance(s, ast.Assign)
+                             and isinstance(s.value, ast.Constant) and isinstance(s.value.value, str)) or None
+        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
+                and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)):
+            return frozenset(k.value for k in node.value.keys
+                             if isinstance(k, ast.Constant) and isinstance(k.value, str)) or None
+    return None
 
 
 def _package_dir(name: str) -> Path | None:

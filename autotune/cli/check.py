@@ -24,7 +24,7 @@ from autotune.check import (
     requested_model,
 )
 from autotune.cli.render import dumps_json
-from autotune.env import sft_fields, training_fields
+from autotune.env import sft_fields, training_enums, training_fields
 from autotune.errors import SpecError
 from autotune.formats import FORMATS, is_yaml_name, key_source_label, known_keys, read_config
 
@@ -204,7 +204,8 @@ def command(
     fields, version = training_fields()
     if bundle.fmt == "trl":
         fields = sft_fields() or fields
-    report = gather(bundle, gpu=info, fields=fields, transformers_version=version, target=target, unjudged=unjudged)
+    report = gather(bundle, gpu=info, fields=fields, transformers_version=version, target=target, unjudged=unjudged,
+                    enums=training_enums())
     if json_out:
         typer.echo(dumps_json(report.to_dict(), indent=2))
     else:

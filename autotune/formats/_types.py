@@ -14,7 +14,7 @@ from typing import Any
 
 from autotune.spec.files import YAML_TEXT_NUMBER, short_repr
 
-__all__ = ["numbers_read_as_text", "type_problems"]
+__all__ = ["enum_problems", "numbers_read_as_text", "type_problems"]
 
 Check = Callable[[Any], bool]
 
@@ -160,3 +160,24 @@ def type_problems(kind: str, data: Any) -> list[tuple[str, str]]:
     if kind == "lora":
         return _table(data, _LORA, "")
     return []
+
+
+def enum_problems(data: Any, enums: Mapping[str, frozenset[str]]) -> list[tuple[str, str, str]]:
+    """(key, message, fix) for each TrainingArguments value outside what the installed transformers accepts for its
+    key (``enums``: ``autotune.env.training_enums``; ``report_to`` a name or a list of names): TrainingArguments
+    refuses such a value at construction (the Trainer, an unknown ``report_to``), so the file does not start."""
+    import difflib
+
+    if not isinstance(data, Mapping):
+        return []
+    out = []
+    for key, allowed in enums.items():
+        value = data.get(key)
+        given = [value] if isinstance(value, str) else value if key == "report_to" and isinstance(value, list) else []
+        for v in given:
+            if not isinstance(v, str) or v in allowed:
+                continue
+            near = difflib.get_close_matches(v, sorted(allowed), n=1)
+            fix = f"{key}: {near[0]}" if near else f"{key}: one of {', '.join(sorted(allowed)[:6])}, ..."
+            out.append((key, f"{key} {v!r} is not a value the installed transformers accepts: it refuses to start", fix))
+    return out

@@ -445,6 +445,58 @@ def test_bf16_and_fp16_both_true_fails_in_check_and_is_refused_by_run_from() -> 
     assert [i.status for i in items] == ["fail"] and "both true" in items[0].message
     assert any("bf16 and fp16 are both true" in m for m in value_problems("trl", {"bf16": True, "fp16": True}, "f"))
     assert not value_problems("trl", {"bf16": True, "fp16": False}, "f")
+    # DeepSpeed asserts on the same contradiction in its own config ("cannot be simultaneously enabled")
+    ds = {"zero_optimization": {"stage": 2}, "bf16": {"enabled": True}, "fp16": {"enabled": True}}
+    (item,) = gather(bundle(deepspeed=ds)).by_id("precision")
+    assert item.status == "fail" and "DeepSpeed refuses to start" in item.message and item.source == "deepspeed.json"
+
+
+@pytest.mark.parametrize(("kind", "data", "fix"), [
+    ("training_args", {"bf16": True}, "set fp16: true, bf16: false"),
+    ("accelerate", {"mixed_precision": "bf16"}, "set mixed_precision: fp16"),
+    ("deepspeed", {"zero_optimization": {"stage": 2}, "bf16": {"enabled": True}},
+     "set fp16.enabled: true, bf16.enabled: false"),
+])
+def test_the_precision_fix_is_written_in_the_keys_of_the_file_that_set_it(kind, data, fix) -> None:
+    """A T4 has no bf16: the fix names the key of the file the precision was read from (a top-level fp16: in an
+    accelerate or DeepSpeed file does nothing)."""
+    (item,) = gather(bundle(**{kind: data}), gpu=T4).by_id("precision")
+    assert item.status == "fail" and item.fix == fix, item
+
+
+def test_a_card_without_flash_attention_2_is_never_advised_it() -> None:
+    """check --gpu T4: packing and attention advice name sdpa, not flash_attention_2, which the T4 cannot run."""
+    for gpu, offered in ((T4, False), (A10G, True)):
+        r = gather(bundle(training_args={"bf16": gpu.bf16, "fp16": not gpu.bf16}), gpu=gpu)
+        advice = [f"{i.message} {i.fix}" for i in r.items if i.id in ("packing", "attention")]
+        assert advice and all(("'flash_attention_2'" in a or "with flash_attention_2" in a) == offered
+                              for a in advice), advice
+    eager = gather(bundle(training_args={"fp16": True}, model_kwargs={"attn_implementation": "eager"}), gpu=T4)
+    assert eager.by_id("attention")[0].fix == "attn_implementation: sdpa"
+
+
+def test_a_name_transformers_refuses_fails_the_check_and_the_run_from(tmp_path: Path) -> None:
+    """optim, lr_scheduler_type, the strategies and report_to hold names TrainingArguments (or the Trainer) refuses
+    outside its own: such a file does not start, so check fails it with the nearest name, and run --from refuses it."""
+    from _cli import cli
+
+    from autotune.env import training_enums
+
+    enums = training_enums()
+    assert {"adamw_torch", "adamw_torch_fused"} <= enums["optim"] and "cosine" in enums["lr_scheduler_type"]
+    assert {"steps", "epoch"} <= enums["save_strategy"] and {"tensorboard", "none"} <= enums["report_to"]
+    ta = {"optim": "adamw_torchh", "lr_scheduler_type": "cosine", "report_to": ["tensorboard", "wandbb"]}
+    items = gather(bundle(training_args=ta), enums=enums).by_id("types")
+    assert [(i.status, i.fix) for i in items] == [("fail", "optim: adamw_torch"), ("fail", "report_to: wandb")]
+    assert not gather(bundle(training_args={**ta, "optim": "adamw_torch", "report_to": "none"}),
+                      enums=enums).by_id("types")
+    src = tmp_path / "args.json"
+    src.write_text(json.dumps({"output_dir": "o", "per_device_train_batch_size": 2, "save_strategy": "step"}))
+    assert cli(tmp_path, "check", str(src)).returncode == 1
+    p = cli(tmp_path, "run", "--from", str(src), "--model", "tiny-llama", "--device", "cpu", "--gpu-budget", "3GB",
+            "--out", str(tmp_path / "out"), fake=True)
+    assert p.returncode == 2 and "save_strategy 'step'" in p.stderr and "save_strategy: steps" in p.stderr, p.stderr
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize(("value", "make", "needle"), [

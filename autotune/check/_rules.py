@@ -7,6 +7,7 @@ Input is text already read from disk (the CLI reads it); ``parse_config`` classi
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -215,84 +216,73 @@ class _Ctx:
         return None, ""
 
 
-def _sixteen_bit_fix(gpu: GpuInfo | None) -> str:
-    if gpu is None:
-        return "set bf16: true (fp16: true on GPUs without bf16, e.g. T4/V100)"
-    return "set bf16: true" if gpu.bf16 else f"set fp16: true ({gpu.name} has no bf16)"
+def _set_precision(c: _Ctx, to: str) -> str:
+    """The fix that makes the file train in ``to`` (bf16/fp16), in the keys of the file its precision was read from
+    (``_Ctx.precision``'s order): TrainingArguments' (and Axolotl's, LLaMA-Factory's, TRL's) bf16/fp16, accelerate's
+    mixed_precision, DeepSpeed's bf16.enabled/fp16.enabled."""
+    other = "fp16" if to == "bf16" else "bf16"
+    mp = c.acc.get("mixed_precision")
+    if c.has_ta:
+        return f"set {to}: true, {other}: false"
+    if mp in ("bf16", "fp16", "fp8") or (mp == "no" and not c.ds):
+        return f"set mixed_precision: {to}"
+    if c.ds:
+        return f"set {to}.enabled: true, {other}.enabled: false"
+    return f"set {to}: true, {other}: false"
+
+
+def _sixteen_bit_fix(c: _Ctx) -> str:
+    if c.gpu is None:
+        return f"{_set_precision(c, 'bf16')} (fp16 on GPUs without bf16, e.g. T4/V100)"
+    return _set_precision(c, "bf16") if c.gpu.bf16 else f"{_set_precision(c, 'fp16')} ({c.gpu.name} has no bf16)"
+
+
+def _both_sixteen_bit(c: _Ctx) -> tuple[str, str] | None:
+    """(what, who refuses) when the file turns bf16 and fp16 on together, which nothing starts with."""
+    stated = (c.b.native or {}) if c.b.fmt == "axolotl" else c.ta  # Axolotl's bf16: auto is not a true bf16
+    if stated.get("bf16") is True and stated.get("fp16") is True:
+        return "bf16 and fp16 are both true", "transformers refuses to start"
+    if all((c.ds.get(p) or {}).get("enabled") is True for p in ("bf16", "fp16")):
+        return "bf16.enabled and fp16.enabled are both true", "DeepSpeed refuses to start"
+    return None
 
 
 def _rule_precision(c: _Ctx) -> None:
     title = "mixed precision"
-    stated = (c.b.native or {}) if c.b.fmt == "axolotl" else c.ta  # Axolotl's bf16: auto is not a true bf16
-    if stated.get("bf16") is True and stated.get("fp16") is True:
-        c.add("precision", title, "fail", "bf16 and fp16 are both true: transformers refuses to start (at most one "
-              "of them)", "keep one: bf16 on Ampere or newer, else fp16", c.src("training_args"))
+    both = _both_sixteen_bit(c)
+    if both is not None:
+        src = c.src("training_args") if both[1].startswith("transformers") else c.src("deepspeed")
+        c.add("precision", title, "fail", f"{both[0]}: {both[1]} (at most one of them)",
+              "keep one: bf16 on Ampere or newer, else fp16", src)
         return
     prec, src = c.precision()
     if prec is None and not src:
         return
     if c.cpu:
-        c.add(
-            "precision",
-            title,
-            "info",
-            f"CPU run ({prec or 'auto'}): bf16 autocast is slow on CPUs without AMX",
-            source=src,
-        )
+        c.add("precision", title, "info", f"CPU run ({prec or 'auto'}): bf16 autocast is slow on CPUs without AMX",
+              source=src)
         return
     if prec is None:
-        c.add(
-            "precision",
-            title,
-            "info",
-            "DeepSpeed precision is 'auto' (taken from TrainingArguments)",
-            source=src,
-        )
+        c.add("precision", title, "info", "DeepSpeed precision is 'auto' (taken from TrainingArguments)", source=src)
         return
     if prec == "bf16":
         if c.gpu is not None and not c.gpu.bf16:
-            c.add(
-                "precision",
-                title,
-                "fail",
-                f"bf16 requested but {c.gpu.name} has no bf16",
-                "set fp16: true, bf16: false",
-                src,
-            )
+            c.add("precision", title, "fail", f"bf16 requested but {c.gpu.name} has no bf16",
+                  _set_precision(c, "fp16"), src)
         else:
             c.add("precision", title, "pass", "bf16 mixed precision", source=src)
     elif prec == "fp16":
         if c.gpu is not None and c.gpu.bf16:
-            c.add(
-                "precision",
-                title,
-                "warn",
-                f"fp16 on {c.gpu.name}, which has bf16 (no loss scaling needed)",
-                "set bf16: true, fp16: false",
-                src,
-            )
+            c.add("precision", title, "warn", f"fp16 on {c.gpu.name}, which has bf16 (no loss scaling needed)",
+                  _set_precision(c, "bf16"), src)
         else:
             c.add("precision", title, "pass", "fp16 mixed precision", source=src)
+    elif c.ta.get("tf32") is True:
+        c.add("precision", title, "warn", "fp32 weights and activations with TF32 matmuls",
+              _sixteen_bit_fix(c) + " to halve activation memory", src)
     else:
-        tf32 = c.ta.get("tf32") is True
-        if tf32:
-            c.add(
-                "precision",
-                title,
-                "warn",
-                "fp32 weights and activations with TF32 matmuls",
-                _sixteen_bit_fix(c.gpu) + " to halve activation memory",
-                src,
-            )
-        else:
-            c.add(
-                "precision",
-                title,
-                "fail",
-                "full fp32 without bf16/fp16 or TF32 leaves the tensor cores idle",
-                _sixteen_bit_fix(c.gpu),
-                src,
-            )
+        c.add("precision", title, "fail", "full fp32 without bf16/fp16 or TF32 leaves the tensor cores idle",
+              _sixteen_bit_fix(c), src)
 
 
 def _rule_device(c: _Ctx) -> None:
@@ -811,12 +801,15 @@ def _rule_packing(c: _Ctx) -> None:
         msg = "not a TrainingArguments setting: for variable-length data pack sequences"
         if c.ta.get("group_by_length"):
             msg = "group_by_length reduces padding; packing removes it"
-        c.add(
-            "packing",
-            "packing",
-            "info",
-            msg + " (DataCollatorWithFlattening with flash_attention_2, TRL packing=True)",
-        )
+        how = ("DataCollatorWithFlattening with flash_attention_2, TRL packing=True" if not _no_flash(c) else
+               f"padding-free packing (DataCollatorWithFlattening, TRL's) needs flash_attention_2, which {c.gpu.name} "
+               "cannot run: pack with per-sequence attention under sdpa, as autotune's train.py does")
+        c.add("packing", "packing", "info", f"{msg} ({how})")
+
+
+def _no_flash(c: _Ctx) -> bool:
+    """The file is checked for a GPU that cannot run flash_attention_2 (a T4, a V100): sdpa is the advice."""
+    return c.gpu is not None and not c.gpu.flash_attention_2
 
 
 def _rule_attention(c: _Ctx) -> None:
@@ -833,7 +826,8 @@ def _rule_attention(c: _Ctx) -> None:
                 title,
                 "info",
                 "model kwargs not given: load the model with attn_implementation="
-                "'sdpa' or 'flash_attention_2', never 'eager'",
+                + (f"'sdpa' ({c.gpu.name} cannot run flash_attention_2)" if _no_flash(c) else
+                   "'sdpa' or 'flash_attention_2'") + ", never 'eager'",
             )
         return
     src = c.src("model_kwargs")
@@ -852,7 +846,7 @@ def _rule_attention(c: _Ctx) -> None:
             title,
             "fail",
             "eager attention: unfused kernels, the full attention matrix in memory",
-            ADVICE["attn"],
+            "attn_implementation: sdpa" if _no_flash(c) else ADVICE["attn"],
             src,
         )
     elif attn == "flash_attention_2" and c.gpu is not None and not c.gpu.flash_attention_2:
@@ -1103,11 +1097,17 @@ def _rule_deepspeed(c: _Ctx) -> None:
               "zero_optimization.stage3_gather_16bit_weights_on_model_save: true", src)
 
 
-def _typed(bundle: ConfigBundle) -> tuple[ConfigBundle, list[CheckItem]]:
-    """(a copy of ``bundle`` without its wrongly typed values, one FAIL item per such value)."""
+# the formats whose TrainingArguments keys transformers itself parses (Axolotl maps its own optimizer and scheduler
+# names, which transformers does not know, before it builds them)
+_ENUMS_JUDGED = frozenset({"training_args", "trl", "llamafactory"})
+
+
+def _typed(bundle: ConfigBundle, enums: Mapping[str, frozenset[str]] | None = None) -> tuple[ConfigBundle, list[CheckItem]]:
+    """(a copy of ``bundle`` without its wrongly typed values, one FAIL item per such value; ``enums``: the values
+    the installed transformers accepts for its enum-valued keys, ``autotune.env.training_enums``)."""
     import copy
 
-    from autotune.formats import numbers_read_as_text, type_problems
+    from autotune.formats import enum_problems, numbers_read_as_text, type_problems
 
     items: list[CheckItem] = [CheckItem(id="types", title="value types", status="fail", message=m,
                                         fix="give the key a value of the type or range named", source=bundle.target)
@@ -1116,6 +1116,9 @@ def _typed(bundle: ConfigBundle) -> tuple[ConfigBundle, list[CheckItem]]:
     if bundle.fmt in ("trl", "llamafactory") and isinstance(data.get("training_args"), dict):
         data["training_args"] = numbers_read_as_text(data["training_args"])  # as their parsers read 2e-5
     for kind, content in list(data.items()):
+        if kind == "training_args" and enums and bundle.fmt in _ENUMS_JUDGED:  # a name, judged as the file states it
+            items += [CheckItem(id="types", title="value types", status="fail", message=message, fix=fix,
+                                source=bundle.sources.get(kind, "")) for _, message, fix in enum_problems(content, enums)]
         problems = type_problems(kind, content)
         if not problems:
             continue
@@ -1186,14 +1189,16 @@ def gather(
     transformers_version: str | None = None,
     target: FitTarget | None = None,
     unjudged: str = "",
+    enums: Mapping[str, frozenset[str]] | None = None,
 ) -> CheckReport:
     """Run the checklist over ``bundle``. ``fields``: installed TrainingArguments field names, if known.
     ``target``: the model and catalog GPU to judge the file's memory and micro-batch on (``check --gpu``);
-    ``unjudged``: why there is none although a GPU was named (an INFO item says so).
+    ``unjudged``: why there is none although a GPU was named (an INFO item says so); ``enums``: the values the
+    installed transformers accepts for TrainingArguments' enum-valued keys (a value outside them is a FAIL).
 
     Each value's type is checked first (``autotune.formats._types``): a wrong type is a FAIL naming
     the key, and the rules judge the file without that key (never a crash, never a PASS on it)."""
-    typed, type_items = _typed(bundle)
+    typed, type_items = _typed(bundle, enums)
     c = _Ctx(typed, gpu, fields, transformers_version, target)
     c.items.extend(type_items)
     if unjudged and gpu is not None:

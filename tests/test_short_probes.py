@@ -155,6 +155,15 @@ def test_noisy_steps_run_the_window_to_its_maximum_and_are_flagged() -> None:
     assert metrics["composed"] and metrics["timed_steps"] == 6
     assert metrics["rel_std_error"] > NOISY_REL_ERROR and metrics["composition_noisy"]
     assert any("too noisy to combine" in w for w in metrics["warnings"])
+    # whole steps as noisy: the figure stands (nothing to combine), and says it is noisy (it went out as a clean ok)
+    whole = probe_window(ProbeSettings(warmup_steps=1, steps=6, window="whole"), Candidate(grad_accum=2))
+    m = _meter(whole, 2)
+    for mi in micro:
+        _feed(m, mi + 0.3, (mi, 0.3))
+    metrics = {}
+    worker._record_window(metrics, m, whole, 0.0, 0.0, 0.0)
+    assert not metrics["composed"] and "composition_noisy" not in metrics
+    assert metrics["rel_std_error"] > NOISY_REL_ERROR and any("figure is noisy" in w for w in metrics["warnings"])
 
 
 def test_a_whole_window_never_stops_early() -> None:

@@ -1042,6 +1042,24 @@ def _preload_libraries(req: ProbeRequest) -> None:
                 pass  # the precheck has said what is missing
 
 
+def _note_noise(metrics: dict[str, Any], rel: float, n: int, *, composed: bool) -> None:
+    """A warning for a figure whose relative standard error is over ``NOISY_REL_ERROR``: a composed one is not
+    combined (``composition_noisy``: the confirmation never calls it confirmed); a whole-step one stands, saying how
+    little it holds (a 2-core machine under other load ran whole steps of 0.5 and 2.8 s in one window)."""
+    from autotune.spec.probe_window import NOISY_REL_ERROR
+
+    if composed:
+        metrics["composition_noisy"] = True
+        metrics.setdefault("warnings", []).append(
+            f"the composed figure is too noisy to combine: relative standard error {rel:.0%} > "
+            f"{NOISY_REL_ERROR:.0%} after {n} timed steps (other load, or a variable-length stream); "
+            "re-measure on a quiet machine, with more --steps, or with --window whole")
+    else:
+        metrics.setdefault("warnings", []).append(
+            f"the figure is noisy: relative standard error {rel:.0%} > {NOISY_REL_ERROR:.0%} over {n} timed steps "
+            "(other load, or a variable-length stream); re-measure on a quiet machine or with more --steps")
+
+
 def _record_window(
     metrics: dict[str, Any], meter: _Meter, window: ProbeWindow, launch_time: float, wall0: float, t0: float
 ) -> None:
@@ -1091,13 +1109,8 @@ def _record_window(
             f"stop after >= {window.min_timed_steps} timed steps once the relative standard error of tokens/s "
             f"is <= {STABLE_REL_ERROR:.0%}; at most {window.max_timed_steps}"
         )
-    if rel is not None and rel > NOISY_REL_ERROR and window.composed:
-        metrics["composition_noisy"] = True
-        metrics.setdefault("warnings", []).append(
-            f"the composed figure is too noisy to combine: relative standard error {rel:.0%} > "
-            f"{NOISY_REL_ERROR:.0%} after {n} timed steps (other load, or a variable-length stream); "
-            "re-measure on a quiet machine, with more --steps, or with --window whole"
-        )
+    if rel is not None and rel > NOISY_REL_ERROR:
+        _note_noise(metrics, rel, n, composed=window.composed)
     metrics.update(summarize_window(step_times, tokens, seqs, fetch))
     metrics.update(per_step_counts(seqs, tokens))
     if meter.graphs and len(meter.graphs) >= w + n:

@@ -879,6 +879,21 @@ def test_check_never_passes_a_wrongly_typed_value(text: str, needles: list[str])
     assert not any(i.id == "precision" and i.status == "pass" for i in rep.items)
 
 
+def test_check_says_nothing_false_about_a_key_it_set_aside_for_its_type() -> None:
+    """A key set aside for its type is named by its FAIL; no other item judges the file as if it were not stated
+    ("seed not stated", "HF default 8 is used", a PASS on a micro-batch of 8 the file does not have)."""
+    from autotune.check import ConfigBundle, gather
+
+    ta = {"per_device_train_batch_size": 0, "gradient_accumulation_steps": 4, "seed": "42", "save_total_limit": -1,
+          "dataloader_num_workers": "four", "bf16": True}
+    rep = gather(ConfigBundle(target="t", data={"training_args": ta}, sources={"training_args": "t"}))
+    assert len([i for i in rep.items if i.id == "types"]) == 4
+    said = " | ".join(f"{i.id}: {i.message}" for i in rep.items if i.id != "types")
+    for false in ("not stated", "HF default", "0 workers", "micro-batch 8", "save_total_limit unset"):
+        assert false not in said, said
+    assert "6 arguments" in said  # counted as the file states them
+
+
 def test_run_from_with_a_wrongly_typed_inline_deepspeed_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "ta.json").write_text(json.dumps({"model_name_or_path": "tiny-llama", "per_device_train_batch_size": 2,
                                                   "deepspeed": {"zero_optimization": "x"}}))

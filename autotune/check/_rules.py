@@ -151,6 +151,7 @@ class _Ctx:
         self.gpu = gpu
         self.target = target
         self.batch_judged = False  # the fit rule gave the micro-batch advice (from the GPU and the model)
+        self.ta_set_aside = 0  # TrainingArguments keys set aside for their type (known names all: the type table's)
         self.fields = fields
         self.version = version
         self.ta: dict[str, Any] = b.get("training_args") or {}
@@ -1001,14 +1002,16 @@ def _names_verdict(c: _Ctx, missing: tuple[str, str] | None, unknown: list[str],
                       f", and whether {cls} takes {'it' if one else 'them'} is not known here")
         else:
             judged = "all TrainingArguments fields"
-        c.add("names", "argument names", "info", f"{len(c.ta)} argument{'' if len(c.ta) == 1 else 's'}, {judged} ({pkg} is not installed)",
+        n = len(c.ta) + c.ta_set_aside
+        c.add("names", "argument names", "info", f"{n} argument{'' if n == 1 else 's'}, {judged} ({pkg} is not installed)",
               f"pip install {pkg} to check every name against {cls}", c.src("training_args"))
     elif c.has_ta and not bad:
+        n = len(c.ta) + c.ta_set_aside
         c.add(
             "names",
             "argument names",
             "pass",
-            f"{len(c.ta)} argument{'' if len(c.ta) == 1 else 's'}, known to "
+            f"{n} argument{'' if n == 1 else 's'}, known to "
             f"{'the installed trl (SFTConfig, ModelConfig, ScriptArguments) and ' if c.b.fmt == 'trl' else ''}"
             f"{_names_version(c)}",
             source=c.src("training_args"),
@@ -1102,9 +1105,29 @@ def _rule_deepspeed(c: _Ctx) -> None:
 _ENUMS_JUDGED = frozenset({"training_args", "trl", "llamafactory"})
 
 
-def _typed(bundle: ConfigBundle, enums: Mapping[str, frozenset[str]] | None = None) -> tuple[ConfigBundle, list[CheckItem]]:
-    """(a copy of ``bundle`` without its wrongly typed values, one FAIL item per such value; ``enums``: the values
-    the installed transformers accepts for its enum-valued keys, ``autotune.env.training_enums``)."""
+# what each item judges, by key (a key whose value was set aside for its type): its item would speak of the key
+# as not stated, or of its default, where the file states a value of the wrong type
+_ITEM_KEYS: dict[str, frozenset[str]] = {
+    "batch": frozenset({"per_device_train_batch_size", "gradient_accumulation_steps"}),
+    "effective_batch": frozenset({"per_device_train_batch_size", "gradient_accumulation_steps"}),
+    "fit": frozenset({"per_device_train_batch_size", "gradient_accumulation_steps"}),
+    "seed": frozenset({"seed"}),
+    "checkpoints": frozenset({"save_total_limit", "save_steps", "save_strategy"}),
+    "dataloader_workers": frozenset({"dataloader_num_workers", "dataloader_persistent_workers"}),
+    "pin_memory": frozenset({"dataloader_pin_memory"}),
+    "tracking": frozenset({"report_to"}),
+    "precision": frozenset({"bf16", "fp16", "tf32", "mixed_precision", "enabled"}),
+    "packing": frozenset({"packing", "padding_free", "group_by_length"}),
+    "memory_levers": frozenset({"gradient_checkpointing", "activation_checkpointing"}),
+    "attention": frozenset({"attn_implementation"}),
+}
+
+
+def _typed(bundle: ConfigBundle, enums: Mapping[str, frozenset[str]] | None = None,
+           ) -> tuple[ConfigBundle, list[CheckItem], frozenset[str]]:
+    """(a copy of ``bundle`` without its wrongly typed values, one FAIL item per such value, the names of the keys
+    set aside; ``enums``: the values the installed transformers accepts for its enum-valued keys,
+    ``autotune.env.training_enums``)."""
     import copy
 
     from autotune.formats import enum_problems, numbers_read_as_text, type_problems
@@ -1112,7 +1135,7 @@ def _typed(bundle: ConfigBundle, enums: Mapping[str, frozenset[str]] | None = No
     items: list[CheckItem] = [CheckItem(id="types", title="value types", status="fail", message=m,
                                         fix="give the key a value of the type or range named", source=bundle.target)
                               for m in bundle.problems]
-    data = dict(bundle.data)
+    data, dropped = dict(bundle.data), set()
     if bundle.fmt in ("trl", "llamafactory") and isinstance(data.get("training_args"), dict):
         data["training_args"] = numbers_read_as_text(data["training_args"])  # as their parsers read 2e-5
     for kind, content in list(data.items()):
@@ -1128,13 +1151,14 @@ def _typed(bundle: ConfigBundle, enums: Mapping[str, frozenset[str]] | None = No
                                    fix=f"give {dotted} a value of the type or range named (the other checks ignored it)",
                                    source=bundle.sources.get(kind, "")))
             *parents, last = dotted.split(".")
+            dropped.add(last)
             node = content
             for part in parents:
                 node = node.get(part) if isinstance(node, dict) else None
             if isinstance(node, dict):
                 node.pop(last, None)
         data[kind] = content
-    return dataclasses.replace(bundle, data=data), items
+    return dataclasses.replace(bundle, data=data), items, frozenset(dropped)
 
 
 def _rule_repeated_keys(c: _Ctx) -> None:
@@ -1198,8 +1222,9 @@ def gather(
 
     Each value's type is checked first (``autotune.formats._types``): a wrong type is a FAIL naming
     the key, and the rules judge the file without that key (never a crash, never a PASS on it)."""
-    typed, type_items = _typed(bundle, enums)
+    typed, type_items, dropped = _typed(bundle, enums)
     c = _Ctx(typed, gpu, fields, transformers_version, target)
+    c.ta_set_aside = len(set(bundle.get("training_args") or {}) - set(c.ta))
     c.items.extend(type_items)
     if unjudged and gpu is not None:
         c.add("fit", f"memory on {gpu.name}", "info", f"not judged: {unjudged}",
@@ -1212,6 +1237,8 @@ def gather(
                   f"a value has a type the {rule.__name__.removeprefix('_rule_')} check cannot judge "
                   f"({type(exc).__name__}: {' '.join(str(exc).split())[:120]})",
                   "give each key the type its documentation names")
+    # an item about a key set aside for its type would judge the file without it ("not stated", its default)
+    c.items = [i for i in c.items if not (_ITEM_KEYS.get(i.id, frozenset()) & dropped)]
     if bundle.fmt in FORMATS and FORMATS[bundle.fmt].VOCAB:
         # every message in the file's own words, except those that quote the file's keys as they are
         c.items = [i if i.id in _VERBATIM_ITEMS else

@@ -547,6 +547,17 @@ def test_an_answer_without_the_hf_default_says_there_is_no_speed_up_to_report(ca
     from autotune.cli.run import render_summary
 
     render_summary({"top": [], "best": {"label": "mb2x8"}, "speedup_vs_baseline": None,
-                    "speedup_note": "the HF default was not re-measured beside the winner (it did not run, or failed)"},
-                   console())
+                    "speedup_note": "the HF default was not probed: the search ended"}, console())
     assert "no speed-up over the HF default to report" in capsys.readouterr().out
+
+
+def test_the_answer_says_why_it_has_no_speed_up_over_the_hf_default(tmp_path: Path) -> None:
+    """--max-trials 1 ends the search before the HF default is probed: said as that, not as "it did not run, or
+    failed" (one that ran and did not fit says its status and reason)."""
+    from _cli import cli
+
+    args = ["run", "--device", "cpu", "--model", "tiny-llama", "--space", "cpu", "--seq-len", "64",
+            "--effective-batch", "8", "--steps", "2", "--top-k", "1", "--confirm-rounds", "1", "--json"]
+    one = cli(tmp_path, *args, "--gpu-budget", "64GB", "--max-trials", "1", "--out", str(tmp_path / "a"), fake=True)
+    assert one.returncode == 0, one.stderr[-2000:]
+    assert json.loads(one.stdout)["speedup_note"].startswith("the HF default was not probed: the search ended")

@@ -362,6 +362,19 @@ def _refuse_if_set_aside(entry: dict[str, Any] | None) -> None:
         raise SpecError(entry["set_aside"])
 
 
+def _no_speedup_why(outcome: SearchOutcome, key: str) -> str:
+    """Why the answer has no "x over the HF default": never probed, probed and not run, or not re-measured."""
+    rec = next((r for r in outcome.records if r.key == key and r.phase == "search"), None)
+    if rec is None:
+        return ("the HF default was not probed: the search ended (its --max-trials or --time-budget) before it; "
+                "a larger budget measures it beside the winner")
+    if rec.status != "ok":
+        how = "inferred" if rec.inferred else "measured"
+        return (f"the HF default does not run here ({how} {rec.status}"
+                + (f": {' '.join(str(rec.reason).split())[:120]})" if rec.reason else ")"))
+    return "the HF default was probed but not re-measured beside the winner (its re-measurements did not run)"
+
+
 def _speedup_summary(outcome: SearchOutcome, baseline: Candidate) -> dict[str, Any]:
     """best vs the HF default from the medians of their side-by-side re-measurements, with the range."""
     from autotune.search import speedup
@@ -372,8 +385,7 @@ def _speedup_summary(outcome: SearchOutcome, baseline: Candidate) -> dict[str, A
     base = next((e for e in outcome.ranking if e["key"] == key), None)
     best = next((e for e in outcome.ranking if e["key"] == outcome.best_record.key), None)
     if base is None or best is None or base["status"] not in ("confirmed", "noisy"):
-        return {"speedup_vs_baseline": None,
-                "speedup_note": "the HF default was not re-measured beside the winner (it did not run, or failed)"}
+        return {"speedup_vs_baseline": None, "speedup_note": _no_speedup_why(outcome, key)}
     searched = (best.get("search_tokens_per_s"), base.get("search_tokens_per_s"))
     s = speedup(best["measurements"], base["measurements"], best_by_round=best.get("by_round"),
                 base_by_round=base.get("by_round"),

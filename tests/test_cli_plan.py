@@ -320,6 +320,8 @@ def test_nothing_fits_answers_with_the_smallest_footprint_and_its_breakdown() ->
     assert shown in g["note"], g["note"]
     r = run(*args)
     assert "the smallest footprint is" in r.output and "T4 memory at the" in r.output
+    # the table's row sets the peak against the usable memory it was judged on, not the card's 15 GiB
+    assert f"(smallest) / {format_bytes(g['usable_bytes'])} usable" in r.output, r.output
     assert r.exit_code == 3  # nothing fits on any GPU asked, in any mode tried: as `autotune run`
     assert "already 4-bit" in r.output  # the dominant term's lever leaves out what the plan already uses
 
@@ -411,3 +413,12 @@ def test_gpu_counts_the_effective_batch_cannot_split_over_are_named() -> None:
     notes = json.loads(run("--model", "gpt2", "--seq-len", "512", "--gpu", "L4", "--effective-batch", "7",
                            "--gpus-per-node", "8", "--json").output)["notes"]
     assert any("effective batch 7 does not split over 2, 4, 8 GPUs" in n for n in notes), notes
+
+
+def test_a_gpu_name_that_could_mean_two_cards_says_which_it_was_read_as() -> None:
+    """--gpu A100 plans on the 80 GB card; a user of the 40 GB one is told so (a 70 GiB plan read as fitting)."""
+    notes = json.loads(run("--model", "llama-3.1-8b", "--gpu", "A100,A10G", "--mode", "lora", "--json").output)["notes"]
+    said = [n for n in notes if "is read as" in n]
+    assert said == ["--gpu A100 is read as A100-80GB; the catalog also holds A100-40GB: name the one you mean"]
+    exact = json.loads(run("--model", "llama-3.1-8b", "--gpu", "A100-40GB", "--mode", "lora", "--json").output)
+    assert not [n for n in exact["notes"] if "is read as" in n]

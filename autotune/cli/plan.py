@@ -20,7 +20,7 @@ import typer
 from autotune.cli._levers import lever_options
 from autotune.cli.render import dumps_json
 from autotune.errors import NothingFitsError, SpecError
-from autotune.estimate.catalog import GPU, catalog_paths_from_env, find_gpus, load_catalog
+from autotune.estimate.catalog import GPU, alias_notes, catalog_paths_from_env, find_gpus, load_catalog
 from autotune.estimate.plan import (
     MAX_GPUS_PER_NODE,
     PIN_FIELDS,
@@ -111,6 +111,7 @@ def gather(query: PlanQuery, sources: PlanSources | None = None) -> PlanResult:
         workload=PlanWorkload(query.lengths, query.trainer),
     )  # fmt: skip
     extra = [default_note] if default_note else []
+    extra += alias_notes(query.gpu, load_catalog(paths or None))
     extra += list(resolved.notes)
     extra += calibration_notes
     extra += [f"--calibrate: no probe of {sources.calibrate_from} ran on {g.name}; its speed uses the "
@@ -241,8 +242,9 @@ def render(result: PlanResult, *, width: int = 160, color: bool = False) -> str:
         if o is None:
             least = row.smallest
             peak = f"{format_bytes(least.memory.total)} (smallest)" if least else "-"
+            # judged against the usable share (5 % headroom kept): 14.98 GiB / 15.00 GiB read as if it fitted
             table.add_row(row.gpu.name, "no", row.note.split(": the smallest")[0], "-",
-                          f"{peak} / {format_bytes(row.capacity_bytes)}", "-", "-", "-", "-", "-")  # fmt: skip
+                          f"{peak} / {format_bytes(row.usable_bytes)} usable", "-", "-", "-", "-", "-")  # fmt: skip
             continue
         c = o.candidate
         fits = "yes" if row.fits else f"no -> {o.mode}"

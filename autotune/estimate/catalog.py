@@ -28,6 +28,7 @@ __all__ = [
     "CATALOG_ENV",
     "builtin_catalog",
     "catalog_paths_from_env",
+    "alias_notes",
     "find_gpu",
     "find_gpus",
     "load_catalog",
@@ -335,6 +336,24 @@ def find_gpu(name: str, catalog: Iterable[GPU] | None = None) -> GPU:
             return g
     known = ", ".join(g.name for g in gpus)
     raise SpecError(f"unknown GPU {name!r}; known: {known} (extend the catalog with ${CATALOG_ENV})")
+
+
+def alias_notes(names: str | Iterable[str], catalog: Iterable[GPU] | None = None) -> list[str]:
+    """A note for each name read through an alias that other catalog entries' names also begin with: ``A100`` is
+    the 80 GB card here, and a user of the 40 GB one typing it would be planned on 80 GB without a word."""
+    items = [n.strip() for n in names.split(",")] if isinstance(names, str) else [n.strip() for n in names]
+    gpus = list(_builtin() if catalog is None else catalog)
+    notes = []
+    for n in (i for i in items if i):
+        key = _norm(n)
+        if any(key == _norm(g.name) for g in gpus):
+            continue
+        g = next((g for g in gpus if key in {_norm(a) for a in g.aliases}), None)
+        others = [o.name for o in gpus if o is not g and _norm(o.name).startswith(key)]
+        if g is not None and others:
+            notes.append(f"--gpu {n} is read as {g.name}; the catalog also holds {', '.join(others)}: name the one you "
+                         "mean")
+    return notes
 
 
 def find_gpus(names: str | Iterable[str], catalog: Iterable[GPU] | None = None) -> list[GPU]:

@@ -464,6 +464,16 @@ def test_the_precision_fix_is_written_in_the_keys_of_the_file_that_set_it(kind, 
     assert item.status == "fail" and item.fix == fix, item
 
 
+def test_bf16_asked_for_outside_the_precision_keys_is_said_on_a_card_without_it() -> None:
+    """A T4: the model loaded in bfloat16 (model kwargs' or TRL's dtype) and bf16_full_eval passed beside fp16."""
+    for data in ({"training_args": {"fp16": True}, "model_kwargs": {"dtype": "bfloat16"}},
+                 {"training_args": {"fp16": True, "dtype": "bfloat16"}},
+                 {"training_args": {"fp16": True, "bf16_full_eval": True}}):
+        items = gather(bundle(**data), gpu=T4).by_id("precision")
+        assert [i.status for i in items] == ["warn", "pass"] and "T4 has no bf16" in items[0].message, items
+        assert not [i for i in gather(bundle(**data), gpu=A10G).by_id("precision") if "has no bf16" in i.message]
+
+
 def test_a_card_without_flash_attention_2_is_never_advised_it() -> None:
     """check --gpu T4: packing and attention advice name sdpa, not flash_attention_2, which the T4 cannot run."""
     for gpu, offered in ((T4, False), (A10G, True)):

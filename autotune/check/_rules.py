@@ -248,8 +248,26 @@ def _both_sixteen_bit(c: _Ctx) -> tuple[str, str] | None:
     return None
 
 
+def _bf16_elsewhere(c: _Ctx) -> None:
+    """On a card without bf16, what else asks for it: the model loaded in bfloat16 (model kwargs' or TRL's ``dtype``)
+    and bf16 evaluation (``bf16_full_eval``), which the precision keys alone did not show."""
+    if c.gpu is None or c.gpu.bf16:
+        return
+    for where, dtype in (("model_kwargs", (c.mk or {}).get("dtype") or (c.mk or {}).get("torch_dtype")),
+                         ("training_args", c.ta.get("dtype") or c.ta.get("torch_dtype"))):
+        if isinstance(dtype, str) and dtype.removeprefix("torch.") in ("bfloat16", "bf16"):
+            c.add("precision", "mixed precision", "warn", f"the model is loaded in {dtype}, which {c.gpu.name} has "
+                  "no bf16 for (torch emulates it, slowly)", "dtype: float16 (beside fp16: true)", c.src(where))
+            break
+    if c.ta.get("bf16_full_eval") is True:
+        c.add("precision", "mixed precision", "warn", f"bf16_full_eval: true, and {c.gpu.name} has no bf16 (torch "
+              "emulates it, slowly)",
+              "bf16_full_eval: false (fp16_full_eval: true)", c.src("training_args"))
+
+
 def _rule_precision(c: _Ctx) -> None:
     title = "mixed precision"
+    _bf16_elsewhere(c)
     both = _both_sixteen_bit(c)
     if both is not None:
         src = c.src("training_args") if both[1].startswith("transformers") else c.src("deepspeed")

@@ -422,3 +422,11 @@ def test_a_gpu_name_that_could_mean_two_cards_says_which_it_was_read_as() -> Non
     assert said == ["--gpu A100 is read as A100-80GB; the catalog also holds A100-40GB: name the one you mean"]
     exact = json.loads(run("--model", "llama-3.1-8b", "--gpu", "A100-40GB", "--mode", "lora", "--json").output)
     assert not [n for n in exact["notes"] if "is read as" in n]
+
+
+def test_the_dominant_terms_lever_is_never_a_smaller_micro_batch_than_1() -> None:
+    """At micro-batch 1 the lever for activations or the loss is never "a smaller micro-batch"."""
+    for args in (["--micro-batch", "1", "--no-grad-ckpt"], ["--seq-len", "1000000"]):
+        out = json.loads(run("--model", "llama-3.1-8b", "--gpu", "T4", "--mode", "qlora", *args, "--json").output)
+        b = out["gpus"][0]["breakdown"]
+        assert b["dominant"] == "activations" and "smaller micro-batch" not in b["lever"], b["lever"]

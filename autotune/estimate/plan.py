@@ -268,8 +268,14 @@ def _lever_for(term: str, option: PlanOption) -> str:
     if term == "weights" and option.mode == "lora":
         return "ZeRO-3 sharding over more GPUs, or QLoRA's 4-bit base" if c.zero_stage < 3 else "more GPUs, or QLoRA"
     if term == "activations" and c.grad_ckpt and c.ckpt_every == 1:
-        return "a smaller micro-batch or sequence (every layer is checkpointed already)"
-    return LEVER_FOR_TERM.get(term, "")
+        return ("a shorter sequence (every layer is checkpointed already, micro-batch 1)" if c.micro_batch == 1 else
+                "a smaller micro-batch or sequence (every layer is checkpointed already)")
+    lever = LEVER_FOR_TERM.get(term, "")
+    if c.micro_batch == 1:  # no smaller one
+        lever = {"activations": "gradient checkpointing (micro-batch 1 already)",
+                 "logits_loss": "Liger's fused linear+cross-entropy, or a shorter sequence (micro-batch 1 already)",
+                 "recompute_working_set": "a shorter sequence (micro-batch 1 already)"}.get(term, lever)
+    return lever
 
 
 def _gpus_text(n: int) -> str:

@@ -578,3 +578,16 @@ def test_a_key_set_twice_is_a_warning_naming_its_lines_and_the_value_read(tmp_pa
     assert repeated_keys('{"a": 1, "b": {"a": 2}, "a": 3}', yaml_text=False) == [("a", 2, [])]
     assert repeated_keys("[1, 1]", yaml_text=False) == repeated_keys("- 1\n- 1\n", yaml_text=True) == []
     assert repeated_keys('\ufeff{"a": 1,\n"a": 2}', yaml_text=False) == [("a", 2, [1, 2])]  # a BOM is not content
+
+
+def test_an_answer_folder_without_its_training_args_says_so(tmp_path: Path) -> None:
+    """A best/ copied in part (training_args.json left behind): its train.py would not start, and the items that file
+    judges say nothing, so the check FAILs naming the missing file; a whole folder has no such item."""
+    from autotune.cli.check import load_bundle
+
+    (tmp_path / "train.py").write_text("# train.py\n")
+    (tmp_path / "model_kwargs.json").write_text('{"attn_implementation": "sdpa"}')
+    (item,) = [i for i in gather(load_bundle(tmp_path)).items if i.id == "files"]
+    assert item.status == "fail" and "training_args.json is not in" in item.message, item
+    (tmp_path / "training_args.json").write_text('{"per_device_train_batch_size": 2, "seed": 1}')
+    assert not [i for i in gather(load_bundle(tmp_path)).items if i.id == "files"]

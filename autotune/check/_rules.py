@@ -87,6 +87,8 @@ class ConfigBundle:
     # the local files a config names (its file, key, path, None or what is wrong: missing, a folder, a device):
     # the CLI looks at the disk, the rule FAILs each problem (the training tool would not start)
     references: list[tuple[str, str, str, str | None]] = field(default_factory=list)
+    # files an answer folder (a run's best/) lacks that what is there reads: (name, what reads it)
+    missing: list[tuple[str, str]] = field(default_factory=list)
 
     def get(self, kind: str) -> Any:
         return self.data.get(kind)
@@ -1189,6 +1191,15 @@ def _rule_repeated_keys(c: _Ctx) -> None:
               f"keep one {key}", c.b.target)
 
 
+def _rule_missing(c: _Ctx) -> None:
+    """An answer folder without a file its train.py reads (a best/ copied in part): it would not start, and the
+    items that file would have judged (batch, seed, checkpoints) say nothing."""
+    for name, reader in c.b.missing:
+        c.add("files", "referenced files", "fail", f"{name} is not in {c.b.target}, and {reader} reads it",
+              "copy the whole best/ folder again (a rerun of the same autotune run serves it and writes any file "
+              "missing from it)", c.b.target)
+
+
 def _rule_references(c: _Ctx) -> None:
     """A file the config names (a DeepSpeed JSON, a local dataset) must be there, and be a file."""
     for src, key, value, problem in c.b.references:
@@ -1201,6 +1212,7 @@ def _rule_references(c: _Ctx) -> None:
 
 _RULES = (
     _rule_repeated_keys,
+    _rule_missing,
     _rule_references,
     _rule_names,
     _rule_device,

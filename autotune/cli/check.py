@@ -44,6 +44,8 @@ def load_bundle(path: Path) -> ConfigBundle:
         if not texts:
             raise SpecError(f"{str(path)!r} holds none of {', '.join(CONFIG_FILE_KINDS)}")
         b = bundle_from_texts(str(path), texts, directory=True)
+        if "train.py" in texts and "training_args.json" not in texts:  # an answer folder copied in part
+            b.missing.append(("training_args.json", "its train.py"))
         for kind in ("training_args", "accelerate"):  # the files they name (a best/ folder moved elsewhere)
             if isinstance(b.data.get(kind), dict):
                 _check_references(path / b.sources[kind], b, kind, b.data[kind])

@@ -1120,11 +1120,6 @@ def _rule_deepspeed(c: _Ctx) -> None:
               "zero_optimization.stage3_gather_16bit_weights_on_model_save: true", src)
 
 
-# the formats whose TrainingArguments keys transformers itself parses (Axolotl maps its own optimizer and scheduler
-# names, which transformers does not know, before it builds them)
-_ENUMS_JUDGED = frozenset({"training_args", "trl", "llamafactory"})
-
-
 # what each item judges, by key (a key whose value was set aside for its type): its item would speak of the key
 # as not stated, or of its default, where the file states a value of the wrong type
 _ITEM_KEYS: dict[str, frozenset[str]] = {
@@ -1150,7 +1145,7 @@ def _typed(bundle: ConfigBundle, enums: Mapping[str, frozenset[str]] | None = No
     ``autotune.env.training_enums``)."""
     import copy
 
-    from autotune.formats import enum_problems, numbers_read_as_text, type_problems
+    from autotune.formats import ENUMS_JUDGED, enum_problems, numbers_read_as_text, type_problems
 
     items: list[CheckItem] = [CheckItem(id="types", title="value types", status="fail", message=m,
                                         fix="give the key a value of the type or range named", source=bundle.target)
@@ -1158,10 +1153,11 @@ def _typed(bundle: ConfigBundle, enums: Mapping[str, frozenset[str]] | None = No
     data, dropped = dict(bundle.data), set()
     if bundle.fmt in ("trl", "llamafactory") and isinstance(data.get("training_args"), dict):
         data["training_args"] = numbers_read_as_text(data["training_args"])  # as their parsers read 2e-5
+    if enums and bundle.fmt in ENUMS_JUDGED:  # a name, judged as the file states it (the value is kept)
+        items += [CheckItem(id="types", title="value types", status="fail", message=message, fix=fix,
+                            source=bundle.sources.get("training_args", ""))
+                  for _, message, fix in enum_problems(data.get("training_args"), enums)]
     for kind, content in list(data.items()):
-        if kind == "training_args" and enums and bundle.fmt in _ENUMS_JUDGED:  # a name, judged as the file states it
-            items += [CheckItem(id="types", title="value types", status="fail", message=message, fix=fix,
-                                source=bundle.sources.get(kind, "")) for _, message, fix in enum_problems(content, enums)]
         problems = type_problems(kind, content)
         if not problems:
             continue

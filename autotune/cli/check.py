@@ -26,7 +26,7 @@ from autotune.check import (
 from autotune.cli.render import dumps_json
 from autotune.env import sft_fields, training_enums, training_fields
 from autotune.errors import SpecError
-from autotune.formats import FORMATS, is_yaml_name, key_source_label, known_keys, read_config
+from autotune.formats import ENUMS_JUDGED, FORMATS, is_yaml_name, key_source_label, known_keys, read_config
 
 __all__ = ["command", "load_bundle", "bundle_from_file"]
 
@@ -206,8 +206,9 @@ def command(
     fields, version = training_fields()
     if bundle.fmt == "trl":
         fields = sft_fields() or fields
+    enums = training_enums() if bundle.fmt in ENUMS_JUDGED else None  # (a parse of transformers' sources)
     report = gather(bundle, gpu=info, fields=fields, transformers_version=version, target=target, unjudged=unjudged,
-                    enums=training_enums())
+                    enums=enums)
     if json_out:
         typer.echo(dumps_json(report.to_dict(), indent=2))
     else:

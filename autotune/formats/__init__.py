@@ -37,7 +37,7 @@ from autotune.formats._distributed import (
     setup_words,
 )
 from autotune.formats._inputs import unmeasured_problems, value_problems
-from autotune.formats._types import enum_problems, numbers_read_as_text, type_problems
+from autotune.formats._types import ENUMS_JUDGED, enum_problems, numbers_read_as_text, type_problems
 from autotune.formats._writeback import is_yaml_name, uneditable, write_back_text
 from autotune.formats.training_args import checkpointed_every, stated_checkpointing_kwargs
 from autotune.spec.dataset_ref import DATA_FILE_SUFFIXES
@@ -51,6 +51,7 @@ __all__ = [
     "REQUEST_FIELDS",
     "ReadConfig",
     "checkpointed_every",
+    "ENUMS_JUDGED",
     "deepspeed_fixed_values",
     "detect_format",
     "distributed_setup",

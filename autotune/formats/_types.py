@@ -14,7 +14,7 @@ from typing import Any
 
 from autotune.spec.files import YAML_TEXT_NUMBER, short_repr
 
-__all__ = ["enum_problems", "numbers_read_as_text", "type_problems"]
+__all__ = ["ENUMS_JUDGED", "enum_problems", "numbers_read_as_text", "type_problems"]
 
 Check = Callable[[Any], bool]
 
@@ -160,6 +160,11 @@ def type_problems(kind: str, data: Any) -> list[tuple[str, str]]:
     if kind == "lora":
         return _table(data, _LORA, "")
     return []
+
+
+# the formats whose TrainingArguments keys transformers itself parses, so whose enum-valued names it refuses (Axolotl
+# maps its own optimizer and scheduler names, which transformers does not know, before it builds them)
+ENUMS_JUDGED = frozenset({"training_args", "trl", "llamafactory"})
 
 
 def enum_problems(data: Any, enums: Mapping[str, frozenset[str]]) -> list[tuple[str, str, str]]:

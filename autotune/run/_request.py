@@ -163,6 +163,7 @@ def read_source(path: str | Path, fmt: str | None, *, effective_batch_given: boo
     ``/dev/zero`` or a huge file is refused in one line); each value is type-checked like a flag, naming
     the key."""
     from autotune.formats import (
+        ENUMS_JUDGED,
         distributed_setup,
         enum_problems,
         packs_into_rows,
@@ -181,7 +182,7 @@ def read_source(path: str | Path, fmt: str | None, *, effective_batch_given: boo
     said = {m.split("; ")[0] for m in problems}  # the type table and the value checks may both name a key
     problems += [m for m in value_problems(cfg.format, cfg.data, f"--from {p.name}") if m.split("; ")[0] not in said]
     problems += unmeasured_problems(cfg.format, cfg.data, f"--from {p.name}")
-    if cfg.format in ("training_args", "trl", "llamafactory"):  # names transformers itself refuses (not Axolotl's own)
+    if cfg.format in ENUMS_JUDGED:  # names transformers itself refuses (not Axolotl's own)
         from autotune.env import training_enums
 
         problems += [f"--from {p.name}: {m} (fix: {fix})" for _, m, fix in enum_problems(cfg.data, training_enums())]

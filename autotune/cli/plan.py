@@ -84,11 +84,10 @@ def gather(query: PlanQuery, sources: PlanSources | None = None) -> PlanResult:
     from autotune.models import resolve_model
 
     sources = sources if sources is not None else PlanSources()
-    targets, n_tokens, gpus, paths = _checked(query, sources)
+    targets, n_tokens, gpus, catalog = _checked(query, sources)
     efficiency: dict[str, float] | None = None
     calibration_notes: list[str] = []
     if sources.calibrate_from is not None:
-        catalog = load_catalog(paths or None)
         efficiency, calibration_notes = calibration_from_run(sources.calibrate_from, catalog)
     resolved = resolve_model(query.model, hub=sources.hub)
     arch = arch_from_config(resolved.config)
@@ -111,7 +110,7 @@ def gather(query: PlanQuery, sources: PlanSources | None = None) -> PlanResult:
         workload=PlanWorkload(query.lengths, query.trainer),
     )  # fmt: skip
     extra = [default_note] if default_note else []
-    extra += alias_notes(query.gpu, load_catalog(paths or None))
+    extra += alias_notes(query.gpu, catalog)
     extra += list(resolved.notes)
     extra += calibration_notes
     extra += [f"--calibrate: no probe of {sources.calibrate_from} ran on {g.name}; its speed uses the "
@@ -123,9 +122,9 @@ def gather(query: PlanQuery, sources: PlanSources | None = None) -> PlanResult:
 
 def _checked(
     query: PlanQuery, sources: PlanSources
-) -> tuple[tuple[str, ...], int | None, list[GPU], list[str]]:
+) -> tuple[tuple[str, ...], int | None, list[GPU], list[GPU]]:
     """The query's flags checked, every problem in one SpecError: (LoRA target modules, training tokens,
-    the catalog's GPUs, the catalog files)."""
+    the GPUs asked for, the catalog they were found in: the built-in one and the user's files, read once)."""
     problems: list[str] = []
     targets = parse_lora_targets(query.lora_targets)
     if not targets:
@@ -152,13 +151,15 @@ def _checked(
     environ = sources.environ if sources.environ is not None else os.environ
     paths = list(sources.catalog or []) + catalog_paths_from_env(environ)
     gpus: list[GPU] = []
+    catalog: list[GPU] = []
     try:
-        gpus = find_gpus(query.gpu, load_catalog(paths or None))
+        catalog = load_catalog(paths or None)
+        gpus = find_gpus(query.gpu, catalog)
     except SpecError as exc:
         problems.append(str(exc))
     if problems:
         raise SpecError(problems)
-    return targets, n_tokens, gpus, paths
+    return targets, n_tokens, gpus, catalog
 
 
 def calibration_from_run(run_dir: str, catalog: Any = None) -> tuple[dict[str, float], list[str]]:

@@ -345,12 +345,9 @@ def alias_notes(names: str | Iterable[str], catalog: Iterable[GPU] | None = None
     gpus = list(_builtin() if catalog is None else catalog)
     notes = []
     for n in (i for i in items if i):
-        key = _norm(n)
-        if any(key == _norm(g.name) for g in gpus):
-            continue
-        g = next((g for g in gpus if key in {_norm(a) for a in g.aliases}), None)
+        g, key = find_gpu(n, gpus), _norm(n)  # (the names were found already: find_gpus)
         others = [o.name for o in gpus if o is not g and _norm(o.name).startswith(key)]
-        if g is not None and others:
+        if key != _norm(g.name) and others:
             notes.append(f"--gpu {n} is read as {g.name}; the catalog also holds {', '.join(others)}: name the one you "
                          "mean")
     return notes
